@@ -1,0 +1,81 @@
+//! KV slot allocators: page size 1 ([`TokenAllocator`]) and paged ([`PagedAllocator`]).
+//!
+//! Slots are rows of the KV buffers. Page `p` covers slots `[p * page_size, (p + 1) * page_size)`;
+//! page 0 (slots `0..page_size`) is reserved as padding and is never handed out.
+//!
+//! Every fallible call is transactional: on `Err` the allocator is exactly as before the call.
+
+mod error;
+mod paged;
+mod token;
+
+pub use error::AllocError;
+pub use paged::PagedAllocator;
+pub use token::TokenAllocator;
+
+/// Index of one KV slot (a row of the per-layer K/V buffers). Slot 0 is padding.
+pub type KvSlot = u32;
+
+/// Index of one page of `page_size` consecutive slots. Page 0 is padding.
+pub type PageId = u32;
+
+/// Rounds `n` up to a multiple of `page_size`.
+#[inline]
+pub const fn ceil_align(n: usize, page_size: usize) -> usize {
+    n.div_ceil(page_size) * page_size
+}
+
+/// Rounds `n` down to a multiple of `page_size`.
+#[inline]
+pub const fn floor_align(n: usize, page_size: usize) -> usize {
+    n / page_size * page_size
+}
+
+/// One request's share of a batched extend allocation: positions `[prefix_len, seq_len)` are new.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExtendShape {
+    /// Tokens already backed by slots (the request's prefix).
+    pub prefix_len: usize,
+    /// Tokens backed after this allocation; `seq_len >= prefix_len`.
+    pub seq_len: usize,
+    /// Slot of the last prefix token, `None` when `prefix_len == 0`.
+    pub last_loc: Option<KvSlot>,
+}
+
+/// One request's share of a batched decode allocation: exactly one new token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeShape {
+    /// Length after the new token (the post-step length, as in sglang).
+    pub seq_len: usize,
+    /// Slot of the last stored token (position `seq_len - 2`).
+    pub last_loc: KvSlot,
+}
+
+/// The allocator interface the batch flow, the radix cache and the backends share.
+///
+/// Batched calls append to `out` (the batch's `out_cache_loc`) in request order and leave `out`
+/// untouched on error.
+pub trait KvAllocator {
+    /// Slots per page (1 for [`TokenAllocator`]).
+    fn page_size(&self) -> usize;
+    /// Slots that can ever be handed out (reserved page excluded).
+    fn capacity(&self) -> usize;
+    /// Slots free now (pages free × page size), deferred frees excluded.
+    fn available_size(&self) -> usize;
+    /// Allocates `num_tokens` slots (a multiple of the page size) as whole pages, in free-list order.
+    fn alloc(&mut self, num_tokens: usize, out: &mut Vec<KvSlot>) -> Result<(), AllocError>;
+    /// Batched extend allocation (sglang `alloc_extend`, three parts per request).
+    fn alloc_extend(&mut self, reqs: &[ExtendShape], out: &mut Vec<KvSlot>)
+    -> Result<(), AllocError>;
+    /// Batched decode allocation, one slot per request (new page only at a page boundary).
+    fn alloc_decode(&mut self, reqs: &[DecodeShape], out: &mut Vec<KvSlot>)
+    -> Result<(), AllocError>;
+    /// Frees the pages that contain `slots` (each page once). Validates before changing anything.
+    fn free(&mut self, slots: &[KvSlot]) -> Result<(), AllocError>;
+    /// Frees `row[start_pos .. start_pos + slots.len()]` of one request, page by page.
+    fn free_segment(&mut self, slots: &[KvSlot], start_pos: usize) -> Result<(), AllocError>;
+    /// Starts deferring frees until [`KvAllocator::free_group_end`].
+    fn free_group_begin(&mut self);
+    /// Applies every free deferred since [`KvAllocator::free_group_begin`] as one update.
+    fn free_group_end(&mut self) -> Result<(), AllocError>;
+}

@@ -1,0 +1,1 @@
+//! kvown facade (work in progress).
