@@ -4,3 +4,6 @@
 #![warn(missing_docs)]
 
 pub mod alloc;
+pub mod kv;
+pub mod radix;
+pub mod slots;

@@ -1,0 +1,1 @@
+//! Per-layer K/V data pools (work in progress).

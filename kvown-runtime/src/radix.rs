@@ -1,0 +1,1 @@
+//! Radix prefix cache (work in progress).

@@ -1,0 +1,1 @@
+//! Request slots and the request-to-token table (work in progress).
