@@ -1,0 +1,225 @@
+//! [`HostKvPool`]: the K/V buffers in host memory, one contiguous `Vec<T>` per layer and tensor.
+
+use super::KvPool;
+use super::element::{KvData, KvDtype, KvElement, KvSlice};
+use super::error::{KvPoolError, KvTensor};
+use super::layout::KvLayout;
+use crate::alloc::KvSlot;
+
+/// Host-memory KV pool of element type `T`, zero-initialised, NHD layout.
+#[derive(Debug, Clone)]
+pub struct HostKvPool<T: KvElement> {
+    layout: KvLayout,
+    k: Vec<Vec<T>>,
+    v: Vec<Vec<T>>,
+}
+
+/// A boxed host pool of the given dtype, for callers that pick the dtype at run time.
+pub fn new_host_pool(layout: KvLayout, dtype: KvDtype) -> Box<dyn KvPool> {
+    match dtype {
+        KvDtype::F32 => Box::new(HostKvPool::<f32>::new(layout)),
+        KvDtype::F16 => Box::new(HostKvPool::<half::f16>::new(layout)),
+        KvDtype::Bf16 => Box::new(HostKvPool::<half::bf16>::new(layout)),
+    }
+}
+
+impl<T: KvElement> HostKvPool<T> {
+    /// A pool with every element zero.
+    pub fn new(layout: KvLayout) -> Self {
+        let buffers = |tensor| {
+            let len = layout.slots() * layout.row_len(tensor);
+            (0..layout.layers())
+                .map(|_| vec![T::default(); len])
+                .collect()
+        };
+        Self {
+            layout,
+            k: buffers(KvTensor::K),
+            v: buffers(KvTensor::V),
+        }
+    }
+
+    /// The whole buffer of `tensor` in `layer` (`slots()` rows), or `BadLayer`.
+    pub fn buffer(&self, layer: usize, tensor: KvTensor) -> Result<&[T], KvPoolError> {
+        self.layout.check_layer(layer)?;
+        Ok(match tensor {
+            KvTensor::K => &self.k[layer],
+            KvTensor::V => &self.v[layer],
+        })
+    }
+}
+
+/// `buffer[slots[t]] = rows[t]` for rows of `row_len`. Slots must be validated.
+fn scatter_rows<T: Copy>(buffer: &mut [T], row_len: usize, slots: &[KvSlot], rows: &[T]) {
+    for (&slot, row) in slots.iter().zip(rows.chunks_exact(row_len)) {
+        let start = slot as usize * row_len;
+        buffer[start..start + row_len].copy_from_slice(row);
+    }
+}
+
+/// Appends `buffer[slots[t]]` for every `t` to `out`. Slots must be validated.
+fn gather_rows<T: Copy>(buffer: &[T], row_len: usize, slots: &[KvSlot], out: &mut Vec<T>) {
+    out.reserve(slots.len() * row_len);
+    for &slot in slots {
+        let start = slot as usize * row_len;
+        out.extend_from_slice(&buffer[start..start + row_len]);
+    }
+}
+
+fn typed<'a, T: KvElement>(data: KvSlice<'a>) -> &'a [T] {
+    T::from_kv_slice(data).expect("dtype validated before the write")
+}
+
+impl<T: KvElement> KvPool for HostKvPool<T> {
+    fn layout(&self) -> &KvLayout {
+        &self.layout
+    }
+
+    fn dtype(&self) -> KvDtype {
+        T::DTYPE
+    }
+
+    fn store_kv(
+        &mut self,
+        layer: usize,
+        slots: &[KvSlot],
+        k: KvSlice<'_>,
+        v: KvSlice<'_>,
+    ) -> Result<(), KvPoolError> {
+        self.layout.check_store(T::DTYPE, layer, slots, k, v)?;
+        let (k_row, v_row) = (
+            self.layout.row_len(KvTensor::K),
+            self.layout.row_len(KvTensor::V),
+        );
+        scatter_rows(&mut self.k[layer], k_row, slots, typed::<T>(k));
+        scatter_rows(&mut self.v[layer], v_row, slots, typed::<T>(v));
+        Ok(())
+    }
+
+    fn load_kv(&self, layer: usize, slots: &[KvSlot]) -> Result<(KvData, KvData), KvPoolError> {
+        self.layout.check_layer(layer)?;
+        self.layout.check_slots(slots)?;
+        let mut k = Vec::new();
+        let mut v = Vec::new();
+        gather_rows(
+            &self.k[layer],
+            self.layout.row_len(KvTensor::K),
+            slots,
+            &mut k,
+        );
+        gather_rows(
+            &self.v[layer],
+            self.layout.row_len(KvTensor::V),
+            slots,
+            &mut v,
+        );
+        Ok((T::into_data(k), T::into_data(v)))
+    }
+
+    fn copy_slots(&mut self, src: &[KvSlot], dst: &[KvSlot]) -> Result<(), KvPoolError> {
+        self.layout.check_copy(src, dst)?;
+        let mut rows = Vec::new();
+        for (tensor, buffers) in [(KvTensor::K, &mut self.k), (KvTensor::V, &mut self.v)] {
+            let row_len = self.layout.row_len(tensor);
+            for buffer in buffers.iter_mut() {
+                rows.clear();
+                gather_rows(buffer, row_len, src, &mut rows);
+                scatter_rows(buffer, row_len, dst, &rows);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::{bf16, f16};
+
+    fn layout() -> KvLayout {
+        KvLayout::with_v_head_dim(2, 2, 3, 2, 8, 4).unwrap()
+    }
+
+    /// Distinct, non-zero values: element `i` of a call tagged `tag`.
+    fn values<T: KvElement>(tag: f32, len: usize) -> Vec<T> {
+        (0..len).map(|i| T::from_f32(tag + i as f32)).collect()
+    }
+
+    fn round_trip<T: KvElement>() {
+        let mut pool = HostKvPool::<T>::new(layout());
+        let slots = [4, 11, 0];
+        let k = values::<T>(1.0, 3 * 6);
+        let v = values::<T>(100.0, 3 * 4);
+        pool.store_kv(1, &slots, T::as_kv_slice(&k), T::as_kv_slice(&v))
+            .unwrap();
+        let (k_out, v_out) = pool.load_kv(1, &slots).unwrap();
+        assert_eq!(k_out.into_vec::<T>().unwrap(), k);
+        assert_eq!(v_out.into_vec::<T>().unwrap(), v);
+        // Layer 0 and untouched rows of layer 1 stay zero.
+        assert!(
+            pool.buffer(0, KvTensor::K)
+                .unwrap()
+                .iter()
+                .all(|x| *x == T::default())
+        );
+        let (k_other, _) = pool.load_kv(1, &[5]).unwrap();
+        assert_eq!(k_other.into_vec::<T>().unwrap(), vec![T::default(); 6]);
+        assert_eq!(pool.dtype(), T::DTYPE);
+    }
+
+    #[test]
+    fn store_then_load_every_dtype() {
+        round_trip::<f32>();
+        round_trip::<f16>();
+        round_trip::<bf16>();
+    }
+
+    #[test]
+    fn store_writes_rows_in_nhd_layout() {
+        let mut pool = HostKvPool::<f32>::new(layout());
+        let k = values::<f32>(1.0, 6);
+        let v = values::<f32>(50.0, 4);
+        pool.store_kv(0, &[2], KvSlice::F32(&k), KvSlice::F32(&v))
+            .unwrap();
+        assert_eq!(&pool.buffer(0, KvTensor::K).unwrap()[12..18], &k[..]);
+        assert_eq!(&pool.buffer(0, KvTensor::V).unwrap()[8..12], &v[..]);
+    }
+
+    #[test]
+    fn copy_slots_reads_before_writing() {
+        let mut pool = HostKvPool::<f32>::new(layout());
+        for layer in 0..2 {
+            let k = values::<f32>(10.0 * layer as f32 + 1.0, 2 * 6);
+            let v = values::<f32>(10.0 * layer as f32 + 5.0, 2 * 4);
+            pool.store_kv(layer, &[1, 2], KvSlice::F32(&k), KvSlice::F32(&v))
+                .unwrap();
+        }
+        let before: Vec<_> = (0..2).map(|l| pool.load_kv(l, &[1, 2]).unwrap()).collect();
+        // Overlapping shift: 1 -> 2 and 2 -> 3.
+        pool.copy_slots(&[1, 2], &[2, 3]).unwrap();
+        for (layer, (k, v)) in before.into_iter().enumerate() {
+            assert_eq!(pool.load_kv(layer, &[2, 3]).unwrap(), (k, v));
+        }
+    }
+
+    #[test]
+    fn copy_pages_copies_every_row_of_the_page() {
+        let mut pool = HostKvPool::<f32>::new(layout());
+        let k = values::<f32>(1.0, 4 * 6);
+        let v = values::<f32>(70.0, 4 * 4);
+        pool.store_kv(1, &[4, 5, 6, 7], KvSlice::F32(&k), KvSlice::F32(&v))
+            .unwrap();
+        pool.copy_pages(&[1], &[2]).unwrap();
+        assert_eq!(
+            pool.load_kv(1, &[8, 9, 10, 11]).unwrap(),
+            pool.load_kv(1, &[4, 5, 6, 7]).unwrap()
+        );
+    }
+
+    #[test]
+    fn boxed_pool_has_the_requested_dtype() {
+        for dtype in KvDtype::ALL {
+            assert_eq!(new_host_pool(layout(), dtype).dtype(), dtype);
+        }
+    }
+}

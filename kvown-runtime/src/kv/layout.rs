@@ -1,0 +1,221 @@
+//! Shape of a KV pool and the validation every backend runs before it writes.
+
+use super::element::{KvDtype, KvSlice};
+use super::error::{KvPoolError, KvTensor};
+use crate::alloc::{KvSlot, PageId};
+
+/// Shape of a KV pool (sglang `MHATokenToKVPool`, NHD layout).
+///
+/// Each of the `layers` layers has a K buffer of `slots()` rows of `kv_heads * head_dim` elements
+/// and a V buffer of `slots()` rows of `kv_heads * v_head_dim`. `slots() = capacity + page_size`:
+/// page 0 (slots `0..page_size`) is padding that dummy tokens may write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayout {
+    layers: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    v_head_dim: usize,
+    capacity: usize,
+    page_size: usize,
+}
+
+impl KvLayout {
+    /// A layout with `v_head_dim == head_dim`. Fails when a field is zero, `capacity` is not a
+    /// multiple of `page_size`, or `capacity + page_size` slots do not fit in a [`KvSlot`].
+    pub fn new(
+        layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        capacity: usize,
+        page_size: usize,
+    ) -> Result<Self, KvPoolError> {
+        Self::with_v_head_dim(layers, kv_heads, head_dim, head_dim, capacity, page_size)
+    }
+
+    /// A layout whose V rows have `v_head_dim` elements per head (MLA-style K/V split).
+    pub fn with_v_head_dim(
+        layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        v_head_dim: usize,
+        capacity: usize,
+        page_size: usize,
+    ) -> Result<Self, KvPoolError> {
+        let invalid = |reason: String| Err(KvPoolError::InvalidLayout { reason });
+        let fields = [
+            ("layers", layers),
+            ("kv_heads", kv_heads),
+            ("head_dim", head_dim),
+            ("v_head_dim", v_head_dim),
+            ("capacity", capacity),
+            ("page_size", page_size),
+        ];
+        if let Some((name, _)) = fields.iter().find(|(_, value)| *value == 0) {
+            return invalid(format!("{name} must be positive"));
+        }
+        if !capacity.is_multiple_of(page_size) {
+            return invalid(format!(
+                "capacity {capacity} is not a multiple of page_size {page_size}"
+            ));
+        }
+        match capacity.checked_add(page_size) {
+            Some(slots) if slots <= KvSlot::MAX as usize => {}
+            _ => {
+                return invalid(format!(
+                    "capacity {capacity} + page_size {page_size} slots exceed the KvSlot range"
+                ));
+            }
+        }
+        Ok(Self {
+            layers,
+            kv_heads,
+            head_dim,
+            v_head_dim,
+            capacity,
+            page_size,
+        })
+    }
+
+    /// Number of layers.
+    pub fn layers(&self) -> usize {
+        self.layers
+    }
+    /// KV heads per token.
+    pub fn kv_heads(&self) -> usize {
+        self.kv_heads
+    }
+    /// Elements per K head.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+    /// Elements per V head.
+    pub fn v_head_dim(&self) -> usize {
+        self.v_head_dim
+    }
+    /// Slots the allocator may hand out (padding page excluded).
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+    /// Slots per page.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+    /// Rows in every buffer: `capacity + page_size`. Valid slots are `0..slots()`.
+    pub fn slots(&self) -> usize {
+        self.capacity + self.page_size
+    }
+    /// Pages in every buffer, the padding page 0 included: `slots() / page_size`.
+    pub fn pages(&self) -> usize {
+        self.slots() / self.page_size
+    }
+    /// Elements per row of the given buffer.
+    pub fn row_len(&self, tensor: KvTensor) -> usize {
+        match tensor {
+            KvTensor::K => self.kv_heads * self.head_dim,
+            KvTensor::V => self.kv_heads * self.v_head_dim,
+        }
+    }
+
+    /// Checks that `layer` exists.
+    pub fn check_layer(&self, layer: usize) -> Result<(), KvPoolError> {
+        if layer < self.layers {
+            Ok(())
+        } else {
+            Err(KvPoolError::BadLayer {
+                layer,
+                layers: self.layers,
+            })
+        }
+    }
+
+    /// Checks that every slot is in `0..slots()`; the error names the first bad one.
+    pub fn check_slots(&self, slots: &[KvSlot]) -> Result<(), KvPoolError> {
+        let limit = self.slots();
+        match slots.iter().position(|&slot| slot as usize >= limit) {
+            None => Ok(()),
+            Some(index) => Err(KvPoolError::SlotOutOfRange {
+                index,
+                slot: slots[index],
+                slots: limit,
+            }),
+        }
+    }
+
+    /// Checks that every page is in `0..pages()`; the error names the first bad one.
+    pub fn check_pages(&self, pages: &[PageId]) -> Result<(), KvPoolError> {
+        let limit = self.pages();
+        match pages.iter().position(|&page| page as usize >= limit) {
+            None => Ok(()),
+            Some(index) => Err(KvPoolError::PageOutOfRange {
+                index,
+                page: pages[index],
+                pages: limit,
+            }),
+        }
+    }
+
+    /// Checks one buffer's data: dtype `dtype` and exactly one row per slot.
+    pub fn check_data(
+        &self,
+        tensor: KvTensor,
+        dtype: KvDtype,
+        rows: usize,
+        data: KvSlice<'_>,
+    ) -> Result<(), KvPoolError> {
+        if data.dtype() != dtype {
+            return Err(KvPoolError::DtypeMismatch {
+                pool: dtype,
+                got: data.dtype(),
+            });
+        }
+        let row_len = self.row_len(tensor);
+        let expected = rows * row_len;
+        if data.len() != expected {
+            return Err(KvPoolError::DataLength {
+                tensor,
+                expected,
+                got: data.len(),
+                rows,
+                row_len,
+            });
+        }
+        Ok(())
+    }
+
+    /// Everything [`crate::kv::KvPool::store_kv`] validates, in one call.
+    pub fn check_store(
+        &self,
+        dtype: KvDtype,
+        layer: usize,
+        slots: &[KvSlot],
+        k: KvSlice<'_>,
+        v: KvSlice<'_>,
+    ) -> Result<(), KvPoolError> {
+        self.check_layer(layer)?;
+        self.check_slots(slots)?;
+        self.check_data(KvTensor::K, dtype, slots.len(), k)?;
+        self.check_data(KvTensor::V, dtype, slots.len(), v)
+    }
+
+    /// Everything [`crate::kv::KvPool::copy_slots`] validates, in one call.
+    pub fn check_copy(&self, src: &[KvSlot], dst: &[KvSlot]) -> Result<(), KvPoolError> {
+        if src.len() != dst.len() {
+            return Err(KvPoolError::CopyLengthMismatch {
+                src: src.len(),
+                dst: dst.len(),
+            });
+        }
+        self.check_slots(src)?;
+        self.check_slots(dst)
+    }
+
+    /// The slots of `pages`, page by page (`page * page_size + 0..page_size`). Pages are not
+    /// checked here; call [`KvLayout::check_pages`] first.
+    pub fn page_slots(&self, pages: &[PageId]) -> Vec<KvSlot> {
+        let page_size = self.page_size as KvSlot;
+        pages
+            .iter()
+            .flat_map(|&page| (0..page_size).map(move |offset| page * page_size + offset))
+            .collect()
+    }
+}

@@ -1,0 +1,306 @@
+//! KV data pool behaviour through the public API: error cases leave the pool unchanged, and a
+//! property test checks store/load round trips against a model of the last write per slot.
+
+use std::collections::HashMap;
+
+use half::{bf16, f16};
+use kvown_runtime::alloc::KvSlot;
+use kvown_runtime::kv::{
+    HostKvPool, KvData, KvDtype, KvElement, KvLayout, KvPool, KvPoolError, KvSlice, KvTensor,
+    new_host_pool,
+};
+use proptest::prelude::*;
+
+/// 3 layers, 2 heads, K head_dim 4, V head_dim 2, 12 slots + one padding page of 4.
+fn layout() -> KvLayout {
+    KvLayout::with_v_head_dim(3, 2, 4, 2, 12, 4).unwrap()
+}
+
+const K_ROW: usize = 8;
+const V_ROW: usize = 4;
+
+/// A pool whose every row holds distinct non-zero values, and a snapshot of all its rows.
+fn filled_pool() -> (HostKvPool<f32>, Vec<(KvData, KvData)>) {
+    let mut pool = HostKvPool::<f32>::new(layout());
+    let all: Vec<KvSlot> = (0..16).collect();
+    for layer in 0..3 {
+        let k: Vec<f32> = (0..16 * K_ROW)
+            .map(|i| (layer * 1000 + i) as f32 + 0.5)
+            .collect();
+        let v: Vec<f32> = (0..16 * V_ROW)
+            .map(|i| -((layer * 1000 + i) as f32))
+            .collect();
+        pool.store_kv(layer, &all, KvSlice::F32(&k), KvSlice::F32(&v))
+            .unwrap();
+    }
+    let snapshot = snapshot(&pool);
+    (pool, snapshot)
+}
+
+fn snapshot(pool: &dyn KvPool) -> Vec<(KvData, KvData)> {
+    let all: Vec<KvSlot> = (0..pool.layout().slots() as KvSlot).collect();
+    (0..pool.layout().layers())
+        .map(|layer| pool.load_kv(layer, &all).unwrap())
+        .collect()
+}
+
+#[test]
+fn layout_rejects_bad_shapes() {
+    for (args, needle) in [
+        ((0, 2, 4, 12, 4), "layers must be positive"),
+        ((1, 2, 4, 10, 4), "not a multiple of page_size"),
+        ((1, 2, 4, 12, 0), "page_size must be positive"),
+        ((1, 2, 4, u32::MAX as usize, 1), "exceed the KvSlot range"),
+    ] {
+        let (layers, heads, dim, capacity, page) = args;
+        let err = KvLayout::new(layers, heads, dim, capacity, page).unwrap_err();
+        assert!(err.to_string().contains(needle), "{err} lacks {needle:?}");
+    }
+    let ok = layout();
+    assert_eq!((ok.slots(), ok.pages()), (16, 4));
+    assert_eq!(
+        (ok.row_len(KvTensor::K), ok.row_len(KvTensor::V)),
+        (K_ROW, V_ROW)
+    );
+}
+
+#[test]
+fn store_errors_leave_the_pool_unchanged() {
+    let (mut pool, before) = filled_pool();
+    let k = vec![9.0f32; 2 * K_ROW];
+    let v = vec![9.0f32; 2 * V_ROW];
+    let k16 = vec![f16::ONE; 2 * K_ROW];
+
+    let err = pool
+        .store_kv(3, &[1, 2], KvSlice::F32(&k), KvSlice::F32(&v))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KvPoolError::BadLayer {
+                layer: 3,
+                layers: 3
+            }
+        ),
+        "{err}"
+    );
+
+    // The first slot is valid, so a write-as-you-go pool would have changed row 1.
+    let err = pool
+        .store_kv(0, &[1, 16], KvSlice::F32(&k), KvSlice::F32(&v))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KvPoolError::SlotOutOfRange {
+                index: 1,
+                slot: 16,
+                slots: 16
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("valid slots are 0..16"), "{err}");
+
+    let err = pool
+        .store_kv(0, &[1], KvSlice::F32(&k), KvSlice::F32(&v[..V_ROW]))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KvPoolError::DataLength {
+                tensor: KvTensor::K,
+                expected: 8,
+                got: 16,
+                rows: 1,
+                row_len: 8
+            }
+        ),
+        "{err}"
+    );
+    let err = pool
+        .store_kv(0, &[1, 2], KvSlice::F32(&k), KvSlice::F32(&v[1..]))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KvPoolError::DataLength {
+                tensor: KvTensor::V,
+                expected: 8,
+                got: 7,
+                ..
+            }
+        ),
+        "{err}"
+    );
+
+    let err = pool
+        .store_kv(0, &[1, 2], KvSlice::F16(&k16), KvSlice::F32(&v))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KvPoolError::DtypeMismatch {
+                pool: KvDtype::F32,
+                got: KvDtype::F16
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "dtype mismatch: the pool stores f32, the data is f16"
+    );
+
+    assert_eq!(snapshot(&pool), before);
+}
+
+#[test]
+fn load_errors_name_the_problem() {
+    let (pool, _) = filled_pool();
+    assert!(matches!(
+        pool.load_kv(5, &[0]),
+        Err(KvPoolError::BadLayer { layer: 5, .. })
+    ));
+    assert!(matches!(
+        pool.load_kv(0, &[0, 3, 99]),
+        Err(KvPoolError::SlotOutOfRange {
+            index: 2,
+            slot: 99,
+            ..
+        })
+    ));
+    let (k, v) = pool.load_kv(0, &[]).unwrap();
+    assert!(k.is_empty() && v.is_empty());
+}
+
+#[test]
+fn copy_errors_leave_the_pool_unchanged() {
+    let (mut pool, before) = filled_pool();
+    assert!(matches!(
+        pool.copy_slots(&[1, 2], &[3]),
+        Err(KvPoolError::CopyLengthMismatch { src: 2, dst: 1 })
+    ));
+    assert!(matches!(
+        pool.copy_slots(&[1, 2], &[3, 16]),
+        Err(KvPoolError::SlotOutOfRange {
+            index: 1,
+            slot: 16,
+            ..
+        })
+    ));
+    assert!(matches!(
+        pool.copy_slots(&[40, 2], &[3, 4]),
+        Err(KvPoolError::SlotOutOfRange {
+            index: 0,
+            slot: 40,
+            ..
+        })
+    ));
+    let err = pool.copy_pages(&[1, 2], &[3, 4]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KvPoolError::PageOutOfRange {
+                index: 1,
+                page: 4,
+                pages: 4
+            }
+        ),
+        "{err}"
+    );
+    assert!(matches!(
+        pool.copy_pages(&[1], &[2, 3]),
+        Err(KvPoolError::CopyLengthMismatch { src: 1, dst: 2 })
+    ));
+    assert_eq!(snapshot(&pool), before);
+}
+
+#[test]
+fn copy_slots_copies_every_layer() {
+    let (mut pool, before) = filled_pool();
+    pool.copy_slots(&[5, 6, 7], &[6, 7, 1]).unwrap();
+    for (layer, (k_before, _)) in before.iter().enumerate() {
+        let KvData::F32(k_before) = k_before else {
+            unreachable!()
+        };
+        let (k, _) = pool.load_kv(layer, &[6, 7, 1]).unwrap();
+        let expected: Vec<f32> = [5, 6, 7]
+            .iter()
+            .flat_map(|&s| k_before[s * K_ROW..(s + 1) * K_ROW].iter().copied())
+            .collect();
+        assert_eq!(k, KvData::F32(expected));
+    }
+}
+
+/// Store calls: each a layer and a list of (slot, seed) rows.
+fn store_calls() -> impl Strategy<Value = Vec<(usize, Vec<(KvSlot, u16)>)>> {
+    proptest::collection::vec(
+        (
+            0usize..3,
+            proptest::collection::vec((0 as KvSlot..16, any::<u16>()), 0..10),
+        ),
+        1..12,
+    )
+}
+
+/// Distinct non-zero row values derived from a seed; V rows are negative.
+fn row<T: KvElement>(seed: u16, len: usize, sign: f32) -> Vec<T> {
+    (0..len)
+        .map(|i| T::from_f32(sign * (seed as f32 + i as f32 + 1.0)))
+        .collect()
+}
+
+fn run_model<T: KvElement>(calls: &[(usize, Vec<(KvSlot, u16)>)]) {
+    let mut pool = new_host_pool(layout(), T::DTYPE);
+    let mut model: HashMap<(usize, KvSlot), (Vec<T>, Vec<T>)> = HashMap::new();
+    for (layer, rows) in calls {
+        let slots: Vec<KvSlot> = rows.iter().map(|&(slot, _)| slot).collect();
+        let k: Vec<T> = rows
+            .iter()
+            .flat_map(|&(_, s)| row::<T>(s, K_ROW, 1.0))
+            .collect();
+        let v: Vec<T> = rows
+            .iter()
+            .flat_map(|&(_, s)| row::<T>(s, V_ROW, -1.0))
+            .collect();
+        pool.store_kv(*layer, &slots, T::as_kv_slice(&k), T::as_kv_slice(&v))
+            .unwrap();
+        for &(slot, seed) in rows {
+            model.insert(
+                (*layer, slot),
+                (row(seed, K_ROW, 1.0), row(seed, V_ROW, -1.0)),
+            );
+        }
+    }
+    let zero = (vec![T::default(); K_ROW], vec![T::default(); V_ROW]);
+    for layer in 0..3 {
+        let slots: Vec<KvSlot> = (0..16).collect();
+        let (k, v) = pool.load_kv(layer, &slots).unwrap();
+        let (k, v) = (k.into_vec::<T>().unwrap(), v.into_vec::<T>().unwrap());
+        for slot in slots {
+            let s = slot as usize;
+            let (mk, mv) = model.get(&(layer, slot)).unwrap_or(&zero);
+            assert_eq!(
+                &k[s * K_ROW..(s + 1) * K_ROW],
+                &mk[..],
+                "K layer {layer} slot {slot}"
+            );
+            assert_eq!(
+                &v[s * V_ROW..(s + 1) * V_ROW],
+                &mv[..],
+                "V layer {layer} slot {slot}"
+            );
+        }
+    }
+}
+
+proptest! {
+    /// Loading returns, per slot, the row of the last store to it (zero if never stored).
+    #[test]
+    fn store_load_round_trip(calls in store_calls()) {
+        run_model::<f32>(&calls);
+        run_model::<f16>(&calls);
+        run_model::<bf16>(&calls);
+    }
+}
