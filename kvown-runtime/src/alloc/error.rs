@@ -1,1 +1,232 @@
-//! wip
+//! Errors of the KV slot allocators: rejected calls ([`AllocError`]) and broken invariants
+//! found by `check()` ([`InvariantViolation`]).
+
+use super::{KvSlot, PageId, PageState};
+
+/// Why an allocator call was rejected. The allocator is unchanged after any of these.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocError {
+    /// Not enough free slots. Both numbers are in slots (whole pages × page size); the caller
+    /// adds the prefix cache's evictable size to `available` and evicts the difference.
+    #[error(
+        "out of KV memory: requested {requested} slots, {available} available \
+         (evict {requested} - {available} slots from the prefix cache or lower the batch size)"
+    )]
+    OutOfMemory {
+        /// Slots the call needs in new pages.
+        requested: usize,
+        /// Slots free now (free and release lists; deferred frees excluded).
+        available: usize,
+    },
+    /// `alloc` takes whole pages only.
+    #[error(
+        "cannot allocate {num_tokens} slots: not a multiple of the page size {page_size} \
+         (round up with ceil_align)"
+    )]
+    UnalignedAlloc {
+        /// The size passed to `alloc`.
+        num_tokens: usize,
+        /// The allocator's page size.
+        page_size: usize,
+    },
+    /// A slot beyond the last page.
+    #[error("slot {slot} is out of range: this allocator's slots end before {slot_end}")]
+    SlotOutOfRange {
+        /// The offending slot.
+        slot: KvSlot,
+        /// One past the largest valid slot.
+        slot_end: u64,
+    },
+    /// A slot of page 0, the padding page, which is never allocated.
+    #[error(
+        "slot {slot} lies in the reserved padding page (slots 0..{page_size}) and is never allocated"
+    )]
+    ReservedSlot {
+        /// The offending slot.
+        slot: KvSlot,
+        /// The allocator's page size.
+        page_size: usize,
+    },
+    /// The page is already free, released or deferred in the current free group.
+    #[error("double free: page {page} (slot {slot}) is already {state:?}")]
+    DoubleFree {
+        /// The slot that named the page.
+        slot: KvSlot,
+        /// The page.
+        page: PageId,
+        /// The page's state: `Free`, `Released` or `Deferred`.
+        state: PageState,
+    },
+    /// The page has not been handed out since the allocator was created or cleared.
+    #[error(
+        "slot {slot} (page {page}) is not allocated: it was never handed out since the last clear"
+    )]
+    NotAllocated {
+        /// The slot that named the page.
+        slot: KvSlot,
+        /// The page.
+        page: PageId,
+    },
+    /// `free_segment` got slots whose pages do not follow the row layout.
+    #[error(
+        "free_segment: slot {slot} at segment offset {offset} is not in page {expected_page} like \
+         the slots before it; pass a run of one request's row (the slots of a page are consecutive)"
+    )]
+    SegmentNotPaged {
+        /// Index into the segment.
+        offset: usize,
+        /// The slot found there.
+        slot: KvSlot,
+        /// The page the row layout requires.
+        expected_page: usize,
+    },
+    /// An extend shape with `seq_len < prefix_len`.
+    #[error("request {request}: prefix_len {prefix_len} exceeds seq_len {seq_len}")]
+    PrefixExceedsSeq {
+        /// Index of the request in the batch.
+        request: usize,
+        /// Its prefix length.
+        prefix_len: usize,
+        /// Its sequence length.
+        seq_len: usize,
+    },
+    /// An extend shape with a prefix but no `last_loc`.
+    #[error(
+        "request {request}: prefix_len {prefix_len} > 0 needs last_loc, the slot of the last prefix token"
+    )]
+    MissingLastLoc {
+        /// Index of the request in the batch.
+        request: usize,
+        /// Its prefix length.
+        prefix_len: usize,
+    },
+    /// An extend shape with `prefix_len == 0` and a `last_loc`.
+    #[error("request {request}: last_loc {last_loc} given with prefix_len 0 (pass None)")]
+    UnexpectedLastLoc {
+        /// Index of the request in the batch.
+        request: usize,
+        /// The stray slot.
+        last_loc: KvSlot,
+    },
+    /// `last_loc` is not at the page offset that the prefix length implies.
+    #[error(
+        "request {request}: last_loc {last_loc} does not fit prefix_len {prefix_len}: \
+         (last_loc + 1) % {page_size} must equal prefix_len % {page_size}"
+    )]
+    LastLocMismatch {
+        /// Index of the request in the batch.
+        request: usize,
+        /// The slot of the last stored token.
+        last_loc: KvSlot,
+        /// Tokens already stored (for decode: `seq_len - 1`).
+        prefix_len: usize,
+        /// The allocator's page size.
+        page_size: usize,
+    },
+    /// `last_loc` is not a slot of an allocated page.
+    #[error("request {request}: last_loc {last_loc} is not a slot of an allocated page")]
+    LastLocNotAllocated {
+        /// Index of the request in the batch.
+        request: usize,
+        /// The offending slot.
+        last_loc: KvSlot,
+    },
+    /// A decode shape without a stored token before the new one.
+    #[error(
+        "request {request}: decode seq_len {seq_len} must be at least 2 (one stored token plus \
+         the new one); allocate a first token with alloc_extend"
+    )]
+    DecodeSeqTooShort {
+        /// Index of the request in the batch.
+        request: usize,
+        /// Its post-step sequence length.
+        seq_len: usize,
+    },
+    /// `free_group_begin` while a group is open (sglang silently drops the deferred frees).
+    #[error(
+        "free_group_begin inside an open free group ({deferred_pages} pages deferred); call free_group_end first"
+    )]
+    NestedFreeGroup {
+        /// Pages deferred in the open group.
+        deferred_pages: usize,
+    },
+    /// `free_group_end` without an open group.
+    #[error("free_group_end without a matching free_group_begin")]
+    NotInFreeGroup,
+    /// A page size of 0.
+    #[error("page size must be at least 1")]
+    ZeroPageSize,
+    /// The pool's slot ids would not fit in [`KvSlot`].
+    #[error(
+        "{num_pages} pages of {page_size} slots need slot ids up to {slot_end}, beyond the u32 slot range"
+    )]
+    TooManySlots {
+        /// Requested pages (excluding page 0).
+        num_pages: usize,
+        /// Requested page size.
+        page_size: usize,
+        /// One past the largest slot id the pool would use.
+        slot_end: u64,
+    },
+}
+
+/// A broken allocator invariant, reported by `check()`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvariantViolation {
+    /// Page 0 is not marked reserved, or another page is.
+    #[error("page {page} has state {state:?}; exactly page 0 must be Reserved")]
+    Reserved {
+        /// The page.
+        page: usize,
+        /// Its state.
+        state: PageState,
+    },
+    /// A list holds a page id outside `1..=num_pages`.
+    #[error("the {list} list holds page {page}, outside 1..={num_pages}")]
+    PageOutOfRange {
+        /// `"free"`, `"release"` or `"deferred"`.
+        list: &'static str,
+        /// The page id found.
+        page: PageId,
+        /// Pages the allocator manages.
+        num_pages: usize,
+    },
+    /// A page appears twice across the free, release and deferred lists.
+    #[error("page {page} appears more than once (second time in the {list} list)")]
+    DuplicatePage {
+        /// `"free"`, `"release"` or `"deferred"`.
+        list: &'static str,
+        /// The duplicated page.
+        page: PageId,
+    },
+    /// A list holds a page whose state says it belongs elsewhere.
+    #[error("the {list} list holds page {page}, whose state is {state:?}")]
+    StateMismatch {
+        /// `"free"`, `"release"` or `"deferred"`.
+        list: &'static str,
+        /// The page.
+        page: PageId,
+        /// Its state.
+        state: PageState,
+    },
+    /// A page's state says it is in a list, but no list holds it.
+    #[error("page {page} has state {state:?} but is in no list")]
+    MissingFromList {
+        /// The page.
+        page: usize,
+        /// Its state.
+        state: PageState,
+    },
+    /// Pages are deferred while no free group is open.
+    #[error("{count} pages are deferred outside a free group")]
+    DeferredOutsideGroup {
+        /// Deferred pages.
+        count: usize,
+    },
+    /// Pages wait in the release list although `need_sort` is off.
+    #[error("{count} pages are in the release list although need_sort is off")]
+    ReleaseWithoutNeedSort {
+        /// Released pages.
+        count: usize,
+    },
+}

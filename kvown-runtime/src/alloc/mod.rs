@@ -5,12 +5,21 @@
 //!
 //! Every fallible call is transactional: on `Err` the allocator is exactly as before the call.
 
+mod allocator;
 mod error;
+mod free_list;
+mod geometry;
+mod page_state;
 mod paged;
+mod reuse;
+mod shapes;
 mod token;
 
-pub use error::AllocError;
+pub use allocator::PageAllocator;
+pub use error::{AllocError, InvariantViolation};
+pub use page_state::PageState;
 pub use paged::PagedAllocator;
+pub use reuse::{Fifo, Lifo, ReuseOrder};
 pub use token::TokenAllocator;
 
 /// Index of one KV slot (a row of the per-layer K/V buffers). Slot 0 is padding.
@@ -65,17 +74,26 @@ pub trait KvAllocator {
     /// Allocates `num_tokens` slots (a multiple of the page size) as whole pages, in free-list order.
     fn alloc(&mut self, num_tokens: usize, out: &mut Vec<KvSlot>) -> Result<(), AllocError>;
     /// Batched extend allocation (sglang `alloc_extend`, three parts per request).
-    fn alloc_extend(&mut self, reqs: &[ExtendShape], out: &mut Vec<KvSlot>)
-    -> Result<(), AllocError>;
+    fn alloc_extend(
+        &mut self,
+        reqs: &[ExtendShape],
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), AllocError>;
     /// Batched decode allocation, one slot per request (new page only at a page boundary).
-    fn alloc_decode(&mut self, reqs: &[DecodeShape], out: &mut Vec<KvSlot>)
-    -> Result<(), AllocError>;
+    fn alloc_decode(
+        &mut self,
+        reqs: &[DecodeShape],
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), AllocError>;
     /// Frees the pages that contain `slots` (each page once). Validates before changing anything.
     fn free(&mut self, slots: &[KvSlot]) -> Result<(), AllocError>;
     /// Frees `row[start_pos .. start_pos + slots.len()]` of one request, page by page.
     fn free_segment(&mut self, slots: &[KvSlot], start_pos: usize) -> Result<(), AllocError>;
-    /// Starts deferring frees until [`KvAllocator::free_group_end`].
-    fn free_group_begin(&mut self);
-    /// Applies every free deferred since [`KvAllocator::free_group_begin`] as one update.
+    /// Starts deferring frees until [`KvAllocator::free_group_end`]. Groups do not nest: a
+    /// second begin fails with [`AllocError::NestedFreeGroup`] and keeps the open group.
+    fn free_group_begin(&mut self) -> Result<(), AllocError>;
+    /// Applies every free deferred since [`KvAllocator::free_group_begin`] as one update
+    /// (a no-op when nothing was deferred). Fails with [`AllocError::NotInFreeGroup`] when no
+    /// group is open.
     fn free_group_end(&mut self) -> Result<(), AllocError>;
 }

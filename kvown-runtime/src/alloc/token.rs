@@ -1,1 +1,17 @@
-//! wip
+//! [`TokenAllocator`]: page size 1, FIFO reuse (sglang `TokenToKVPoolAllocator`).
+
+use super::{AllocError, Fifo, PageAllocator};
+
+/// Slot allocator with page size 1: slots `1..=size`, allocation from the head of the free
+/// list, freed slots appended to the tail (reused last). Slot 0 is padding.
+pub type TokenAllocator = PageAllocator<Fifo>;
+
+impl PageAllocator<Fifo> {
+    /// An allocator over slots `1..=size`, all free. `need_sort` sends frees to a release list
+    /// that is merged and sorted when the free list alone is short.
+    ///
+    /// Fails with [`AllocError::TooManySlots`] when `size` exceeds `u32::MAX`.
+    pub fn new(size: usize, need_sort: bool) -> Result<Self, AllocError> {
+        Self::with_pages(1, size, need_sort)
+    }
+}

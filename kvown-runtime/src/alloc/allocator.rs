@@ -1,0 +1,454 @@
+//! [`PageAllocator`]: the one allocator core behind [`TokenAllocator`](super::TokenAllocator)
+//! (page size 1, FIFO reuse) and [`PagedAllocator`](super::PagedAllocator) (LIFO reuse).
+
+use std::marker::PhantomData;
+
+use super::free_list::FreeList;
+use super::geometry::PageGeometry;
+use super::shapes::{check_decode, check_extend, fill_extend};
+use super::{
+    AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PageState, ReuseOrder,
+};
+
+/// A page allocator over pages `1..=num_pages` of `page_size` slots; page 0 is padding.
+///
+/// * Allocation always takes pages from the head of the free list.
+/// * `R` decides where freed pages go: [`Fifo`](super::Fifo) appends them in the order given,
+///   [`Lifo`](super::Lifo) prepends them (a plain `free` sorted ascending, a `free_segment` in
+///   row order, a group end sorted ascending).
+/// * With `need_sort`, frees go to a release list instead; when the free list alone is short
+///   for a request that free + release can serve, the two are merged and sorted ascending.
+/// * Every page carries a [`PageState`], so double frees, frees of unallocated pages and
+///   duplicate pages are rejected before anything changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageAllocator<R: ReuseOrder> {
+    geometry: PageGeometry,
+    num_pages: usize,
+    need_sort: bool,
+    state: Vec<PageState>,
+    free: FreeList,
+    /// Pages deferred by the open free group. Outside a group it is empty between calls and
+    /// serves as the scratch list of the free call in progress.
+    deferred: Vec<PageId>,
+    in_free_group: bool,
+    order: PhantomData<R>,
+}
+
+impl<R: ReuseOrder> PageAllocator<R> {
+    /// An allocator with every page free: `[1, …, num_pages]`.
+    pub(crate) fn with_pages(
+        page_size: usize,
+        num_pages: usize,
+        need_sort: bool,
+    ) -> Result<Self, AllocError> {
+        if page_size == 0 {
+            return Err(AllocError::ZeroPageSize);
+        }
+        let slot_end = (num_pages as u64 + 1).saturating_mul(page_size as u64);
+        if slot_end > u64::from(KvSlot::MAX) + 1 {
+            return Err(AllocError::TooManySlots {
+                num_pages,
+                page_size,
+                slot_end,
+            });
+        }
+        let mut state = vec![PageState::Unused; num_pages + 1];
+        state[0] = PageState::Reserved;
+        Ok(Self {
+            geometry: PageGeometry::new(page_size),
+            num_pages,
+            need_sort,
+            state,
+            free: FreeList::full(num_pages),
+            deferred: Vec::with_capacity(num_pages),
+            in_free_group: false,
+            order: PhantomData,
+        })
+    }
+
+    /// Pages that can be handed out (page 0 excluded).
+    pub fn num_pages(&self) -> usize {
+        self.num_pages
+    }
+
+    /// Whether frees go to a release list that is merged and sorted lazily.
+    pub fn need_sort(&self) -> bool {
+        self.need_sort
+    }
+
+    /// Whether a free group is open.
+    pub fn in_free_group(&self) -> bool {
+        self.in_free_group
+    }
+
+    /// Pages freed in the open free group, not yet available.
+    pub fn deferred_count(&self) -> usize {
+        self.deferred.len()
+    }
+
+    /// The free list, head (next allocated) first. Excludes the release list.
+    pub fn free_pages(&self) -> impl Iterator<Item = PageId> + '_ {
+        self.free.free_pages()
+    }
+
+    /// The release list (`need_sort` mode), in no particular order.
+    pub fn released_pages(&self) -> impl Iterator<Item = PageId> + '_ {
+        self.free.released_pages()
+    }
+
+    /// The pages deferred by the open free group, in deferral order.
+    pub fn deferred_pages(&self) -> &[PageId] {
+        &self.deferred
+    }
+
+    /// The state of `page`, or `None` beyond the last page.
+    pub fn page_state(&self, page: PageId) -> Option<PageState> {
+        self.state.get(page as usize).copied()
+    }
+
+    /// Whether `page` is in the free list or the release list.
+    pub fn is_page_free(&self, page: PageId) -> bool {
+        self.page_state(page).is_some_and(PageState::is_available)
+    }
+
+    /// Whether `page` is handed out and not freed.
+    pub fn is_page_allocated(&self, page: PageId) -> bool {
+        self.page_state(page) == Some(PageState::Held)
+    }
+
+    /// Bytes of bookkeeping this allocator holds: the struct, one state byte per page, and the
+    /// free/release ring and the deferred list with 4 bytes per page each (9 bytes per page).
+    pub fn bookkeeping_bytes(&self) -> usize {
+        std::mem::size_of::<Self>()
+            + self.state.capacity() * std::mem::size_of::<PageState>()
+            + self.free.capacity() * std::mem::size_of::<PageId>()
+            + self.deferred.capacity() * std::mem::size_of::<PageId>()
+    }
+
+    /// Every page free again (`[1, …, num_pages]`), release list empty, no open group.
+    pub fn clear(&mut self) {
+        self.state.fill(PageState::Unused);
+        self.state[0] = PageState::Reserved;
+        self.free.reset(self.num_pages);
+        self.deferred.clear();
+        self.in_free_group = false;
+    }
+
+    /// Verifies the bookkeeping: page 0 reserved, the free, release and deferred lists hold
+    /// distinct in-range pages whose states agree with the list, every page marked free,
+    /// released or deferred is in its list, and nothing is left pending. O(num_pages); allocates
+    /// a temporary bitmap, so meant for tests and debug checks.
+    pub fn check(&self) -> Result<(), super::InvariantViolation> {
+        use super::InvariantViolation as V;
+        for (page, &state) in self.state.iter().enumerate() {
+            if (page == 0) != (state == PageState::Reserved) {
+                return Err(V::Reserved { page, state });
+            }
+        }
+        if !self.in_free_group && !self.deferred.is_empty() {
+            return Err(V::DeferredOutsideGroup {
+                count: self.deferred.len(),
+            });
+        }
+        if !self.need_sort && self.free.released_len() > 0 {
+            return Err(V::ReleaseWithoutNeedSort {
+                count: self.free.released_len(),
+            });
+        }
+        let mut listed = vec![false; self.num_pages + 1];
+        self.check_list("free", self.free.free_pages(), &mut listed, |state| {
+            matches!(state, PageState::Unused | PageState::Free)
+        })?;
+        self.check_list(
+            "release",
+            self.free.released_pages(),
+            &mut listed,
+            |state| state == PageState::Released,
+        )?;
+        self.check_list(
+            "deferred",
+            self.deferred.iter().copied(),
+            &mut listed,
+            |state| state == PageState::Deferred,
+        )?;
+        for (page, &state) in self.state.iter().enumerate() {
+            let must_be_listed = !matches!(state, PageState::Reserved | PageState::Held);
+            if must_be_listed && !listed[page] {
+                return Err(V::MissingFromList { page, state });
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks one list for range, duplicates (across lists, via `listed`) and state agreement.
+    fn check_list(
+        &self,
+        list: &'static str,
+        pages: impl Iterator<Item = PageId>,
+        listed: &mut [bool],
+        belongs: impl Fn(PageState) -> bool,
+    ) -> Result<(), super::InvariantViolation> {
+        use super::InvariantViolation as V;
+        for page in pages {
+            let index = page as usize;
+            if index == 0 || index > self.num_pages {
+                return Err(V::PageOutOfRange {
+                    list,
+                    page,
+                    num_pages: self.num_pages,
+                });
+            }
+            if std::mem::replace(&mut listed[index], true) {
+                return Err(V::DuplicatePage { list, page });
+            }
+            let state = self.state[index];
+            if !belongs(state) {
+                return Err(V::StateMismatch { list, page, state });
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes `pages` free pages available at the head of the free list, merging the release
+    /// list first when that is what it takes; otherwise reports out of memory.
+    #[inline]
+    fn ensure_free(&mut self, pages: usize) -> Result<(), AllocError> {
+        if pages <= self.free.free_len() {
+            return Ok(());
+        }
+        if self.need_sort && pages <= self.free.total_len() {
+            self.free.merge_and_sort();
+            return Ok(());
+        }
+        Err(AllocError::OutOfMemory {
+            requested: pages.saturating_mul(self.geometry.page_size()),
+            available: self.available_size(),
+        })
+    }
+
+    /// Marks the page of `slot` as pending in the current free call and records it, or skips it
+    /// when this call already named the page.
+    #[inline]
+    fn mark_pending(&mut self, slot: KvSlot) -> Result<usize, AllocError> {
+        let page = self.geometry.page_of(slot);
+        match self.state.get(page) {
+            Some(PageState::Held) => {
+                self.state[page] = PageState::Pending;
+                self.deferred.push(page as PageId);
+                Ok(page)
+            }
+            Some(PageState::Pending) => Ok(page),
+            Some(PageState::Reserved) => Err(AllocError::ReservedSlot {
+                slot,
+                page_size: self.geometry.page_size(),
+            }),
+            Some(PageState::Unused) => Err(AllocError::NotAllocated {
+                slot,
+                page: page as PageId,
+            }),
+            Some(&state) => Err(AllocError::DoubleFree {
+                slot,
+                page: page as PageId,
+                state,
+            }),
+            None => Err(AllocError::SlotOutOfRange {
+                slot,
+                slot_end: (self.num_pages as u64 + 1) * self.geometry.page_size() as u64,
+            }),
+        }
+    }
+
+    /// Finishes a free call whose pages are `deferred[start..]`: undoes them on error, defers
+    /// them inside a group, releases them otherwise.
+    #[inline]
+    fn finish_free(
+        &mut self,
+        start: usize,
+        result: Result<(), AllocError>,
+        sort: bool,
+    ) -> Result<(), AllocError> {
+        if let Err(error) = result {
+            for &page in &self.deferred[start..] {
+                self.state[page as usize] = PageState::Held;
+            }
+            self.deferred.truncate(start);
+            return Err(error);
+        }
+        if self.in_free_group {
+            for &page in &self.deferred[start..] {
+                self.state[page as usize] = PageState::Deferred;
+            }
+        } else {
+            self.release_deferred(sort);
+        }
+        Ok(())
+    }
+
+    /// Returns every page in `deferred` to the free list (or the release list) as one update.
+    #[inline]
+    fn release_deferred(&mut self, sort: bool) {
+        let freed = if self.need_sort {
+            PageState::Released
+        } else {
+            PageState::Free
+        };
+        for &page in &self.deferred {
+            self.state[page as usize] = freed;
+        }
+        if self.need_sort {
+            self.free.release(&self.deferred);
+        } else if R::FREED_FIRST {
+            if sort {
+                self.deferred.sort_unstable();
+            }
+            self.free.prepend(&self.deferred);
+        } else {
+            self.free.append(&self.deferred);
+        }
+        self.deferred.clear();
+    }
+}
+
+impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
+    fn page_size(&self) -> usize {
+        self.geometry.page_size()
+    }
+
+    fn capacity(&self) -> usize {
+        self.num_pages * self.geometry.page_size()
+    }
+
+    fn available_size(&self) -> usize {
+        self.free.total_len() * self.geometry.page_size()
+    }
+
+    fn alloc(&mut self, num_tokens: usize, out: &mut Vec<KvSlot>) -> Result<(), AllocError> {
+        let geometry = self.geometry;
+        if geometry.offset(num_tokens) != 0 {
+            return Err(AllocError::UnalignedAlloc {
+                num_tokens,
+                page_size: geometry.page_size(),
+            });
+        }
+        let pages = geometry.whole_pages(num_tokens);
+        self.ensure_free(pages)?;
+        out.reserve(num_tokens);
+        let page_size = geometry.page_size() as KvSlot;
+        for page in self.free.take_front(pages) {
+            self.state[page as usize] = PageState::Held;
+            let first = geometry.first_slot(page);
+            out.extend(first..first + page_size);
+        }
+        Ok(())
+    }
+
+    fn alloc_extend(
+        &mut self,
+        reqs: &[ExtendShape],
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), AllocError> {
+        let geometry = self.geometry;
+        let mut new_pages = 0usize;
+        let mut new_tokens = 0usize;
+        for (request, shape) in reqs.iter().enumerate() {
+            new_pages =
+                new_pages.saturating_add(check_extend(geometry, &self.state, request, shape)?);
+            new_tokens = new_tokens.saturating_add(shape.seq_len - shape.prefix_len);
+        }
+        self.ensure_free(new_pages)?;
+        out.reserve(new_tokens);
+        let mut pages = self.free.take_front(new_pages);
+        for shape in reqs {
+            fill_extend(geometry, shape, &mut pages, &mut self.state, out);
+        }
+        debug_assert!(pages.next().is_none(), "alloc_extend left pages unconsumed");
+        Ok(())
+    }
+
+    fn alloc_decode(
+        &mut self,
+        reqs: &[DecodeShape],
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), AllocError> {
+        let geometry = self.geometry;
+        let mut new_pages = 0usize;
+        for (request, shape) in reqs.iter().enumerate() {
+            let opens_page = check_decode(
+                geometry,
+                &self.state,
+                request,
+                shape.seq_len,
+                shape.last_loc,
+            )?;
+            new_pages += usize::from(opens_page);
+        }
+        self.ensure_free(new_pages)?;
+        out.reserve(reqs.len());
+        let mut pages = self.free.take_front(new_pages);
+        for shape in reqs {
+            let slot = if geometry.offset(shape.seq_len - 1) == 0
+                && let Some(page) = pages.next()
+            {
+                self.state[page as usize] = PageState::Held;
+                geometry.first_slot(page)
+            } else {
+                shape.last_loc + 1
+            };
+            out.push(slot);
+        }
+        Ok(())
+    }
+
+    fn free(&mut self, slots: &[KvSlot]) -> Result<(), AllocError> {
+        let start = self.deferred.len();
+        let result = slots
+            .iter()
+            .try_for_each(|&slot| self.mark_pending(slot).map(drop));
+        self.finish_free(start, result, true)
+    }
+
+    fn free_segment(&mut self, slots: &[KvSlot], start_pos: usize) -> Result<(), AllocError> {
+        let start = self.deferred.len();
+        let geometry = self.geometry;
+        let page_size = geometry.page_size();
+        let mut result = Ok(());
+        let mut chunk_start = 0;
+        let mut chunk_len = page_size - geometry.offset(start_pos);
+        while chunk_start < slots.len() && result.is_ok() {
+            let chunk_end = (chunk_start + chunk_len).min(slots.len());
+            result = self.mark_pending(slots[chunk_start]).and_then(|page| {
+                let stray =
+                    (chunk_start + 1..chunk_end).find(|&i| geometry.page_of(slots[i]) != page);
+                stray.map_or(Ok(()), |offset| {
+                    Err(AllocError::SegmentNotPaged {
+                        offset,
+                        slot: slots[offset],
+                        expected_page: page,
+                    })
+                })
+            });
+            chunk_start = chunk_end;
+            chunk_len = page_size;
+        }
+        self.finish_free(start, result, false)
+    }
+
+    fn free_group_begin(&mut self) -> Result<(), AllocError> {
+        if self.in_free_group {
+            return Err(AllocError::NestedFreeGroup {
+                deferred_pages: self.deferred.len(),
+            });
+        }
+        self.in_free_group = true;
+        Ok(())
+    }
+
+    fn free_group_end(&mut self) -> Result<(), AllocError> {
+        if !self.in_free_group {
+            return Err(AllocError::NotInFreeGroup);
+        }
+        self.in_free_group = false;
+        self.release_deferred(true);
+        Ok(())
+    }
+}

@@ -1,0 +1,105 @@
+//! The free list and the `need_sort` release list, stored in one ring buffer.
+//!
+//! Layout: `pages[..free_len]` is the free list (index 0 is the head, allocated first) and
+//! `pages[free_len..]` is the release list. The release list is unordered, because the only
+//! thing that reads it is the merge, which sorts everything.
+
+use std::collections::VecDeque;
+use std::collections::vec_deque::Drain;
+
+use super::PageId;
+
+/// Free pages in allocation order, followed by released pages awaiting a merge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FreeList {
+    pages: VecDeque<PageId>,
+    released: usize,
+}
+
+impl FreeList {
+    /// `[1, 2, …, num_pages]`, nothing released, room for every page.
+    pub(crate) fn full(num_pages: usize) -> Self {
+        let mut list = Self {
+            pages: VecDeque::with_capacity(num_pages),
+            released: 0,
+        };
+        list.reset(num_pages);
+        list
+    }
+
+    /// Back to `[1, 2, …, num_pages]` with an empty release list; keeps the buffer.
+    pub(crate) fn reset(&mut self, num_pages: usize) {
+        self.pages.clear();
+        self.pages.extend(1..=num_pages as PageId);
+        self.released = 0;
+    }
+
+    /// Pages in the free list proper.
+    #[inline]
+    pub(crate) fn free_len(&self) -> usize {
+        self.pages.len() - self.released
+    }
+
+    /// Pages in the release list.
+    #[inline]
+    pub(crate) fn released_len(&self) -> usize {
+        self.released
+    }
+
+    /// Free plus released pages.
+    #[inline]
+    pub(crate) fn total_len(&self) -> usize {
+        self.pages.len()
+    }
+
+    /// Pages the buffer can hold without reallocating.
+    pub(crate) fn capacity(&self) -> usize {
+        self.pages.capacity()
+    }
+
+    /// The free list, head first.
+    pub(crate) fn free_pages(&self) -> impl Iterator<Item = PageId> + '_ {
+        self.pages.iter().take(self.free_len()).copied()
+    }
+
+    /// The release list, in no particular order.
+    pub(crate) fn released_pages(&self) -> impl Iterator<Item = PageId> + '_ {
+        self.pages.iter().skip(self.free_len()).copied()
+    }
+
+    /// Removes and yields the first `n` free pages (`n <= free_len`).
+    #[inline]
+    pub(crate) fn take_front(&mut self, n: usize) -> Drain<'_, PageId> {
+        debug_assert!(n <= self.free_len());
+        self.pages.drain(..n)
+    }
+
+    /// Puts `pages` at the head, keeping their order (`pages[0]` becomes the head).
+    #[inline]
+    pub(crate) fn prepend(&mut self, pages: &[PageId]) {
+        for &page in pages.iter().rev() {
+            self.pages.push_front(page);
+        }
+    }
+
+    /// Puts `pages` at the tail of the free list, keeping their order. Only valid while the
+    /// release list is empty (`need_sort` off).
+    #[inline]
+    pub(crate) fn append(&mut self, pages: &[PageId]) {
+        debug_assert_eq!(self.released, 0);
+        self.pages.extend(pages.iter().copied());
+    }
+
+    /// Adds `pages` to the release list.
+    #[inline]
+    pub(crate) fn release(&mut self, pages: &[PageId]) {
+        self.pages.extend(pages.iter().copied());
+        self.released += pages.len();
+    }
+
+    /// `free = sort(free ∪ release)`, release emptied.
+    pub(crate) fn merge_and_sort(&mut self) {
+        self.pages.make_contiguous().sort_unstable();
+        self.released = 0;
+    }
+}

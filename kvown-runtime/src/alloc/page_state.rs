@@ -1,0 +1,30 @@
+//! The one-byte state every page carries, used to reject double and foreign frees.
+
+/// Where a page is in its life cycle. One byte per page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum PageState {
+    /// Page 0, the padding page; never allocated, never freed.
+    Reserved,
+    /// In the free list and not handed out since the allocator was created or cleared.
+    Unused,
+    /// Handed out by an allocation and not freed since.
+    Held,
+    /// Transient: named by the free call in progress. [`check`](super::PageAllocator::check)
+    /// reports it as a violation, because no call leaves a page in this state.
+    Pending,
+    /// Freed inside a free group; becomes free at `free_group_end`.
+    Deferred,
+    /// Freed and back in the free list.
+    Free,
+    /// Freed in `need_sort` mode and waiting in the release list for the next merge.
+    Released,
+}
+
+impl PageState {
+    /// Whether the page counts towards `available_size` (free list or release list).
+    #[inline]
+    pub fn is_available(self) -> bool {
+        matches!(self, Self::Unused | Self::Free | Self::Released)
+    }
+}
