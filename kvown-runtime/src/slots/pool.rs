@@ -1,0 +1,175 @@
+//! [`ReqToTokenPool`]: the `(size + 1) × max_context_len` table of KV slots and its free rows.
+
+use super::SlotError;
+use crate::alloc::KvSlot;
+
+/// Index of a row of the request-to-token table (sglang `req_pool_idx`). A plain index so it can
+/// go into batch index tensors as is; the pool validates every row it is given. Row 0 is padding.
+pub type ReqRow = usize;
+
+/// Request-to-token table: rows `1..=size` for running requests plus padding row 0, each
+/// `max_context_len` KV slots wide, zero-initialised (unwritten entries read as slot 0).
+///
+/// * `alloc` takes rows from the **tail** of the free-row list, in list order, all or nothing.
+/// * `free` appends the row to the list (reused first, LIFO) and leaves its contents.
+/// * Every assignment bumps the row's generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReqToTokenPool {
+    size: usize,
+    max_context_len: usize,
+    table: Vec<KvSlot>,
+    free_rows: Vec<ReqRow>,
+    held: Vec<bool>,
+    req_generation: Vec<u64>,
+}
+
+impl ReqToTokenPool {
+    /// A pool of `size` request rows of `max_context_len` positions, all free: `[1, …, size]`.
+    pub fn new(size: usize, max_context_len: usize) -> Result<Self, SlotError> {
+        let too_large = SlotError::TableTooLarge {
+            rows: size.saturating_add(1),
+            max_context_len,
+        };
+        let rows = size.checked_add(1).ok_or(too_large.clone())?;
+        let entries = rows.checked_mul(max_context_len).ok_or(too_large)?;
+        Ok(Self {
+            size,
+            max_context_len,
+            table: vec![0; entries],
+            free_rows: (1..=size).collect(),
+            held: vec![false; rows],
+            req_generation: vec![0; rows],
+        })
+    }
+
+    /// Rows available to requests (row 0 excluded).
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Positions per row.
+    pub fn max_context_len(&self) -> usize {
+        self.max_context_len
+    }
+
+    /// Rows free now.
+    pub fn available_size(&self) -> usize {
+        self.free_rows.len()
+    }
+
+    /// The free-row list; `alloc` takes from its end, `free` appends to it.
+    pub fn free_rows(&self) -> &[ReqRow] {
+        &self.free_rows
+    }
+
+    /// Whether `row` is held by a request (false for row 0 and out-of-range rows).
+    pub fn is_held(&self, row: ReqRow) -> bool {
+        self.held.get(row).copied().unwrap_or(false)
+    }
+
+    /// How many times `row` has been assigned since the pool was created or cleared.
+    pub fn req_generation(&self, row: ReqRow) -> Result<u64, SlotError> {
+        self.check_range(row)?;
+        Ok(self.req_generation[row])
+    }
+
+    /// Assigns `count` rows, in batch order, from the tail of the free-row list (a fresh pool of
+    /// size 8 gives `[7, 8]` for 2), bumping each row's generation. All or nothing.
+    ///
+    /// Requests that already hold a row keep it and are not counted here.
+    pub fn alloc(&mut self, count: usize) -> Result<Vec<ReqRow>, SlotError> {
+        let available = self.free_rows.len();
+        if count > available {
+            return Err(SlotError::OutOfRows {
+                requested: count,
+                available,
+            });
+        }
+        let rows = self.free_rows.split_off(available - count);
+        for &row in &rows {
+            self.held[row] = true;
+            self.req_generation[row] += 1;
+        }
+        Ok(rows)
+    }
+
+    /// Returns `row` to the free-row list (appended, so reused first). Its contents stay.
+    pub fn free(&mut self, row: ReqRow) -> Result<(), SlotError> {
+        self.check_range(row)?;
+        if row == 0 {
+            return Err(SlotError::ReservedRow);
+        }
+        if !self.held[row] {
+            return Err(SlotError::DoubleFree { row });
+        }
+        self.held[row] = false;
+        self.free_rows.push(row);
+        Ok(())
+    }
+
+    /// The slots of `row` (any row, held or not, including padding row 0).
+    pub fn row(&self, row: ReqRow) -> Result<&[KvSlot], SlotError> {
+        self.check_range(row)?;
+        let start = row * self.max_context_len;
+        Ok(&self.table[start..start + self.max_context_len])
+    }
+
+    /// The slots of a held `row`, writable.
+    pub fn row_mut(&mut self, row: ReqRow) -> Result<&mut [KvSlot], SlotError> {
+        self.check_writable(row)?;
+        let start = row * self.max_context_len;
+        Ok(&mut self.table[start..start + self.max_context_len])
+    }
+
+    /// Writes `values` to positions `start_pos..start_pos + values.len()` of a held `row`.
+    /// Nothing is written on error.
+    pub fn write(
+        &mut self,
+        row: ReqRow,
+        start_pos: usize,
+        values: &[KvSlot],
+    ) -> Result<(), SlotError> {
+        let row_width = self.max_context_len;
+        let end = start_pos.saturating_add(values.len());
+        if end > row_width {
+            self.check_range(row)?;
+            return Err(SlotError::PositionOutOfRange {
+                row,
+                start: start_pos,
+                end,
+                row_width,
+            });
+        }
+        self.row_mut(row)?[start_pos..end].copy_from_slice(values);
+        Ok(())
+    }
+
+    /// Every row free again (`[1, …, size]`), generations zeroed. Row contents stay.
+    pub fn clear(&mut self) {
+        self.free_rows.clear();
+        self.free_rows.extend(1..=self.size);
+        self.held.fill(false);
+        self.req_generation.fill(0);
+    }
+
+    fn check_range(&self, row: ReqRow) -> Result<(), SlotError> {
+        if row > self.size {
+            return Err(SlotError::RowOutOfRange {
+                row,
+                size: self.size,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_writable(&self, row: ReqRow) -> Result<(), SlotError> {
+        self.check_range(row)?;
+        if row == 0 {
+            return Err(SlotError::ReservedRow);
+        }
+        if !self.held[row] {
+            return Err(SlotError::RowNotHeld { row });
+        }
+        Ok(())
+    }
+}
