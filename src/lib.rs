@@ -1,1 +1,9 @@
-//! kvown facade (work in progress).
+//! kvown: compile-time single-owner field writes, and a paged KV-cache allocator built on them.
+#![forbid(unsafe_code)]
+
+pub use kvown_macros::{guarded, owner, owners};
+pub use kvown_runtime::ownership::audit;
+pub use kvown_runtime::{alloc, kv, radix, slots};
+
+#[doc(hidden)]
+pub use kvown_runtime::__private;

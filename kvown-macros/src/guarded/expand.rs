@@ -1,0 +1,441 @@
+//! Code generation for `#[guarded]`.
+//!
+//! The struct moves into a hidden child module where its owned fields are private, so no code
+//! outside that module (the struct's own module included) can touch them except through the
+//! generated accessors. Everything else keeps the reach it had when written.
+
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote, quote_spanned};
+use syn::visit_mut::VisitMut;
+use syn::{
+    Attribute, Fields, GenericParam, Generics, Ident, Lifetime, LifetimeParam, Path, Type,
+    Visibility, parse_quote,
+};
+
+use super::parse::{FieldModel, GuardedStruct, Ownership, ReadMode};
+use crate::seal::{DeeperPaths, path_from_child, widen_one_level};
+
+/// Std derives mirrored onto the generated init struct.
+const MIRRORED_DERIVES: &[&str] = &["Debug", "Clone", "Default"];
+
+/// A field of the sealed struct: its model and its type as seen from the hidden module.
+struct SealedField<'a> {
+    model: &'a FieldModel,
+    ty: Type,
+}
+
+pub(crate) fn expand(model: &GuardedStruct) -> TokenStream {
+    let private = {
+        let support = &model.support;
+        quote!(#support::__private)
+    };
+    let name = &model.item.ident;
+    let outer_vis = &model.item.vis;
+    let inner_vis = widen_one_level(outer_vis);
+    let module = format_ident!("__kvown_guarded_{}", name);
+    let init = &model.init_name;
+    let view = format_ident!("{}FieldsMut", name);
+
+    let mut sealed = model.item.clone();
+    sealed.vis = inner_vis.clone();
+    DeeperPaths.visit_generics_mut(&mut sealed.generics);
+    let Fields::Named(named) = &mut sealed.fields else {
+        unreachable!("parse accepts only named fields")
+    };
+    let mut fields = Vec::new();
+    for (field, field_model) in named.named.iter_mut().zip(&model.fields) {
+        DeeperPaths.visit_type_mut(&mut field.ty);
+        field.vis = if field_model.ownership.is_some() {
+            Visibility::Inherited
+        } else {
+            widen_one_level(&field_model.vis)
+        };
+        fields.push(SealedField {
+            model: field_model,
+            ty: field.ty.clone(),
+        });
+    }
+
+    let generics = &sealed.generics;
+    let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
+    let impl_header = quote!(impl #impl_generics #name #ty_generics #where_clause);
+    let view_generics = with_view_lifetime(generics);
+    let (_, view_ty_generics, _) = view_generics.split_for_impl();
+
+    let mut seals = Vec::new();
+    let mut owner_traits = Vec::new();
+    let mut trait_exports = Vec::new();
+    let mut accessors = Vec::new();
+    let mut registrations = Vec::new();
+    for field in &fields {
+        let Some(ownership) = &field.model.ownership else {
+            continue;
+        };
+        let trait_name = owner_trait_name(name, &field.model.ident);
+        let cfg = &field.model.cfg_attrs;
+        trait_exports.push(quote!(#(#cfg)* #outer_vis use #module::#trait_name;));
+        seals.push(seal_trait(field.model));
+        owner_traits.push(owner_trait(name, field.model, ownership, &trait_name, &inner_vis));
+        accessors.push(field_accessors(&impl_header, field, ownership, &trait_name, &inner_vis));
+        registrations.push(registration(&private, name, field.model, ownership));
+    }
+
+    let init_struct = init_struct(model, init, generics, &fields, &inner_vis);
+    let view_struct = view_struct(&view, &view_generics, &fields, &inner_vis);
+    let idents: Vec<&Ident> = fields.iter().map(|f| &f.model.ident).collect();
+    let cfgs: Vec<&Vec<Attribute>> = fields.iter().map(|f| &f.model.cfg_attrs).collect();
+    let view_refs = fields.iter().map(|f| {
+        let ident = &f.model.ident;
+        if f.model.ownership.is_some() {
+            quote!(&self.#ident)
+        } else {
+            quote!(&mut self.#ident)
+        }
+    });
+
+    quote! {
+        #[doc(hidden)]
+        #[allow(non_snake_case)]
+        mod #module {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[allow(non_camel_case_types)]
+            mod __seal {
+                #(#seals)*
+            }
+
+            #sealed
+
+            #init_struct
+
+            #view_struct
+
+            impl #impl_generics ::core::convert::From<#init #ty_generics> for #name #ty_generics
+            #where_clause
+            {
+                #[inline]
+                fn from(init: #init #ty_generics) -> Self {
+                    #name { #( #(#cfgs)* #idents: init.#idents, )* }
+                }
+            }
+
+            impl #impl_generics #name #ty_generics #where_clause {
+                /// Takes the value apart into its init struct, whose fields are visible where a
+                /// struct literal of this type would be.
+                #[inline]
+                #[allow(dead_code)]
+                pub(super) fn into_init(self) -> #init #ty_generics {
+                    #init { #( #(#cfgs)* #idents: self.#idents, )* }
+                }
+
+                /// Borrows every field at once: shared references to owned fields, mutable
+                /// references to the others (the split borrow that sealing otherwise prevents).
+                #[inline]
+                #[allow(dead_code)]
+                #inner_vis fn fields_mut<'kvown>(&'kvown mut self) -> #view #view_ty_generics {
+                    #view { #( #(#cfgs)* #idents: #view_refs, )* }
+                }
+            }
+
+            #(#owner_traits)*
+
+            #(#accessors)*
+
+            #(#registrations)*
+        }
+
+        #outer_vis use #module::{#name, #init, #view};
+        #(#trait_exports)*
+    }
+}
+
+/// `ReqKvInfo` + `kv_committed_len` -> `ReqKvInfoKvCommittedLenOwner`.
+pub(crate) fn owner_trait_name(struct_name: &Ident, field: &Ident) -> Ident {
+    let camel: String = field
+        .to_string()
+        .trim_start_matches("r#")
+        .split('_')
+        .filter(|part| !part.is_empty())
+        .map(|part| {
+            let mut chars = part.chars();
+            let first = chars.next().map(|c| c.to_ascii_uppercase());
+            first.into_iter().chain(chars).collect::<String>()
+        })
+        .collect();
+    format_ident!("{}{}Owner", struct_name, camel)
+}
+
+/// The supertrait that only the hidden module can implement.
+fn seal_trait(field: &FieldModel) -> TokenStream {
+    let ident = &field.ident;
+    let cfg = &field.cfg_attrs;
+    quote!(#(#cfg)* pub trait #ident {})
+}
+
+/// The per-field owner trait, its diagnostic, and its impls for exactly the listed owners.
+fn owner_trait(
+    struct_name: &Ident,
+    field: &FieldModel,
+    ownership: &Ownership,
+    trait_name: &Ident,
+    inner_vis: &Visibility,
+) -> TokenStream {
+    let ident = &field.ident;
+    let cfg = &field.cfg_attrs;
+    let owners: Vec<String> = ownership.owners.iter().map(path_text).collect();
+    let listed = owners.join(", ");
+    let message =
+        format!("`{{Self}}` is not an owner of `{struct_name}::{ident}`; owners: {listed}");
+    let label = format!("not an owner of `{struct_name}::{ident}`");
+    let note = format!(
+        "only the functions listed in `#[owned_by(..)]` on `{struct_name}::{ident}` may write it; \
+         a helper writing on an owner's behalf takes `owner: &impl {trait_name}`; \
+         reads are free: `.{ident}()`"
+    );
+    let doc = format!(
+        "Implemented exactly by the capability tokens of the owners of `{struct_name}::{ident}` \
+         ({listed}). Bound a helper's capability parameter by it to let the helper write the \
+         field on an owner's behalf."
+    );
+    let impls = ownership.owners.iter().map(|owner| {
+        let token = token_path(owner);
+        quote!(
+            #(#cfg)* impl __seal::#ident for #token {}
+            #(#cfg)* impl #trait_name for #token {}
+        )
+    });
+    quote! {
+        #(#cfg)*
+        #[doc = #doc]
+        #[diagnostic::on_unimplemented(message = #message, label = #label, note = #note)]
+        #inner_vis trait #trait_name: __seal::#ident {}
+        #(#impls)*
+    }
+}
+
+/// The capability token type of an owner path, as seen from the hidden module:
+/// `f` -> `super::f`, `a::Batch::retract` -> `super::a::Batch_retract`.
+fn token_path(owner: &Path) -> Path {
+    let segments: Vec<&Ident> = owner.segments.iter().map(|s| &s.ident).collect();
+    let mut path = owner.clone();
+    let n = segments.len();
+    let is_method = n >= 2 && segments[n - 2].to_string().starts_with(|c: char| c.is_ascii_uppercase());
+    if is_method {
+        let token = Ident::new(
+            &format!("{}_{}", segments[n - 2], segments[n - 1]),
+            segments[n - 1].span(),
+        );
+        let mut kept: syn::punctuated::Punctuated<syn::PathSegment, syn::Token![::]> =
+            owner.segments.iter().take(n - 2).cloned().collect();
+        kept.push(token.into());
+        path.segments = kept;
+    }
+    path_from_child(&path)
+}
+
+fn path_text(path: &Path) -> String {
+    quote!(#path).to_string().replace(' ', "")
+}
+
+/// Getter, setter and `_mut` accessor of one owned field.
+fn field_accessors(
+    impl_header: &TokenStream,
+    field: &SealedField<'_>,
+    ownership: &Ownership,
+    trait_name: &Ident,
+    inner_vis: &Visibility,
+) -> TokenStream {
+    let model = field.model;
+    let ty = &field.ty;
+    let ident = &model.ident;
+    let cfg = &model.cfg_attrs;
+    let docs = &model.doc_attrs;
+    let setter = format_ident!("set_{}", ident);
+    let mut_accessor = format_ident!("{}_mut", ident);
+    let by_value = match ownership.read {
+        Some(mode) => mode == ReadMode::ByValue,
+        None => is_copy_by_syntax(ty),
+    };
+    let getter = if by_value {
+        quote!(
+            #[inline(always)]
+            #inner_vis fn #ident(&self) -> #ty { self.#ident }
+        )
+    } else {
+        quote!(
+            #[inline(always)]
+            #inner_vis fn #ident(&self) -> &#ty { &self.#ident }
+        )
+    };
+    let read_doc = format!("Reads `{ident}` (free: no capability needed).");
+    let set_doc = format!("Writes `{ident}`. Only its owners' capabilities satisfy `{trait_name}`.");
+    let mut_doc = format!(
+        "Mutably borrows `{ident}`, for as long as the owner's capability is borrowed."
+    );
+    quote! {
+        #(#cfg)*
+        #impl_header {
+            #[doc = #read_doc]
+            #[doc = ""]
+            #(#docs)*
+            #getter
+
+            #[doc = #set_doc]
+            #[inline(always)]
+            #inner_vis fn #setter(&mut self, _owner: &impl #trait_name, value: #ty) {
+                self.#ident = value;
+            }
+
+            #[doc = #mut_doc]
+            #[inline(always)]
+            #inner_vis fn #mut_accessor<'kvown>(
+                &'kvown mut self,
+                _owner: &'kvown impl #trait_name,
+            ) -> &'kvown mut #ty {
+                &mut self.#ident
+            }
+        }
+    }
+}
+
+/// Whether a type is `Copy` judging by its syntax alone: primitives, shared references, raw
+/// pointers, and tuples, arrays and `Option`s of those. Anything else is read by reference
+/// unless the field says `read = copy`.
+fn is_copy_by_syntax(ty: &Type) -> bool {
+    const PRIMITIVES: &[&str] = &[
+        "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32", "i64", "i128", "isize",
+        "f32", "f64", "bool", "char",
+    ];
+    match ty {
+        Type::Reference(reference) => reference.mutability.is_none(),
+        Type::Ptr(_) => true,
+        Type::Paren(inner) => is_copy_by_syntax(&inner.elem),
+        Type::Group(inner) => is_copy_by_syntax(&inner.elem),
+        Type::Tuple(tuple) => tuple.elems.iter().all(is_copy_by_syntax),
+        Type::Array(array) => is_copy_by_syntax(&array.elem),
+        Type::Path(path) if path.qself.is_none() && path.path.segments.len() == 1 => {
+            let segment = &path.path.segments[0];
+            let name = segment.ident.to_string();
+            match &segment.arguments {
+                syn::PathArguments::None => PRIMITIVES.contains(&name.as_str()),
+                syn::PathArguments::AngleBracketed(args) if name == "Option" => {
+                    args.args.len() == 1
+                        && matches!(&args.args[0], syn::GenericArgument::Type(t) if is_copy_by_syntax(t))
+                }
+                _ => false,
+            }
+        }
+        _ => false,
+    }
+}
+
+/// Registers one owned field in the audit register.
+fn registration(
+    private: &TokenStream,
+    struct_name: &Ident,
+    field: &FieldModel,
+    ownership: &Ownership,
+) -> TokenStream {
+    let cfg = &field.cfg_attrs;
+    let struct_text = struct_name.to_string();
+    let field_text = field.ident.to_string();
+    let owners: Vec<String> = ownership.owners.iter().map(path_text).collect();
+    let line = quote_spanned!(field.ident.span()=> ::core::line!());
+    quote! {
+        #(#cfg)*
+        #private::inventory::submit! {
+            #private::GuardedField {
+                struct_name: #struct_text,
+                field: #field_text,
+                owners: &[#(#owners),*],
+                module: ::core::module_path!(),
+                file: ::core::file!(),
+                line: #line,
+            }
+        }
+    }
+}
+
+/// The init struct: the same fields, visible where a struct literal was legal, for
+/// construction (`Name::from(NameInit { .. })`) and `..Default::default()` updates.
+fn init_struct(
+    model: &GuardedStruct,
+    init: &Ident,
+    generics: &Generics,
+    fields: &[SealedField<'_>],
+    inner_vis: &Visibility,
+) -> TokenStream {
+    let name = &model.item.ident;
+    let derives = mirrored_derives(&model.item.attrs);
+    let where_clause = &generics.where_clause;
+    let doc = format!(
+        "The fields of [`{name}`], for building one: `{name}::from({init} {{ .. }})`. \
+         Generated by `#[kvown::guarded]`: a struct literal of `{name}` itself does not compile."
+    );
+    let rows = fields.iter().map(|field| {
+        let ident = &field.model.ident;
+        let ty = &field.ty;
+        let cfg = &field.model.cfg_attrs;
+        let docs = &field.model.doc_attrs;
+        let vis = widen_one_level(&field.model.vis);
+        quote!(#(#cfg)* #(#docs)* #vis #ident: #ty,)
+    });
+    quote! {
+        #[doc = #doc]
+        #[derive(#(#derives),*)]
+        #inner_vis struct #init #generics #where_clause { #(#rows)* }
+    }
+}
+
+/// The split-borrow view returned by `fields_mut`.
+fn view_struct(
+    view: &Ident,
+    view_generics: &Generics,
+    fields: &[SealedField<'_>],
+    inner_vis: &Visibility,
+) -> TokenStream {
+    let where_clause = &view_generics.where_clause;
+    let rows = fields.iter().map(|field| {
+        let ident = &field.model.ident;
+        let ty = &field.ty;
+        let cfg = &field.model.cfg_attrs;
+        let docs = &field.model.doc_attrs;
+        if field.model.ownership.is_some() {
+            quote!(#(#cfg)* #(#docs)* #inner_vis #ident: &'kvown #ty,)
+        } else {
+            let vis = widen_one_level(&field.model.vis);
+            quote!(#(#cfg)* #(#docs)* #vis #ident: &'kvown mut #ty,)
+        }
+    });
+    quote! {
+        /// Every field borrowed at once: owned fields shared, the others mutable.
+        #inner_vis struct #view #view_generics #where_clause { #(#rows)* }
+    }
+}
+
+/// The struct's generics with the view lifetime `'kvown` first.
+fn with_view_lifetime(generics: &Generics) -> Generics {
+    let mut generics = generics.clone();
+    let lifetime: Lifetime = parse_quote!('kvown);
+    generics
+        .params
+        .insert(0, GenericParam::Lifetime(LifetimeParam::new(lifetime)));
+    generics
+}
+
+/// The std derives of the struct that the init struct mirrors.
+fn mirrored_derives(attrs: &[Attribute]) -> Vec<Ident> {
+    let mut found = Vec::new();
+    for attr in attrs.iter().filter(|a| a.path().is_ident("derive")) {
+        let _ = attr.parse_nested_meta(|meta| {
+            if let Some(last) = meta.path.segments.last() {
+                if MIRRORED_DERIVES.contains(&last.ident.to_string().as_str()) {
+                    found.push(last.ident.clone());
+                }
+            }
+            Ok(())
+        });
+    }
+    found
+}

@@ -1,0 +1,200 @@
+//! The typed model of a `#[guarded]` struct and its `#[owned_by(..)]` fields.
+
+use proc_macro2::TokenStream;
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::{Attribute, Fields, Ident, ItemStruct, Path, Token, Type, Visibility};
+
+use crate::diag::Diagnostics;
+use crate::support_path::default_support_path;
+
+/// A parsed `#[guarded]` struct.
+pub(crate) struct GuardedStruct {
+    /// Where expansions find kvown's support items (`crate = path`).
+    pub(crate) support: TokenStream,
+    /// Name of the generated init struct (`init = Name`, default `<Struct>Init`).
+    pub(crate) init_name: Ident,
+    /// The struct as written, minus the `#[owned_by]` attributes.
+    pub(crate) item: ItemStruct,
+    /// Its fields, in order.
+    pub(crate) fields: Vec<FieldModel>,
+}
+
+/// One named field.
+pub(crate) struct FieldModel {
+    pub(crate) ident: Ident,
+    pub(crate) ty: Type,
+    pub(crate) vis: Visibility,
+    /// `#[cfg]` / `#[cfg_attr]` attributes, repeated on everything generated for the field.
+    pub(crate) cfg_attrs: Vec<Attribute>,
+    /// Doc comments, repeated on the getter.
+    pub(crate) doc_attrs: Vec<Attribute>,
+    /// Present when the field carries `#[owned_by(..)]`.
+    pub(crate) ownership: Option<Ownership>,
+}
+
+/// The content of one `#[owned_by(..)]`.
+pub(crate) struct Ownership {
+    /// The attribute itself, for spans.
+    pub(crate) attr: Attribute,
+    /// Owner paths, as written (resolved like `use` paths from the struct's module).
+    pub(crate) owners: Vec<Path>,
+    /// `read = copy | ref`, when given.
+    pub(crate) read: Option<ReadMode>,
+    /// Further `#[owned_by]` attributes on the same field (an error).
+    pub(crate) repeated: Vec<Attribute>,
+}
+
+/// How the getter returns the field.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReadMode {
+    /// `fn field(&self) -> T` (the type must be `Copy`).
+    ByValue,
+    /// `fn field(&self) -> &T`.
+    ByRef,
+}
+
+/// One argument of `#[owned_by(..)]`.
+enum OwnedByArg {
+    Owner(Path),
+    Read(ReadMode),
+}
+
+impl Parse for OwnedByArg {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        if input.peek(Ident) && input.peek2(Token![=]) {
+            let key: Ident = input.parse()?;
+            input.parse::<Token![=]>()?;
+            if key != "read" {
+                return Err(syn::Error::new(
+                    key.span(),
+                    format!("unknown `owned_by` option `{key}`; expected owner paths and optionally `read = copy` or `read = ref`"),
+                ));
+            }
+            let mode: Ident = input.parse()?;
+            return match mode.to_string().as_str() {
+                "copy" => Ok(OwnedByArg::Read(ReadMode::ByValue)),
+                "ref" => Ok(OwnedByArg::Read(ReadMode::ByRef)),
+                _ => Err(syn::Error::new(
+                    mode.span(),
+                    "expected `read = copy` (getter returns the value) or `read = ref` (getter returns a reference)",
+                )),
+            };
+        }
+        Ok(OwnedByArg::Owner(Path::parse_mod_style(input)?))
+    }
+}
+
+/// Parses the attribute arguments and the struct. Returns `None` when the item is not a
+/// struct with named fields (the error is recorded and the input is emitted unchanged).
+pub(crate) fn parse(
+    args: TokenStream,
+    input: TokenStream,
+    diagnostics: &mut Diagnostics,
+) -> Option<GuardedStruct> {
+    let mut item: ItemStruct = match syn::parse2(input) {
+        Ok(item) => item,
+        Err(_) => {
+            diagnostics.push(syn::Error::new(
+                proc_macro2::Span::call_site(),
+                "#[kvown::guarded] applies to a struct with named fields",
+            ));
+            return None;
+        }
+    };
+    if !matches!(item.fields, Fields::Named(_)) {
+        diagnostics.error_at(
+            &item.fields,
+            "#[kvown::guarded] needs named fields: `#[owned_by]` names a field",
+        );
+        return None;
+    }
+
+    let mut support = default_support_path();
+    let mut init_name = Ident::new(&format!("{}Init", item.ident), item.ident.span());
+    let options = syn::meta::parser(|meta| {
+        if meta.path.is_ident("crate") {
+            let path: Path = meta.value()?.parse()?;
+            support = quote::quote!(#path);
+            Ok(())
+        } else if meta.path.is_ident("init") {
+            init_name = meta.value()?.parse()?;
+            Ok(())
+        } else {
+            Err(meta.error(
+                "unknown `guarded` option; expected `crate = path` or `init = Name`",
+            ))
+        }
+    });
+    if let Err(error) = syn::parse::Parser::parse2(options, args) {
+        diagnostics.push(error);
+    }
+
+    let mut fields = Vec::new();
+    for field in item.fields.iter_mut() {
+        let ident = field.ident.clone().expect("named field");
+        let mut ownership: Option<Ownership> = None;
+        let mut kept = Vec::with_capacity(field.attrs.len());
+        for attr in std::mem::take(&mut field.attrs) {
+            if !attr.path().is_ident("owned_by") {
+                kept.push(attr);
+                continue;
+            }
+            if let Some(first) = ownership.as_mut() {
+                first.repeated.push(attr);
+                continue;
+            }
+            let mut owners = Vec::new();
+            let mut read = None;
+            let parsed = match &attr.meta {
+                syn::Meta::Path(_) => Ok(Punctuated::new()),
+                _ => attr.parse_args_with(Punctuated::<OwnedByArg, Token![,]>::parse_terminated),
+            };
+            match parsed {
+                Ok(args) => {
+                    for arg in args {
+                        match arg {
+                            OwnedByArg::Owner(path) => owners.push(path),
+                            OwnedByArg::Read(mode) => read = Some(mode),
+                        }
+                    }
+                }
+                Err(error) => diagnostics.push(error),
+            }
+            ownership = Some(Ownership {
+                attr,
+                owners,
+                read,
+                repeated: Vec::new(),
+            });
+        }
+        field.attrs = kept;
+        let cfg_attrs = field
+            .attrs
+            .iter()
+            .filter(|a| a.path().is_ident("cfg") || a.path().is_ident("cfg_attr"))
+            .cloned()
+            .collect();
+        let doc_attrs = field
+            .attrs
+            .iter()
+            .filter(|a| a.path().is_ident("doc"))
+            .cloned()
+            .collect();
+        fields.push(FieldModel {
+            ident,
+            ty: field.ty.clone(),
+            vis: field.vis.clone(),
+            cfg_attrs,
+            doc_attrs,
+            ownership,
+        });
+    }
+
+    Some(GuardedStruct {
+        support,
+        init_name,
+        item,
+        fields,
+    })
+}

@@ -1,0 +1,182 @@
+//! Code generation for owners: the sealed module, the capability token, the body prologue and
+//! the audit registration.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned};
+use syn::visit_mut::VisitMut;
+use syn::{Attribute, Block, Ident, ImplItemFn, ItemFn, ItemImpl, Visibility};
+
+use super::count::count_writes;
+use super::parse::OwnerOptions;
+use crate::seal::{DeeperPaths, widen_one_level};
+
+/// Everything that names one owner.
+pub(crate) struct OwnerPlan {
+    support: TokenStream,
+    binding: Ident,
+    /// The capability token type: the function's name, or `Type_method`.
+    token: Ident,
+    /// The hidden module the owner moves into.
+    module: Ident,
+    /// `f` or `Type::method`, as the audit register shows it.
+    site_name: String,
+    /// The owner's visibility as written.
+    vis: Visibility,
+    /// `#[cfg]` attributes, repeated on the module and the re-export.
+    cfg_attrs: Vec<Attribute>,
+}
+
+impl OwnerPlan {
+    pub(crate) fn free_fn(options: &OwnerOptions, item: &ItemFn) -> Self {
+        let name = &item.sig.ident;
+        OwnerPlan {
+            support: options.support.clone(),
+            binding: options.binding.clone(),
+            token: name.clone(),
+            module: format_ident!("__kvown_owner_{}", name),
+            site_name: name.to_string(),
+            vis: item.vis.clone(),
+            cfg_attrs: cfg_attrs(&item.attrs),
+        }
+    }
+
+    pub(crate) fn method(options: &OwnerOptions, type_name: &Ident, method: &ImplItemFn) -> Self {
+        let name = &method.sig.ident;
+        OwnerPlan {
+            support: options.support.clone(),
+            binding: options.binding.clone(),
+            token: Ident::new(&format!("{type_name}_{name}"), name.span()),
+            module: format_ident!("__kvown_owner_{}_{}", type_name, name),
+            site_name: format!("{type_name}::{name}"),
+            vis: method.vis.clone(),
+            cfg_attrs: cfg_attrs(&method.attrs),
+        }
+    }
+}
+
+fn cfg_attrs(attrs: &[Attribute]) -> Vec<Attribute> {
+    attrs
+        .iter()
+        .filter(|a| a.path().is_ident("cfg"))
+        .cloned()
+        .collect()
+}
+
+/// `#[owner] fn f` -> a hidden module holding the token `f` and the function, re-exported.
+pub(crate) fn free_fn(plan: &OwnerPlan, mut item: ItemFn) -> TokenStream {
+    let registration = registration(plan, &item.block, item.sig.ident.span());
+    DeeperPaths.visit_signature_mut(&mut item.sig);
+    DeeperPaths.visit_block_mut(&mut item.block);
+    item.vis = widen_one_level(&item.vis);
+    prepend_prologue(plan, &mut item.block);
+    wrap(plan, quote!(#item), registration)
+}
+
+/// `#[owner] fn method` of `#[owners] impl Type` -> a hidden module holding the token
+/// `Type_method` and an inherent impl with the method, the token re-exported.
+pub(crate) fn method(plan: &OwnerPlan, block: &ItemImpl, mut method: ImplItemFn) -> TokenStream {
+    let registration = registration(plan, &method.block, method.sig.ident.span());
+    DeeperPaths.visit_signature_mut(&mut method.sig);
+    DeeperPaths.visit_block_mut(&mut method.block);
+    method.vis = widen_one_level(&method.vis);
+    prepend_prologue(plan, &mut method.block);
+    let mut generics = block.generics.clone();
+    DeeperPaths.visit_generics_mut(&mut generics);
+    let mut self_ty = (*block.self_ty).clone();
+    DeeperPaths.visit_type_mut(&mut self_ty);
+    let (impl_generics, _, where_clause) = generics.split_for_impl();
+    let attrs = &block.attrs;
+    let unsafety = &block.unsafety;
+    let impl_block = quote! {
+        #(#attrs)*
+        #unsafety impl #impl_generics #self_ty #where_clause {
+            #method
+        }
+    };
+    wrap(plan, impl_block, registration)
+}
+
+/// The hidden module around an owner, and the re-export of its items.
+fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) -> TokenStream {
+    let OwnerPlan {
+        support,
+        token,
+        module,
+        vis,
+        cfg_attrs,
+        site_name,
+        ..
+    } = plan;
+    let token_vis = widen_one_level(vis);
+    let token_doc = format!(
+        "Capability token of the owner `{site_name}`: only that owner's body can build one, \
+         and code sees it only as the borrow `&{token}`."
+    );
+    quote! {
+        #(#cfg_attrs)*
+        #[doc(hidden)]
+        #[allow(non_snake_case)]
+        mod #module {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[doc = #token_doc]
+            #[doc(hidden)]
+            #[allow(non_camel_case_types)]
+            #token_vis struct #token {
+                _seal: #support::__private::OwnerSeal,
+            }
+
+            #owner_item
+
+            #registration
+        }
+
+        #(#cfg_attrs)*
+        #[allow(unused_imports)]
+        #vis use #module::#token;
+    }
+}
+
+/// Binds the capability at the top of the body. The token itself lives in a hygienic local
+/// that user code cannot name; the body sees only the borrow.
+fn prepend_prologue(plan: &OwnerPlan, block: &mut Block) {
+    let OwnerPlan {
+        support,
+        binding,
+        token,
+        ..
+    } = plan;
+    let capability = Ident::new("__kvown_capability", Span::mixed_site());
+    let prologue: Block = syn::parse_quote! {{
+        let #capability = #token { _seal: #support::__private::OwnerSeal::new() };
+        #[allow(unused_variables)]
+        let #binding: &#token = &#capability;
+    }};
+    let mut stmts = prologue.stmts;
+    stmts.append(&mut block.stmts);
+    block.stmts = stmts;
+}
+
+/// Registers the owner site, with its syntactic write count, in the audit register.
+fn registration(plan: &OwnerPlan, body: &Block, name_span: Span) -> TokenStream {
+    let support = &plan.support;
+    let count = count_writes(body, &plan.binding);
+    let fields = count.per_field.keys();
+    let counts = count.per_field.values();
+    let delegations = count.delegations;
+    let site_name = &plan.site_name;
+    let line = quote_spanned!(name_span=> ::core::line!());
+    quote! {
+        #support::__private::inventory::submit! {
+            #support::__private::OwnerSite {
+                owner: #site_name,
+                module: ::core::module_path!(),
+                file: ::core::file!(),
+                line: #line,
+                writes: &[#(#support::__private::FieldWrites { field: #fields, count: #counts }),*],
+                delegations: #delegations,
+            }
+        }
+    }
+}

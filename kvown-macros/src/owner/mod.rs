@@ -1,0 +1,142 @@
+//! `#[owner]` on free functions and `#[owners]` on inherent impl blocks: parse -> validate ->
+//! expand. Each owner moves, with its capability token, into its own hidden child module, so
+//! only its body can build the token.
+
+mod count;
+mod expand;
+mod parse;
+
+use proc_macro2::TokenStream;
+use quote::{ToTokens, quote};
+use syn::{FnArg, ImplItem, ItemFn, ItemImpl, Signature};
+
+use crate::diag::Diagnostics;
+use expand::OwnerPlan;
+
+/// Expands `#[owner]` on a free function.
+pub(crate) fn expand_fn(args: TokenStream, input: TokenStream) -> TokenStream {
+    let mut diagnostics = Diagnostics::new();
+    let options = parse::owner_options(args, &mut diagnostics);
+    let item: ItemFn = match syn::parse2(input.clone()) {
+        Ok(item) => item,
+        Err(_) => {
+            diagnostics.push(syn::Error::new(
+                proc_macro2::Span::call_site(),
+                "#[kvown::owner] applies to a function with a body; for methods put \
+                 #[kvown::owners] on the inherent impl block and #[owner] on the method",
+            ));
+            let errors = diagnostics.into_compile_errors();
+            return quote!(#errors #input);
+        }
+    };
+    if let Some(receiver) = item.sig.receiver() {
+        diagnostics.error_at(
+            receiver,
+            "#[owner] on a method needs #[kvown::owners] on its inherent impl block",
+        );
+        let errors = diagnostics.into_compile_errors();
+        return quote!(#errors #item);
+    }
+    check_binding_is_free(&item.sig, &options.binding, &mut diagnostics);
+    let plan = OwnerPlan::free_fn(&options, &item);
+    let expansion = expand::free_fn(&plan, item);
+    let errors = diagnostics.into_compile_errors();
+    quote!(#errors #expansion)
+}
+
+/// Expands `#[owners]` on an inherent impl block.
+pub(crate) fn expand_impl(args: TokenStream, input: TokenStream) -> TokenStream {
+    let mut diagnostics = Diagnostics::new();
+    let support = parse::owners_options(args, &mut diagnostics);
+    let mut item: ItemImpl = match syn::parse2(input.clone()) {
+        Ok(item) => item,
+        Err(_) => {
+            diagnostics.push(syn::Error::new(
+                proc_macro2::Span::call_site(),
+                "#[kvown::owners] applies to an inherent impl block",
+            ));
+            let errors = diagnostics.into_compile_errors();
+            return quote!(#errors #input);
+        }
+    };
+    if let Some((_, path, _)) = &item.trait_ {
+        diagnostics.error_at(
+            path,
+            "#[kvown::owners] applies to inherent impl blocks only: a trait method cannot be an \
+             owner, since any code can reach it through the trait",
+        );
+        strip_owner_attrs(&mut item);
+        let errors = diagnostics.into_compile_errors();
+        return quote!(#errors #item);
+    }
+    let Some(type_name) = parse::self_type_name(&item.self_ty) else {
+        diagnostics.error_at(
+            &item.self_ty,
+            "#[kvown::owners] needs a named type (`impl Type` or `impl<T> Type<T>`)",
+        );
+        strip_owner_attrs(&mut item);
+        let errors = diagnostics.into_compile_errors();
+        return quote!(#errors #item);
+    };
+
+    let mut owner_methods = Vec::new();
+    let mut kept = Vec::new();
+    for impl_item in std::mem::take(&mut item.items) {
+        match impl_item {
+            ImplItem::Fn(mut method) => match parse::take_owner_attr(&mut method.attrs) {
+                Some(attr) => {
+                    let options = parse::method_options(&attr, &support, &mut diagnostics);
+                    check_binding_is_free(&method.sig, &options.binding, &mut diagnostics);
+                    owner_methods.push((options, method));
+                }
+                None => kept.push(ImplItem::Fn(method)),
+            },
+            other => kept.push(other),
+        }
+    }
+    if owner_methods.is_empty() {
+        diagnostics.error_at(
+            &item.self_ty,
+            "#[kvown::owners] found no #[owner] method in this impl block",
+        );
+    }
+    let mut output = TokenStream::new();
+    for (options, method) in owner_methods {
+        let plan = OwnerPlan::method(&options, &type_name, &method);
+        output.extend(expand::method(&plan, &item, method));
+    }
+    if !kept.is_empty() {
+        item.items = kept;
+        item.to_tokens(&mut output);
+    }
+    let errors = diagnostics.into_compile_errors();
+    quote!(#errors #output)
+}
+
+/// Errors when a parameter already uses the capability binding's name.
+fn check_binding_is_free(sig: &Signature, binding: &syn::Ident, diagnostics: &mut Diagnostics) {
+    for input in &sig.inputs {
+        if let FnArg::Typed(typed) = input {
+            if let syn::Pat::Ident(pat) = &*typed.pat {
+                if pat.ident == *binding {
+                    diagnostics.error_at(
+                        &pat.ident,
+                        format!(
+                            "parameter `{binding}` clashes with the owner's capability binding; \
+                             rename it, or rename the binding with #[owner(token = name)]"
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Removes `#[owner]` attributes so an erroneous block is still emitted as plain Rust.
+fn strip_owner_attrs(item: &mut ItemImpl) {
+    for impl_item in &mut item.items {
+        if let ImplItem::Fn(method) = impl_item {
+            parse::take_owner_attr(&mut method.attrs);
+        }
+    }
+}

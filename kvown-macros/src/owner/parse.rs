@@ -1,0 +1,113 @@
+//! Options of `#[owner(..)]` / `#[owners(..)]` and small readers of the annotated items.
+
+use proc_macro2::{Span, TokenStream};
+use quote::quote;
+use syn::{Attribute, Ident, Path, Type};
+
+use crate::diag::Diagnostics;
+use crate::support_path::default_support_path;
+
+/// Options of one owner.
+pub(crate) struct OwnerOptions {
+    /// Where expansions find kvown's support items.
+    pub(crate) support: TokenStream,
+    /// Name of the capability binding inside the body (`owner` unless `token = name`).
+    pub(crate) binding: Ident,
+}
+
+fn default_binding() -> Ident {
+    Ident::new("owner", Span::call_site())
+}
+
+/// Parses `#[owner(token = name, crate = path)]` on a free function.
+pub(crate) fn owner_options(args: TokenStream, diagnostics: &mut Diagnostics) -> OwnerOptions {
+    let mut options = OwnerOptions {
+        support: default_support_path(),
+        binding: default_binding(),
+    };
+    let parser = syn::meta::parser(|meta| {
+        if meta.path.is_ident("token") {
+            options.binding = meta.value()?.parse()?;
+            Ok(())
+        } else if meta.path.is_ident("crate") {
+            let path: Path = meta.value()?.parse()?;
+            options.support = quote!(#path);
+            Ok(())
+        } else {
+            Err(meta.error("unknown `owner` option; expected `token = name` or `crate = path`"))
+        }
+    });
+    if let Err(error) = syn::parse::Parser::parse2(parser, args) {
+        diagnostics.push(error);
+    }
+    options
+}
+
+/// Parses `#[owners(crate = path)]` and returns the support path.
+pub(crate) fn owners_options(args: TokenStream, diagnostics: &mut Diagnostics) -> TokenStream {
+    let mut support = default_support_path();
+    let parser = syn::meta::parser(|meta| {
+        if meta.path.is_ident("crate") {
+            let path: Path = meta.value()?.parse()?;
+            support = quote!(#path);
+            Ok(())
+        } else {
+            Err(meta.error("unknown `owners` option; expected `crate = path`"))
+        }
+    });
+    if let Err(error) = syn::parse::Parser::parse2(parser, args) {
+        diagnostics.push(error);
+    }
+    support
+}
+
+/// Parses the `#[owner(token = name)]` of a method inside `#[owners]`.
+pub(crate) fn method_options(
+    attr: &Attribute,
+    support: &TokenStream,
+    diagnostics: &mut Diagnostics,
+) -> OwnerOptions {
+    let mut options = OwnerOptions {
+        support: support.clone(),
+        binding: default_binding(),
+    };
+    if matches!(attr.meta, syn::Meta::Path(_)) {
+        return options;
+    }
+    let result = attr.parse_nested_meta(|meta| {
+        if meta.path.is_ident("token") {
+            options.binding = meta.value()?.parse()?;
+            Ok(())
+        } else {
+            Err(meta.error(
+                "unknown `owner` option on a method; expected `token = name` \
+                 (`crate = path` goes on #[owners])",
+            ))
+        }
+    });
+    if let Err(error) = result {
+        diagnostics.push(error);
+    }
+    options
+}
+
+/// Removes and returns the method's `#[owner]` / `#[kvown::owner]` attribute, if any.
+pub(crate) fn take_owner_attr(attrs: &mut Vec<Attribute>) -> Option<Attribute> {
+    let index = attrs.iter().position(|attr| {
+        attr.path()
+            .segments
+            .last()
+            .is_some_and(|segment| segment.ident == "owner")
+    })?;
+    Some(attrs.remove(index))
+}
+
+/// The name of the impl's self type: `Batch` for `impl<T> Batch<T>`.
+pub(crate) fn self_type_name(ty: &Type) -> Option<Ident> {
+    match ty {
+        Type::Path(path) if path.qself.is_none() => {
+            path.path.segments.last().map(|s| s.ident.clone())
+        }
+        _ => None,
+    }
+}

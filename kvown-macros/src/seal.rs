@@ -1,0 +1,133 @@
+//! Moving items into a generated child module ("sealing") without changing what they mean:
+//! visibilities are widened one level and relative paths are re-rooted one level up.
+
+use proc_macro2::{Group, Ident, Punct, Spacing, TokenStream, TokenTree};
+use syn::visit_mut::{self, VisitMut};
+use syn::{Path, UseTree, Visibility, parse_quote};
+
+/// The visibility an item needs inside a child module to keep the reach it had when written
+/// in the parent: private becomes `pub(super)`, `pub(super)` becomes `pub(in super::super)`.
+pub(crate) fn widen_one_level(vis: &Visibility) -> Visibility {
+    match vis {
+        Visibility::Public(_) => vis.clone(),
+        Visibility::Inherited => parse_quote!(pub(super)),
+        Visibility::Restricted(restricted) => {
+            let first = restricted.path.segments.first().map(|s| s.ident.to_string());
+            match first.as_deref() {
+                Some("self") if restricted.path.segments.len() == 1 => parse_quote!(pub(super)),
+                Some("super") | Some("self") => {
+                    let mut path = restricted.path.as_ref().clone();
+                    deepen_path(&mut path);
+                    parse_quote!(pub(in #path))
+                }
+                _ => vis.clone(),
+            }
+        }
+    }
+}
+
+/// Re-roots a relative path for use one module deeper: `super::x` -> `super::super::x`,
+/// `self::x` -> `super::x`. Absolute paths and single-segment `self` are left alone.
+fn deepen_path(path: &mut Path) {
+    if path.leading_colon.is_some() || path.segments.is_empty() {
+        return;
+    }
+    let first = path.segments[0].ident.to_string();
+    if first == "super" {
+        let span = path.segments[0].ident.span();
+        path.segments
+            .insert(0, Ident::new("super", span).into());
+    } else if first == "self" && path.segments.len() > 1 {
+        let span = path.segments[0].ident.span();
+        path.segments[0].ident = Ident::new("super", span);
+    }
+}
+
+/// Prefixes a path that resolves like a `use` path from the parent module so that it resolves
+/// the same from a child module.
+pub(crate) fn path_from_child(path: &Path) -> Path {
+    let first = path.segments.first().map(|s| s.ident.to_string());
+    match first.as_deref() {
+        _ if path.leading_colon.is_some() => path.clone(),
+        Some("crate") => path.clone(),
+        Some("super") | Some("self") => {
+            let mut path = path.clone();
+            deepen_path(&mut path);
+            path
+        }
+        _ => parse_quote!(super::#path),
+    }
+}
+
+/// Rewrites every relative path in a syntax tree (including inside macro invocations) so the
+/// tree means the same one module deeper.
+pub(crate) struct DeeperPaths;
+
+impl VisitMut for DeeperPaths {
+    fn visit_path_mut(&mut self, path: &mut Path) {
+        deepen_path(path);
+        visit_mut::visit_path_mut(self, path);
+    }
+
+    fn visit_use_tree_mut(&mut self, tree: &mut UseTree) {
+        if let UseTree::Path(use_path) = tree {
+            if use_path.ident == "super" {
+                let span = use_path.ident.span();
+                let inner = std::mem::replace(&mut *use_path.tree, UseTree::Glob(syn::UseGlob { star_token: Default::default() }));
+                *use_path.tree = UseTree::Path(syn::UsePath {
+                    ident: Ident::new("super", span),
+                    colon2_token: use_path.colon2_token,
+                    tree: Box::new(inner),
+                });
+                return;
+            }
+            if use_path.ident == "self" {
+                use_path.ident = Ident::new("super", use_path.ident.span());
+                return;
+            }
+        }
+        visit_mut::visit_use_tree_mut(self, tree);
+    }
+
+    fn visit_macro_mut(&mut self, mac: &mut syn::Macro) {
+        mac.tokens = deepen_tokens(std::mem::take(&mut mac.tokens));
+        visit_mut::visit_macro_mut(self, mac);
+    }
+}
+
+/// Token-level form of [`DeeperPaths`] for macro arguments, which are not parsed:
+/// `super ::` gains one more `super`, `self ::` becomes `super ::`.
+fn deepen_tokens(tokens: TokenStream) -> TokenStream {
+    let trees: Vec<TokenTree> = tokens.into_iter().collect();
+    let mut out = Vec::with_capacity(trees.len());
+    for (i, tree) in trees.iter().enumerate() {
+        let followed_by_path_sep = matches!(
+            (trees.get(i + 1), trees.get(i + 2)),
+            (Some(TokenTree::Punct(a)), Some(TokenTree::Punct(b)))
+                if a.as_char() == ':' && a.spacing() == Spacing::Joint && b.as_char() == ':'
+        );
+        let preceded_by_path_sep =
+            i > 0 && matches!(&trees[i - 1], TokenTree::Punct(p) if p.as_char() == ':');
+        match tree {
+            TokenTree::Ident(ident) if followed_by_path_sep && !preceded_by_path_sep => {
+                if ident == "super" {
+                    out.push(TokenTree::Ident(ident.clone()));
+                    out.push(TokenTree::Punct(Punct::new(':', Spacing::Joint)));
+                    out.push(TokenTree::Punct(Punct::new(':', Spacing::Alone)));
+                    out.push(TokenTree::Ident(ident.clone()));
+                } else if ident == "self" {
+                    out.push(TokenTree::Ident(Ident::new("super", ident.span())));
+                } else {
+                    out.push(tree.clone());
+                }
+            }
+            TokenTree::Group(group) => {
+                let mut inner = Group::new(group.delimiter(), deepen_tokens(group.stream()));
+                inner.set_span(group.span());
+                out.push(TokenTree::Group(inner));
+            }
+            _ => out.push(tree.clone()),
+        }
+    }
+    out.into_iter().collect()
+}

@@ -1,0 +1,307 @@
+//! The audit register: every guarded field and every owner site, collected at link time.
+//!
+//! `#[guarded]` registers one [`GuardedField`] per `#[owned_by]` field and `#[owner]` /
+//! `#[owners]` register one [`OwnerSite`] per owner body, with a syntactic count of the guarded
+//! writes (`set_<field>(owner, ..)` / `<field>_mut(owner)` calls) it makes. [`AuditTable`] joins
+//! the two into the ownership table, the compile-time successor of sglang's `_OWNER_SITES` test:
+//! the compiler already rejects writes from non-owners, and a snapshot of this table catches an
+//! owner site that was added, removed or changed its number of writes.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// A field declared `#[owned_by(..)]` in a `#[guarded]` struct. Registered by the macro.
+#[derive(Debug)]
+pub struct GuardedField {
+    /// Name of the struct, as written.
+    pub struct_name: &'static str,
+    /// Name of the field.
+    pub field: &'static str,
+    /// Owner paths as written in `#[owned_by(..)]`, e.g. `alloc_for_decode` or `Batch::retract`.
+    pub owners: &'static [&'static str],
+    /// `module_path!()` where the struct expansion lives (the sealed module is trimmed on read).
+    pub module: &'static str,
+    /// Source file of the struct.
+    pub file: &'static str,
+    /// Source line of the field.
+    pub line: u32,
+}
+
+/// How many guarded writes an owner body makes to one field (by field name).
+#[derive(Debug)]
+pub struct FieldWrites {
+    /// Field name.
+    pub field: &'static str,
+    /// Number of `set_<field>(owner, ..)` and `<field>_mut(owner)` calls in the body.
+    pub count: u32,
+}
+
+/// A function or method marked `#[owner]`. Registered by the macro.
+#[derive(Debug)]
+pub struct OwnerSite {
+    /// `fn_name` for a free function, `Type::method` for a method.
+    pub owner: &'static str,
+    /// `module_path!()` where the owner expansion lives (the sealed module is trimmed on read).
+    pub module: &'static str,
+    /// Source file of the owner.
+    pub file: &'static str,
+    /// Source line of the owner's name.
+    pub line: u32,
+    /// Guarded writes made directly in the body, per field name.
+    pub writes: &'static [FieldWrites],
+    /// Calls that pass the capability on to a helper (delegated writes).
+    pub delegations: u32,
+}
+
+inventory::collect!(GuardedField);
+inventory::collect!(OwnerSite);
+
+/// Prefix of every module the macros generate; trimmed from registered module paths.
+const SEALED_MODULE_PREFIX: &str = "__kvown_";
+
+fn user_module(module: &'static str) -> &'static str {
+    match module.rsplit_once("::") {
+        Some((parent, last)) if last.starts_with(SEALED_MODULE_PREFIX) => parent,
+        _ => module,
+    }
+}
+
+/// The name an owner path designates: `crate::a::f` -> `f`, `a::Batch::retract` -> `Batch::retract`.
+fn owner_name(path: &str) -> &str {
+    let mut segments = path.rsplit("::");
+    let last = segments.next().unwrap_or(path);
+    match segments.next() {
+        Some(parent) if parent.starts_with(|c: char| c.is_ascii_uppercase()) => {
+            &path[path.len() - last.len() - 2 - parent.len()..]
+        }
+        _ => last,
+    }
+}
+
+/// One row of the ownership table: an owner site of one guarded field.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct AuditRow {
+    /// Struct that declares the field.
+    pub struct_name: &'static str,
+    /// The guarded field.
+    pub field: &'static str,
+    /// Owner name: `fn_name` or `Type::method`.
+    pub owner: &'static str,
+    /// Module of the owner site; `None` when a declared owner has no registered site
+    /// (for example an owner compiled out by `#[cfg]`).
+    pub owner_module: Option<&'static str>,
+    /// Guarded writes of this field in the owner's body.
+    pub writes: u32,
+    /// `file:line` of the owner site, or of the field when there is no site.
+    pub location: String,
+}
+
+/// An expected row for [`AuditTable::assert_matches`]: `(struct, field, owner, writes)`.
+pub type ExpectedSite<'a> = (&'a str, &'a str, &'a str, u32);
+
+/// Why the register could not produce a table.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AuditError {
+    /// Nothing registered: the binary links no crate with guarded structs.
+    #[error(
+        "the kvown audit register is empty: this binary links no #[guarded] struct. A test \
+         binary sees only the crates it references; add `use the_crate as _;` (or call into it) \
+         so its registrations are linked"
+    )]
+    Empty,
+}
+
+/// The ownership table of every guarded field linked into this binary.
+#[derive(Debug, Clone)]
+pub struct AuditTable {
+    rows: Vec<AuditRow>,
+}
+
+impl AuditTable {
+    /// Collects the table from the link-time register.
+    ///
+    /// Fails with [`AuditError::Empty`] when no guarded field is registered, so a test that
+    /// forgot to link the crate under audit fails instead of comparing two empty tables.
+    pub fn collect() -> Result<Self, AuditError> {
+        let fields: Vec<&GuardedField> = inventory::iter::<GuardedField>.into_iter().collect();
+        if fields.is_empty() {
+            return Err(AuditError::Empty);
+        }
+        let sites: Vec<&OwnerSite> = inventory::iter::<OwnerSite>.into_iter().collect();
+        let mut rows = Vec::new();
+        for field in fields {
+            for declared in field.owners {
+                let name = owner_name(declared);
+                let matching: Vec<&&OwnerSite> =
+                    sites.iter().filter(|site| site.owner == name).collect();
+                if matching.is_empty() {
+                    rows.push(AuditRow {
+                        struct_name: field.struct_name,
+                        field: field.field,
+                        owner: name_static(field.owners, declared),
+                        owner_module: None,
+                        writes: 0,
+                        location: format!("{}:{}", field.file, field.line),
+                    });
+                }
+                for site in matching {
+                    let writes = site
+                        .writes
+                        .iter()
+                        .filter(|w| w.field == field.field)
+                        .map(|w| w.count)
+                        .sum();
+                    rows.push(AuditRow {
+                        struct_name: field.struct_name,
+                        field: field.field,
+                        owner: site.owner,
+                        owner_module: Some(user_module(site.module)),
+                        writes,
+                        location: format!("{}:{}", site.file, site.line),
+                    });
+                }
+            }
+        }
+        rows.sort();
+        rows.dedup();
+        Ok(AuditTable { rows })
+    }
+
+    /// The rows, sorted by struct, field, owner.
+    pub fn rows(&self) -> &[AuditRow] {
+        &self.rows
+    }
+
+    /// The rows of one struct.
+    pub fn rows_of<'a>(&'a self, struct_name: &'a str) -> impl Iterator<Item = &'a AuditRow> {
+        self.rows.iter().filter(move |r| r.struct_name == struct_name)
+    }
+
+    /// Compares the rows of the structs named in `expected` with `expected` and panics with
+    /// the owner sites that were added, removed or recounted.
+    ///
+    /// Structs not named in `expected` are ignored, so a crate can audit its own structs
+    /// while other crates' registrations are linked into the same binary.
+    #[track_caller]
+    pub fn assert_matches(&self, expected: &[ExpectedSite<'_>]) {
+        if let Err(diff) = self.diff(expected) {
+            panic!("ownership table changed:\n{diff}\ncurrent table:\n{self}");
+        }
+    }
+
+    /// Like [`AuditTable::assert_matches`], returning the difference as text instead of panicking.
+    pub fn diff(&self, expected: &[ExpectedSite<'_>]) -> Result<(), String> {
+        let audited: Vec<&str> = expected.iter().map(|e| e.0).collect();
+        let mut want: BTreeMap<(&str, &str, &str), u32> = BTreeMap::new();
+        for &(s, f, o, n) in expected {
+            *want.entry((s, f, o)).or_default() += n;
+        }
+        let mut have: BTreeMap<(&str, &str, &str), u32> = BTreeMap::new();
+        for row in self.rows.iter().filter(|r| audited.contains(&r.struct_name)) {
+            *have.entry((row.struct_name, row.field, row.owner)).or_default() += row.writes;
+        }
+        let mut report = String::new();
+        for (key, n) in &have {
+            match want.get(key) {
+                None => report.push_str(&format!(
+                    "  added:     {}::{} by {} ({} writes)\n",
+                    key.0, key.1, key.2, n
+                )),
+                Some(m) if m != n => report.push_str(&format!(
+                    "  recounted: {}::{} by {}: expected {} writes, found {}\n",
+                    key.0, key.1, key.2, m, n
+                )),
+                Some(_) => {}
+            }
+        }
+        for (key, n) in &want {
+            if !have.contains_key(key) {
+                report.push_str(&format!(
+                    "  removed:   {}::{} by {} ({} writes expected)\n",
+                    key.0, key.1, key.2, n
+                ));
+            }
+        }
+        if report.is_empty() {
+            Ok(())
+        } else {
+            Err(report)
+        }
+    }
+}
+
+/// Returns the `'static` owner name for `declared` (borrowed from the registered owner list).
+fn name_static(owners: &'static [&'static str], declared: &str) -> &'static str {
+    owners
+        .iter()
+        .find(|o| **o == declared)
+        .map(|o| owner_name(o))
+        .unwrap_or("?")
+}
+
+impl fmt::Display for AuditTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let header = ["struct::field", "owner", "writes", "module", "site"];
+        let body: Vec<[String; 5]> = self
+            .rows
+            .iter()
+            .map(|r| {
+                [
+                    format!("{}::{}", r.struct_name, r.field),
+                    r.owner.to_string(),
+                    r.writes.to_string(),
+                    r.owner_module.unwrap_or("(no site)").to_string(),
+                    r.location.clone(),
+                ]
+            })
+            .collect();
+        let mut widths = header.map(str::len);
+        for row in &body {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(cell.len());
+            }
+        }
+        let line = |f: &mut fmt::Formatter<'_>, cells: [&str; 5]| -> fmt::Result {
+            writeln!(
+                f,
+                "| {:<w0$} | {:<w1$} | {:>w2$} | {:<w3$} | {:<w4$} |",
+                cells[0],
+                cells[1],
+                cells[2],
+                cells[3],
+                cells[4],
+                w0 = widths[0],
+                w1 = widths[1],
+                w2 = widths[2],
+                w3 = widths[3],
+                w4 = widths[4]
+            )
+        };
+        line(f, header)?;
+        let rule = widths.map(|w| "-".repeat(w));
+        line(f, [&rule[0], &rule[1], &rule[2], &rule[3], &rule[4]])?;
+        for row in &body {
+            line(f, [&row[0], &row[1], &row[2], &row[3], &row[4]])?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_names_strip_modules_but_keep_types() {
+        assert_eq!(owner_name("alloc_for_decode"), "alloc_for_decode");
+        assert_eq!(owner_name("crate::batch::alloc_for_decode"), "alloc_for_decode");
+        assert_eq!(owner_name("Batch::retract"), "Batch::retract");
+        assert_eq!(owner_name("super::batch::Batch::retract"), "Batch::retract");
+    }
+
+    #[test]
+    fn sealed_module_segment_is_trimmed() {
+        assert_eq!(user_module("a::b::__kvown_owner_f"), "a::b");
+        assert_eq!(user_module("a::b"), "a::b");
+    }
+}
