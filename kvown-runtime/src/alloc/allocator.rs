@@ -217,6 +217,9 @@ impl<R: ReuseOrder> PageAllocator<R> {
             return Ok(());
         }
         if self.need_sort && pages <= self.free.total_len() {
+            for page in self.free.released_pages() {
+                self.state[page as usize] = PageState::Free;
+            }
             self.free.merge_and_sort();
             return Ok(());
         }
@@ -256,6 +259,31 @@ impl<R: ReuseOrder> PageAllocator<R> {
                 slot_end: (self.num_pages as u64 + 1) * self.geometry.page_size() as u64,
             }),
         }
+    }
+
+    /// Marks the pages of `row[start_pos .. start_pos + slots.len()]` pending, one representative
+    /// per page (the first slot, then every slot at a page boundary of the row), after checking
+    /// that the other slots lie in their representative's page.
+    fn mark_segment(&mut self, slots: &[KvSlot], start_pos: usize) -> Result<(), AllocError> {
+        let geometry = self.geometry;
+        let mut chunk_start = 0;
+        let mut chunk_len = geometry.page_size() - geometry.offset(start_pos);
+        while chunk_start < slots.len() {
+            let chunk_end = (chunk_start + chunk_len).min(slots.len());
+            let page = self.mark_pending(slots[chunk_start])?;
+            if let Some(offset) =
+                (chunk_start + 1..chunk_end).find(|&i| geometry.page_of(slots[i]) != page)
+            {
+                return Err(AllocError::SegmentNotPaged {
+                    offset,
+                    slot: slots[offset],
+                    expected_page: page,
+                });
+            }
+            chunk_start = chunk_end;
+            chunk_len = geometry.page_size();
+        }
+        Ok(())
     }
 
     /// Finishes a free call whose pages are `deferred[start..]`: undoes them on error, defers
@@ -409,27 +437,15 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
 
     fn free_segment(&mut self, slots: &[KvSlot], start_pos: usize) -> Result<(), AllocError> {
         let start = self.deferred.len();
-        let geometry = self.geometry;
-        let page_size = geometry.page_size();
-        let mut result = Ok(());
-        let mut chunk_start = 0;
-        let mut chunk_len = page_size - geometry.offset(start_pos);
-        while chunk_start < slots.len() && result.is_ok() {
-            let chunk_end = (chunk_start + chunk_len).min(slots.len());
-            result = self.mark_pending(slots[chunk_start]).and_then(|page| {
-                let stray =
-                    (chunk_start + 1..chunk_end).find(|&i| geometry.page_of(slots[i]) != page);
-                stray.map_or(Ok(()), |offset| {
-                    Err(AllocError::SegmentNotPaged {
-                        offset,
-                        slot: slots[offset],
-                        expected_page: page,
-                    })
-                })
-            });
-            chunk_start = chunk_end;
-            chunk_len = page_size;
-        }
+        let result = self.mark_segment(slots, start_pos);
+        self.finish_free(start, result, false)
+    }
+
+    fn free_segments(&mut self, segments: &[(&[KvSlot], usize)]) -> Result<(), AllocError> {
+        let start = self.deferred.len();
+        let result = segments
+            .iter()
+            .try_for_each(|&(slots, start_pos)| self.mark_segment(slots, start_pos));
         self.finish_free(start, result, false)
     }
 

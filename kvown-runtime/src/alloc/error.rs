@@ -9,8 +9,9 @@ pub enum AllocError {
     /// Not enough free slots. Both numbers are in slots (whole pages × page size); the caller
     /// adds the prefix cache's evictable size to `available` and evicts the difference.
     #[error(
-        "out of KV memory: requested {requested} slots, {available} available \
-         (evict {requested} - {available} slots from the prefix cache or lower the batch size)"
+        "out of KV memory: requested {requested} slots, {available} available; evict at least \
+         {} slots from the prefix cache or lower the batch size",
+        .requested.saturating_sub(*.available)
     )]
     OutOfMemory {
         /// Slots the call needs in new pages.

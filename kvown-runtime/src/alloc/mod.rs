@@ -89,6 +89,9 @@ pub trait KvAllocator {
     fn free(&mut self, slots: &[KvSlot]) -> Result<(), AllocError>;
     /// Frees `row[start_pos .. start_pos + slots.len()]` of one request, page by page.
     fn free_segment(&mut self, slots: &[KvSlot], start_pos: usize) -> Result<(), AllocError>;
+    /// Frees several segments of one request's row in one call (sglang `free_segments`):
+    /// segments that meet inside a page free that page once. All or nothing.
+    fn free_segments(&mut self, segments: &[(&[KvSlot], usize)]) -> Result<(), AllocError>;
     /// Starts deferring frees until [`KvAllocator::free_group_end`]. Groups do not nest: a
     /// second begin fails with [`AllocError::NestedFreeGroup`] and keeps the open group.
     fn free_group_begin(&mut self) -> Result<(), AllocError>;

@@ -1,0 +1,317 @@
+//! Paged allocator: page 0, LIFO reuse, free / free_segment(s) page sets, groups, need_sort,
+//! typed errors and transactional failure.
+
+use std::collections::BTreeSet;
+
+use kvown_runtime::alloc::{AllocError, KvAllocator, KvSlot, PageId, PageState, PagedAllocator};
+
+fn paged(num_pages: usize, page_size: usize) -> PagedAllocator {
+    PagedAllocator::new(num_pages * page_size, page_size, false).unwrap()
+}
+
+fn alloc(allocator: &mut PagedAllocator, n: usize) -> Vec<KvSlot> {
+    let mut out = Vec::new();
+    allocator.alloc(n, &mut out).expect("alloc");
+    out
+}
+
+fn free_list(allocator: &PagedAllocator) -> Vec<PageId> {
+    allocator.free_pages().collect()
+}
+
+fn slots_of(page: PageId, page_size: usize) -> Vec<KvSlot> {
+    let first = page * page_size as KvSlot;
+    (first..first + page_size as KvSlot).collect()
+}
+
+#[test]
+fn page_zero_is_never_handed_out_and_slots_stay_in_range() {
+    let mut allocator = PagedAllocator::new(22, 4, false).unwrap();
+    assert_eq!(allocator.num_pages(), 5);
+    assert_eq!(allocator.capacity(), 20);
+    assert_eq!(allocator.available_size(), 20);
+    let slots = alloc(&mut allocator, 20);
+    assert_eq!(slots, (4..24).collect::<Vec<_>>());
+    assert!(slots.iter().all(|&s| (4..24).contains(&s)));
+    assert!(matches!(
+        allocator.alloc(4, &mut Vec::new()),
+        Err(AllocError::OutOfMemory {
+            requested: 4,
+            available: 0
+        })
+    ));
+}
+
+#[test]
+fn alloc_takes_whole_pages_from_the_head() {
+    let mut allocator = paged(6, 4);
+    assert_eq!(alloc(&mut allocator, 8), [4, 5, 6, 7, 8, 9, 10, 11]);
+    assert_eq!(free_list(&allocator), [3, 4, 5, 6]);
+}
+
+#[test]
+fn unaligned_alloc_is_rejected_and_leaves_out_untouched() {
+    let mut allocator = paged(6, 4);
+    let before = allocator.clone();
+    let mut out = vec![99];
+    assert_eq!(
+        allocator.alloc(5, &mut out),
+        Err(AllocError::UnalignedAlloc {
+            num_tokens: 5,
+            page_size: 4
+        })
+    );
+    assert_eq!(out, [99]);
+    assert_eq!(allocator, before);
+}
+
+#[test]
+fn plain_free_prepends_sorted_unique_pages() {
+    let mut allocator = paged(6, 4);
+    alloc(&mut allocator, 24);
+    allocator.free(&[21, 9, 20, 22]).unwrap();
+    assert_eq!(free_list(&allocator), [2, 5]);
+    assert_eq!(allocator.available_size(), 8);
+    allocator.free(&[12]).unwrap();
+    assert_eq!(
+        free_list(&allocator),
+        [3, 2, 5],
+        "freed pages are reused first"
+    );
+    assert_eq!(alloc(&mut allocator, 4), slots_of(3, 4));
+    allocator.check().unwrap();
+}
+
+#[test]
+fn free_segment_frees_the_same_pages_as_unique_slot_div_page_size() {
+    for page_size in [1usize, 2, 4, 16] {
+        for start_pos in 0..2 * page_size {
+            let lengths = [
+                1,
+                page_size.saturating_sub(1).max(1),
+                page_size,
+                page_size + 1,
+                3 * page_size + 2,
+            ];
+            for len in lengths {
+                let pages_needed = (start_pos + len).div_ceil(page_size);
+                let mut allocator = paged(pages_needed + 3, page_size);
+                // Scatter the row's pages: take them after freeing some pages out of order.
+                let all = alloc(&mut allocator, (pages_needed + 3) * page_size);
+                allocator.free(&[all[page_size * 2], all[0]]).unwrap();
+                let row_pages: Vec<PageId> = {
+                    let mut out = Vec::new();
+                    allocator.alloc(2 * page_size, &mut out).unwrap();
+                    let mut pages: Vec<PageId> = out
+                        .iter()
+                        .step_by(page_size)
+                        .map(|&s| s / page_size as u32)
+                        .collect();
+                    pages.extend((3..pages_needed + 3).map(|p| p as PageId + 1));
+                    pages.truncate(pages_needed);
+                    pages
+                };
+                let row: Vec<KvSlot> = (0..start_pos + len)
+                    .map(|pos| {
+                        row_pages[pos / page_size] * page_size as u32 + (pos % page_size) as u32
+                    })
+                    .collect();
+                let segment = &row[start_pos..];
+                let expected: BTreeSet<PageId> =
+                    segment.iter().map(|&s| s / page_size as u32).collect();
+
+                let mut by_segment = allocator.clone();
+                let mut by_free = allocator.clone();
+                by_segment.free_segment(segment, start_pos).unwrap();
+                by_free.free(segment).unwrap();
+                let freed = |a: &PagedAllocator| -> BTreeSet<PageId> { a.free_pages().collect() };
+                assert_eq!(
+                    freed(&by_segment),
+                    expected,
+                    "ps {page_size} start {start_pos} len {len}"
+                );
+                assert_eq!(freed(&by_free), expected);
+                by_segment.check().unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn free_segment_prepends_pages_in_row_order() {
+    let mut allocator = paged(6, 4);
+    alloc(&mut allocator, 24);
+    let row: Vec<KvSlot> = [5u32, 2, 4].iter().flat_map(|&p| slots_of(p, 4)).collect();
+    allocator.free_segment(&row[2..], 2).unwrap();
+    assert_eq!(free_list(&allocator), [5, 2, 4]);
+}
+
+#[test]
+fn free_segment_rejects_slots_outside_their_page_and_rolls_back() {
+    let mut allocator = paged(6, 4);
+    alloc(&mut allocator, 24);
+    let before = allocator.clone();
+    let segment = [8, 9, 10, 11, 12, 13, 20, 15];
+    assert_eq!(
+        allocator.free_segment(&segment, 0),
+        Err(AllocError::SegmentNotPaged {
+            offset: 6,
+            slot: 20,
+            expected_page: 3
+        })
+    );
+    assert_eq!(allocator, before);
+}
+
+#[test]
+fn free_segments_meeting_inside_a_page_free_it_once() {
+    let mut allocator = paged(6, 4);
+    alloc(&mut allocator, 24);
+    let row: Vec<KvSlot> = [4u32, 1, 6].iter().flat_map(|&p| slots_of(p, 4)).collect();
+    allocator
+        .free_segments(&[(&row[0..6], 0), (&row[6..12], 6)])
+        .unwrap();
+    assert_eq!(free_list(&allocator), [4, 1, 6]);
+    assert_eq!(allocator.available_size(), 12);
+    allocator.check().unwrap();
+}
+
+#[test]
+fn invalid_frees_are_typed_and_change_nothing() {
+    let mut allocator = paged(4, 4);
+    alloc(&mut allocator, 8);
+    allocator.free(&[4]).unwrap();
+    let before = allocator.clone();
+    assert_eq!(
+        allocator.free(&[8, 7]),
+        Err(AllocError::DoubleFree {
+            slot: 7,
+            page: 1,
+            state: PageState::Free
+        })
+    );
+    assert_eq!(
+        allocator.free(&[8, 12]),
+        Err(AllocError::NotAllocated { slot: 12, page: 3 })
+    );
+    assert_eq!(
+        allocator.free(&[3]),
+        Err(AllocError::ReservedSlot {
+            slot: 3,
+            page_size: 4
+        })
+    );
+    assert_eq!(
+        allocator.free(&[20]),
+        Err(AllocError::SlotOutOfRange {
+            slot: 20,
+            slot_end: 20
+        })
+    );
+    assert_eq!(allocator, before);
+    assert!(allocator.is_page_allocated(2));
+}
+
+#[test]
+fn group_defers_every_free_until_end_and_applies_them_at_once() {
+    let mut allocator = paged(6, 4);
+    alloc(&mut allocator, 24);
+    allocator.free_group_begin().unwrap();
+    let mut source: Vec<KvSlot> = slots_of(5, 4);
+    allocator.free(&source).unwrap();
+    source.fill(8);
+    allocator.free_segment(&slots_of(2, 4), 0).unwrap();
+    assert_eq!(allocator.available_size(), 0);
+    assert_eq!(allocator.deferred_count(), 2);
+    assert!(!allocator.is_page_free(5));
+    assert_eq!(allocator.page_state(5), Some(PageState::Deferred));
+    assert!(matches!(
+        allocator.alloc(4, &mut Vec::new()),
+        Err(AllocError::OutOfMemory { .. })
+    ));
+    assert_eq!(
+        allocator.free(&[22]),
+        Err(AllocError::DoubleFree {
+            slot: 22,
+            page: 5,
+            state: PageState::Deferred
+        })
+    );
+    allocator.check().unwrap();
+    allocator.free_group_end().unwrap();
+    assert_eq!(free_list(&allocator), [2, 5]);
+    assert_eq!(allocator.available_size(), 8);
+    assert_eq!(allocator.deferred_count(), 0);
+    allocator.check().unwrap();
+}
+
+#[test]
+fn nested_begin_is_an_error_that_keeps_the_open_group() {
+    let mut allocator = paged(4, 4);
+    alloc(&mut allocator, 8);
+    allocator.free_group_begin().unwrap();
+    allocator.free(&[4]).unwrap();
+    assert_eq!(
+        allocator.free_group_begin(),
+        Err(AllocError::NestedFreeGroup { deferred_pages: 1 })
+    );
+    assert!(allocator.in_free_group());
+    assert_eq!(allocator.deferred_pages(), [1]);
+    allocator.free_group_end().unwrap();
+    assert_eq!(free_list(&allocator), [1, 3, 4]);
+}
+
+#[test]
+fn end_with_nothing_deferred_is_a_no_op_and_end_without_begin_is_an_error() {
+    let mut allocator = paged(4, 4);
+    alloc(&mut allocator, 8);
+    let before = allocator.clone();
+    allocator.free_group_begin().unwrap();
+    allocator.free(&[]).unwrap();
+    allocator.free_group_end().unwrap();
+    assert_eq!(allocator, before);
+    assert_eq!(allocator.free_group_end(), Err(AllocError::NotInFreeGroup));
+    assert_eq!(allocator, before);
+}
+
+#[test]
+fn failed_free_inside_a_group_keeps_earlier_deferrals() {
+    let mut allocator = paged(4, 4);
+    alloc(&mut allocator, 12);
+    allocator.free_group_begin().unwrap();
+    allocator.free(&[4]).unwrap();
+    let before = allocator.clone();
+    assert!(allocator.free(&[8, 16]).is_err());
+    assert_eq!(allocator, before);
+    assert_eq!(allocator.deferred_pages(), [1]);
+    assert!(allocator.is_page_allocated(2));
+}
+
+#[test]
+fn need_sort_paged_frees_wait_in_release_and_merge_sorted_when_short() {
+    let mut allocator = PagedAllocator::new(24, 4, true).unwrap();
+    alloc(&mut allocator, 16);
+    allocator.free(&[12]).unwrap();
+    allocator.free_segment(&slots_of(1, 4), 0).unwrap();
+    assert_eq!(free_list(&allocator), [5, 6]);
+    assert_eq!(allocator.available_size(), 16);
+    assert_eq!(allocator.page_state(3), Some(PageState::Released));
+    assert_eq!(alloc(&mut allocator, 8), [20, 21, 22, 23, 24, 25, 26, 27]);
+    assert_eq!(alloc(&mut allocator, 4), slots_of(1, 4));
+    assert_eq!(free_list(&allocator), [3]);
+    allocator.check().unwrap();
+}
+
+#[test]
+fn bookkeeping_stays_within_sixteen_bytes_per_page() {
+    let allocator = PagedAllocator::new(1 << 20, 16, false).unwrap();
+    assert!(allocator.bookkeeping_bytes() <= 16 * allocator.num_pages());
+}
+
+#[test]
+fn zero_page_size_is_rejected() {
+    assert_eq!(
+        PagedAllocator::new(16, 0, false),
+        Err(AllocError::ZeroPageSize)
+    );
+}
