@@ -1,1 +1,0 @@
-//! Radix prefix cache (work in progress).

@@ -1,0 +1,128 @@
+//! The invariant check: every counter and index recomputed from the nodes.
+
+use std::collections::HashSet;
+
+use super::node::{NOT_EVICTABLE, NodeId};
+use super::{RadixCache, RadixError};
+
+/// Returns an [`RadixError::Inconsistent`] at `node` unless `expected == found`.
+fn expect_eq(
+    node: NodeId,
+    what: &'static str,
+    expected: usize,
+    found: usize,
+) -> Result<(), RadixError> {
+    if expected == found {
+        Ok(())
+    } else {
+        Err(RadixError::Inconsistent {
+            node,
+            what,
+            expected,
+            found,
+        })
+    }
+}
+
+impl RadixCache {
+    /// Recomputes the bookkeeping from the nodes and compares: evictable, protected and total
+    /// token counters; child counts and the child index (each child found under its parent by
+    /// its first page, nothing else indexed); positions (each key starts where its parent's
+    /// ends, whole pages only); lock counts (root 1, each at least the sum of its children's);
+    /// the evictable-leaf set; no page cached twice.
+    ///
+    /// Cost: O(cached pages + nodes); meant for tests and debug builds.
+    pub fn check(&self) -> Result<(), RadixError> {
+        let page_size = self.page_size;
+        let stride = page_size + 1;
+        let root = &self.arena[NodeId::ROOT];
+        expect_eq(NodeId::ROOT, "root lock count", 1, root.lock_ref as usize)?;
+        expect_eq(NodeId::ROOT, "root key length", 0, root.data.len())?;
+        let mut child_counts = vec![0usize; self.arena.entries()];
+        let mut child_locks = vec![0usize; self.arena.entries()];
+        let mut pages = HashSet::new();
+        let (mut evictable, mut protected, mut live, mut evictable_leaves) = (0, 0, 0, 0);
+        for (id, node) in self.arena.live().filter(|&(id, _)| id != NodeId::ROOT) {
+            live += 1;
+            let parent = &self.arena[node.parent];
+            expect_eq(
+                id,
+                "parent is live",
+                1,
+                usize::from(self.arena.is_live(node.parent)),
+            )?;
+            expect_eq(
+                id,
+                "key is non-empty",
+                1,
+                usize::from(!node.data.is_empty()),
+            )?;
+            expect_eq(id, "key is whole pages", 0, node.data.len() % stride)?;
+            expect_eq(id, "key start", parent.end(page_size), node.start())?;
+            let found = self.children.find(
+                &self.arena,
+                page_size,
+                node.parent,
+                node.page_tokens(0, page_size),
+            );
+            expect_eq(
+                id,
+                "child index entry",
+                id.index(),
+                found.map_or(usize::MAX, NodeId::index),
+            )?;
+            child_counts[node.parent.index()] += 1;
+            child_locks[node.parent.index()] += node.lock_ref as usize;
+            if node.lock_ref == 0 {
+                evictable += node.len(page_size);
+            } else {
+                protected += node.len(page_size);
+            }
+            for page in node.page_ids(page_size) {
+                expect_eq(id, "page cached once", 1, usize::from(pages.insert(page)))?;
+            }
+        }
+        for (id, node) in self.arena.live() {
+            expect_eq(
+                id,
+                "child count",
+                child_counts[id.index()],
+                node.child_count as usize,
+            )?;
+            if (node.lock_ref as usize) < child_locks[id.index()] {
+                expect_eq(
+                    id,
+                    "lock count covers children",
+                    child_locks[id.index()],
+                    node.lock_ref as usize,
+                )?;
+            }
+            let evictable_leaf = id != NodeId::ROOT && node.lock_ref == 0 && node.child_count == 0;
+            let listed = node.leaf_pos != NOT_EVICTABLE
+                && self.evictable_leaves.get(node.leaf_pos as usize) == Some(&id);
+            evictable_leaves += usize::from(evictable_leaf);
+            expect_eq(
+                id,
+                "evictable-leaf set membership",
+                usize::from(evictable_leaf),
+                usize::from(listed),
+            )?;
+        }
+        let root = NodeId::ROOT;
+        expect_eq(
+            root,
+            "indexed children",
+            live,
+            self.children.indexed(&self.arena),
+        )?;
+        expect_eq(
+            root,
+            "evictable-leaf set size",
+            evictable_leaves,
+            self.evictable_leaves.len(),
+        )?;
+        expect_eq(root, "evictable tokens", evictable, self.evictable_size)?;
+        expect_eq(root, "protected tokens", protected, self.protected_size)?;
+        expect_eq(root, "total tokens", evictable + protected, self.total_size)
+    }
+}

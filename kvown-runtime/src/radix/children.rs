@@ -1,0 +1,125 @@
+//! The child index: finds a node's child by the child's first page in O(page_size).
+//!
+//! One hash map for the whole tree, keyed by the parent's id and a 32-bit hash of the child's
+//! first page. Children whose keys collide are chained through [`Node::hash_next`], so a lookup
+//! compares the actual first page and is exact.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use super::node::{Arena, Node, NodeId};
+
+/// Map from (parent, first-page hash) to the head of a chain of children.
+#[derive(Debug, Default)]
+pub(super) struct ChildIndex {
+    heads: HashMap<u64, NodeId, BuildHasherDefault<KeyHasher>>,
+}
+
+/// The map key of a child of `parent` whose key starts with `first_page`.
+fn child_key(parent: NodeId, first_page: &[u32]) -> u64 {
+    let page_hash = first_page.iter().fold(0u64, |hash, &token| {
+        (hash.rotate_left(5) ^ u64::from(token)).wrapping_mul(0x517c_c1b7_2722_0a95)
+    });
+    (u64::from(parent.0) << 32) | (page_hash >> 32)
+}
+
+impl ChildIndex {
+    /// The child of `parent` whose first page is `first_page`, if any.
+    pub(super) fn find(
+        &self,
+        arena: &Arena,
+        page_size: usize,
+        parent: NodeId,
+        first_page: &[u32],
+    ) -> Option<NodeId> {
+        let mut node = *self.heads.get(&child_key(parent, first_page))?;
+        while node != NodeId::NONE {
+            if arena[node].page_tokens(0, page_size) == first_page {
+                return Some(node);
+            }
+            node = arena[node].hash_next;
+        }
+        None
+    }
+
+    /// Indexes `child` under its current parent and first page.
+    pub(super) fn link(&mut self, arena: &mut Arena, page_size: usize, child: NodeId) {
+        let key = key_of(&arena[child], page_size);
+        let next = self.heads.insert(key, child).unwrap_or(NodeId::NONE);
+        arena[child].hash_next = next;
+    }
+
+    /// Removes `child` from the index (it must be indexed under its current parent and key).
+    pub(super) fn unlink(&mut self, arena: &mut Arena, page_size: usize, child: NodeId) {
+        let key = key_of(&arena[child], page_size);
+        let next = std::mem::replace(&mut arena[child].hash_next, NodeId::NONE);
+        let head = self
+            .heads
+            .get_mut(&key)
+            .expect("radix child index lost a node");
+        if *head == child {
+            if next == NodeId::NONE {
+                self.heads.remove(&key);
+            } else {
+                *head = next;
+            }
+            return;
+        }
+        let mut prev = *head;
+        while arena[prev].hash_next != child {
+            prev = arena[prev].hash_next;
+        }
+        arena[prev].hash_next = next;
+    }
+
+    /// Nodes reachable through the index (every chain walked to its end).
+    pub(super) fn indexed(&self, arena: &Arena) -> usize {
+        let mut count = 0;
+        for &head in self.heads.values() {
+            let mut node = head;
+            while node != NodeId::NONE {
+                count += 1;
+                node = arena[node].hash_next;
+            }
+        }
+        count
+    }
+
+    /// Approximate heap bytes of the map: buckets of (key, head) plus one control byte each.
+    pub(super) fn heap_bytes(&self) -> usize {
+        let capacity = self.heads.capacity();
+        let buckets = if capacity == 0 {
+            0
+        } else {
+            (capacity * 8 / 7).next_power_of_two()
+        };
+        buckets * (size_of::<(u64, NodeId)>() + 1)
+    }
+}
+
+fn key_of(node: &Node, page_size: usize) -> u64 {
+    child_key(node.parent, node.page_tokens(0, page_size))
+}
+
+/// Hasher for keys that are already hashes: a splitmix64 finalizer spreads every input bit.
+#[derive(Debug, Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        let mut x = self.0;
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^ (x >> 31)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+}

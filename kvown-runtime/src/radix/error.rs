@@ -1,0 +1,133 @@
+//! Errors of the radix prefix cache.
+
+use super::node::NodeId;
+use crate::alloc::AllocError;
+
+/// Why a radix-cache call was refused. A refused call leaves the tree unchanged, except
+/// [`RadixError::Free`], which reports how much an eviction had already done.
+#[derive(Debug, thiserror::Error)]
+pub enum RadixError {
+    /// An inserted key must cover whole pages.
+    #[error(
+        "key of {len} tokens is not a multiple of the page size {page_size}; \
+         insert floor_align(len, page_size) tokens and keep the tail in the request"
+    )]
+    UnalignedKey {
+        /// Tokens in the key.
+        len: usize,
+        /// The cache's page size.
+        page_size: usize,
+    },
+    /// A key longer than the tree can address.
+    #[error("key of {len} tokens exceeds the radix tree's limit of {max} tokens")]
+    KeyTooLong {
+        /// Tokens in the key.
+        len: usize,
+        /// Longest supported key.
+        max: usize,
+    },
+    /// Keys and slots are parallel: one slot per key token.
+    #[error("{slots} slots for a key of {key} tokens; pass exactly one slot per key token")]
+    LengthMismatch {
+        /// Tokens in the key.
+        key: usize,
+        /// Slots passed.
+        slots: usize,
+    },
+    /// With page size > 1 the tree stores whole pages, so each page must start aligned.
+    #[error(
+        "slot {slot} at key position {position} starts a page but is not a multiple of the \
+         page size {page_size}; pass the request's row, whose pages are whole"
+    )]
+    MisalignedPage {
+        /// Key position of the page's first token.
+        position: usize,
+        /// The slot found there.
+        slot: u32,
+        /// The cache's page size.
+        page_size: usize,
+    },
+    /// With page size > 1 a page's slots must be consecutive.
+    #[error(
+        "slot {found} at key position {position} breaks its page: expected slot {expected}; \
+         pass the request's row, whose pages are whole"
+    )]
+    BrokenPage {
+        /// Key position of the offending slot.
+        position: usize,
+        /// The slot found there.
+        found: u32,
+        /// The slot the page requires there.
+        expected: u32,
+    },
+    /// The handle names no node in the tree: never created, or already evicted.
+    #[error("node {node} is not in the radix tree (evicted, or not from this cache)")]
+    UnknownNode {
+        /// The handle passed.
+        node: NodeId,
+    },
+    /// More unlocks than locks.
+    #[error(
+        "dec_lock_ref on node {node} whose lock count is 0; pair every dec_lock_ref with an \
+         earlier inc_lock_ref on the same node"
+    )]
+    LockUnderflow {
+        /// The node passed.
+        node: NodeId,
+    },
+    /// An insert hint must be locked, so that nobody evicts or extends it meanwhile.
+    #[error("insert hint node {node} is not locked; inc_lock_ref it before inserting from it")]
+    HintNotLocked {
+        /// The hint node.
+        node: NodeId,
+    },
+    /// An insert hint's length must lie on the hint node's path and within the key.
+    #[error(
+        "hint length {len} does not fit: node {node} ends at {node_end}, the key has \
+         {key_len} tokens (page size {page_size})"
+    )]
+    HintOutOfRange {
+        /// The hint node.
+        node: NodeId,
+        /// The hinted prefix length.
+        len: usize,
+        /// Where the hint node's key ends.
+        node_end: usize,
+        /// Tokens in the key.
+        key_len: usize,
+        /// The cache's page size.
+        page_size: usize,
+    },
+    /// The allocator must use the cache's page size.
+    #[error("allocator page size {allocator} differs from the radix cache's {cache}")]
+    PageSizeMismatch {
+        /// The cache's page size.
+        cache: usize,
+        /// The allocator's page size.
+        allocator: usize,
+    },
+    /// The allocator refused to free an evicted node's pages; earlier nodes were evicted.
+    #[error(
+        "freeing the pages of node {node} failed after {evicted} tokens were evicted: {source}"
+    )]
+    Free {
+        /// The node whose pages were refused (it stays in the tree).
+        node: NodeId,
+        /// Tokens evicted (and freed) by this call before the failure.
+        evicted: usize,
+        /// The allocator's reason.
+        source: AllocError,
+    },
+    /// [`super::RadixCache::check`] found bookkeeping that disagrees with the tree.
+    #[error("radix invariant broken at node {node}: {what}: expected {expected}, found {found}")]
+    Inconsistent {
+        /// The node where the disagreement was found.
+        node: NodeId,
+        /// Which invariant.
+        what: &'static str,
+        /// The value the tree implies.
+        expected: usize,
+        /// The value stored.
+        found: usize,
+    },
+}

@@ -1,0 +1,110 @@
+//! Eviction: freeing least-recently-used unlocked leaves through the allocator.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use super::node::{NOT_EVICTABLE, NodeId};
+use super::{RadixCache, RadixError};
+use crate::alloc::KvAllocator;
+
+impl RadixCache {
+    /// Evicts at least `num_tokens` tokens if that many are evictable, least recently used leaf
+    /// first, and returns the tokens evicted.
+    ///
+    /// Whole nodes are evicted, so the result may exceed `num_tokens`; it is smaller only when
+    /// everything evictable is gone. Locked nodes are never touched. Each evicted node's slots
+    /// are freed with `alloc.free_segment(slots, 0)` and the node is deleted; a parent left
+    /// without children and unlocked becomes a candidate in the same call.
+    ///
+    /// Cost: O(evictable leaves) to order the candidates, plus O(log leaves + node tokens) per
+    /// evicted node.
+    ///
+    /// # Errors
+    /// [`RadixError::PageSizeMismatch`] before anything is evicted; [`RadixError::Free`] when
+    /// the allocator refuses a node's pages (that node stays cached, earlier ones are gone).
+    pub fn evict<A: KvAllocator + ?Sized>(
+        &mut self,
+        num_tokens: usize,
+        alloc: &mut A,
+    ) -> Result<usize, RadixError> {
+        if alloc.page_size() != self.page_size {
+            return Err(RadixError::PageSizeMismatch {
+                cache: self.page_size,
+                allocator: alloc.page_size(),
+            });
+        }
+        if num_tokens == 0 {
+            return Ok(0);
+        }
+        let mut candidates: BinaryHeap<Reverse<(u64, NodeId)>> = self
+            .evictable_leaves
+            .iter()
+            .map(|&leaf| Reverse((self.arena[leaf].last_access, leaf)))
+            .collect();
+        let mut evicted = 0;
+        while evicted < num_tokens {
+            let Some(Reverse((_, leaf))) = candidates.pop() else {
+                break;
+            };
+            let mut slots = std::mem::take(&mut self.free_buffer);
+            slots.clear();
+            slots.extend(self.node_slots(leaf));
+            let freed = alloc.free_segment(&slots, 0);
+            self.free_buffer = slots;
+            freed.map_err(|source| RadixError::Free {
+                node: leaf,
+                evicted,
+                source,
+            })?;
+            evicted += self.arena[leaf].len(self.page_size);
+            if let Some(parent) = self.remove_leaf(leaf) {
+                candidates.push(Reverse((self.arena[parent].last_access, parent)));
+            }
+        }
+        Ok(evicted)
+    }
+
+    /// Evicts only what the allocator lacks for `num_tokens` more slots (sglang
+    /// `evict_from_tree_cache`): nothing when `available_size() >= num_tokens`, otherwise
+    /// `evict(num_tokens - available_size())`. Returns the tokens evicted.
+    ///
+    /// # Errors
+    /// As [`RadixCache::evict`].
+    pub fn evict_shortfall<A: KvAllocator + ?Sized>(
+        &mut self,
+        num_tokens: usize,
+        alloc: &mut A,
+    ) -> Result<usize, RadixError> {
+        let available = alloc.available_size();
+        if available >= num_tokens {
+            return Ok(0);
+        }
+        self.evict(num_tokens - available, alloc)
+    }
+
+    /// The slots of `node`'s key, in key order.
+    fn node_slots(&self, node: NodeId) -> impl Iterator<Item = u32> + '_ {
+        let page_size = self.page_size as u32;
+        self.arena[node]
+            .page_ids(self.page_size)
+            .flat_map(move |page| page * page_size..(page + 1) * page_size)
+    }
+
+    /// Deletes the evictable leaf `leaf`; returns its parent if that became an evictable leaf.
+    /// The parent inherits the leaf's access time when newer (sglang stamps whole paths).
+    fn remove_leaf(&mut self, leaf: NodeId) -> Option<NodeId> {
+        self.list_evictable(leaf, false);
+        self.children.unlink(&mut self.arena, self.page_size, leaf);
+        let entry = &self.arena[leaf];
+        let (tokens, parent, last_access) =
+            (entry.len(self.page_size), entry.parent, entry.last_access);
+        self.evictable_size -= tokens;
+        self.total_size -= tokens;
+        self.arena.release(leaf);
+        let parent_entry = &mut self.arena[parent];
+        parent_entry.child_count -= 1;
+        parent_entry.last_access = parent_entry.last_access.max(last_access);
+        self.refresh_leaf_status(parent);
+        (self.arena[parent].leaf_pos != NOT_EVICTABLE).then_some(parent)
+    }
+}

@@ -1,0 +1,106 @@
+//! Locks: pinning a node and its path against eviction.
+//!
+//! A node's `lock_ref` counts the locks held on it or on any descendant, so it never exceeds its
+//! parent's. Its tokens count as protected while `lock_ref > 0` and as evictable otherwise; they
+//! move only when `lock_ref` crosses between 0 and 1. The root holds one lock forever.
+
+use super::node::NodeId;
+use super::{RadixCache, RadixError};
+
+impl RadixCache {
+    /// Locks `node` and every ancestor: none of them can be evicted until the matching
+    /// [`RadixCache::dec_lock_ref`]. Locking the root does nothing.
+    ///
+    /// Cost: O(nodes on the path).
+    pub fn inc_lock_ref(&mut self, node: NodeId) -> Result<(), RadixError> {
+        self.ensure_live(node)?;
+        self.lock_path(node, NodeId::ROOT);
+        Ok(())
+    }
+
+    /// Releases one lock taken by [`RadixCache::inc_lock_ref`] on `node`.
+    ///
+    /// Cost: O(nodes on the path).
+    ///
+    /// # Errors
+    /// [`RadixError::LockUnderflow`] (changing nothing) when `node` holds no lock.
+    pub fn dec_lock_ref(&mut self, node: NodeId) -> Result<(), RadixError> {
+        self.ensure_unlockable(node)?;
+        self.unlock_path(node, NodeId::ROOT);
+        Ok(())
+    }
+
+    /// Moves one lock from `from` to `to`: the same as `inc_lock_ref(to)` then
+    /// `dec_lock_ref(from)`, but touching only the nodes below their deepest common ancestor.
+    ///
+    /// Cost: O(nodes between the two and their common ancestor); O(1) when `to` is `from` or its
+    /// child, as after registering one more page.
+    ///
+    /// # Errors
+    /// As [`RadixCache::dec_lock_ref`] on `from`, or an unknown `to`; nothing changes.
+    pub fn move_lock(&mut self, from: NodeId, to: NodeId) -> Result<(), RadixError> {
+        self.ensure_unlockable(from)?;
+        self.ensure_live(to)?;
+        let common = self.common_ancestor(from, to);
+        self.lock_path(to, common);
+        self.unlock_path(from, common);
+        Ok(())
+    }
+
+    fn ensure_unlockable(&self, node: NodeId) -> Result<(), RadixError> {
+        self.ensure_live(node)?;
+        if self.arena[node].lock_ref == 0 {
+            return Err(RadixError::LockUnderflow { node });
+        }
+        Ok(())
+    }
+
+    /// Increments the lock count of `node` and its ancestors below `stop`.
+    fn lock_path(&mut self, mut node: NodeId, stop: NodeId) {
+        while node != stop && node != NodeId::ROOT {
+            let entry = &mut self.arena[node];
+            if entry.lock_ref == 0 {
+                let tokens = entry.len(self.page_size);
+                self.evictable_size -= tokens;
+                self.protected_size += tokens;
+            }
+            entry.lock_ref += 1;
+            let parent = entry.parent;
+            self.refresh_leaf_status(node);
+            node = parent;
+        }
+    }
+
+    /// Decrements the lock count of `node` and its ancestors below `stop` (all at least 1, as
+    /// `node`'s is).
+    fn unlock_path(&mut self, mut node: NodeId, stop: NodeId) {
+        while node != stop && node != NodeId::ROOT {
+            let entry = &mut self.arena[node];
+            entry.lock_ref -= 1;
+            if entry.lock_ref == 0 {
+                let tokens = entry.len(self.page_size);
+                self.protected_size -= tokens;
+                self.evictable_size += tokens;
+            }
+            let parent = entry.parent;
+            self.refresh_leaf_status(node);
+            node = parent;
+        }
+    }
+
+    /// Deepest node on both root paths. Walks up from whichever side ends deeper; a node ends
+    /// strictly deeper than its parent, so the walks meet at the common ancestor.
+    fn common_ancestor(&self, mut a: NodeId, mut b: NodeId) -> NodeId {
+        while a != b {
+            let end_a = self.arena[a].end(self.page_size);
+            let end_b = self.arena[b].end(self.page_size);
+            if end_a >= end_b {
+                a = self.arena[a].parent;
+            }
+            if end_b >= end_a {
+                b = self.arena[b].parent;
+            }
+        }
+        a
+    }
+}

@@ -1,0 +1,95 @@
+//! Prefix matching and reading the slots of a matched path.
+
+use super::node::NodeId;
+use super::{RadixCache, RadixError, TreePos};
+use crate::alloc::{KvSlot, floor_align};
+
+impl RadixCache {
+    /// Longest cached prefix of `key` in whole pages (a tail shorter than a page never matches).
+    ///
+    /// Splits the node where the match ends, so the returned node ends exactly at the returned
+    /// length; stamps the access time of every node on the path. Does not lock: call
+    /// [`RadixCache::inc_lock_ref`] on the returned node before the next eviction. An empty match
+    /// returns [`TreePos::ROOT`].
+    ///
+    /// Cost: O(matched tokens + nodes on the path) plus one split.
+    pub fn match_prefix(&mut self, key: &[u32]) -> TreePos {
+        let page_size = self.page_size;
+        let key = &key[..floor_align(key.len(), page_size)];
+        let now = self.tick();
+        let mut node = NodeId::ROOT;
+        let mut pos = 0;
+        while pos < key.len() {
+            let Some(child) =
+                self.children
+                    .find(&self.arena, page_size, node, &key[pos..pos + page_size])
+            else {
+                break;
+            };
+            self.arena[child].last_access = now;
+            let pages = self.common_pages(child, 0, &key[pos..]);
+            pos += pages * page_size;
+            if pages < self.arena[child].num_pages(page_size) {
+                node = self.split(child, pos);
+                break;
+            }
+            node = child;
+        }
+        TreePos { node, len: pos }
+    }
+
+    /// Copies the tree's slots for path positions `[start, at.len)` into `out`, walking up from
+    /// `at.node`; `out.len()` must be `at.len - start`.
+    ///
+    /// `at` is a position from a match or insert, possibly older: later splits and in-place
+    /// extensions do not invalidate it as long as its node is live (e.g. locked).
+    ///
+    /// Cost: O(out.len() + nodes on the path between the two positions).
+    pub fn path_slots_into(
+        &self,
+        at: TreePos,
+        start: usize,
+        out: &mut [KvSlot],
+    ) -> Result<(), RadixError> {
+        let page_size = self.page_size;
+        let mut node = self.node_at(at)?;
+        if start > at.len || out.len() != at.len - start {
+            return Err(RadixError::LengthMismatch {
+                key: at.len.saturating_sub(start),
+                slots: out.len(),
+            });
+        }
+        let mut end = at.len;
+        while end > start {
+            let entry = &self.arena[node];
+            let from = entry.start().max(start);
+            for position in from..end {
+                let page = entry.page_id((position - entry.start()) / page_size, page_size);
+                out[position - start] = page * page_size as u32 + (position % page_size) as u32;
+            }
+            end = from;
+            node = entry.parent;
+        }
+        Ok(())
+    }
+
+    /// The node on whose key `at.len` lies (`at.node` or an ancestor split off above it).
+    pub(super) fn node_at(&self, at: TreePos) -> Result<NodeId, RadixError> {
+        self.ensure_live(at.node)?;
+        let mut node = at.node;
+        while self.arena[node].start() > at.len {
+            node = self.arena[node].parent;
+        }
+        let node_end = self.arena[node].end(self.page_size);
+        if at.len > node_end || !at.len.is_multiple_of(self.page_size) {
+            return Err(RadixError::HintOutOfRange {
+                node: at.node,
+                len: at.len,
+                node_end,
+                key_len: at.len,
+                page_size: self.page_size,
+            });
+        }
+        Ok(node)
+    }
+}

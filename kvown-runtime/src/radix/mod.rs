@@ -1,0 +1,246 @@
+//! Radix prefix cache (sglang `RadixCache`, §8 of the bookkeeping spec) over token ids and KV
+//! slots.
+//!
+//! The tree maps page-aligned token sequences to the KV pages that hold them. It works on plain
+//! data; request-level owners (`cache_finished_req`, `cache_unfinished_req`) are built on these
+//! primitives:
+//!
+//! * [`RadixCache::match_prefix`] finds the longest cached whole-page prefix, splitting the node
+//!   where the match ends, and returns a [`TreePos`]; [`RadixCache::path_slots_into`] copies the
+//!   matched slots into a request's row without allocating.
+//! * [`RadixCache::insert`] / [`RadixCache::insert_from`] add a page-aligned key and return how
+//!   much of it was already cached. **The caller frees its duplicates**: the slots it passed for
+//!   positions `[cache_protected_len, prefix_len)` are not taken by the tree (the tree keeps its
+//!   own), and must be freed by the caller exactly once, e.g. with
+//!   `free_segment(&row[protected..prefix_len], protected)`. Slots at `[prefix_len, key.len())`
+//!   now belong to the tree.
+//! * [`RadixCache::inc_lock_ref`] / [`RadixCache::dec_lock_ref`] / [`RadixCache::move_lock`] pin
+//!   a node and its path; tokens move between evictable and protected only on 0↔1 transitions.
+//! * [`RadixCache::evict`] frees least-recently-used unlocked leaves through the allocator;
+//!   [`RadixCache::evict_shortfall`] evicts only what the allocator lacks (spec §2.7).
+//!
+//! Storage: an arena of 56-byte nodes indexed by [`NodeId`]; each node stores its key pages
+//! interleaved with their page ids (4 bytes per page); one hash map indexes children by
+//! (parent, first page). See [`RadixCache::bookkeeping_bytes`].
+//!
+//! Access times are kept lazily: an operation stamps only the node where it ends, and a node
+//! takes the newer of its own and a removed child's time. Since only leaves are evicted, the
+//! leaf order equals sglang's, which stamps the whole path.
+
+mod check;
+mod children;
+mod error;
+mod evict;
+mod insert;
+mod lock;
+mod match_prefix;
+mod node;
+
+pub use error::RadixError;
+pub use node::NodeId;
+
+use crate::alloc::{KvSlot, PageId};
+use children::ChildIndex;
+use node::{Arena, NOT_EVICTABLE, Node};
+
+/// A position on a path of the tree: the first `len` tokens of some key end inside or at the end
+/// of `node`. Returned by matches and inserts, where `node` ends exactly at `len`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreePos {
+    /// Node on whose key the position lies (the deepest matched node).
+    pub node: NodeId,
+    /// Tokens of the key up to the position; a multiple of the page size.
+    pub len: usize,
+}
+
+impl TreePos {
+    /// The empty prefix.
+    pub const ROOT: TreePos = TreePos {
+        node: NodeId::ROOT,
+        len: 0,
+    };
+}
+
+/// What an insert found and where the inserted key now ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InsertOutcome {
+    /// Tokens of the key that were already cached. The caller's slots for `[protected,
+    /// prefix_len)` are duplicates it must free; `[prefix_len, key.len())` now belong to the tree.
+    pub prefix_len: usize,
+    /// The node whose key ends exactly at `key.len()`: lock it to protect the whole key.
+    pub last_node: NodeId,
+}
+
+/// The radix prefix cache of one KV pool. All lengths are in tokens.
+#[derive(Debug)]
+pub struct RadixCache {
+    page_size: usize,
+    arena: Arena,
+    children: ChildIndex,
+    /// Unlocked non-root nodes without children: the eviction candidates.
+    evictable_leaves: Vec<NodeId>,
+    evictable_size: usize,
+    protected_size: usize,
+    total_size: usize,
+    /// Logical clock for access times; ticks once per match or insert.
+    clock: u64,
+    /// Reused buffer for the slots of an evicted node.
+    free_buffer: Vec<KvSlot>,
+}
+
+impl RadixCache {
+    /// An empty cache for pages of `page_size` slots (1 for the token allocator).
+    ///
+    /// # Panics
+    /// If `page_size` is 0.
+    pub fn new(page_size: usize) -> RadixCache {
+        assert!(page_size > 0, "radix cache page size must be at least 1");
+        RadixCache {
+            page_size,
+            arena: Arena::new(),
+            children: ChildIndex::default(),
+            evictable_leaves: Vec::new(),
+            evictable_size: 0,
+            protected_size: 0,
+            total_size: 0,
+            clock: 0,
+            free_buffer: Vec::new(),
+        }
+    }
+
+    /// Slots per page; every cached length is a multiple of it.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// Cached tokens in unlocked nodes (what [`RadixCache::evict`] can free).
+    pub fn evictable_size(&self) -> usize {
+        self.evictable_size
+    }
+
+    /// Cached tokens in locked nodes.
+    pub fn protected_size(&self) -> usize {
+        self.protected_size
+    }
+
+    /// Cached tokens; always `evictable_size() + protected_size()`.
+    pub fn total_size(&self) -> usize {
+        self.total_size
+    }
+
+    /// Every page the tree holds, each once (for ps = 1 a page id is the slot).
+    pub fn cached_pages(&self) -> impl Iterator<Item = PageId> + '_ {
+        let page_size = self.page_size;
+        self.arena
+            .live()
+            .flat_map(move |(_, node)| node.page_ids(page_size))
+    }
+
+    /// Every slot the tree holds, each once.
+    pub fn cached_slots(&self) -> impl Iterator<Item = KvSlot> + '_ {
+        let page_size = self.page_size as u32;
+        self.cached_pages()
+            .flat_map(move |page| page * page_size..(page + 1) * page_size)
+    }
+
+    /// Heap and inline bytes of the cache's bookkeeping, token ids of the keys excluded: node
+    /// table, page ids and spare vector capacity, child index, leaf set, buffers.
+    pub fn bookkeeping_bytes(&self) -> usize {
+        let key_bytes: usize = self
+            .arena
+            .live()
+            .map(|(_, node)| node.len(self.page_size) * size_of::<u32>())
+            .sum();
+        let node_data_bytes: usize = self
+            .arena
+            .live()
+            .map(|(_, node)| node.data.capacity() * size_of::<u32>())
+            .sum();
+        size_of::<RadixCache>()
+            + self.arena.table_bytes()
+            + (node_data_bytes - key_bytes)
+            + self.children.heap_bytes()
+            + self.evictable_leaves.capacity() * size_of::<NodeId>()
+            + self.free_buffer.capacity() * size_of::<KvSlot>()
+    }
+
+    /// Advances the logical clock and returns the new time.
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    fn ensure_live(&self, node: NodeId) -> Result<(), RadixError> {
+        if self.arena.is_live(node) {
+            Ok(())
+        } else {
+            Err(RadixError::UnknownNode { node })
+        }
+    }
+
+    /// Counts `tokens` new tokens of `node` as evictable or protected by its lock state.
+    fn add_tokens(&mut self, node: NodeId, tokens: usize) {
+        if self.arena[node].lock_ref == 0 {
+            self.evictable_size += tokens;
+        } else {
+            self.protected_size += tokens;
+        }
+        self.total_size += tokens;
+    }
+
+    /// Puts `node` in or takes it out of the evictable-leaf set to match its state.
+    fn refresh_leaf_status(&mut self, node: NodeId) {
+        let entry = &self.arena[node];
+        let evictable = node != NodeId::ROOT && entry.lock_ref == 0 && entry.child_count == 0;
+        self.list_evictable(node, evictable);
+    }
+
+    /// Makes `node`'s membership in the evictable-leaf set equal `listed`, in O(1).
+    fn list_evictable(&mut self, node: NodeId, listed: bool) {
+        let pos = self.arena[node].leaf_pos;
+        if listed && pos == NOT_EVICTABLE {
+            self.arena[node].leaf_pos = self.evictable_leaves.len() as u32;
+            self.evictable_leaves.push(node);
+        } else if !listed && pos != NOT_EVICTABLE {
+            let pos = pos as usize;
+            self.evictable_leaves.swap_remove(pos);
+            if let Some(&moved) = self.evictable_leaves.get(pos) {
+                self.arena[moved].leaf_pos = pos as u32;
+            }
+            self.arena[node].leaf_pos = NOT_EVICTABLE;
+        }
+    }
+
+    /// Number of leading whole pages of `key` equal to the pages of `node` from `first_page`.
+    fn common_pages(&self, node: NodeId, first_page: usize, key: &[u32]) -> usize {
+        let entry = &self.arena[node];
+        let page_size = self.page_size;
+        (first_page..entry.num_pages(page_size))
+            .zip(key.chunks_exact(page_size))
+            .take_while(|&(page, tokens)| entry.page_tokens(page, page_size) == tokens)
+            .count()
+    }
+
+    /// Splits `node` at path position `pos` (strictly inside its key, page-aligned). The new
+    /// upper node takes the key before `pos` and is returned; `node` keeps its handle, children,
+    /// lock count and leaf status with the key from `pos`. Counters do not change.
+    fn split(&mut self, node: NodeId, pos: usize) -> NodeId {
+        let page_size = self.page_size;
+        self.children.unlink(&mut self.arena, page_size, node);
+        let entry = &mut self.arena[node];
+        let cut = (pos - entry.start()) / page_size * (page_size + 1);
+        let lower = entry.data.split_off(cut);
+        let mut upper_data = std::mem::replace(&mut entry.data, lower);
+        upper_data.shrink_to_fit();
+        let mut upper = Node::new(upper_data, entry.parent, entry.start(), entry.last_access);
+        upper.lock_ref = entry.lock_ref;
+        upper.child_count = 1;
+        let upper = self.arena.alloc(upper);
+        self.children.link(&mut self.arena, page_size, upper);
+        let entry = &mut self.arena[node];
+        entry.parent = upper;
+        entry.depth = pos as u32;
+        self.children.link(&mut self.arena, page_size, node);
+        upper
+    }
+}

@@ -1,0 +1,206 @@
+//! Tree nodes and the arena that owns them.
+//!
+//! A node's key and value live in one `Vec<u32>`, page by page: the page's `page_size` token ids
+//! followed by its page id. A node therefore costs one vector header plus four bytes per page on
+//! top of its key, and the page id sits next to the tokens a match has just compared.
+
+use std::fmt;
+use std::ops::{Index, IndexMut};
+
+use crate::alloc::PageId;
+
+/// Handle of one tree node. Stays valid until that node is evicted; a locked node is never
+/// evicted, and a split keeps the handle on the lower part, so a handle the caller holds a lock
+/// on always names the node where its locked prefix ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(pub(super) u32);
+
+impl NodeId {
+    /// The root: empty key, locked forever, never evicted.
+    pub const ROOT: NodeId = NodeId(0);
+    /// No node: the root's parent, the end of a chain, a free-list end.
+    pub(super) const NONE: NodeId = NodeId(u32::MAX);
+
+    pub(super) fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// `leaf_pos` of a node that is not in the evictable-leaf set.
+pub(super) const NOT_EVICTABLE: u32 = u32::MAX;
+
+/// One node: a run of whole pages on a path from the root.
+#[derive(Debug)]
+pub(super) struct Node {
+    /// Per page: `page_size` token ids, then the page id.
+    pub(super) data: Vec<u32>,
+    /// Logical time of the last match or insert that ended here, or of a removed child's.
+    pub(super) last_access: u64,
+    /// `NodeId::NONE` for the root and for free arena entries.
+    pub(super) parent: NodeId,
+    /// Tokens on the path before this node's key (the key's start position).
+    pub(super) depth: u32,
+    /// Locks held on this node or any descendant (the root holds one forever).
+    pub(super) lock_ref: u32,
+    /// Live children.
+    pub(super) child_count: u32,
+    /// Next node in the same child-index chain; next free entry while the entry is free.
+    pub(super) hash_next: NodeId,
+    /// Position in the evictable-leaf set, or [`NOT_EVICTABLE`].
+    pub(super) leaf_pos: u32,
+}
+
+impl Node {
+    fn empty() -> Node {
+        Node {
+            data: Vec::new(),
+            last_access: 0,
+            parent: NodeId::NONE,
+            depth: 0,
+            lock_ref: 0,
+            child_count: 0,
+            hash_next: NodeId::NONE,
+            leaf_pos: NOT_EVICTABLE,
+        }
+    }
+
+    /// A fresh node holding `data`, neither linked nor locked.
+    pub(super) fn new(data: Vec<u32>, parent: NodeId, depth: usize, last_access: u64) -> Node {
+        Node {
+            data,
+            last_access,
+            parent,
+            depth: depth as u32,
+            ..Node::empty()
+        }
+    }
+
+    /// Pages in the key.
+    pub(super) fn num_pages(&self, page_size: usize) -> usize {
+        self.data.len() / (page_size + 1)
+    }
+
+    /// Tokens in the key.
+    pub(super) fn len(&self, page_size: usize) -> usize {
+        self.num_pages(page_size) * page_size
+    }
+
+    /// Start position of the key on its path.
+    pub(super) fn start(&self) -> usize {
+        self.depth as usize
+    }
+
+    /// Position just past the key on its path.
+    pub(super) fn end(&self, page_size: usize) -> usize {
+        self.start() + self.len(page_size)
+    }
+
+    /// Token ids of page `page` of the key.
+    pub(super) fn page_tokens(&self, page: usize, page_size: usize) -> &[u32] {
+        let at = page * (page_size + 1);
+        &self.data[at..at + page_size]
+    }
+
+    /// Page id of page `page` of the key.
+    pub(super) fn page_id(&self, page: usize, page_size: usize) -> PageId {
+        self.data[page * (page_size + 1) + page_size]
+    }
+
+    /// Page ids of the whole key, in key order.
+    pub(super) fn page_ids(&self, page_size: usize) -> impl Iterator<Item = PageId> + '_ {
+        self.data
+            .chunks_exact(page_size + 1)
+            .map(move |page| page[page_size])
+    }
+}
+
+/// Every node, indexed by [`NodeId`]; removed entries are reused through a free list.
+#[derive(Debug)]
+pub(super) struct Arena {
+    nodes: Vec<Node>,
+    free_head: NodeId,
+}
+
+impl Arena {
+    /// An arena holding only the root (locked once, forever).
+    pub(super) fn new() -> Arena {
+        let root = Node {
+            lock_ref: 1,
+            ..Node::empty()
+        };
+        Arena {
+            nodes: vec![root],
+            free_head: NodeId::NONE,
+        }
+    }
+
+    /// Stores `node` in a free entry (or a new one) and returns its handle.
+    pub(super) fn alloc(&mut self, node: Node) -> NodeId {
+        if self.free_head == NodeId::NONE {
+            let id = NodeId(u32::try_from(self.nodes.len()).expect("radix arena exceeds u32 ids"));
+            self.nodes.push(node);
+            return id;
+        }
+        let id = self.free_head;
+        self.free_head = self.nodes[id.index()].hash_next;
+        self.nodes[id.index()] = node;
+        id
+    }
+
+    /// Frees the entry of `id` (its key memory too) for reuse.
+    pub(super) fn release(&mut self, id: NodeId) {
+        self.nodes[id.index()] = Node {
+            hash_next: self.free_head,
+            ..Node::empty()
+        };
+        self.free_head = id;
+    }
+
+    /// Whether `id` names a node in the tree (the root included).
+    pub(super) fn is_live(&self, id: NodeId) -> bool {
+        id == NodeId::ROOT
+            || self
+                .nodes
+                .get(id.index())
+                .is_some_and(|node| node.parent != NodeId::NONE)
+    }
+
+    /// Every node in the tree (the root included) with its handle.
+    pub(super) fn live(&self) -> impl Iterator<Item = (NodeId, &Node)> + '_ {
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(index, node)| (NodeId(index as u32), node))
+            .filter(|&(id, node)| id == NodeId::ROOT || node.parent != NodeId::NONE)
+    }
+
+    /// Arena entries, live or free.
+    pub(super) fn entries(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Heap bytes of the arena's own table (keys excluded).
+    pub(super) fn table_bytes(&self) -> usize {
+        self.nodes.capacity() * size_of::<Node>()
+    }
+}
+
+impl Index<NodeId> for Arena {
+    type Output = Node;
+
+    fn index(&self, id: NodeId) -> &Node {
+        &self.nodes[id.index()]
+    }
+}
+
+impl IndexMut<NodeId> for Arena {
+    fn index_mut(&mut self, id: NodeId) -> &mut Node {
+        &mut self.nodes[id.index()]
+    }
+}
