@@ -1,0 +1,66 @@
+//! Errors of the device allocator. Every failing call leaves the allocator unchanged.
+
+use cudarc::driver::DriverError;
+use kvown_runtime::alloc::AllocError;
+
+/// Why a device allocator call was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// The same rejection the CPU allocator gives (out of memory, bad shape, bad slot).
+    #[error(transparent)]
+    Alloc(#[from] AllocError),
+    /// The batch gave a different number of request rows than requests.
+    #[error("{requests} requests but {rows} request rows")]
+    RowCountMismatch {
+        /// Requests in the batch.
+        requests: usize,
+        /// Rows given.
+        rows: usize,
+    },
+    /// A request row is past the end of the request-to-token table.
+    #[error("request {request}: row {row} out of range: the table has rows 0..{rows}")]
+    RowOutOfRange {
+        /// Position in the batch.
+        request: usize,
+        /// The bad row.
+        row: u32,
+        /// Rows in the table.
+        rows: usize,
+    },
+    /// Positions past the end of a request-to-token row.
+    #[error("request {request}: positions up to {end} do not fit a row of {row_len} tokens")]
+    RowOverflow {
+        /// Position in the batch (0 for `write_row`).
+        request: usize,
+        /// One past the last position written.
+        end: usize,
+        /// Tokens per row (`max_context_len`).
+        row_len: usize,
+    },
+    /// Freeing more pages than the allocator owns: some page is freed twice.
+    #[error("free of {pages} pages with {free} of {num_pages} already free: a page is freed twice")]
+    FreeListOverflow {
+        /// Distinct pages in the call.
+        pages: usize,
+        /// Pages free before the call.
+        free: usize,
+        /// Pages the allocator manages.
+        num_pages: usize,
+    },
+    /// A count does not fit the kernels' 32-bit indices.
+    #[error("{what} = {value} exceeds the kernels' 32-bit range")]
+    TooLarge {
+        /// The quantity.
+        what: &'static str,
+        /// Its value.
+        value: usize,
+    },
+    /// A CUDA driver call failed (allocation, copy or launch).
+    #[error("CUDA driver error: {0}")]
+    Driver(#[from] DriverError),
+}
+
+/// `value` as a kernel `u32` index, or [`CudaError::TooLarge`].
+pub(crate) fn to_u32(what: &'static str, value: usize) -> Result<u32, CudaError> {
+    u32::try_from(value).map_err(|_| CudaError::TooLarge { what, value })
+}
