@@ -1,0 +1,389 @@
+//! Radix prefix cache behaviour (spec §8, §9 item 20) against the real allocators.
+
+use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator};
+use kvown_runtime::radix::{NodeId, RadixCache, RadixError, TreePos};
+
+const PAGE_SIZES: [usize; 3] = [1, 4, 16];
+
+fn allocator(page_size: usize, pages: usize) -> PagedAllocator {
+    PagedAllocator::new(pages * page_size, page_size, false).unwrap()
+}
+
+fn alloc_slots(alloc: &mut PagedAllocator, tokens: usize) -> Vec<KvSlot> {
+    let mut out = Vec::new();
+    alloc.alloc(tokens, &mut out).unwrap();
+    out
+}
+
+/// A key of `pages` whole pages whose tokens are `base, base + 1, ...`.
+fn key(page_size: usize, pages: usize, base: u32) -> Vec<u32> {
+    (0..(pages * page_size) as u32).map(|i| base + i).collect()
+}
+
+fn path_slots(cache: &RadixCache, at: TreePos) -> Vec<KvSlot> {
+    let mut out = vec![0; at.len];
+    cache.path_slots_into(at, 0, &mut out).unwrap();
+    out
+}
+
+/// Inserts `key` with freshly allocated slots, frees the duplicates, returns the slots.
+fn insert_fresh(cache: &mut RadixCache, alloc: &mut PagedAllocator, key: &[u32]) -> Vec<KvSlot> {
+    let slots = alloc_slots(alloc, key.len());
+    let outcome = cache.insert(key, &slots).unwrap();
+    alloc.free_segment(&slots[..outcome.prefix_len], 0).unwrap();
+    cache.check().unwrap();
+    slots
+}
+
+#[test]
+fn match_page_aligns_and_splits() {
+    for ps in PAGE_SIZES {
+        let mut alloc = allocator(ps, 32);
+        let mut cache = RadixCache::new(ps);
+        let full = key(ps, 4, 100);
+        let slots = insert_fresh(&mut cache, &mut alloc, &full);
+
+        // A query sharing 2 pages and part of the third matches exactly 2 whole pages.
+        let mut query = full[..2 * ps].to_vec();
+        query.extend(std::iter::repeat_n(7, ps));
+        let matched = cache.match_prefix(&query);
+        assert_eq!(matched.len, 2 * ps, "ps {ps}");
+        assert_eq!(path_slots(&cache, matched), slots[..2 * ps]);
+        cache.check().unwrap();
+
+        // The match split the node: locking its end protects exactly 2 pages.
+        cache.inc_lock_ref(matched.node).unwrap();
+        assert_eq!(cache.protected_size(), 2 * ps);
+        assert_eq!(cache.evictable_size(), 2 * ps);
+        cache.dec_lock_ref(matched.node).unwrap();
+
+        // A tail shorter than a page never matches.
+        let short = &full[..4 * ps - 1];
+        assert_eq!(cache.match_prefix(short).len, 3 * ps);
+        assert_eq!(cache.match_prefix(&full).len, 4 * ps);
+        assert_eq!(cache.match_prefix(&[1; 3]), TreePos::ROOT);
+        cache.check().unwrap();
+    }
+}
+
+#[test]
+fn locks_move_tokens_only_on_zero_one_transitions() {
+    for ps in PAGE_SIZES {
+        let mut alloc = allocator(ps, 32);
+        let mut cache = RadixCache::new(ps);
+        let a = key(ps, 3, 0);
+        let mut b = a[..ps].to_vec();
+        b.extend(key(ps, 2, 1000));
+        insert_fresh(&mut cache, &mut alloc, &a);
+        insert_fresh(&mut cache, &mut alloc, &b);
+        assert_eq!(
+            (cache.evictable_size(), cache.protected_size()),
+            (5 * ps, 0)
+        );
+
+        let node_a = cache.match_prefix(&a).node;
+        let node_b = cache.match_prefix(&b).node;
+        cache.inc_lock_ref(node_a).unwrap();
+        assert_eq!(
+            (cache.evictable_size(), cache.protected_size()),
+            (2 * ps, 3 * ps)
+        );
+        cache.inc_lock_ref(node_a).unwrap();
+        assert_eq!(
+            (cache.evictable_size(), cache.protected_size()),
+            (2 * ps, 3 * ps)
+        );
+        cache.inc_lock_ref(node_b).unwrap();
+        assert_eq!(
+            (cache.evictable_size(), cache.protected_size()),
+            (0, 5 * ps)
+        );
+        cache.dec_lock_ref(node_a).unwrap();
+        assert_eq!(
+            (cache.evictable_size(), cache.protected_size()),
+            (0, 5 * ps)
+        );
+        cache.dec_lock_ref(node_a).unwrap();
+        assert_eq!(
+            (cache.evictable_size(), cache.protected_size()),
+            (2 * ps, 3 * ps)
+        );
+        cache.dec_lock_ref(node_b).unwrap();
+        assert_eq!(
+            (cache.evictable_size(), cache.protected_size()),
+            (5 * ps, 0)
+        );
+        assert!(matches!(
+            cache.dec_lock_ref(node_b),
+            Err(RadixError::LockUnderflow { .. })
+        ));
+        assert_eq!(
+            (cache.evictable_size(), cache.protected_size()),
+            (5 * ps, 0)
+        );
+        // The root is locked forever; locking or unlocking it changes nothing.
+        cache.inc_lock_ref(NodeId::ROOT).unwrap();
+        cache.dec_lock_ref(NodeId::ROOT).unwrap();
+        cache.dec_lock_ref(NodeId::ROOT).unwrap();
+        assert_eq!(cache.total_size(), 5 * ps);
+        cache.check().unwrap();
+    }
+}
+
+#[test]
+fn evict_is_lru_whole_node_and_spares_locked_nodes() {
+    for ps in PAGE_SIZES {
+        let mut alloc = allocator(ps, 32);
+        let mut cache = RadixCache::new(ps);
+        let keys = [key(ps, 2, 0), key(ps, 3, 1000), key(ps, 1, 2000)];
+        let slots: Vec<_> = keys
+            .iter()
+            .map(|k| insert_fresh(&mut cache, &mut alloc, k))
+            .collect();
+        // Touch key 0 so key 1 is least recently used; lock key 2.
+        cache.match_prefix(&keys[0]);
+        let locked = cache.match_prefix(&keys[2]).node;
+        cache.inc_lock_ref(locked).unwrap();
+        let available = alloc.available_size();
+
+        // One token asked: the LRU node goes, whole.
+        assert_eq!(cache.evict(1, &mut alloc).unwrap(), 3 * ps);
+        assert_eq!(alloc.available_size(), available + 3 * ps);
+        assert!(slots[1].iter().all(|&s| alloc.is_page_free(s / ps as u32)));
+        assert_eq!(cache.match_prefix(&keys[1]).len, 0);
+        assert_eq!(cache.match_prefix(&keys[0]).len, 2 * ps);
+        cache.check().unwrap();
+
+        // Asking for more than is evictable evicts what is there and spares the locked node.
+        assert_eq!(cache.evict(100 * ps, &mut alloc).unwrap(), 2 * ps);
+        assert_eq!(cache.evict(1, &mut alloc).unwrap(), 0);
+        assert_eq!(cache.match_prefix(&keys[2]).len, ps);
+        assert_eq!(
+            path_slots(&cache, cache_pos(&mut cache, &keys[2])),
+            slots[2]
+        );
+        assert_eq!(cache.total_size(), cache.protected_size());
+        cache.check().unwrap();
+        alloc.check().unwrap();
+    }
+}
+
+fn cache_pos(cache: &mut RadixCache, key: &[u32]) -> TreePos {
+    cache.match_prefix(key)
+}
+
+#[test]
+fn evicting_children_makes_the_parent_an_evictable_leaf() {
+    for ps in PAGE_SIZES {
+        let mut alloc = allocator(ps, 32);
+        let mut cache = RadixCache::new(ps);
+        let shared = key(ps, 2, 0);
+        for tail in [500, 600] {
+            let mut k = shared.clone();
+            k.extend(key(ps, 1, tail));
+            insert_fresh(&mut cache, &mut alloc, &k);
+        }
+        assert_eq!(cache.total_size(), 4 * ps);
+        // Two leaves of one page, then their parent, in a single call.
+        assert_eq!(cache.evict(3 * ps, &mut alloc).unwrap(), 4 * ps);
+        assert_eq!(cache.total_size(), 0);
+        assert_eq!(alloc.available_size(), alloc.capacity());
+        cache.check().unwrap();
+    }
+}
+
+#[test]
+fn evict_shortfall_evicts_only_what_is_missing() {
+    let ps = 4;
+    let mut alloc = allocator(ps, 8);
+    let mut cache = RadixCache::new(ps);
+    insert_fresh(&mut cache, &mut alloc, &key(ps, 2, 0));
+    insert_fresh(&mut cache, &mut alloc, &key(ps, 3, 100));
+    insert_fresh(&mut cache, &mut alloc, &key(ps, 2, 200));
+    assert_eq!(alloc.available_size(), ps);
+    assert_eq!(cache.evict_shortfall(ps, &mut alloc).unwrap(), 0);
+    // Two pages short: the LRU node (2 pages) covers it, nothing more goes.
+    assert_eq!(cache.evict_shortfall(3 * ps, &mut alloc).unwrap(), 2 * ps);
+    assert_eq!(cache.total_size(), 5 * ps);
+    let mut wrong = allocator(1, 8);
+    assert!(matches!(
+        cache.evict(1, &mut wrong),
+        Err(RadixError::PageSizeMismatch { .. })
+    ));
+    cache.check().unwrap();
+}
+
+#[test]
+fn insert_reports_prefix_and_duplicates_are_freed_once() {
+    for ps in PAGE_SIZES {
+        let mut alloc = allocator(ps, 32);
+        let mut cache = RadixCache::new(ps);
+        let full = key(ps, 4, 0);
+        let tree_slots = insert_fresh(&mut cache, &mut alloc, &full);
+
+        // Request B matched 1 page (protected), then computed the rest itself while A's insert
+        // landed: its pages for [protected, prefix_len) are duplicates, freed by B once.
+        let protected = ps;
+        let mut row = tree_slots[..protected].to_vec();
+        row.extend(alloc_slots(&mut alloc, 4 * ps));
+        let mut longer = full.clone();
+        longer.extend(key(ps, 1, 900));
+        let outcome = cache.insert(&longer, &row).unwrap();
+        assert_eq!(outcome.prefix_len, 4 * ps);
+        alloc
+            .free_segment(&row[protected..outcome.prefix_len], protected)
+            .unwrap();
+        // Freeing them again is refused: they were freed exactly once.
+        assert!(
+            alloc
+                .free_segment(&row[protected..outcome.prefix_len], protected)
+                .is_err()
+        );
+
+        // The re-match returns the tree's slots, and the new page is B's.
+        let matched = cache.match_prefix(&longer);
+        assert_eq!(matched.len, 5 * ps);
+        let mut expected = tree_slots.clone();
+        expected.extend_from_slice(&row[4 * ps..]);
+        assert_eq!(path_slots(&cache, matched), expected);
+
+        // Every allocated slot is cached now: free + cached == capacity.
+        assert_eq!(
+            alloc.available_size() + cache.total_size(),
+            alloc.capacity()
+        );
+        let again = cache.insert(&longer, &expected).unwrap();
+        assert_eq!(again.prefix_len, 5 * ps);
+        assert_eq!(again.last_node, matched.node);
+        cache.check().unwrap();
+        alloc.check().unwrap();
+    }
+}
+
+#[test]
+fn insert_from_extends_the_callers_leaf_in_place() {
+    for ps in PAGE_SIZES {
+        let mut alloc = allocator(ps, 32);
+        let mut cache = RadixCache::new(ps);
+        let mut k = key(ps, 2, 0);
+        let mut row = alloc_slots(&mut alloc, 2 * ps);
+        let first = cache.insert(&k, &row).unwrap();
+        cache.inc_lock_ref(first.last_node).unwrap();
+        let mut pos = TreePos {
+            node: first.last_node,
+            len: k.len(),
+        };
+        for page in 0..3u32 {
+            k.extend(key(ps, 1, 500 + page * 50));
+            row.extend(alloc_slots(&mut alloc, ps));
+            let outcome = cache.insert_from(pos, &k, &row).unwrap();
+            assert_eq!(outcome.prefix_len, pos.len);
+            assert_eq!(outcome.last_node, first.last_node, "extended in place");
+            pos.len = k.len();
+            assert_eq!(cache.protected_size(), k.len());
+            cache.check().unwrap();
+        }
+        // A second locker: the next page becomes a child leaf and the lock moves down.
+        cache.inc_lock_ref(pos.node).unwrap();
+        k.extend(key(ps, 1, 800));
+        row.extend(alloc_slots(&mut alloc, ps));
+        let outcome = cache.insert_from(pos, &k, &row).unwrap();
+        assert_ne!(outcome.last_node, pos.node);
+        assert_eq!(cache.evictable_size(), ps);
+        cache.move_lock(pos.node, outcome.last_node).unwrap();
+        assert_eq!(cache.protected_size(), k.len());
+        assert_eq!(path_slots(&cache, cache.match_prefix(&k)), row);
+        cache.dec_lock_ref(outcome.last_node).unwrap();
+        cache.dec_lock_ref(pos.node).unwrap();
+        assert_eq!(cache.protected_size(), 0);
+        cache.check().unwrap();
+    }
+}
+
+#[test]
+fn insert_from_a_stale_hint_splits_and_branches() {
+    let ps = 4;
+    let mut alloc = allocator(ps, 32);
+    let mut cache = RadixCache::new(ps);
+    let base = key(ps, 2, 0);
+    let base_slots = alloc_slots(&mut alloc, 2 * ps);
+    let node = cache.insert(&base, &base_slots).unwrap().last_node;
+    cache.inc_lock_ref(node).unwrap();
+    cache.inc_lock_ref(node).unwrap();
+    let hint = TreePos {
+        node,
+        len: base.len(),
+    };
+    // Request A (sole locker after B moves away) ... first B drops one lock, A extends in place.
+    cache.dec_lock_ref(node).unwrap();
+    let mut a = base.clone();
+    a.extend(key(ps, 1, 100));
+    let mut a_row = base_slots.clone();
+    a_row.extend(alloc_slots(&mut alloc, ps));
+    assert_eq!(cache.insert_from(hint, &a, &a_row).unwrap().last_node, node);
+    // B, locked on the same node with its old position inside it, registers a different page.
+    cache.inc_lock_ref(node).unwrap();
+    let mut b = base.clone();
+    b.extend(key(ps, 1, 300));
+    let mut b_row = base_slots.clone();
+    b_row.extend(alloc_slots(&mut alloc, ps));
+    let outcome = cache.insert_from(hint, &b, &b_row).unwrap();
+    assert_eq!(outcome.prefix_len, 2 * ps);
+    cache.move_lock(node, outcome.last_node).unwrap();
+    assert_eq!(path_slots(&cache, cache.match_prefix(&a)), a_row);
+    assert_eq!(path_slots(&cache, cache.match_prefix(&b)), b_row);
+    // The old position now lies in the node split off above `node`; reading from it still works.
+    assert_eq!(path_slots(&cache, hint), base_slots);
+    cache.check().unwrap();
+}
+
+#[test]
+fn insert_refuses_bad_arguments_without_changing_anything() {
+    let ps = 4;
+    let mut alloc = allocator(ps, 32);
+    let mut cache = RadixCache::new(ps);
+    let k = key(ps, 2, 0);
+    let slots = alloc_slots(&mut alloc, 2 * ps);
+    assert!(matches!(
+        cache.insert(&k[..5], &slots[..5]),
+        Err(RadixError::UnalignedKey { len: 5, .. })
+    ));
+    assert!(matches!(
+        cache.insert(&k, &slots[..4]),
+        Err(RadixError::LengthMismatch { .. })
+    ));
+    let mut broken = slots.clone();
+    broken.swap(1, 2);
+    assert!(matches!(
+        cache.insert(&k, &broken),
+        Err(RadixError::BrokenPage { position: 1, .. })
+    ));
+    let shifted: Vec<_> = slots.iter().map(|s| s + 1).collect();
+    assert!(matches!(
+        cache.insert(&k, &shifted),
+        Err(RadixError::MisalignedPage { position: 0, .. })
+    ));
+    let node = cache.insert(&k, &slots).unwrap().last_node;
+    let unlocked = TreePos { node, len: k.len() };
+    assert!(matches!(
+        cache.insert_from(unlocked, &k, &slots),
+        Err(RadixError::HintNotLocked { .. })
+    ));
+    cache.inc_lock_ref(node).unwrap();
+    let beyond = TreePos {
+        node,
+        len: k.len() + ps,
+    };
+    assert!(matches!(
+        cache.insert_from(beyond, &k, &slots),
+        Err(RadixError::HintOutOfRange { .. })
+    ));
+    cache.dec_lock_ref(node).unwrap();
+    cache.evict(1, &mut alloc).unwrap();
+    assert!(matches!(
+        cache.inc_lock_ref(node),
+        Err(RadixError::UnknownNode { .. })
+    ));
+    assert_eq!(cache.total_size(), 0);
+    cache.check().unwrap();
+}
