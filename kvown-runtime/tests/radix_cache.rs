@@ -26,6 +26,12 @@ fn path_slots(cache: &RadixCache, at: TreePos) -> Vec<KvSlot> {
     out
 }
 
+/// Matches `key` and returns the slots of the matched prefix.
+fn matched_slots(cache: &mut RadixCache, key: &[u32]) -> Vec<KvSlot> {
+    let at = cache.match_prefix(key);
+    path_slots(cache, at)
+}
+
 /// Inserts `key` with freshly allocated slots, frees the duplicates, returns the slots.
 fn insert_fresh(cache: &mut RadixCache, alloc: &mut PagedAllocator, key: &[u32]) -> Vec<KvSlot> {
     let slots = alloc_slots(alloc, key.len());
@@ -158,18 +164,11 @@ fn evict_is_lru_whole_node_and_spares_locked_nodes() {
         assert_eq!(cache.evict(100 * ps, &mut alloc).unwrap(), 2 * ps);
         assert_eq!(cache.evict(1, &mut alloc).unwrap(), 0);
         assert_eq!(cache.match_prefix(&keys[2]).len, ps);
-        assert_eq!(
-            path_slots(&cache, cache_pos(&mut cache, &keys[2])),
-            slots[2]
-        );
+        assert_eq!(matched_slots(&mut cache, &keys[2]), slots[2]);
         assert_eq!(cache.total_size(), cache.protected_size());
         cache.check().unwrap();
         alloc.check().unwrap();
     }
-}
-
-fn cache_pos(cache: &mut RadixCache, key: &[u32]) -> TreePos {
-    cache.match_prefix(key)
 }
 
 #[test]
@@ -292,7 +291,7 @@ fn insert_from_extends_the_callers_leaf_in_place() {
         assert_eq!(cache.evictable_size(), ps);
         cache.move_lock(pos.node, outcome.last_node).unwrap();
         assert_eq!(cache.protected_size(), k.len());
-        assert_eq!(path_slots(&cache, cache.match_prefix(&k)), row);
+        assert_eq!(matched_slots(&mut cache, &k), row);
         cache.dec_lock_ref(outcome.last_node).unwrap();
         cache.dec_lock_ref(pos.node).unwrap();
         assert_eq!(cache.protected_size(), 0);
@@ -314,14 +313,15 @@ fn insert_from_a_stale_hint_splits_and_branches() {
         node,
         len: base.len(),
     };
-    // Request A (sole locker after B moves away) ... first B drops one lock, A extends in place.
+    // Requests A and B both stand at the end of `node`. While B's lock is briefly released,
+    // A (sole locker) registers a page, which extends `node` in place.
     cache.dec_lock_ref(node).unwrap();
     let mut a = base.clone();
     a.extend(key(ps, 1, 100));
     let mut a_row = base_slots.clone();
     a_row.extend(alloc_slots(&mut alloc, ps));
     assert_eq!(cache.insert_from(hint, &a, &a_row).unwrap().last_node, node);
-    // B, locked on the same node with its old position inside it, registers a different page.
+    // B locks `node` again; its position now lies inside `node`, and its page differs.
     cache.inc_lock_ref(node).unwrap();
     let mut b = base.clone();
     b.extend(key(ps, 1, 300));
@@ -330,8 +330,8 @@ fn insert_from_a_stale_hint_splits_and_branches() {
     let outcome = cache.insert_from(hint, &b, &b_row).unwrap();
     assert_eq!(outcome.prefix_len, 2 * ps);
     cache.move_lock(node, outcome.last_node).unwrap();
-    assert_eq!(path_slots(&cache, cache.match_prefix(&a)), a_row);
-    assert_eq!(path_slots(&cache, cache.match_prefix(&b)), b_row);
+    assert_eq!(matched_slots(&mut cache, &a), a_row);
+    assert_eq!(matched_slots(&mut cache, &b), b_row);
     // The old position now lies in the node split off above `node`; reading from it still works.
     assert_eq!(path_slots(&cache, hint), base_slots);
     cache.check().unwrap();
