@@ -1,0 +1,349 @@
+//! Property tests: random interleavings of alloc / alloc_extend / alloc_decode / free /
+//! free_segment(s) / free groups over page sizes 1, 4 and 16, with and without need_sort,
+//! checked after every step against a model of who holds which pages and against a
+//! position-wise reference of the extend and decode rules.
+
+use std::collections::BTreeSet;
+
+use kvown_runtime::alloc::{
+    AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageAllocator, PageId, ReuseOrder,
+};
+use kvown_runtime::alloc::{PagedAllocator, TokenAllocator};
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc(usize),
+    Extend(Vec<(usize, usize)>),
+    Decode(Vec<usize>),
+    FreeRow(usize),
+    FreeRaw(usize),
+    Truncate(usize, usize),
+    FreeSplit(usize, usize),
+    Begin,
+    End,
+}
+
+fn op(page_size: usize) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0usize..4).prop_map(Op::Alloc),
+        prop::collection::vec((0usize..10, 0..3 * page_size + 2), 1..5).prop_map(Op::Extend),
+        prop::collection::vec(0usize..10, 1..6).prop_map(Op::Decode),
+        (0usize..10).prop_map(Op::FreeRow),
+        (0usize..10).prop_map(Op::FreeRaw),
+        (0usize..10, 0usize..64).prop_map(|(r, c)| Op::Truncate(r, c)),
+        (0usize..10, 0usize..64).prop_map(|(r, c)| Op::FreeSplit(r, c)),
+        Just(Op::Begin),
+        Just(Op::End),
+    ]
+}
+
+/// Who holds what: request rows (position → slot) and raw `alloc` results.
+struct Model {
+    page_size: usize,
+    rows: Vec<Vec<KvSlot>>,
+    raw: Vec<Vec<KvSlot>>,
+    in_group: bool,
+    deferred: usize,
+}
+
+impl Model {
+    fn pages(&self, slots: &[KvSlot]) -> BTreeSet<PageId> {
+        slots
+            .iter()
+            .map(|&s| s / self.page_size as KvSlot)
+            .collect()
+    }
+
+    fn held_pages(&self) -> BTreeSet<PageId> {
+        self.rows
+            .iter()
+            .chain(&self.raw)
+            .flat_map(|s| self.pages(s))
+            .collect()
+    }
+
+    fn freed(&mut self, pages: usize) {
+        if self.in_group {
+            self.deferred += pages;
+        }
+    }
+}
+
+/// The head of the free list the next allocation of `needed` pages reads (merged when short).
+fn next_free<R: ReuseOrder>(allocator: &PageAllocator<R>, needed: usize) -> Vec<PageId> {
+    let free: Vec<PageId> = allocator.free_pages().collect();
+    if needed <= free.len() {
+        return free;
+    }
+    let mut merged: Vec<PageId> = free.into_iter().chain(allocator.released_pages()).collect();
+    merged.sort_unstable();
+    merged
+}
+
+/// Spec §4.5 restated per position: part 1 continues after `last_loc`, later positions use
+/// the request's share of `free` (page `(pos − ceil_align(pre)) / ps` of it).
+fn reference_extend(page_size: usize, reqs: &[ExtendShape], free: &[PageId]) -> Vec<KvSlot> {
+    let mut out = Vec::new();
+    let mut page_start = 0;
+    for r in reqs {
+        let pre_ceil = r.prefix_len.div_ceil(page_size) * page_size;
+        let share = &free[page_start..];
+        page_start += r.seq_len.div_ceil(page_size) - r.prefix_len.div_ceil(page_size);
+        for pos in r.prefix_len..r.seq_len {
+            out.push(if pos < pre_ceil {
+                r.last_loc.unwrap() + 1 + (pos - r.prefix_len) as KvSlot
+            } else {
+                share[(pos - pre_ceil) / page_size] * page_size as KvSlot
+                    + (pos % page_size) as KvSlot
+            });
+        }
+    }
+    out
+}
+
+fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let page_size = allocator.page_size();
+    let num_pages = allocator.num_pages();
+    let mut model = Model {
+        page_size,
+        rows: Vec::new(),
+        raw: Vec::new(),
+        in_group: false,
+        deferred: 0,
+    };
+    for op in ops {
+        let before = allocator.clone();
+        let available_pages = allocator.available_size() / page_size;
+        match op {
+            Op::Alloc(pages) => {
+                let mut out = Vec::new();
+                let free = next_free(&allocator, pages);
+                match allocator.alloc(pages * page_size, &mut out) {
+                    Ok(()) => {
+                        let expected: Vec<KvSlot> = free[..pages]
+                            .iter()
+                            .flat_map(|&p| {
+                                let first = p * page_size as KvSlot;
+                                first..first + page_size as KvSlot
+                            })
+                            .collect();
+                        prop_assert_eq!(&out, &expected);
+                        model.raw.push(out);
+                    }
+                    Err(e) => {
+                        prop_assert!(pages > available_pages, "{e}");
+                        prop_assert_eq!(&allocator, &before);
+                    }
+                }
+            }
+            Op::Extend(entries) => {
+                let mut chosen = BTreeSet::new();
+                let mut targets = Vec::new();
+                let mut reqs = Vec::new();
+                for (pick, len) in entries {
+                    let target = if pick < model.rows.len() && chosen.insert(pick) {
+                        Some(pick)
+                    } else {
+                        None
+                    };
+                    let row: &[KvSlot] = target.map_or(&[], |t| &model.rows[t]);
+                    reqs.push(ExtendShape {
+                        prefix_len: row.len(),
+                        seq_len: row.len() + len,
+                        last_loc: row.last().copied(),
+                    });
+                    targets.push(target);
+                }
+                let needed: usize = reqs
+                    .iter()
+                    .map(|r| r.seq_len.div_ceil(page_size) - r.prefix_len.div_ceil(page_size))
+                    .sum();
+                let free = next_free(&allocator, needed);
+                let mut out = vec![0];
+                match allocator.alloc_extend(&reqs, &mut out) {
+                    Ok(()) => {
+                        prop_assert!(needed <= available_pages);
+                        let expected = reference_extend(page_size, &reqs, &free);
+                        prop_assert_eq!(&out[1..], &expected[..]);
+                        let unique: BTreeSet<_> = out[1..].iter().collect();
+                        prop_assert_eq!(unique.len(), out.len() - 1);
+                        prop_assert_eq!(
+                            allocator.available_size(),
+                            (available_pages - needed) * page_size
+                        );
+                        let mut offset = 1;
+                        for (r, target) in reqs.iter().zip(targets) {
+                            let new = &out[offset..offset + r.seq_len - r.prefix_len];
+                            offset += new.len();
+                            match target {
+                                Some(t) => model.rows[t].extend_from_slice(new),
+                                None => model.rows.push(new.to_vec()),
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        prop_assert!(
+                            matches!(e, AllocError::OutOfMemory { .. }) && needed > available_pages,
+                            "{e}"
+                        );
+                        prop_assert_eq!(&out, &vec![0]);
+                        prop_assert_eq!(&allocator, &before);
+                    }
+                }
+            }
+            Op::Decode(picks) => {
+                let targets: Vec<usize> = picks
+                    .into_iter()
+                    .filter(|&p| p < model.rows.len() && !model.rows[p].is_empty())
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect();
+                let reqs: Vec<DecodeShape> = targets
+                    .iter()
+                    .map(|&t| DecodeShape {
+                        seq_len: model.rows[t].len() + 1,
+                        last_loc: *model.rows[t].last().unwrap(),
+                    })
+                    .collect();
+                let needed = reqs
+                    .iter()
+                    .filter(|r| (r.seq_len - 1) % page_size == 0)
+                    .count();
+                let free = next_free(&allocator, needed);
+                let mut out = Vec::new();
+                match allocator.alloc_decode(&reqs, &mut out) {
+                    Ok(()) => {
+                        let mut next = free.iter();
+                        for ((r, &slot), &t) in reqs.iter().zip(&out).zip(&targets) {
+                            let expected = if (r.seq_len - 1) % page_size == 0 {
+                                next.next().unwrap() * page_size as KvSlot
+                            } else {
+                                r.last_loc + 1
+                            };
+                            prop_assert_eq!(slot, expected);
+                            model.rows[t].push(slot);
+                        }
+                    }
+                    Err(e) => {
+                        prop_assert!(needed > available_pages, "{e}");
+                        prop_assert_eq!(&allocator, &before);
+                    }
+                }
+            }
+            Op::FreeRow(pick) if pick < model.rows.len() => {
+                let row = model.rows.swap_remove(pick);
+                allocator.free(&row).unwrap();
+                model.freed(model.pages(&row).len());
+            }
+            Op::FreeRaw(pick) if pick < model.raw.len() => {
+                let raw = model.raw.swap_remove(pick);
+                allocator.free(&raw).unwrap();
+                model.freed(model.pages(&raw).len());
+            }
+            Op::Truncate(pick, cut) if pick < model.rows.len() => {
+                let row = &mut model.rows[pick];
+                let cut = cut % (row.len() + 1) / page_size * page_size;
+                let tail = row.split_off(cut);
+                allocator.free_segment(&tail, cut).unwrap();
+                let pages = model.pages(&tail).len();
+                model.freed(pages);
+            }
+            Op::FreeSplit(pick, cut) if pick < model.rows.len() => {
+                let row = model.rows.swap_remove(pick);
+                let cut = cut % (row.len() + 1);
+                allocator
+                    .free_segments(&[(&row[..cut], 0), (&row[cut..], cut)])
+                    .unwrap();
+                if let Some(first) = row.first() {
+                    let again = allocator.free(&[*first]);
+                    prop_assert!(
+                        matches!(again, Err(AllocError::DoubleFree { .. })),
+                        "{again:?}"
+                    );
+                }
+                model.freed(model.pages(&row).len());
+            }
+            Op::Begin => {
+                let result = allocator.free_group_begin();
+                if model.in_group {
+                    prop_assert_eq!(
+                        result,
+                        Err(AllocError::NestedFreeGroup {
+                            deferred_pages: model.deferred
+                        })
+                    );
+                } else {
+                    prop_assert_eq!(result, Ok(()));
+                }
+                model.in_group = true;
+            }
+            Op::End => {
+                let result = allocator.free_group_end();
+                prop_assert_eq!(result.is_ok(), model.in_group);
+                model.in_group = false;
+                model.deferred = 0;
+            }
+            Op::FreeRow(_) | Op::FreeRaw(_) | Op::Truncate(..) | Op::FreeSplit(..) => {}
+        }
+        allocator
+            .check()
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let held = model.held_pages();
+        prop_assert!(held.iter().all(|&p| allocator.is_page_allocated(p)));
+        prop_assert_eq!(allocator.deferred_count(), model.deferred);
+        prop_assert_eq!(
+            allocator.available_size() / page_size + held.len() + model.deferred,
+            num_pages
+        );
+    }
+    if model.in_group {
+        allocator.free_group_end().unwrap();
+    }
+    for slots in model.rows.iter().chain(&model.raw) {
+        allocator.free(slots).unwrap();
+    }
+    prop_assert_eq!(allocator.available_size(), allocator.capacity());
+    let mut all: Vec<PageId> = allocator
+        .free_pages()
+        .chain(allocator.released_pages())
+        .collect();
+    all.sort_unstable();
+    prop_assert_eq!(all, (1..=num_pages as PageId).collect::<Vec<_>>());
+    allocator
+        .check()
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    Ok(())
+}
+
+fn scenario(page_size: usize) -> impl Strategy<Value = (usize, bool, Vec<Op>)> {
+    (
+        4usize..40,
+        any::<bool>(),
+        prop::collection::vec(op(page_size), 1..60),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn token_allocator_interleavings((pages, need_sort, ops) in scenario(1)) {
+        run(TokenAllocator::new(pages, need_sort).unwrap(), ops)?;
+    }
+
+    #[test]
+    fn paged_allocator_interleavings_page_size_1((pages, need_sort, ops) in scenario(1)) {
+        run(PagedAllocator::new(pages, 1, need_sort).unwrap(), ops)?;
+    }
+
+    #[test]
+    fn paged_allocator_interleavings_page_size_4((pages, need_sort, ops) in scenario(4)) {
+        run(PagedAllocator::new(pages * 4, 4, need_sort).unwrap(), ops)?;
+    }
+
+    #[test]
+    fn paged_allocator_interleavings_page_size_16((pages, need_sort, ops) in scenario(16)) {
+        run(PagedAllocator::new(pages * 16, 16, need_sort).unwrap(), ops)?;
+    }
+}
