@@ -468,3 +468,102 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{InvariantViolation as V, PagedAllocator};
+    use super::*;
+
+    fn held_two() -> PagedAllocator {
+        let mut allocator = PagedAllocator::new(16, 4, false).unwrap();
+        allocator.alloc(8, &mut Vec::new()).unwrap();
+        allocator.check().unwrap();
+        allocator
+    }
+
+    #[test]
+    fn check_reports_a_duplicate_free_page() {
+        let mut allocator = held_two();
+        allocator.free.append(&[3]);
+        assert_eq!(
+            allocator.check(),
+            Err(V::DuplicatePage {
+                list: "free",
+                page: 3
+            })
+        );
+    }
+
+    #[test]
+    fn check_reports_a_page_out_of_range() {
+        let mut allocator = held_two();
+        allocator.free.append(&[9]);
+        assert_eq!(
+            allocator.check(),
+            Err(V::PageOutOfRange {
+                list: "free",
+                page: 9,
+                num_pages: 4
+            })
+        );
+    }
+
+    #[test]
+    fn check_reports_a_listed_page_with_the_wrong_state() {
+        let mut allocator = held_two();
+        allocator.state[3] = PageState::Held;
+        assert_eq!(
+            allocator.check(),
+            Err(V::StateMismatch {
+                list: "free",
+                page: 3,
+                state: PageState::Held
+            })
+        );
+    }
+
+    #[test]
+    fn check_reports_free_or_pending_pages_missing_from_lists() {
+        let mut allocator = held_two();
+        allocator.state[1] = PageState::Free;
+        assert_eq!(
+            allocator.check(),
+            Err(V::MissingFromList {
+                page: 1,
+                state: PageState::Free
+            })
+        );
+        allocator.state[1] = PageState::Pending;
+        assert_eq!(
+            allocator.check(),
+            Err(V::MissingFromList {
+                page: 1,
+                state: PageState::Pending
+            })
+        );
+    }
+
+    #[test]
+    fn check_reports_reserved_page_and_list_mode_violations() {
+        let mut allocator = held_two();
+        allocator.state[0] = PageState::Unused;
+        assert_eq!(
+            allocator.check(),
+            Err(V::Reserved {
+                page: 0,
+                state: PageState::Unused
+            })
+        );
+        let mut allocator = held_two();
+        allocator.deferred.push(1);
+        allocator.state[1] = PageState::Deferred;
+        assert_eq!(allocator.check(), Err(V::DeferredOutsideGroup { count: 1 }));
+        let mut allocator = held_two();
+        allocator.free.release(&[2]);
+        allocator.state[2] = PageState::Released;
+        assert_eq!(
+            allocator.check(),
+            Err(V::ReleaseWithoutNeedSort { count: 1 })
+        );
+    }
+}

@@ -1,0 +1,211 @@
+//! Random operation sequences on the radix cache over page sizes 1, 4 and 16, with the cache's
+//! and the allocator's invariant checks after every step.
+
+use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator};
+use kvown_runtime::radix::{RadixCache, TreePos};
+use proptest::prelude::*;
+
+const PAGES: usize = 48;
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// Insert a fresh key (from the root) with newly allocated slots; maybe lock its end.
+    Insert { tokens: Vec<u32>, lock: bool },
+    /// A locked holder registers more pages from its position (`insert_from` + `move_lock`).
+    Extend { holder: usize, tokens: Vec<u32> },
+    /// Match a key; maybe lock the match.
+    Match { tokens: Vec<u32>, lock: bool },
+    /// Release a holder's lock.
+    Unlock { holder: usize },
+    /// Evict a number of pages' worth of tokens.
+    Evict { pages: usize },
+}
+
+/// Token ids from a tiny alphabet so keys share prefixes and diverge mid-node often.
+fn tokens() -> impl Strategy<Value = Vec<u32>> {
+    prop::collection::vec(0u32..3, 0..40)
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (tokens(), any::<bool>()).prop_map(|(tokens, lock)| Op::Insert { tokens, lock }),
+        2 => (any::<usize>(), tokens()).prop_map(|(holder, tokens)| Op::Extend { holder, tokens }),
+        2 => (tokens(), any::<bool>()).prop_map(|(tokens, lock)| Op::Match { tokens, lock }),
+        2 => any::<usize>().prop_map(|holder| Op::Unlock { holder }),
+        1 => (0usize..8).prop_map(|pages| Op::Evict { pages }),
+    ]
+}
+
+/// A locked position and the key it stands for.
+struct Holder {
+    at: TreePos,
+    key: Vec<u32>,
+}
+
+struct World {
+    page_size: usize,
+    cache: RadixCache,
+    alloc: PagedAllocator,
+    holders: Vec<Holder>,
+}
+
+impl World {
+    fn new(page_size: usize) -> World {
+        World {
+            page_size,
+            cache: RadixCache::new(page_size),
+            alloc: PagedAllocator::new(PAGES * page_size, page_size, false).unwrap(),
+            holders: Vec::new(),
+        }
+    }
+
+    /// Page-aligned key made of `tokens` repeated per page (so every token spans a page).
+    fn key(&self, tokens: &[u32]) -> Vec<u32> {
+        tokens
+            .iter()
+            .flat_map(|&t| std::iter::repeat_n(t, self.page_size))
+            .collect()
+    }
+
+    /// Allocates `len` slots, evicting the shortfall first; `None` when memory stays short.
+    fn alloc(&mut self, len: usize) -> Option<Vec<KvSlot>> {
+        self.cache.evict_shortfall(len, &mut self.alloc).unwrap();
+        let mut out = Vec::new();
+        self.alloc.alloc(len, &mut out).ok()?;
+        Some(out)
+    }
+
+    fn apply(&mut self, op: Op) {
+        match op {
+            Op::Insert { tokens, lock } => {
+                let key = self.key(&tokens);
+                let Some(slots) = self.alloc(key.len()) else {
+                    return;
+                };
+                let outcome = self.cache.insert(&key, &slots).unwrap();
+                assert!(outcome.prefix_len <= key.len());
+                self.alloc
+                    .free_segment(&slots[..outcome.prefix_len], 0)
+                    .unwrap();
+                if lock {
+                    self.lock(outcome.last_node, key);
+                }
+            }
+            Op::Extend { holder, tokens } => {
+                if self.holders.is_empty() {
+                    return;
+                }
+                let index = holder % self.holders.len();
+                let at = self.holders[index].at;
+                let mut key = self.holders[index].key.clone();
+                key.extend(self.key(&tokens));
+                let mut row = vec![0; at.len];
+                self.cache.path_slots_into(at, 0, &mut row).unwrap();
+                let Some(fresh) = self.alloc(key.len() - at.len) else {
+                    return;
+                };
+                row.extend(fresh);
+                let outcome = self.cache.insert_from(at, &key, &row).unwrap();
+                assert!(outcome.prefix_len >= at.len);
+                self.alloc
+                    .free_segment(&row[at.len..outcome.prefix_len], at.len)
+                    .unwrap();
+                self.cache.move_lock(at.node, outcome.last_node).unwrap();
+                let mut tree_row = vec![0; key.len()];
+                let end = TreePos {
+                    node: outcome.last_node,
+                    len: key.len(),
+                };
+                self.cache.path_slots_into(end, 0, &mut tree_row).unwrap();
+                assert_eq!(tree_row[outcome.prefix_len..], row[outcome.prefix_len..]);
+                self.holders[index] = Holder { at: end, key };
+            }
+            Op::Match { tokens, lock } => {
+                let key = self.key(&tokens);
+                let at = self.cache.match_prefix(&key);
+                assert_eq!(at.len % self.page_size, 0);
+                assert!(at.len <= key.len());
+                if lock {
+                    let matched = key[..at.len].to_vec();
+                    self.lock(at.node, matched);
+                }
+            }
+            Op::Unlock { holder } => {
+                if !self.holders.is_empty() {
+                    let index = holder % self.holders.len();
+                    let released = self.holders.swap_remove(index);
+                    self.cache.dec_lock_ref(released.at.node).unwrap();
+                }
+            }
+            Op::Evict { pages } => {
+                let protected = self.cache.protected_size();
+                let evictable = self.cache.evictable_size();
+                let asked = pages * self.page_size;
+                let evicted = self.cache.evict(asked, &mut self.alloc).unwrap();
+                assert!(evicted >= asked.min(evictable));
+                assert_eq!(self.cache.protected_size(), protected);
+                assert_eq!(self.cache.evictable_size(), evictable - evicted);
+            }
+        }
+    }
+
+    fn lock(&mut self, node: kvown_runtime::radix::NodeId, key: Vec<u32>) {
+        self.cache.inc_lock_ref(node).unwrap();
+        let at = TreePos {
+            node,
+            len: key.len(),
+        };
+        self.holders.push(Holder { at, key });
+    }
+
+    fn verify(&self) {
+        self.cache.check().unwrap();
+        self.alloc.check().unwrap();
+        let cache = &self.cache;
+        assert_eq!(
+            cache.evictable_size() + cache.protected_size(),
+            cache.total_size()
+        );
+        // Every allocated slot is cached: free + cached == capacity, and no cached page is free.
+        assert_eq!(
+            self.alloc.available_size() + cache.total_size(),
+            self.alloc.capacity()
+        );
+        assert!(
+            cache
+                .cached_pages()
+                .all(|page| !self.alloc.is_page_free(page))
+        );
+        assert_eq!(cache.cached_slots().count(), cache.total_size());
+        // Each holder's locked prefix is still cached, at the holder's slots.
+        for holder in &self.holders {
+            let mut row = vec![0; holder.at.len];
+            cache.path_slots_into(holder.at, 0, &mut row).unwrap();
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn random_operations_keep_every_invariant(
+        page_size in prop::sample::select(vec![1usize, 4, 16]),
+        ops in prop::collection::vec(op(), 1..60),
+    ) {
+        let mut world = World::new(page_size);
+        for op in ops {
+            world.apply(op);
+            world.verify();
+        }
+        while let Some(holder) = world.holders.pop() {
+            world.cache.dec_lock_ref(holder.at.node).unwrap();
+            world.verify();
+        }
+        prop_assert_eq!(world.cache.protected_size(), 0);
+        let total = world.cache.total_size();
+        prop_assert_eq!(world.cache.evict(usize::MAX, &mut world.alloc).unwrap(), total);
+        prop_assert_eq!(world.alloc.available_size(), world.alloc.capacity());
+        world.verify();
+    }
+}
