@@ -387,3 +387,33 @@ fn insert_refuses_bad_arguments_without_changing_anything() {
     assert_eq!(cache.total_size(), 0);
     cache.check().unwrap();
 }
+
+#[test]
+fn a_parent_left_as_leaf_is_as_recent_as_its_newest_child() {
+    let ps = 4;
+    let mut alloc = allocator(ps, 32);
+    let mut cache = RadixCache::new(ps);
+    let parent = key(ps, 1, 0);
+    let other = key(ps, 1, 100);
+    let mut child = parent.clone();
+    child.extend(key(ps, 1, 200));
+    insert_fresh(&mut cache, &mut alloc, &parent);
+    let other_slots = alloc_slots(&mut alloc, ps);
+    let other_node = cache.insert(&other, &other_slots).unwrap().last_node;
+    // Stamps only the new leaf; the parent's own stamp stays older than `other`'s.
+    insert_fresh(&mut cache, &mut alloc, &child);
+    cache.inc_lock_ref(other_node).unwrap();
+    assert_eq!(
+        cache.evict(1, &mut alloc).unwrap(),
+        ps,
+        "only the child is unlocked"
+    );
+    cache.dec_lock_ref(other_node).unwrap();
+    // `other` was used after the parent's insert but before the child's: it goes first.
+    let newer = key(ps, 1, 300);
+    insert_fresh(&mut cache, &mut alloc, &newer);
+    assert_eq!(cache.evict(1, &mut alloc).unwrap(), ps);
+    assert_eq!(cache.match_prefix(&parent).len, ps);
+    assert_eq!(cache.match_prefix(&other).len, 0);
+    cache.check().unwrap();
+}

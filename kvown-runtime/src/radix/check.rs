@@ -29,8 +29,7 @@ impl RadixCache {
     /// token counters; child counts and the child index (each child found under its parent by
     /// its first page, nothing else indexed); positions (each key starts where its parent's
     /// ends, whole pages only); lock counts (root 1, every other at least the sum of its
-    /// children's);
-    /// the evictable-leaf set; no page cached twice.
+    /// children's); the evictable-leaf set; no page cached twice.
     ///
     /// Cost: O(cached pages + nodes); meant for tests and debug builds.
     pub fn check(&self) -> Result<(), RadixError> {
