@@ -5,7 +5,6 @@
 //! thing that reads it is the merge, which sorts everything.
 
 use std::collections::VecDeque;
-use std::collections::vec_deque::Drain;
 
 use super::PageId;
 
@@ -67,11 +66,13 @@ impl FreeList {
         self.pages.iter().skip(self.free_len()).copied()
     }
 
-    /// Removes and yields the first `n` free pages (`n <= free_len`).
+    /// Removes and yields the first `n` free pages (`n <= free_len`); pages not pulled from
+    /// the iterator stay in the list.
     #[inline]
-    pub(crate) fn take_front(&mut self, n: usize) -> Drain<'_, PageId> {
+    pub(crate) fn take_front(&mut self, n: usize) -> impl Iterator<Item = PageId> + '_ {
         debug_assert!(n <= self.free_len());
-        self.pages.drain(..n)
+        let pages = &mut self.pages;
+        (0..n).map_while(move |_| pages.pop_front())
     }
 
     /// Puts `pages` at the head, keeping their order (`pages[0]` becomes the head).
