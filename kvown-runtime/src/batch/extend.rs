@@ -1,0 +1,109 @@
+//! Extend (prefill): `prepare_for_extend` -> `alloc_for_extend`.
+
+use kvown_macros::owner;
+
+use super::{AllocFailure, ExtendPrepared, Ready, ScheduleBatch};
+use crate::alloc::{ExtendShape, KvAllocator};
+use crate::cache::KvCache;
+use crate::error::KvError;
+
+/// Fixes each request's extend `[prefix_len, extend_end)` (set by `init_next_round_input`) and
+/// ticks its extend clock. Owns `extend_batch_idx`.
+#[owner]
+pub fn prepare_for_extend(mut batch: ScheduleBatch<Ready>) -> ScheduleBatch<ExtendPrepared> {
+    let mut shapes = Vec::with_capacity(batch.reqs.len());
+    for req in &mut batch.reqs {
+        shapes.push(ExtendShape {
+            prefix_len: req.prefix_len(),
+            seq_len: req.extend_end.max(req.prefix_len()),
+            last_loc: req.prefix_indices.last().copied(),
+        });
+        *req.kv_mut().extend_batch_idx_mut(owner) += 1;
+    }
+    batch.into_state(ExtendPrepared { shapes })
+}
+
+/// Allocates the extend: request rows for requests without one, KV slots for every new token
+/// (evicting only the shortfall from the prefix cache), the request-to-token rows
+/// (`[0, prefix)` <- prefix slots, `[prefix, seq)` <- new slots), and settles
+/// `kv_allocated_len = kv_committed_len = seq_len` ("allocation is commitment", sglang #37085).
+///
+/// Transactional: on error nothing was evicted, taken or written, and the prepared batch is
+/// handed back.
+#[owner]
+pub fn alloc_for_extend<A: KvAllocator>(
+    mut batch: ScheduleBatch<ExtendPrepared>,
+    cache: &mut KvCache<A>,
+) -> Result<ScheduleBatch<Ready>, AllocFailure<ExtendPrepared>> {
+    let width = cache.req_to_token.max_context_len();
+    let mut rows_needed = 0;
+    let mut tokens_needed = 0;
+    for (req, shape) in batch.reqs.iter().zip(&batch.state.shapes) {
+        if shape.seq_len > width {
+            let error = KvError::RowTooShort {
+                rid: req.rid(),
+                needed: shape.seq_len,
+                width,
+            };
+            return Err(batch.fail(error));
+        }
+        rows_needed += usize::from(!req.kv().holds_kv());
+        tokens_needed += cache.pages_span(shape.prefix_len, shape.seq_len);
+    }
+    let rows_available = cache.req_to_token.available_size();
+    if rows_needed > rows_available {
+        let error = KvError::OutOfRows {
+            requested: rows_needed,
+            available: rows_available,
+        };
+        return Err(batch.fail(error));
+    }
+    if let Err(error) = cache.reserve(tokens_needed) {
+        return Err(batch.fail(error));
+    }
+    let rows = match cache.req_to_token.alloc(rows_needed) {
+        Ok(rows) => rows,
+        Err(error) => return Err(batch.fail(error.into())),
+    };
+    batch.out_cache_loc.clear();
+    if let Err(error) = cache
+        .allocator
+        .alloc_extend(&batch.state.shapes, &mut batch.out_cache_loc)
+    {
+        for row in rows {
+            cache
+                .req_to_token
+                .free(row)
+                .expect("a row taken by this call is held");
+        }
+        return Err(batch.fail(error.into()));
+    }
+
+    let mut new_rows = rows.into_iter();
+    let mut offset = 0;
+    for (req, shape) in batch.reqs.iter_mut().zip(&batch.state.shapes) {
+        let row = match req.kv().req_pool_idx() {
+            Some(row) => row,
+            None => {
+                let row = new_rows
+                    .next()
+                    .expect("one new row per request without one");
+                req.kv_mut().set_req_pool_idx(owner, Some(row));
+                row
+            }
+        };
+        let extend_len = shape.seq_len - shape.prefix_len;
+        let table = cache
+            .req_to_token
+            .row_mut(row)
+            .expect("the row is held by this request");
+        table[..shape.prefix_len].copy_from_slice(&req.prefix_indices);
+        table[shape.prefix_len..shape.seq_len]
+            .copy_from_slice(&batch.out_cache_loc[offset..offset + extend_len]);
+        offset += extend_len;
+        let kv = req.kv_mut();
+        kv.set_kv_allocated_len(owner, shape.seq_len);
+        kv.set_kv_committed_len(owner, shape.seq_len);
+    }
+    Ok(batch.into_state(Ready))
+}

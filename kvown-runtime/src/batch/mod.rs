@@ -1,0 +1,166 @@
+//! The batch flow (sglang `ScheduleBatch` and `allocation.py`): prepare, allocate, commit,
+//! retract and release, with the window between prepare and allocate as a type.
+//!
+//! A [`ScheduleBatch<Ready>`] exposes its requests. `prepare_for_*` consumes it and returns a
+//! batch in a prepared state, which exposes no request at all: nothing can read a committed or
+//! allocated length between the old and the new write point (the argument sglang #37085 relied
+//! on, enforced here). `alloc_for_*` turns it back into a ready batch, or fails changing
+//! nothing and hands the prepared batch back.
+
+mod decode;
+mod extend;
+mod release;
+mod retract;
+mod spec;
+
+pub use decode::{alloc_for_decode, prepare_for_decode};
+pub use extend::{alloc_for_extend, prepare_for_extend};
+pub use release::{release_kv_cache, reset_for_retract};
+pub use retract::{
+    RetractOutcome, check_decode_mem, new_tokens_required_next_decode, retract_decode,
+};
+pub use spec::{alloc_for_spec_decode, commit_spec_tokens, prepare_for_spec_decode};
+
+use crate::alloc::{DecodeShape, ExtendShape, KvSlot};
+use crate::error::KvError;
+use crate::request::Req;
+
+/// State of a batch whose requests can be read and whose last allocation is settled.
+#[derive(Debug, Default)]
+pub struct Ready;
+
+/// State after `prepare_for_extend`: the extend shapes are fixed, requests are hidden.
+#[derive(Debug)]
+pub struct ExtendPrepared {
+    shapes: Vec<ExtendShape>,
+}
+
+/// State after `prepare_for_decode`: one new token per request, requests are hidden.
+#[derive(Debug)]
+pub struct DecodePrepared {
+    shapes: Vec<DecodeShape>,
+}
+
+/// State after `prepare_for_spec_decode`: each request's reservation target, requests hidden.
+#[derive(Debug)]
+pub struct SpecPrepared {
+    /// `prefix_len` = current allocated length, `seq_len` = reservation target.
+    shapes: Vec<ExtendShape>,
+}
+
+/// A batch of requests in state `S` ([`Ready`] or one of the prepared states).
+#[derive(Debug)]
+pub struct ScheduleBatch<S = Ready> {
+    reqs: Vec<Req>,
+    out_cache_loc: Vec<KvSlot>,
+    state: S,
+}
+
+/// A failed allocation: the error, and the prepared batch unchanged (retry it, or
+/// [`ScheduleBatch::cancel`] it).
+#[derive(Debug)]
+pub struct AllocFailure<S> {
+    /// Why the allocation failed.
+    pub error: KvError,
+    /// The batch, exactly as prepared.
+    pub batch: ScheduleBatch<S>,
+}
+
+impl<S> ScheduleBatch<S> {
+    /// Number of requests.
+    pub fn len(&self) -> usize {
+        self.reqs.len()
+    }
+
+    /// Whether the batch has no request.
+    pub fn is_empty(&self) -> bool {
+        self.reqs.is_empty()
+    }
+
+    fn into_state<T>(self, state: T) -> ScheduleBatch<T> {
+        ScheduleBatch {
+            reqs: self.reqs,
+            out_cache_loc: self.out_cache_loc,
+            state,
+        }
+    }
+
+    fn fail(self, error: KvError) -> AllocFailure<S> {
+        AllocFailure { error, batch: self }
+    }
+}
+
+impl ScheduleBatch<Ready> {
+    /// A ready batch of `reqs`.
+    pub fn new(reqs: Vec<Req>) -> Self {
+        ScheduleBatch {
+            reqs,
+            out_cache_loc: Vec::new(),
+            state: Ready,
+        }
+    }
+
+    /// The requests.
+    pub fn reqs(&self) -> &[Req] {
+        &self.reqs
+    }
+
+    /// The requests, mutable (their KV records stay owned by the batch flow).
+    pub fn reqs_mut(&mut self) -> &mut [Req] {
+        &mut self.reqs
+    }
+
+    /// The KV slots of the last allocation's new tokens, in request order (sglang
+    /// `out_cache_loc`; empty after a speculative reservation, which writes only the table).
+    pub fn out_cache_loc(&self) -> &[KvSlot] {
+        &self.out_cache_loc
+    }
+
+    /// Adds requests (e.g. merges a finished extend batch into the running batch).
+    pub fn extend_reqs(&mut self, reqs: impl IntoIterator<Item = Req>) {
+        self.reqs.extend(reqs);
+    }
+
+    /// Removes and returns the requests for which `finished` is true, keeping the order of
+    /// the rest (sglang `filter_batch`; it frees nothing).
+    pub fn take_if(&mut self, mut finished: impl FnMut(&Req) -> bool) -> Vec<Req> {
+        let mut taken = Vec::new();
+        let mut kept = Vec::with_capacity(self.reqs.len());
+        for req in self.reqs.drain(..) {
+            if finished(&req) {
+                taken.push(req);
+            } else {
+                kept.push(req);
+            }
+        }
+        self.reqs = kept;
+        taken
+    }
+
+    /// The requests, consuming the batch.
+    pub fn into_reqs(self) -> Vec<Req> {
+        self.reqs
+    }
+}
+
+/// The prepared states: a batch between `prepare_for_*` and `alloc_for_*`.
+pub trait Prepared: sealed::Sealed {}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::ExtendPrepared {}
+    impl Sealed for super::DecodePrepared {}
+    impl Sealed for super::SpecPrepared {}
+}
+
+impl Prepared for ExtendPrepared {}
+impl Prepared for DecodePrepared {}
+impl Prepared for SpecPrepared {}
+
+impl<S: Prepared> ScheduleBatch<S> {
+    /// Abandons the prepared step and returns the batch ready again. The iteration clocks
+    /// keep the tick of the abandoned prepare; nothing else was changed by it.
+    pub fn cancel(self) -> ScheduleBatch<Ready> {
+        self.into_state(Ready)
+    }
+}

@@ -1,0 +1,73 @@
+//! Release: the single exit point of a request's KV (finish, abort and retract).
+
+use kvown_macros::owner;
+
+use crate::alloc::{KvAllocator, ceil_align};
+use crate::cache::{KvCache, TreeCache};
+use crate::error::KvError;
+use crate::radix::TreePos;
+use crate::request::Req;
+use crate::tree_cache::cache_finished_req;
+
+/// Releases a request's KV (sglang `release_kv_cache`): the prefix cache takes or frees
+/// `[protected, committed)` (inserting when `is_insert`) and the lock is dropped; the
+/// over-allocation `[ceil_align(committed), allocated)` is freed; the row is freed; the record
+/// is reset to zero with no row. Owns that reset.
+///
+/// A request that matched a prefix but was never allocated only drops its lock. A request
+/// holding neither fails with [`KvError::NotHeld`] (double release), changing nothing.
+#[owner]
+pub fn release_kv_cache<A: KvAllocator>(
+    req: &mut Req,
+    cache: &mut KvCache<A>,
+    is_insert: bool,
+) -> Result<(), KvError> {
+    let Some(row) = req.kv().req_pool_idx() else {
+        if req.last_node == TreePos::ROOT {
+            return Err(KvError::NotHeld { rid: req.rid() });
+        }
+        if let TreeCache::Radix(tree) = &mut cache.tree {
+            tree.dec_lock_ref(req.last_node.node)?;
+        }
+        req.last_node = TreePos::ROOT;
+        req.prefix_indices.clear();
+        req.kv_mut().set_cache_protected_len(owner, 0);
+        return Ok(());
+    };
+    cache_finished_req(req, cache, is_insert)?;
+    let committed = req.kv().kv_committed_len();
+    let allocated = req.kv().kv_allocated_len();
+    let over_start = ceil_align(committed, cache.page_size());
+    if over_start < allocated {
+        let over = cache.row_slots(row, over_start, allocated)?;
+        cache.allocator.free_segment(&over, over_start)?;
+    }
+    cache.req_to_token.free(row)?;
+    req.last_node = TreePos::ROOT;
+    req.prefix_indices.clear();
+    req.extend_end = 0;
+    let kv = req.kv_mut();
+    kv.set_req_pool_idx(owner, None);
+    kv.set_cache_protected_len(owner, 0);
+    kv.set_kv_committed_len(owner, 0);
+    kv.set_kv_allocated_len(owner, 0);
+    Ok(())
+}
+
+/// After a retraction's release (sglang `reset_for_retract`): clocks and protected length back
+/// to zero, the retraction counted, the request marked retracted for re-admission.
+///
+/// Fails with [`KvError::AlreadyHeld`] if the request still holds KV.
+#[owner]
+pub fn reset_for_retract(req: &mut Req) -> Result<(), KvError> {
+    if req.kv().holds_kv() {
+        return Err(KvError::AlreadyHeld { rid: req.rid() });
+    }
+    req.retraction_count += 1;
+    req.is_retracted = true;
+    let kv = req.kv_mut();
+    kv.set_cache_protected_len(owner, 0);
+    kv.set_extend_batch_idx(owner, 0);
+    kv.set_decode_batch_idx(owner, 0);
+    Ok(())
+}

@@ -1,0 +1,96 @@
+//! Memory checks before a decode step, and retraction when the step does not fit.
+
+use super::{Ready, ScheduleBatch, release_kv_cache, reset_for_retract};
+use crate::alloc::{KvAllocator, ceil_align};
+use crate::cache::KvCache;
+use crate::error::KvError;
+use crate::request::Req;
+
+/// Slots the next decode step needs in new pages (sglang `new_tokens_required_next_decode`).
+///
+/// Without speculation (`spec_reserve = None`) only requests whose next token opens a page
+/// need one. With speculation, each request tops its allocation up to
+/// `ceil_align(committed + reserve, page_size)`.
+pub fn new_tokens_required_next_decode<'a>(
+    reqs: impl IntoIterator<Item = &'a Req>,
+    page_size: usize,
+    spec_reserve: Option<usize>,
+) -> usize {
+    match spec_reserve {
+        None => {
+            reqs.into_iter()
+                .filter(|req| req.kv().kv_allocated_len() % page_size == 0)
+                .count()
+                * page_size
+        }
+        Some(reserve) => reqs
+            .into_iter()
+            .map(|req| {
+                let kv = req.kv();
+                let allocated = kv.kv_allocated_len();
+                let target = allocated.max(ceil_align(kv.kv_committed_len() + reserve, page_size));
+                ceil_align(target, page_size) - ceil_align(allocated, page_size)
+            })
+            .sum(),
+    }
+}
+
+/// Whether the next decode step of `reqs` fits, evicting only the prefix-cache shortfall
+/// (sglang `check_decode_mem`).
+pub fn check_decode_mem<'a, A: KvAllocator>(
+    reqs: impl IntoIterator<Item = &'a Req>,
+    cache: &mut KvCache<A>,
+    spec_reserve: Option<usize>,
+) -> Result<bool, KvError> {
+    let needed = new_tokens_required_next_decode(reqs, cache.page_size(), spec_reserve);
+    cache.evict_shortfall(needed)?;
+    Ok(cache.available_size() >= needed)
+}
+
+/// Requests removed from a running batch by [`retract_decode`].
+#[derive(Debug, Default)]
+pub struct RetractOutcome {
+    /// Released and reset; re-queue them (they recompute their KV on re-admission).
+    pub retracted: Vec<Req>,
+    /// Released because even alone they do not fit: finish them with an error.
+    pub aborted: Vec<Req>,
+}
+
+/// Retracts requests until the next decode step fits (sglang `retract_decode`): the request
+/// with the fewest outputs goes first, the longest prompt first among equals; at least one is
+/// retracted and at least one kept, unless the last one alone does not fit, when it is aborted.
+/// Retracted KV is released without inserting it into the prefix cache.
+pub fn retract_decode<A: KvAllocator>(
+    batch: &mut ScheduleBatch<Ready>,
+    cache: &mut KvCache<A>,
+    spec_reserve: Option<usize>,
+) -> Result<RetractOutcome, KvError> {
+    let mut order: Vec<usize> = (0..batch.reqs.len()).collect();
+    order.sort_by_key(|&i| {
+        let req = &batch.reqs[i];
+        (
+            std::cmp::Reverse(req.output_ids().len()),
+            req.origin_input_ids().len(),
+        )
+    });
+    let mut outcome = RetractOutcome::default();
+    let mut pool: Vec<Option<Req>> = batch.reqs.drain(..).map(Some).collect();
+    while let Some(index) = order.pop() {
+        let mut req = pool[index].take().expect("each index is popped once");
+        release_kv_cache(&mut req, cache, false)?;
+        reset_for_retract(&mut req)?;
+        outcome.retracted.push(req);
+        let left = order.iter().filter_map(|&i| pool[i].as_ref());
+        if order.len() <= 1 || check_decode_mem(left, cache, spec_reserve)? {
+            break;
+        }
+    }
+    let mut remaining: Vec<Req> = pool.into_iter().flatten().collect();
+    if remaining.len() == 1 && !check_decode_mem(&remaining, cache, spec_reserve)? {
+        let mut req = remaining.pop().expect("one request is left");
+        release_kv_cache(&mut req, cache, false)?;
+        outcome.aborted.push(req);
+    }
+    batch.reqs = remaining;
+    Ok(outcome)
+}

@@ -1,0 +1,140 @@
+//! Speculative decoding (sglang spec v2): reserve draft slots ahead of the committed length,
+//! then commit the accepted run.
+
+use kvown_macros::owner;
+
+use super::{AllocFailure, Ready, ScheduleBatch, SpecPrepared};
+use crate::alloc::{ExtendShape, KvAllocator, ceil_align};
+use crate::cache::KvCache;
+use crate::error::KvError;
+
+/// Ticks each request's decode clock and fixes its reservation target
+/// `max(allocated, ceil_align(committed + reserve, page_size))` (it never shrinks), where
+/// `reserve` is the double-buffered tokens per step (`2 × tokens_per_step`). Owns
+/// `decode_batch_idx` on the speculative path; commits nothing.
+#[owner]
+pub fn prepare_for_spec_decode<A: KvAllocator>(
+    mut batch: ScheduleBatch<Ready>,
+    cache: &KvCache<A>,
+    reserve: usize,
+) -> Result<ScheduleBatch<SpecPrepared>, (ScheduleBatch<Ready>, KvError)> {
+    let width = cache.req_to_token.max_context_len();
+    let page_size = cache.page_size();
+    let mut shapes = Vec::with_capacity(batch.reqs.len());
+    for req in &batch.reqs {
+        let kv = req.kv();
+        let Some(row) = kv.req_pool_idx() else {
+            let error = KvError::NotHeld { rid: req.rid() };
+            return Err((batch, error));
+        };
+        let current = kv.kv_allocated_len();
+        let target = current.max(ceil_align(kv.kv_committed_len() + reserve, page_size));
+        if target > width {
+            let error = KvError::RowTooShort {
+                rid: req.rid(),
+                needed: target,
+                width,
+            };
+            return Err((batch, error));
+        }
+        let last_loc = match cache.req_to_token.row(row) {
+            Ok(row) => current.checked_sub(1).map(|last| row[last]),
+            Err(error) => return Err((batch, error.into())),
+        };
+        shapes.push(ExtendShape {
+            prefix_len: current,
+            seq_len: target,
+            last_loc,
+        });
+    }
+    for req in &mut batch.reqs {
+        *req.kv_mut().decode_batch_idx_mut(owner) += 1;
+    }
+    Ok(batch.into_state(SpecPrepared { shapes }))
+}
+
+/// Tops each request's allocation up to its reservation target: slots for `[allocated,
+/// target)` written into its row, `kv_allocated_len = target`. Leaves `kv_committed_len`
+/// alone and `out_cache_loc` empty (draft and verify read their slots from the table).
+/// Transactional like `alloc_for_extend`.
+#[owner]
+pub fn alloc_for_spec_decode<A: KvAllocator>(
+    mut batch: ScheduleBatch<SpecPrepared>,
+    cache: &mut KvCache<A>,
+) -> Result<ScheduleBatch<Ready>, AllocFailure<SpecPrepared>> {
+    let tokens_needed = batch
+        .state
+        .shapes
+        .iter()
+        .map(|shape| cache.pages_span(shape.prefix_len, shape.seq_len))
+        .sum();
+    if let Err(error) = cache.reserve(tokens_needed) {
+        return Err(batch.fail(error));
+    }
+    let mut slots = Vec::new();
+    if let Err(error) = cache
+        .allocator
+        .alloc_extend(&batch.state.shapes, &mut slots)
+    {
+        return Err(batch.fail(error.into()));
+    }
+    let mut offset = 0;
+    for (req, shape) in batch.reqs.iter_mut().zip(&batch.state.shapes) {
+        let row = req
+            .kv()
+            .req_pool_idx()
+            .expect("checked by prepare_for_spec_decode");
+        let grown = shape.seq_len - shape.prefix_len;
+        cache
+            .req_to_token
+            .row_mut(row)
+            .expect("the row is held by this request")[shape.prefix_len..shape.seq_len]
+            .copy_from_slice(&slots[offset..offset + grown]);
+        offset += grown;
+        req.kv_mut().set_kv_allocated_len(owner, shape.seq_len);
+    }
+    batch.out_cache_loc.clear();
+    Ok(batch.into_state(Ready))
+}
+
+/// Commits each request's accepted run after verification (sglang `_resolve_spec_v2_tokens`):
+/// `kv_committed_len += accepted[i]` (accepted drafts plus the bonus token). Owns
+/// `kv_committed_len` on the speculative path. Skip finished or retracted requests by passing
+/// 0 for them.
+///
+/// All or nothing: fails when `accepted` does not match the batch or a commit would pass the
+/// allocated length.
+#[owner]
+pub fn commit_spec_tokens(
+    batch: &mut ScheduleBatch<Ready>,
+    accepted: &[usize],
+) -> Result<(), KvError> {
+    if accepted.len() != batch.reqs.len() {
+        return Err(KvError::BatchLengthMismatch {
+            expected: batch.reqs.len(),
+            got: accepted.len(),
+        });
+    }
+    for (req, &count) in batch.reqs.iter().zip(accepted) {
+        let kv = req.kv();
+        if count == 0 {
+            continue;
+        }
+        if !kv.holds_kv() {
+            return Err(KvError::NotHeld { rid: req.rid() });
+        }
+        let would_be = kv.kv_committed_len() + count;
+        if would_be > kv.kv_allocated_len() {
+            return Err(KvError::CommitBeyondAllocation {
+                rid: req.rid(),
+                accepted: count,
+                would_be,
+                allocated: kv.kv_allocated_len(),
+            });
+        }
+    }
+    for (req, &count) in batch.reqs.iter_mut().zip(accepted) {
+        *req.kv_mut().kv_committed_len_mut(owner) += count;
+    }
+    Ok(())
+}

@@ -1,0 +1,161 @@
+//! [`KvCache`]: the slot allocator, the request-to-token table and the prefix cache of one KV
+//! pool, bundled so the batch flow can keep them consistent.
+
+use crate::alloc::{KvAllocator, KvSlot, ceil_align};
+use crate::error::KvError;
+use crate::radix::RadixCache;
+use crate::slots::ReqToTokenPool;
+
+/// The prefix cache in front of the allocator (sglang `tree_cache`).
+#[derive(Debug)]
+pub enum TreeCache {
+    /// A radix tree: finished (and chunked) requests' KV is kept for reuse.
+    Radix(RadixCache),
+    /// No prefix reuse (sglang `ChunkCache`): KV is freed when a request finishes.
+    Disabled,
+}
+
+impl TreeCache {
+    /// Tokens the cache could free by eviction now.
+    pub fn evictable_size(&self) -> usize {
+        match self {
+            TreeCache::Radix(tree) => tree.evictable_size(),
+            TreeCache::Disabled => 0,
+        }
+    }
+
+    /// Cached tokens locked by running requests.
+    pub fn protected_size(&self) -> usize {
+        match self {
+            TreeCache::Radix(tree) => tree.protected_size(),
+            TreeCache::Disabled => 0,
+        }
+    }
+
+    /// The radix tree, when enabled.
+    pub fn radix(&self) -> Option<&RadixCache> {
+        match self {
+            TreeCache::Radix(tree) => Some(tree),
+            TreeCache::Disabled => None,
+        }
+    }
+}
+
+/// One KV pool's bookkeeping: slot allocator `A`, request-to-token table and prefix cache.
+///
+/// Every batch-flow function takes it by `&mut` and leaves it consistent: after each public
+/// operation [`KvCache::check`](crate::check) passes for the requests that hold KV.
+#[derive(Debug)]
+pub struct KvCache<A> {
+    pub(crate) allocator: A,
+    pub(crate) req_to_token: ReqToTokenPool,
+    pub(crate) tree: TreeCache,
+}
+
+impl<A: KvAllocator> KvCache<A> {
+    /// Bundles the three parts; their page sizes must agree.
+    pub fn new(
+        allocator: A,
+        req_to_token: ReqToTokenPool,
+        tree: TreeCache,
+    ) -> Result<Self, KvError> {
+        if let TreeCache::Radix(radix) = &tree {
+            if radix.page_size() != allocator.page_size() {
+                return Err(KvError::PageSizeMismatch {
+                    allocator: allocator.page_size(),
+                    cache: radix.page_size(),
+                });
+            }
+        }
+        Ok(KvCache {
+            allocator,
+            req_to_token,
+            tree,
+        })
+    }
+
+    /// The slot allocator (read-only: slots move only through the batch flow).
+    pub fn allocator(&self) -> &A {
+        &self.allocator
+    }
+
+    /// The request-to-token table.
+    pub fn req_to_token(&self) -> &ReqToTokenPool {
+        &self.req_to_token
+    }
+
+    /// The prefix cache.
+    pub fn tree(&self) -> &TreeCache {
+        &self.tree
+    }
+
+    /// Slots per page.
+    pub fn page_size(&self) -> usize {
+        self.allocator.page_size()
+    }
+
+    /// Slots free now.
+    pub fn available_size(&self) -> usize {
+        self.allocator.available_size()
+    }
+
+    /// Slots free now plus those the prefix cache could free.
+    pub fn available_with_eviction(&self) -> usize {
+        self.allocator.available_size() + self.tree.evictable_size()
+    }
+
+    /// Evicts unlocked prefix-cache entries until `num_tokens` slots are free, or everything
+    /// evictable is gone. Returns the tokens evicted.
+    pub fn evict_shortfall(&mut self, num_tokens: usize) -> Result<usize, KvError> {
+        match &mut self.tree {
+            TreeCache::Radix(tree) => Ok(tree.evict_shortfall(num_tokens, &mut self.allocator)?),
+            TreeCache::Disabled => Ok(0),
+        }
+    }
+
+    /// Makes `num_tokens` slots free, evicting only the shortfall, or fails changing nothing
+    /// when even full eviction would not suffice.
+    pub(crate) fn reserve(&mut self, num_tokens: usize) -> Result<(), KvError> {
+        let available = self.allocator.available_size();
+        if available >= num_tokens {
+            return Ok(());
+        }
+        let evictable = self.tree.evictable_size();
+        if available + evictable < num_tokens {
+            return Err(KvError::OutOfMemory {
+                requested: num_tokens,
+                available,
+                evictable,
+            });
+        }
+        self.evict_shortfall(num_tokens)?;
+        Ok(())
+    }
+
+    /// Starts deferring frees (release a batch of requests as one free-list update).
+    pub fn free_group_begin(&mut self) -> Result<(), KvError> {
+        Ok(self.allocator.free_group_begin()?)
+    }
+
+    /// Applies the frees deferred since [`KvCache::free_group_begin`].
+    pub fn free_group_end(&mut self) -> Result<(), KvError> {
+        Ok(self.allocator.free_group_end()?)
+    }
+
+    /// Slots in pages that back `[start, end)` of a request whose prefix is page-aligned at
+    /// `start`: the pages a request owns are whole.
+    pub(crate) fn pages_span(&self, start: usize, end: usize) -> usize {
+        let page_size = self.page_size();
+        ceil_align(end, page_size) - ceil_align(start, page_size)
+    }
+
+    /// Copies row `row` positions `[start, end)` into `out`.
+    pub(crate) fn row_slots(
+        &self,
+        row: usize,
+        start: usize,
+        end: usize,
+    ) -> Result<Vec<KvSlot>, KvError> {
+        Ok(self.req_to_token.row(row)?[start..end].to_vec())
+    }
+}

@@ -1,0 +1,222 @@
+//! The invariant checker: the per-request ladder, page ownership, and the global accounting
+//! identity `free + cached (evictable + locked) + request-owned == capacity`.
+
+use crate::alloc::{
+    InvariantViolation, KvAllocator, KvSlot, PageAllocator, ReuseOrder, ceil_align,
+};
+use crate::cache::KvCache;
+use crate::radix::RadixError;
+use crate::request::Req;
+
+/// Who holds a page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    /// The allocator's free (or release) list.
+    Free,
+    /// The prefix cache.
+    Tree,
+    /// A request's own range `[cache_protected_len, ceil_align(kv_allocated_len))`.
+    Request(u64),
+}
+
+/// A broken invariant. Any of these is a bug in kvown or a misuse of its internals.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Violation {
+    /// The allocator's own check failed.
+    #[error("allocator: {0}")]
+    Allocator(#[from] InvariantViolation),
+    /// The prefix cache's own check failed.
+    #[error("prefix cache: {0}")]
+    Radix(#[from] RadixError),
+    /// The check ran inside a free group, where frees are deferred and counts are in flux.
+    #[error("checked inside an open free group; end the group first")]
+    OpenFreeGroup,
+    /// `0 <= protected <= committed <= allocated <= width` does not hold.
+    #[error(
+        "request {rid}: ladder broken: protected {protected}, committed {committed}, allocated \
+         {allocated}, row width {width}"
+    )]
+    Ladder {
+        /// The request.
+        rid: u64,
+        /// `cache_protected_len`.
+        protected: usize,
+        /// `kv_committed_len`.
+        committed: usize,
+        /// `kv_allocated_len`.
+        allocated: usize,
+        /// Row width.
+        width: usize,
+    },
+    /// `cache_protected_len` is not page-aligned.
+    #[error(
+        "request {rid}: protected length {protected} is not a multiple of page size {page_size}"
+    )]
+    UnalignedProtected {
+        /// The request.
+        rid: u64,
+        /// `cache_protected_len`.
+        protected: usize,
+        /// Page size.
+        page_size: usize,
+    },
+    /// A request's row is not held in the request pool, or rows are held without a request.
+    #[error("{held_rows} rows are held in the request pool but {holding} requests hold KV")]
+    RowCount {
+        /// Rows held in the pool.
+        held_rows: usize,
+        /// Requests holding a row.
+        holding: usize,
+    },
+    /// A page is held by two holders at once.
+    #[error("page {page} is held twice: by {first:?} and by {second:?}")]
+    PageHeldTwice {
+        /// The page.
+        page: usize,
+        /// One holder.
+        first: Holder,
+        /// The other.
+        second: Holder,
+    },
+    /// A request's locked prefix points at a page the prefix cache does not hold.
+    #[error(
+        "request {rid}: prefix position {position} uses slot {slot}, which the prefix cache does not hold"
+    )]
+    PrefixNotCached {
+        /// The request.
+        rid: u64,
+        /// Position in its row.
+        position: usize,
+        /// The slot there.
+        slot: KvSlot,
+    },
+    /// The accounting identity failed.
+    #[error(
+        "accounting: {free} free + {cached} cached + {request_owned} request-owned = {} slots, \
+         but the pool has {capacity}",
+        .free + .cached + .request_owned
+    )]
+    Accounting {
+        /// Slots free in the allocator.
+        free: usize,
+        /// Slots the prefix cache holds (evictable and locked).
+        cached: usize,
+        /// Slots requests hold in their own ranges.
+        request_owned: usize,
+        /// Slots the allocator can hand out.
+        capacity: usize,
+    },
+}
+
+impl<R: ReuseOrder> KvCache<PageAllocator<R>> {
+    /// Checks every invariant for the requests that hold KV (or a prefix lock) in `reqs`,
+    /// which must be all such requests of this cache. Costs O(pool pages + held positions):
+    /// for tests, debug runs and `--check` modes, not for every production step.
+    pub fn check<'a>(&self, reqs: impl IntoIterator<Item = &'a Req>) -> Result<(), Violation> {
+        let allocator = &self.allocator;
+        if allocator.in_free_group() {
+            return Err(Violation::OpenFreeGroup);
+        }
+        allocator.check()?;
+        let page_size = allocator.page_size();
+        let mut holders = PageHolders(vec![None; allocator.num_pages() + 1]);
+        for page in allocator.free_pages().chain(allocator.released_pages()) {
+            holders.claim(page as usize, Holder::Free)?;
+        }
+        let mut cached = 0;
+        if let Some(tree) = self.tree.radix() {
+            tree.check()?;
+            for page in tree.cached_pages() {
+                holders.claim(page as usize, Holder::Tree)?;
+            }
+            cached = tree.total_size();
+        }
+
+        let width = self.req_to_token.max_context_len();
+        let mut holding = 0;
+        let mut request_owned = 0;
+        for req in reqs {
+            let kv = req.kv();
+            let Some(row) = kv.req_pool_idx() else {
+                continue;
+            };
+            holding += 1;
+            let (protected, committed, allocated) = (
+                kv.cache_protected_len(),
+                kv.kv_committed_len(),
+                kv.kv_allocated_len(),
+            );
+            if !(protected <= committed && committed <= allocated && allocated <= width) {
+                return Err(Violation::Ladder {
+                    rid: req.rid(),
+                    protected,
+                    committed,
+                    allocated,
+                    width,
+                });
+            }
+            if protected % page_size != 0 {
+                return Err(Violation::UnalignedProtected {
+                    rid: req.rid(),
+                    protected,
+                    page_size,
+                });
+            }
+            let slots = self
+                .req_to_token
+                .row(row)
+                .expect("a held request's row is in range");
+            for position in protected..allocated {
+                holders.claim(
+                    slots[position] as usize / page_size,
+                    Holder::Request(req.rid()),
+                )?;
+            }
+            for (position, &slot) in slots[..protected].iter().enumerate() {
+                if holders.0[slot as usize / page_size] != Some(Holder::Tree) {
+                    return Err(Violation::PrefixNotCached {
+                        rid: req.rid(),
+                        position,
+                        slot,
+                    });
+                }
+            }
+            request_owned += ceil_align(allocated, page_size) - protected;
+        }
+        let held_rows = self.req_to_token.size() - self.req_to_token.available_size();
+        if held_rows != holding {
+            return Err(Violation::RowCount { held_rows, holding });
+        }
+        let free = allocator.available_size();
+        let capacity = allocator.capacity();
+        if free + cached + request_owned != capacity {
+            return Err(Violation::Accounting {
+                free,
+                cached,
+                request_owned,
+                capacity,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Who holds each page, filled while checking; a second claim by another holder is a violation.
+struct PageHolders(Vec<Option<Holder>>);
+
+impl PageHolders {
+    fn claim(&mut self, page: usize, holder: Holder) -> Result<(), Violation> {
+        match self.0[page] {
+            None => {
+                self.0[page] = Some(holder);
+                Ok(())
+            }
+            Some(first) if first == holder && holder != Holder::Free => Ok(()),
+            Some(first) => Err(Violation::PageHeldTwice {
+                page,
+                first,
+                second: holder,
+            }),
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! [`KvError`]: why a batch-flow call was rejected. Every variant leaves the state unchanged.
+
+use crate::alloc::AllocError;
+use crate::radix::RadixError;
+use crate::slots::SlotError;
+
+/// Why an operation of the batch flow failed. The operation changed nothing: no slot, row,
+/// length or lock is taken or released by a call that returns one of these.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KvError {
+    /// Not enough KV slots even after evicting every unlocked prefix-cache entry.
+    #[error(
+        "out of KV memory: requested {requested} slots, {available} free and {evictable} \
+         evictable from the prefix cache; lower the batch size, retract requests or enlarge the pool"
+    )]
+    OutOfMemory {
+        /// Slots the call needs in new pages.
+        requested: usize,
+        /// Slots free now.
+        available: usize,
+        /// Slots the prefix cache could free by eviction.
+        evictable: usize,
+    },
+    /// Not enough request rows in the request-to-token table.
+    #[error(
+        "out of request rows: requested {requested}, {available} free; lower the number of \
+         running requests or enlarge the request pool"
+    )]
+    OutOfRows {
+        /// Rows the batch needs.
+        requested: usize,
+        /// Rows free now.
+        available: usize,
+    },
+    /// A request would grow past the width of its request-to-token row.
+    #[error(
+        "request {rid} needs {needed} token positions but rows hold {width}; cap the request's \
+         length or build the pool with a larger max context length"
+    )]
+    RowTooShort {
+        /// The request.
+        rid: u64,
+        /// Positions it needs.
+        needed: usize,
+        /// Positions a row holds.
+        width: usize,
+    },
+    /// An operation that needs the request's KV was called on a request that holds none.
+    #[error(
+        "request {rid} holds no KV (no request row): it was never allocated or already released"
+    )]
+    NotHeld {
+        /// The request.
+        rid: u64,
+    },
+    /// The request already holds KV where the operation needs a fresh request.
+    #[error("request {rid} already holds KV; release it before matching a new prefix")]
+    AlreadyHeld {
+        /// The request.
+        rid: u64,
+    },
+    /// A speculative commit would make committed exceed allocated.
+    #[error(
+        "request {rid}: committing {accepted} accepted tokens would reach {would_be} committed \
+         tokens, beyond the {allocated} allocated; reserve with alloc_for_spec_decode first"
+    )]
+    CommitBeyondAllocation {
+        /// The request.
+        rid: u64,
+        /// Tokens to commit.
+        accepted: usize,
+        /// Committed length after the commit.
+        would_be: usize,
+        /// Allocated length.
+        allocated: usize,
+    },
+    /// A per-request argument list does not match the batch.
+    #[error("expected one entry per request ({expected}), got {got}")]
+    BatchLengthMismatch {
+        /// Requests in the batch.
+        expected: usize,
+        /// Entries given.
+        got: usize,
+    },
+    /// The allocator, request pool and prefix cache disagree on the page size.
+    #[error("page sizes differ: allocator {allocator}, prefix cache {cache}")]
+    PageSizeMismatch {
+        /// The allocator's page size.
+        allocator: usize,
+        /// The prefix cache's page size.
+        cache: usize,
+    },
+    /// The slot allocator rejected a call (an internal inconsistency when reached here).
+    #[error(transparent)]
+    Alloc(#[from] AllocError),
+    /// The request pool rejected a call.
+    #[error(transparent)]
+    Slot(#[from] SlotError),
+    /// The prefix cache rejected a call.
+    #[error(transparent)]
+    Radix(#[from] RadixError),
+}

@@ -1,0 +1,155 @@
+//! A request and its KV record [`ReqKvInfo`], whose bookkeeping fields are owned at compile
+//! time by the batch-flow functions that really allocate, commit and release KV memory.
+
+use kvown_macros::guarded;
+
+use crate::alloc::KvSlot;
+use crate::radix::TreePos;
+use crate::slots::ReqRow;
+
+/// The KV ladder of one request: `0 <= cache_protected_len <= kv_committed_len <=
+/// kv_allocated_len <= row width` while it holds a row (sglang `ReqKvInfo`, target state).
+///
+/// Each field can be written only by the functions listed on it; reads are free.
+#[guarded]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReqKvInfo {
+    /// The request's row in the request-to-token table; `None` while it holds no KV.
+    #[owned_by(crate::batch::alloc_for_extend, crate::batch::release_kv_cache, read = copy)]
+    req_pool_idx: Option<ReqRow>,
+    /// Prefix `[0, cache_protected_len)` is owned by the prefix cache and locked by this
+    /// request; always page-aligned.
+    #[owned_by(
+        crate::tree_cache::init_next_round_input,
+        crate::tree_cache::cache_unfinished_req,
+        crate::batch::reset_for_retract,
+        crate::batch::release_kv_cache
+    )]
+    cache_protected_len: usize,
+    /// Tokens whose KV is committed (written or scheduled).
+    #[owned_by(
+        crate::batch::alloc_for_extend,
+        crate::batch::alloc_for_decode,
+        crate::batch::commit_spec_tokens,
+        crate::batch::release_kv_cache
+    )]
+    kv_committed_len: usize,
+    /// Tokens of the row backed by allocated slots.
+    #[owned_by(
+        crate::batch::alloc_for_extend,
+        crate::batch::alloc_for_decode,
+        crate::batch::alloc_for_spec_decode,
+        crate::batch::release_kv_cache
+    )]
+    kv_allocated_len: usize,
+    /// Extend iterations this request took part in.
+    #[owned_by(crate::batch::prepare_for_extend, crate::batch::reset_for_retract)]
+    extend_batch_idx: u64,
+    /// Decode iterations this request took part in.
+    #[owned_by(
+        crate::batch::prepare_for_decode,
+        crate::batch::prepare_for_spec_decode,
+        crate::batch::reset_for_retract
+    )]
+    decode_batch_idx: u64,
+}
+
+impl ReqKvInfo {
+    /// Whether the request holds a row (and therefore KV).
+    pub fn holds_kv(&self) -> bool {
+        self.req_pool_idx().is_some()
+    }
+}
+
+/// One request as the scheduler sees it: its tokens, its KV record and its prefix-cache lock.
+#[derive(Debug, Clone)]
+pub struct Req {
+    rid: u64,
+    /// Prompt followed by the outputs so far.
+    tokens: Vec<u32>,
+    origin_len: usize,
+    kv: ReqKvInfo,
+    /// Slots of `[0, prefix_len)` that the next extend continues from.
+    pub(crate) prefix_indices: Vec<KvSlot>,
+    /// The prefix-cache position this request has locked (the root when none).
+    pub(crate) last_node: TreePos,
+    /// The token count the next extend backs (`prefix_len + extend_len`).
+    pub(crate) extend_end: usize,
+    /// Times this request was retracted.
+    pub retraction_count: u32,
+    /// Whether the request was retracted and waits to be re-admitted.
+    pub is_retracted: bool,
+}
+
+impl Req {
+    /// A new request with prompt `input_ids` (at least one token).
+    ///
+    /// # Panics
+    /// If `input_ids` is empty: every request needs one token to compute.
+    pub fn new(rid: u64, input_ids: Vec<u32>) -> Req {
+        assert!(
+            !input_ids.is_empty(),
+            "request {rid}: a prompt needs at least one token"
+        );
+        Req {
+            rid,
+            origin_len: input_ids.len(),
+            tokens: input_ids,
+            kv: ReqKvInfo::default(),
+            prefix_indices: Vec::new(),
+            last_node: TreePos::ROOT,
+            extend_end: 0,
+            retraction_count: 0,
+            is_retracted: false,
+        }
+    }
+
+    /// The request id.
+    pub fn rid(&self) -> u64 {
+        self.rid
+    }
+
+    /// The KV record (read-only; its writes belong to the batch flow).
+    pub fn kv(&self) -> &ReqKvInfo {
+        &self.kv
+    }
+
+    pub(crate) fn kv_mut(&mut self) -> &mut ReqKvInfo {
+        &mut self.kv
+    }
+
+    /// Prompt tokens.
+    pub fn origin_input_ids(&self) -> &[u32] {
+        &self.tokens[..self.origin_len]
+    }
+
+    /// Output tokens so far.
+    pub fn output_ids(&self) -> &[u32] {
+        &self.tokens[self.origin_len..]
+    }
+
+    /// Prompt followed by outputs: the tokens whose KV the request needs (sglang `fill_ids`).
+    pub fn fill_ids(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Appends one sampled output token.
+    pub fn push_output(&mut self, token: u32) {
+        self.tokens.push(token);
+    }
+
+    /// Length of the prefix the next extend continues from.
+    pub fn prefix_len(&self) -> usize {
+        self.prefix_indices.len()
+    }
+
+    /// Tokens backed after the next extend (set by `init_next_round_input`).
+    pub fn extend_end(&self) -> usize {
+        self.extend_end
+    }
+
+    /// The prefix-cache position this request holds locked.
+    pub fn last_node(&self) -> TreePos {
+        self.last_node
+    }
+}

@@ -1,0 +1,132 @@
+//! The request-level prefix-cache steps (sglang `init_next_round_input`, `cache_unfinished_req`,
+//! `cache_finished_req`), built on the radix primitives. These own `cache_protected_len`.
+
+use kvown_macros::owner;
+
+use crate::alloc::{KvAllocator, floor_align};
+use crate::cache::{KvCache, TreeCache};
+use crate::error::KvError;
+use crate::radix::TreePos;
+use crate::request::Req;
+
+/// The match step: before a request's next extend, find its cached prefix, lock it, and set
+/// how far the extend goes (`max_extend` caps the chunk; pass `usize::MAX` for no chunking).
+///
+/// A fresh or retracted request matches the prefix cache on all but its last token (which must
+/// be computed), locks the matched path and sets `cache_protected_len` to the matched length.
+/// A request that holds KV (a chunked prefill continuing) keeps its prefix.
+#[owner]
+pub fn init_next_round_input<A: KvAllocator>(
+    req: &mut Req,
+    cache: &mut KvCache<A>,
+    max_extend: usize,
+) -> Result<(), KvError> {
+    if !req.kv().holds_kv() {
+        let max_prefix = req.fill_ids().len() - 1;
+        let mut prefix_indices = std::mem::take(&mut req.prefix_indices);
+        prefix_indices.clear();
+        let matched = match &mut cache.tree {
+            TreeCache::Radix(tree) => {
+                let pos = tree.match_prefix(&req.fill_ids()[..max_prefix]);
+                prefix_indices.resize(pos.len, 0);
+                tree.path_slots_into(pos, 0, &mut prefix_indices)?;
+                tree.move_lock(req.last_node.node, pos.node)?;
+                pos
+            }
+            TreeCache::Disabled => TreePos::ROOT,
+        };
+        req.prefix_indices = prefix_indices;
+        req.last_node = matched;
+        req.kv_mut().set_cache_protected_len(owner, matched.len);
+    }
+    let fill_len = req.fill_ids().len();
+    req.extend_end = fill_len.min(req.prefix_len().saturating_add(max_extend.max(1)));
+    Ok(())
+}
+
+/// Between two chunks of a chunked prefill: insert the request's committed whole pages into
+/// the prefix cache, free its duplicates, point its row at the tree's slots, move its lock to
+/// the inserted end and raise `cache_protected_len` there. The unaligned tail stays the
+/// request's own; the next chunk continues from `prefix_indices = row[0..committed]`.
+#[owner]
+pub fn cache_unfinished_req<A: KvAllocator>(
+    req: &mut Req,
+    cache: &mut KvCache<A>,
+) -> Result<(), KvError> {
+    let row = req
+        .kv()
+        .req_pool_idx()
+        .ok_or(KvError::NotHeld { rid: req.rid() })?;
+    let committed = req.kv().kv_committed_len();
+    let KvCache {
+        allocator,
+        req_to_token,
+        tree,
+    } = cache;
+    if let TreeCache::Radix(tree) = tree {
+        let protected = req.kv().cache_protected_len();
+        let key_len = floor_align(committed, allocator.page_size());
+        let slots = req_to_token.row(row)?[..key_len].to_vec();
+        let outcome = tree.insert_from(req.last_node, &req.fill_ids()[..key_len], &slots)?;
+        if outcome.prefix_len > protected {
+            allocator.free_segment(&slots[protected..outcome.prefix_len], protected)?;
+        }
+        let new_pos = TreePos {
+            node: outcome.last_node,
+            len: key_len,
+        };
+        tree.path_slots_into(
+            new_pos,
+            protected,
+            &mut req_to_token.row_mut(row)?[protected..key_len],
+        )?;
+        tree.move_lock(req.last_node.node, new_pos.node)?;
+        req.last_node = new_pos;
+        req.kv_mut().set_cache_protected_len(owner, key_len);
+    }
+    req.prefix_indices.clear();
+    req.prefix_indices
+        .extend_from_slice(&req_to_token.row(row)?[..committed]);
+    Ok(())
+}
+
+/// The tree's part of releasing a finished request's committed KV `[0, committed)`: insert it
+/// (when `is_insert`) and free the request's duplicates and unaligned tail, or free all of
+/// `[protected, committed)`; then drop the request's lock. Over-allocation is the caller's.
+pub(crate) fn cache_finished_req<A: KvAllocator>(
+    req: &Req,
+    cache: &mut KvCache<A>,
+    is_insert: bool,
+) -> Result<(), KvError> {
+    let row = req
+        .kv()
+        .req_pool_idx()
+        .ok_or(KvError::NotHeld { rid: req.rid() })?;
+    let committed = req.kv().kv_committed_len();
+    let protected = req.kv().cache_protected_len();
+    let KvCache {
+        allocator,
+        req_to_token,
+        tree,
+    } = cache;
+    let slots = &req_to_token.row(row)?[..committed];
+    match tree {
+        TreeCache::Radix(tree) => {
+            let token_count = committed.min(req.fill_ids().len());
+            let key_len = floor_align(token_count, allocator.page_size());
+            let freed_end = if is_insert {
+                tree.insert_from(req.last_node, &req.fill_ids()[..key_len], &slots[..key_len])?
+                    .prefix_len
+            } else {
+                key_len
+            };
+            allocator.free_segments(&[
+                (&slots[protected..freed_end], protected),
+                (&slots[key_len..], key_len),
+            ])?;
+            tree.dec_lock_ref(req.last_node.node)?;
+        }
+        TreeCache::Disabled => allocator.free_segment(&slots[protected..], protected)?,
+    }
+    Ok(())
+}
