@@ -5,7 +5,7 @@ use crate::alloc::AllocError;
 
 /// Why a radix-cache call was refused. A refused call leaves the tree unchanged, except
 /// [`RadixError::Free`], which reports how much an eviction had already done.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RadixError {
     /// An inserted key must cover whole pages.
     #[error(

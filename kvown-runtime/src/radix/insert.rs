@@ -162,8 +162,8 @@ impl RadixCache {
         let data = &mut self.arena[node].data;
         let needed = (key.len() - pos) / page_size * (page_size + 1);
         if data.capacity() - data.len() < needed {
-            // Grow by at least 1/8 so appends stay amortized O(1) with at most 1/8 spare.
-            data.reserve_exact(needed.max(data.len() / 8));
+            // Grow by at least 1/4 so appends stay amortized O(1) with at most 1/4 spare.
+            data.reserve_exact(needed.max(data.len() / 4));
         }
         append_pages(data, &key[pos..], &slots[pos..], page_size);
         self.add_tokens(node, key.len() - pos);

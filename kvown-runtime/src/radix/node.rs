@@ -204,3 +204,6 @@ impl IndexMut<NodeId> for Arena {
         &mut self.nodes[id.index()]
     }
 }
+
+// The per-node budget the module docs promise.
+const _: () = assert!(size_of::<Node>() == 56);

@@ -1,0 +1,147 @@
+//! The radix cache's budget on the decode workload of the issue: 256 running requests, page
+//! size 16, each full page registered into the tree as it fills (16 registrations per step).
+//!
+//! `bytes_per_cached_page_stay_within_budget` asserts at most 64 bookkeeping bytes per cached
+//! page. `registration_cost_per_step` measures the time per step; run it in release:
+//! `cargo test --release -p kvown-runtime --test radix_budget -- --ignored --nocapture`.
+
+use std::time::{Duration, Instant};
+
+use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator};
+use kvown_runtime::radix::{RadixCache, TreePos};
+
+const REQUESTS: usize = 256;
+const PAGE_SIZE: usize = 16;
+const PROMPT_PAGES: usize = 8;
+const SHARED_PAGES: usize = 4;
+
+/// One running request: its key, its row, and its locked position in the tree.
+struct Request {
+    key: Vec<u32>,
+    row: Vec<KvSlot>,
+    at: TreePos,
+}
+
+struct Workload {
+    cache: RadixCache,
+    alloc: PagedAllocator,
+    requests: Vec<Request>,
+    step: u64,
+}
+
+impl Workload {
+    /// Every request's prompt (a shared system prefix plus its own pages) cached and locked.
+    fn new(decode_pages: usize) -> Workload {
+        let pages = REQUESTS * (PROMPT_PAGES + decode_pages + 1);
+        let mut alloc = PagedAllocator::new(pages * PAGE_SIZE, PAGE_SIZE, false).unwrap();
+        let mut cache = RadixCache::new(PAGE_SIZE);
+        let mut requests = Vec::with_capacity(REQUESTS);
+        for request in 0..REQUESTS as u32 {
+            let key: Vec<u32> = (0..(PROMPT_PAGES * PAGE_SIZE) as u32)
+                .map(|i| {
+                    if (i as usize) < SHARED_PAGES * PAGE_SIZE {
+                        i
+                    } else {
+                        request * 100_000 + i
+                    }
+                })
+                .collect();
+            let matched = cache.match_prefix(&key);
+            let mut row = vec![0; matched.len];
+            cache.path_slots_into(matched, 0, &mut row).unwrap();
+            alloc.alloc(key.len() - matched.len, &mut row).unwrap();
+            cache.inc_lock_ref(matched.node).unwrap();
+            let outcome = cache.insert_from(matched, &key, &row).unwrap();
+            cache.move_lock(matched.node, outcome.last_node).unwrap();
+            let at = TreePos {
+                node: outcome.last_node,
+                len: key.len(),
+            };
+            requests.push(Request { key, row, at });
+        }
+        Workload {
+            cache,
+            alloc,
+            requests,
+            step: 0,
+        }
+    }
+
+    /// One decode step: every request gets a token; then the 1/16 whose page filled register
+    /// it as one batch. Returns the time spent registering.
+    fn step(&mut self) -> Duration {
+        self.step += 1;
+        let step = self.step;
+        let mut filled = Vec::with_capacity(REQUESTS / PAGE_SIZE + 1);
+        for (index, request) in self.requests.iter_mut().enumerate() {
+            request.key.push(index as u32 * 7 + step as u32);
+            if request.key.len() % PAGE_SIZE == 1 {
+                self.alloc.alloc(PAGE_SIZE, &mut request.row).unwrap();
+            }
+            if request.key.len().is_multiple_of(PAGE_SIZE) {
+                filled.push(index);
+            }
+        }
+        let start = Instant::now();
+        for index in filled {
+            let request = &mut self.requests[index];
+            let outcome = self
+                .cache
+                .insert_from(request.at, &request.key, &request.row)
+                .unwrap();
+            self.cache
+                .move_lock(request.at.node, outcome.last_node)
+                .unwrap();
+            request.at = TreePos {
+                node: outcome.last_node,
+                len: request.key.len(),
+            };
+        }
+        start.elapsed()
+    }
+
+    fn bytes_per_page(&self) -> f64 {
+        let pages = self.cache.total_size() / PAGE_SIZE;
+        self.cache.bookkeeping_bytes() as f64 / pages as f64
+    }
+}
+
+#[test]
+fn bytes_per_cached_page_stay_within_budget() {
+    let decode_pages = 8;
+    let mut workload = Workload::new(decode_pages);
+    for _ in 0..decode_pages * PAGE_SIZE {
+        workload.step();
+    }
+    workload.cache.check().unwrap();
+    let cached_pages = REQUESTS * (PROMPT_PAGES - SHARED_PAGES + decode_pages) + SHARED_PAGES;
+    assert_eq!(workload.cache.total_size(), cached_pages * PAGE_SIZE);
+    assert_eq!(workload.cache.protected_size(), workload.cache.total_size());
+    let per_page = workload.bytes_per_page();
+    println!("bookkeeping: {per_page:.1} bytes per cached page");
+    assert!(per_page <= 64.0, "{per_page:.1} bytes per cached page");
+    assert_eq!(
+        workload.alloc.available_size() % PAGE_SIZE,
+        0,
+        "allocator stays page-aligned"
+    );
+}
+
+#[test]
+#[ignore = "timing; run in release with --ignored"]
+fn registration_cost_per_step() {
+    let decode_pages = 64;
+    let steps = decode_pages * PAGE_SIZE;
+    // A first run warms the allocator's memory, so page faults do not count as cache work.
+    let mut warm_up = Workload::new(decode_pages);
+    (0..steps).for_each(|_| drop(warm_up.step()));
+    drop(warm_up);
+    let mut workload = Workload::new(decode_pages);
+    let in_cache: Duration = (0..steps).map(|_| workload.step()).sum();
+    let per_step = in_cache.as_secs_f64() * 1e6 / steps as f64;
+    workload.cache.check().unwrap();
+    println!(
+        "{per_step:.2} µs per step (256 requests, 16 registrations), {:.1} bytes per cached page",
+        workload.bytes_per_page()
+    );
+}
