@@ -1,0 +1,224 @@
+//! End-to-end batch flow: extend, decode, speculative decode, chunked prefill, prefix reuse,
+//! retraction and release, with the invariant checker after every step and the pool back to
+//! full capacity at the end.
+
+use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+use kvown_runtime::batch::{
+    ScheduleBatch, alloc_for_decode, alloc_for_extend, alloc_for_spec_decode, commit_spec_tokens,
+    prepare_for_decode, prepare_for_extend, prepare_for_spec_decode, release_kv_cache,
+    retract_decode,
+};
+use kvown_runtime::cache::{KvCache, TreeCache};
+use kvown_runtime::error::KvError;
+use kvown_runtime::radix::RadixCache;
+use kvown_runtime::request::Req;
+use kvown_runtime::slots::ReqToTokenPool;
+use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
+
+fn cache(pool_tokens: usize, page_size: usize, radix: bool) -> KvCache<PagedAllocator> {
+    let allocator = PagedAllocator::new(pool_tokens, page_size, false).unwrap();
+    let tree = if radix {
+        TreeCache::Radix(RadixCache::new(page_size))
+    } else {
+        TreeCache::Disabled
+    };
+    KvCache::new(allocator, ReqToTokenPool::new(8, 256).unwrap(), tree).unwrap()
+}
+
+fn extend(reqs: Vec<Req>, cache: &mut KvCache<PagedAllocator>) -> ScheduleBatch {
+    let mut reqs = reqs;
+    for req in &mut reqs {
+        init_next_round_input(req, cache, usize::MAX).unwrap();
+    }
+    alloc_for_extend(prepare_for_extend(ScheduleBatch::new(reqs)), cache)
+        .map_err(|f| f.error)
+        .unwrap()
+}
+
+fn decode(batch: ScheduleBatch, cache: &mut KvCache<PagedAllocator>) -> ScheduleBatch {
+    let prepared = prepare_for_decode(batch, cache)
+        .map_err(|(_, e)| e)
+        .unwrap();
+    alloc_for_decode(prepared, cache)
+        .map_err(|f| f.error)
+        .unwrap()
+}
+
+fn release_all(batch: ScheduleBatch, cache: &mut KvCache<PagedAllocator>, insert: bool) {
+    let mut reqs = batch.into_reqs();
+    for i in 0..reqs.len() {
+        release_kv_cache(&mut reqs[i], cache, insert).unwrap();
+        cache.check(&reqs).unwrap();
+    }
+}
+
+#[test]
+fn extend_then_decode_settles_allocated_and_committed_together() {
+    for page_size in [1, 4, 16] {
+        let mut cache = cache(1024, page_size, true);
+        let prompt: Vec<u32> = (0..21).collect();
+        let mut batch = extend(vec![Req::new(1, prompt.clone())], &mut cache);
+        cache.check(batch.reqs()).unwrap();
+        let kv = batch.reqs()[0].kv();
+        assert_eq!((kv.kv_allocated_len(), kv.kv_committed_len()), (21, 21));
+        assert_eq!(batch.out_cache_loc().len(), 21);
+        for step in 0..10 {
+            batch.reqs_mut()[0].push_output(100 + step);
+            batch = decode(batch, &mut cache);
+            cache.check(batch.reqs()).unwrap();
+            let kv = batch.reqs()[0].kv();
+            assert_eq!(kv.kv_allocated_len(), 22 + step as usize);
+            assert_eq!(kv.kv_committed_len(), kv.kv_allocated_len());
+            assert_eq!(kv.decode_batch_idx(), step as u64 + 1);
+            let row = cache
+                .req_to_token()
+                .row(kv.req_pool_idx().unwrap())
+                .unwrap();
+            assert_eq!(row[21 + step as usize], batch.out_cache_loc()[0]);
+        }
+        release_all(batch, &mut cache, true);
+        assert!(cache.tree().evictable_size() > 0, "finished KV is cached");
+        cache.evict_shortfall(usize::MAX / 2).unwrap();
+        assert_eq!(cache.available_size(), cache.allocator().capacity());
+    }
+}
+
+#[test]
+fn prefix_reuse_locks_and_protects_the_matched_pages() {
+    let page_size = 4;
+    let mut cache = cache(1024, page_size, true);
+    let shared: Vec<u32> = (0..16).collect();
+    let first = extend(
+        vec![Req::new(
+            1,
+            shared.iter().copied().chain([50, 51]).collect(),
+        )],
+        &mut cache,
+    );
+    release_all(first, &mut cache, true);
+    let batch = extend(
+        vec![Req::new(2, shared.iter().copied().chain([60]).collect())],
+        &mut cache,
+    );
+    let kv = batch.reqs()[0].kv();
+    assert_eq!(kv.cache_protected_len(), 16, "four whole pages matched");
+    assert_eq!(
+        batch.out_cache_loc().len(),
+        1,
+        "only the new token is allocated"
+    );
+    assert_eq!(cache.tree().protected_size(), 16);
+    cache.check(batch.reqs()).unwrap();
+    release_all(batch, &mut cache, true);
+    assert_eq!(cache.tree().protected_size(), 0);
+}
+
+#[test]
+fn out_of_memory_is_transactional_and_reports_numbers() {
+    let mut cache = cache(64, 16, false);
+    let big = Req::new(1, (0..100).collect());
+    let mut reqs = vec![big];
+    init_next_round_input(&mut reqs[0], &mut cache, usize::MAX).unwrap();
+    let before_free = cache.available_size();
+    let failure =
+        alloc_for_extend(prepare_for_extend(ScheduleBatch::new(reqs)), &mut cache).unwrap_err();
+    assert_eq!(
+        failure.error,
+        KvError::OutOfMemory {
+            requested: 112,
+            available: 64,
+            evictable: 0
+        }
+    );
+    assert_eq!(cache.available_size(), before_free);
+    assert_eq!(cache.req_to_token().available_size(), 8, "no row kept");
+    let batch = failure.batch.cancel();
+    assert!(!batch.reqs()[0].kv().holds_kv());
+    cache.check(batch.reqs()).unwrap();
+}
+
+#[test]
+fn chunked_prefill_moves_protected_up_between_chunks() {
+    let page_size = 4;
+    let mut cache = cache(1024, page_size, true);
+    let mut reqs = vec![Req::new(1, (0..30).collect())];
+    init_next_round_input(&mut reqs[0], &mut cache, 10).unwrap();
+    let mut batch =
+        alloc_for_extend(prepare_for_extend(ScheduleBatch::new(reqs)), &mut cache).unwrap();
+    assert_eq!(batch.reqs()[0].kv().kv_committed_len(), 10);
+    cache_unfinished_req(&mut batch.reqs_mut()[0], &mut cache).unwrap();
+    assert_eq!(batch.reqs()[0].kv().cache_protected_len(), 8);
+    assert_eq!(
+        batch.reqs()[0].prefix_len(),
+        10,
+        "the unaligned tail stays the request's own"
+    );
+    cache.check(batch.reqs()).unwrap();
+    let mut reqs = batch.into_reqs();
+    init_next_round_input(&mut reqs[0], &mut cache, 10).unwrap();
+    let batch = alloc_for_extend(prepare_for_extend(ScheduleBatch::new(reqs)), &mut cache).unwrap();
+    assert_eq!(batch.reqs()[0].kv().kv_committed_len(), 20);
+    cache.check(batch.reqs()).unwrap();
+    release_all(batch, &mut cache, true);
+}
+
+#[test]
+fn speculative_reserve_then_commit_and_release_over_allocation() {
+    let page_size = 4;
+    let mut cache = cache(1024, page_size, true);
+    let mut batch = extend(vec![Req::new(1, (0..9).collect())], &mut cache);
+    let prepared = prepare_for_spec_decode(batch, &cache, 6)
+        .map_err(|(_, e)| e)
+        .unwrap();
+    batch = alloc_for_spec_decode(prepared, &mut cache)
+        .map_err(|f| f.error)
+        .unwrap();
+    let kv = batch.reqs()[0].kv();
+    assert_eq!(kv.kv_committed_len(), 9);
+    assert_eq!(kv.kv_allocated_len(), 16, "ceil_align(9 + 6, 4)");
+    cache.check(batch.reqs()).unwrap();
+    assert!(matches!(
+        commit_spec_tokens(&mut batch, &[8]),
+        Err(KvError::CommitBeyondAllocation { .. })
+    ));
+    commit_spec_tokens(&mut batch, &[3]).unwrap();
+    assert_eq!(batch.reqs()[0].kv().kv_committed_len(), 12);
+    cache.check(batch.reqs()).unwrap();
+    release_all(batch, &mut cache, false);
+    assert_eq!(cache.available_size(), cache.allocator().capacity());
+}
+
+#[test]
+fn retraction_frees_until_the_next_step_fits() {
+    let page_size = 4;
+    let mut cache = cache(48, page_size, false);
+    let reqs: Vec<Req> = (0..3).map(|i| Req::new(i, (0..16).collect())).collect();
+    let mut batch = extend(reqs, &mut cache);
+    assert_eq!(cache.available_size(), 0);
+    let outcome = retract_decode(&mut batch, &mut cache, None).unwrap();
+    assert_eq!(outcome.retracted.len(), 1);
+    assert!(outcome.aborted.is_empty());
+    assert_eq!(batch.len(), 2);
+    let retracted = &outcome.retracted[0];
+    assert!(!retracted.kv().holds_kv());
+    assert_eq!(retracted.retraction_count, 1);
+    assert_eq!(retracted.kv().decode_batch_idx(), 0);
+    cache.check(batch.reqs()).unwrap();
+    let batch = decode(batch, &mut cache);
+    cache.check(batch.reqs()).unwrap();
+    release_all(batch, &mut cache, false);
+    assert_eq!(cache.available_size(), cache.allocator().capacity());
+}
+
+#[test]
+fn double_release_is_a_typed_error() {
+    let mut cache = cache(256, 4, false);
+    let batch = extend(vec![Req::new(7, vec![1, 2, 3])], &mut cache);
+    let mut req = batch.into_reqs().pop().unwrap();
+    release_kv_cache(&mut req, &mut cache, false).unwrap();
+    assert_eq!(
+        release_kv_cache(&mut req, &mut cache, false),
+        Err(KvError::NotHeld { rid: 7 })
+    );
+    cache.check([&req]).unwrap();
+}
