@@ -73,7 +73,8 @@ pub struct Req {
     pub(crate) prefix_indices: Vec<KvSlot>,
     /// The prefix-cache position this request has locked (the root when none).
     pub(crate) last_node: TreePos,
-    /// The token count the next extend backs (`prefix_len + extend_len`).
+    /// The token count the next extend backs (`prefix_len + extend_len`): all tokens until
+    /// `init_next_round_input` caps it for a chunk.
     pub(crate) extend_end: usize,
     /// Times this request was retracted.
     pub retraction_count: u32,
@@ -94,11 +95,11 @@ impl Req {
         Req {
             rid,
             origin_len: input_ids.len(),
+            extend_end: input_ids.len(),
             tokens: input_ids,
             kv: ReqKvInfo::default(),
             prefix_indices: Vec::new(),
             last_node: TreePos::ROOT,
-            extend_end: 0,
             retraction_count: 0,
             is_retracted: false,
         }

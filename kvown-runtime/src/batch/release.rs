@@ -45,7 +45,7 @@ pub fn release_kv_cache<A: KvAllocator>(
     cache.req_to_token.free(row)?;
     req.last_node = TreePos::ROOT;
     req.prefix_indices.clear();
-    req.extend_end = 0;
+    req.extend_end = req.fill_ids().len();
     let kv = req.kv_mut();
     kv.set_req_pool_idx(owner, None);
     kv.set_cache_protected_len(owner, 0);
