@@ -59,13 +59,13 @@ impl<A: KvAllocator> KvCache<A> {
         req_to_token: ReqToTokenPool,
         tree: TreeCache,
     ) -> Result<Self, KvError> {
-        if let TreeCache::Radix(radix) = &tree {
-            if radix.page_size() != allocator.page_size() {
-                return Err(KvError::PageSizeMismatch {
-                    allocator: allocator.page_size(),
-                    cache: radix.page_size(),
-                });
-            }
+        if let TreeCache::Radix(radix) = &tree
+            && radix.page_size() != allocator.page_size()
+        {
+            return Err(KvError::PageSizeMismatch {
+                allocator: allocator.page_size(),
+                cache: radix.page_size(),
+            });
         }
         Ok(KvCache {
             allocator,

@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 
 use super::free_list::FreeList;
 use super::geometry::PageGeometry;
-use super::shapes::{check_decode, check_extend, fill_extend};
+use super::shapes::{check_decode, check_extend, fill_extend, scan_decode};
 use super::{
     AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PageState, ReuseOrder,
 };
@@ -261,6 +261,29 @@ impl<R: ReuseOrder> PageAllocator<R> {
         }
     }
 
+    /// Marks the pages of `slots` pending, in slot order, as one `mark_pending` per slot would:
+    /// after a page is marked, the slots that follow it in the same page are no-ops, so a run of
+    /// up to a page of them is skipped after one vectorisable check.
+    #[inline]
+    fn mark_slots(&mut self, slots: &[KvSlot]) -> Result<(), AllocError> {
+        let geometry = self.geometry;
+        let window = geometry.page_size();
+        let mut rest = slots;
+        while let Some((&first, tail)) = rest.split_first() {
+            let page = self.mark_pending(first)?;
+            let run = &tail[..tail.len().min(window - 1)];
+            let same = if all_in_page(geometry, run, page) {
+                run.len()
+            } else {
+                run.iter()
+                    .take_while(|&&slot| geometry.page_of(slot) == page)
+                    .count()
+            };
+            rest = &tail[same..];
+        }
+        Ok(())
+    }
+
     /// Marks the pages of `row[start_pos .. start_pos + slots.len()]` pending, one representative
     /// per page (the first slot, then every slot at a page boundary of the row), after checking
     /// that the other slots lie in their representative's page.
@@ -271,8 +294,10 @@ impl<R: ReuseOrder> PageAllocator<R> {
         while chunk_start < slots.len() {
             let chunk_end = (chunk_start + chunk_len).min(slots.len());
             let page = self.mark_pending(slots[chunk_start])?;
-            if let Some(offset) =
-                (chunk_start + 1..chunk_end).find(|&i| geometry.page_of(slots[i]) != page)
+            let rest = &slots[chunk_start + 1..chunk_end];
+            if !all_in_page(geometry, rest, page)
+                && let Some(offset) =
+                    (chunk_start + 1..chunk_end).find(|&i| geometry.page_of(slots[i]) != page)
             {
                 return Err(AllocError::SegmentNotPaged {
                     offset,
@@ -337,6 +362,17 @@ impl<R: ReuseOrder> PageAllocator<R> {
     }
 }
 
+/// Whether every slot of `slots` lies in `page` (a page of this allocator, so its slots fit
+/// in `u32`): a `u32` range test folded without early exit, which LLVM vectorises.
+#[inline]
+fn all_in_page(geometry: PageGeometry, slots: &[KvSlot], page: usize) -> bool {
+    let first = geometry.first_slot(page as PageId);
+    let page_size = geometry.page_size() as KvSlot;
+    !slots.iter().fold(false, |outside, &slot| {
+        outside | (slot.wrapping_sub(first) >= page_size)
+    })
+}
+
 impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
     fn page_size(&self) -> usize {
         self.geometry.page_size()
@@ -399,39 +435,43 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
         let geometry = self.geometry;
-        let mut new_pages = 0usize;
-        for (request, shape) in reqs.iter().enumerate() {
-            let opens_page = check_decode(
-                geometry,
-                &self.state,
-                request,
-                shape.seq_len,
-                shape.last_loc,
-            )?;
-            new_pages += usize::from(opens_page);
-        }
+        let new_pages = match scan_decode(geometry, &self.state, reqs) {
+            Some(new_pages) => new_pages,
+            None => {
+                // Some request is invalid: find the first one, with its typed error.
+                for (request, shape) in reqs.iter().enumerate() {
+                    check_decode(
+                        geometry,
+                        &self.state,
+                        request,
+                        shape.seq_len,
+                        shape.last_loc,
+                    )?;
+                }
+                unreachable!("scan_decode rejected a batch that check_decode accepts")
+            }
+        };
         self.ensure_free(new_pages)?;
-        out.reserve(reqs.len());
+        let start = out.len();
+        out.resize(start + reqs.len(), 0);
+        let state = &mut self.state;
         let mut pages = self.free.take_front(new_pages);
-        for shape in reqs {
-            let slot = if geometry.offset(shape.seq_len - 1) == 0
+        for (slot, shape) in out[start..].iter_mut().zip(reqs) {
+            *slot = if geometry.offset(shape.seq_len - 1) == 0
                 && let Some(page) = pages.next()
             {
-                self.state[page as usize] = PageState::Held;
+                state[page as usize] = PageState::Held;
                 geometry.first_slot(page)
             } else {
                 shape.last_loc + 1
             };
-            out.push(slot);
         }
         Ok(())
     }
 
     fn free(&mut self, slots: &[KvSlot]) -> Result<(), AllocError> {
         let start = self.deferred.len();
-        let result = slots
-            .iter()
-            .try_for_each(|&slot| self.mark_pending(slot).map(drop));
+        let result = self.mark_slots(slots);
         self.finish_free(start, result, true)
     }
 

@@ -2,7 +2,7 @@
 //! as CPU code: per-request validation with page counts, and the slot writers.
 
 use super::geometry::PageGeometry;
-use super::{AllocError, ExtendShape, KvSlot, PageId, PageState};
+use super::{AllocError, DecodeShape, ExtendShape, KvSlot, PageId, PageState};
 
 /// Whether `slot` lies in an allocated page.
 #[inline]
@@ -60,6 +60,28 @@ pub(crate) fn check_decode(
     let stored = seq_len - 1;
     check_last_loc(geometry, state, request, last_loc, stored)?;
     Ok(geometry.offset(stored) == 0)
+}
+
+/// The whole decode batch's validation in one branch-light pass: `Some(new pages)` when
+/// every request passes [`check_decode`], `None` when some request fails it (the caller then
+/// finds the first failure with [`check_decode`] for its typed error).
+#[inline]
+pub(crate) fn scan_decode(
+    geometry: PageGeometry,
+    state: &[PageState],
+    reqs: &[DecodeShape],
+) -> Option<usize> {
+    let mut bad = false;
+    let mut new_pages = 0usize;
+    for shape in reqs {
+        let stored = shape.seq_len.wrapping_sub(1);
+        let last_loc = shape.last_loc;
+        let held = state.get(geometry.page_of(last_loc)) == Some(&PageState::Held);
+        let aligned = geometry.offset(last_loc as usize + 1) == geometry.offset(stored);
+        bad |= (shape.seq_len < 2) | !held | !aligned;
+        new_pages += usize::from(geometry.offset(stored) == 0);
+    }
+    (!bad).then_some(new_pages)
 }
 
 /// `last_loc` must be a slot of an allocated page at the page offset `prefix_len` implies.

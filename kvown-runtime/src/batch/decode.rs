@@ -3,9 +3,11 @@
 use kvown_macros::owner;
 
 use super::{AllocFailure, DecodePrepared, Ready, ScheduleBatch};
-use crate::alloc::{DecodeShape, KvAllocator};
+use crate::alloc::{DecodeShape, KvAllocator, KvSlot};
 use crate::cache::KvCache;
 use crate::error::KvError;
+use crate::request::Req;
+use crate::slots::ReqToTokenPool;
 
 /// Ticks each request's decode clock and fixes its next position (`kv_allocated_len`), reading
 /// the slot of its last token from the request-to-token table. Owns `decode_batch_idx`.
@@ -16,32 +18,9 @@ pub fn prepare_for_decode<A: KvAllocator>(
     mut batch: ScheduleBatch<Ready>,
     cache: &KvCache<A>,
 ) -> Result<ScheduleBatch<DecodePrepared>, (ScheduleBatch<Ready>, KvError)> {
-    let width = cache.req_to_token.max_context_len();
     let mut shapes = Vec::with_capacity(batch.reqs.len());
-    for req in &batch.reqs {
-        let kv = req.kv();
-        let Some(row) = kv.req_pool_idx() else {
-            let error = KvError::NotHeld { rid: req.rid() };
-            return Err((batch, error));
-        };
-        let seq_len = kv.kv_allocated_len();
-        if seq_len + 1 > width || seq_len == 0 {
-            let error = KvError::RowTooShort {
-                rid: req.rid(),
-                needed: seq_len + 1,
-                width,
-            };
-            return Err((batch, error));
-        }
-        let last_loc = cache.req_to_token.row(row).map_err(KvError::from);
-        let last_loc = match last_loc {
-            Ok(row) => row[seq_len - 1],
-            Err(error) => return Err((batch, error)),
-        };
-        shapes.push(DecodeShape {
-            seq_len: seq_len + 1,
-            last_loc,
-        });
+    if let Err(error) = decode_shapes(&batch.reqs, &cache.req_to_token, &mut shapes) {
+        return Err((batch, error));
     }
     for req in &mut batch.reqs {
         *req.kv_mut().decode_batch_idx_mut(owner) += 1;
@@ -57,14 +36,7 @@ pub fn alloc_for_decode<A: KvAllocator>(
     mut batch: ScheduleBatch<DecodePrepared>,
     cache: &mut KvCache<A>,
 ) -> Result<ScheduleBatch<Ready>, AllocFailure<DecodePrepared>> {
-    let page_size = cache.page_size();
-    let tokens_needed = batch
-        .state
-        .shapes
-        .iter()
-        .filter(|shape| page_size == 1 || shape.seq_len % page_size == 1)
-        .count()
-        * page_size;
+    let tokens_needed = decode_tokens_needed(&batch.state.shapes, cache.page_size());
     if let Err(error) = cache.reserve(tokens_needed) {
         return Err(batch.fail(error));
     }
@@ -75,23 +47,84 @@ pub fn alloc_for_decode<A: KvAllocator>(
     {
         return Err(batch.fail(error.into()));
     }
-    for ((req, shape), &slot) in batch
-        .reqs
-        .iter_mut()
-        .zip(&batch.state.shapes)
-        .zip(&batch.out_cache_loc)
-    {
-        let row = req
-            .kv()
-            .req_pool_idx()
-            .expect("checked by prepare_for_decode");
-        cache
-            .req_to_token
-            .row_mut(row)
-            .expect("the row is held by this request")[shape.seq_len - 1] = slot;
+    write_decode_slots(
+        &batch.reqs,
+        &batch.state.shapes,
+        &batch.out_cache_loc,
+        &mut cache.req_to_token,
+    );
+    for req in &mut batch.reqs {
         let kv = req.kv_mut();
         *kv.kv_allocated_len_mut(owner) += 1;
         *kv.kv_committed_len_mut(owner) += 1;
     }
     Ok(batch.into_state(Ready))
+}
+
+/// Slots a decode step takes: one page per request whose new token opens a page (its
+/// post-step `seq_len` is `1 mod page_size`). A mask, not a division, for power-of-two pages.
+#[inline]
+fn decode_tokens_needed(shapes: &[DecodeShape], page_size: usize) -> usize {
+    if page_size == 1 {
+        return shapes.len();
+    }
+    let opening = if page_size.is_power_of_two() {
+        let mask = page_size - 1;
+        shapes
+            .iter()
+            .filter(|shape| shape.seq_len & mask == 1)
+            .count()
+    } else {
+        shapes
+            .iter()
+            .filter(|shape| shape.seq_len % page_size == 1)
+            .count()
+    };
+    opening * page_size
+}
+
+/// One decode shape per request: post-step length and the slot of the last stored token.
+/// Not generic over the allocator, so it is compiled (and the table reads inlined) here.
+fn decode_shapes(
+    reqs: &[Req],
+    table: &ReqToTokenPool,
+    shapes: &mut Vec<DecodeShape>,
+) -> Result<(), KvError> {
+    let width = table.max_context_len();
+    for req in reqs {
+        let kv = req.kv();
+        let Some(row) = kv.req_pool_idx() else {
+            return Err(KvError::NotHeld { rid: req.rid() });
+        };
+        let seq_len = kv.kv_allocated_len();
+        if seq_len == 0 || seq_len >= width {
+            return Err(KvError::RowTooShort {
+                rid: req.rid(),
+                needed: seq_len + 1,
+                width,
+            });
+        }
+        let last_loc = table.row(row)?[seq_len - 1];
+        shapes.push(DecodeShape {
+            seq_len: seq_len + 1,
+            last_loc,
+        });
+    }
+    Ok(())
+}
+
+/// Writes each request's new slot at its old length (`seq_len - 1`) in its row.
+fn write_decode_slots(
+    reqs: &[Req],
+    shapes: &[DecodeShape],
+    slots: &[KvSlot],
+    table: &mut ReqToTokenPool,
+) {
+    for ((req, shape), &slot) in reqs.iter().zip(shapes).zip(slots) {
+        let row = req
+            .kv()
+            .req_pool_idx()
+            .expect("checked by prepare_for_decode");
+        table.row_mut(row).expect("the row is held by this request")[shape.seq_len - 1] = slot;
+    }
 }
