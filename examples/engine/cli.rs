@@ -1,0 +1,142 @@
+//! Command-line flags of the engine example.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use clap::{Parser, ValueEnum};
+
+/// An inclusive range of lengths, written `min..max` (or a single `n`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LenRange {
+    /// Smallest length drawn.
+    pub min: usize,
+    /// Largest length drawn.
+    pub max: usize,
+}
+
+impl FromStr for LenRange {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let parse = |part: &str| {
+            part.trim()
+                .parse::<usize>()
+                .map_err(|error| format!("`{part}` is not a length: {error}"))
+        };
+        let (min, max) = match text.split_once("..") {
+            Some((min, max)) => (parse(min)?, parse(max.trim_start_matches('='))?),
+            None => (parse(text)?, parse(text)?),
+        };
+        if min == 0 || min > max {
+            return Err(format!("`{text}`: need 1 <= min <= max"));
+        }
+        Ok(LenRange { min, max })
+    }
+}
+
+impl fmt::Display for LenRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}..{}", self.min, self.max)
+    }
+}
+
+/// Where the K/V data lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendChoice {
+    /// CUDA when a GPU works, the host pool otherwise.
+    Auto,
+    /// The host pool, always.
+    Cpu,
+    /// CUDA, or fail with the reason it is unavailable.
+    Cuda,
+}
+
+/// A continuous-batching serving loop over kvown's allocator, radix cache and KV pool, on a
+/// synthetic workload.
+#[derive(Debug, Parser)]
+#[command(name = "engine")]
+pub struct Args {
+    /// Requests in the workload.
+    #[arg(long, default_value_t = 400)]
+    pub requests: usize,
+    /// Mean requests arriving per step.
+    #[arg(long, default_value_t = 1.0)]
+    pub arrival_rate: f64,
+    /// Prompt lengths, drawn uniformly from `min..max`.
+    #[arg(long, default_value = "32..2048")]
+    pub prompt_len: LenRange,
+    /// Output lengths, drawn uniformly from `min..max`.
+    #[arg(long, default_value = "8..512")]
+    pub output_len: LenRange,
+    /// Fraction of requests that share a prefix: half a system prompt, half a multi-turn
+    /// follow-up of an earlier request.
+    #[arg(long, default_value_t = 0.5)]
+    pub shared_prefix_fraction: f64,
+    /// Speculative decoding: reserve `2 × spec-tokens` slots ahead and commit accepted runs.
+    #[arg(long)]
+    pub spec: bool,
+    /// Tokens verified per speculative step (drafts + 1).
+    #[arg(long, default_value_t = 4)]
+    pub spec_tokens: usize,
+    /// Probability that each draft token is accepted (given the previous one was).
+    #[arg(long, default_value_t = 0.7)]
+    pub accept_rate: f64,
+    /// Slots per page.
+    #[arg(long, default_value_t = 16)]
+    pub page_size: usize,
+    /// KV slots in the pool.
+    #[arg(long, default_value_t = 65536)]
+    pub pool_tokens: usize,
+    /// Most requests running (decoding or prefilling) at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_running: usize,
+    /// Prefill tokens per step (chunked prefill splits longer prompts).
+    #[arg(long, default_value_t = 2048)]
+    pub chunk_size: usize,
+    /// Random seed of the workload and the acceptance draws.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Where the K/V data lives.
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
+    /// Print the summary as JSON (and hide the progress bar).
+    #[arg(long)]
+    pub json: bool,
+    /// Run the invariant checker after every step (it always runs at the end).
+    #[arg(long)]
+    pub check: bool,
+    /// Where to write the pool-occupancy plot (SVG).
+    #[arg(long, default_value = "target/kvown-occupancy.svg")]
+    pub plot: PathBuf,
+}
+
+impl Args {
+    /// Rejects flag combinations the engine cannot run.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.requests == 0 || self.max_running == 0 || self.chunk_size == 0 {
+            return Err("--requests, --max-running and --chunk-size must be positive".into());
+        }
+        if self.arrival_rate.is_nan() || self.arrival_rate <= 0.0 {
+            return Err("--arrival-rate must be positive".into());
+        }
+        if !(0.0..=1.0).contains(&self.shared_prefix_fraction)
+            || !(0.0..=1.0).contains(&self.accept_rate)
+        {
+            return Err("--shared-prefix-fraction and --accept-rate must be in [0, 1]".into());
+        }
+        if self.spec_tokens == 0 {
+            return Err("--spec-tokens must be positive".into());
+        }
+        if self.page_size == 0 || self.pool_tokens < self.page_size {
+            return Err("--pool-tokens must hold at least one page of --page-size".into());
+        }
+        Ok(())
+    }
+
+    /// Slots reserved ahead per request in speculative mode (`2 × tokens per step`), `None`
+    /// without speculation.
+    pub fn spec_reserve(&self) -> Option<usize> {
+        self.spec.then_some(2 * self.spec_tokens)
+    }
+}

@@ -1,0 +1,122 @@
+//! The end-of-run summary, as a table or as JSON.
+
+use serde::Serialize;
+
+use crate::scheduler::Stats;
+
+/// What the run did and what it cost.
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    /// Requests in the workload.
+    pub requests: usize,
+    /// Requests that finished normally.
+    pub finished: u64,
+    /// Requests aborted because they could not fit alone.
+    pub aborted: u64,
+    /// Scheduler steps.
+    pub steps: u64,
+    /// Tokens whose K/V extends computed (recomputation after retraction included).
+    pub tokens_prefilled: u64,
+    /// Tokens committed by decode steps.
+    pub tokens_decoded: u64,
+    /// Prefix-cache hit rate: cached tokens / tokens looked up at admission.
+    pub prefix_cache_hit_rate: f64,
+    /// Requests retracted.
+    pub retractions: u64,
+    /// Highest pages in use (request-owned plus cached).
+    pub peak_pages_in_use: usize,
+    /// Pages in the pool.
+    pub pool_pages: usize,
+    /// Median nanoseconds per step spent in kvown calls.
+    pub kvown_ns_per_step_median: u64,
+    /// 99th-percentile nanoseconds per step spent in kvown calls.
+    pub kvown_ns_per_step_p99: u64,
+    /// K/V rows stored through the pool.
+    pub kv_rows_stored: u64,
+    /// K/V samples read back and verified.
+    pub kv_samples_verified: u64,
+    /// Whether the invariant checker ran every step.
+    pub checked_every_step: bool,
+    /// Backend holding the K/V data, and why it was chosen.
+    pub backend: String,
+    /// Wall-clock seconds of the loop.
+    pub wall_seconds: f64,
+    /// Where the occupancy plot was written.
+    pub plot: String,
+    /// Leak check: pool and request table back at full capacity after releasing and evicting.
+    pub leak_check: &'static str,
+}
+
+fn percentile(sorted: &[u64], fraction: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let index = ((sorted.len() - 1) as f64 * fraction).round() as usize;
+    sorted[index]
+}
+
+/// Per-step kvown time: (median, p99) in nanoseconds.
+pub fn step_time_percentiles(stats: &Stats) -> (u64, u64) {
+    let mut sorted = stats.kvown_ns_per_step.clone();
+    sorted.sort_unstable();
+    (percentile(&sorted, 0.5), percentile(&sorted, 0.99))
+}
+
+impl Summary {
+    /// Prints the summary as an aligned table.
+    pub fn print_table(&self) {
+        let rows = [
+            (
+                "requests",
+                format!(
+                    "{} ({} finished, {} aborted)",
+                    self.requests, self.finished, self.aborted
+                ),
+            ),
+            ("steps", self.steps.to_string()),
+            ("tokens prefilled", self.tokens_prefilled.to_string()),
+            ("tokens decoded", self.tokens_decoded.to_string()),
+            (
+                "prefix-cache hit rate",
+                format!("{:.1} %", 100.0 * self.prefix_cache_hit_rate),
+            ),
+            ("retractions", self.retractions.to_string()),
+            ("aborts", self.aborted.to_string()),
+            (
+                "peak pages in use",
+                format!("{} of {}", self.peak_pages_in_use, self.pool_pages),
+            ),
+            (
+                "kvown time per step",
+                format!(
+                    "median {:.2} us, p99 {:.2} us",
+                    self.kvown_ns_per_step_median as f64 / 1e3,
+                    self.kvown_ns_per_step_p99 as f64 / 1e3
+                ),
+            ),
+            (
+                "K/V rows stored",
+                format!(
+                    "{} ({} samples read back and verified)",
+                    self.kv_rows_stored, self.kv_samples_verified
+                ),
+            ),
+            (
+                "invariant checker",
+                if self.checked_every_step {
+                    "every step and at the end".to_string()
+                } else {
+                    "at the end (--check: every step)".to_string()
+                },
+            ),
+            ("leak check", self.leak_check.to_string()),
+            ("backend", self.backend.clone()),
+            ("wall time", format!("{:.2} s", self.wall_seconds)),
+            ("occupancy plot", self.plot.clone()),
+        ];
+        let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
+        for (name, value) in rows {
+            println!("{name:<width$}  {value}");
+        }
+    }
+}

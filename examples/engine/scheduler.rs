@@ -1,0 +1,493 @@
+//! The continuous-batching loop: admission (with memory checks and chunked prefill), extend,
+//! decode (plain or speculative) with retraction, and release. Every bookkeeping write goes
+//! through kvown's owner functions; the time spent in kvown calls is measured per step.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use kvown::alloc::{KvAllocator, PagedAllocator, ceil_align};
+use kvown::batch::{
+    ScheduleBatch, alloc_for_decode, alloc_for_extend, alloc_for_spec_decode, check_decode_mem,
+    commit_spec_tokens, new_tokens_required_next_decode, prepare_for_decode, prepare_for_extend,
+    prepare_for_spec_decode, release_kv_cache, retract_decode,
+};
+use kvown::cache::KvCache;
+use kvown::radix::TreePos;
+use kvown::request::Req;
+use kvown::tree_cache::{cache_unfinished_req, init_next_round_input};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::cli::Args;
+use crate::kv_data::{KvStore, TokenKv};
+use crate::workload::{Job, output_token};
+
+/// Pool occupancy after one step, in pages.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Occupancy {
+    /// Pages requests own.
+    pub request_owned: usize,
+    /// Cached pages nobody locks (evictable).
+    pub cached_evictable: usize,
+    /// Cached pages locked by running requests.
+    pub cached_locked: usize,
+    /// Free pages.
+    pub free: usize,
+}
+
+/// Counters of one run.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Steps taken.
+    pub steps: u64,
+    /// Requests that finished normally.
+    pub finished: u64,
+    /// Requests aborted because they cannot fit alone.
+    pub aborted: u64,
+    /// Retraction events (requests retracted).
+    pub retractions: u64,
+    /// Steps at which a retraction happened.
+    pub retraction_steps: Vec<u64>,
+    /// Tokens whose K/V was computed by extends (recomputation after retraction included).
+    pub tokens_prefilled: u64,
+    /// Tokens committed by decode steps.
+    pub tokens_decoded: u64,
+    /// Tokens looked up in the prefix cache at admission.
+    pub prefix_lookup_tokens: u64,
+    /// Of those, tokens the prefix cache supplied.
+    pub prefix_hit_tokens: u64,
+    /// Highest pages in use (request-owned plus cached).
+    pub peak_pages_in_use: usize,
+    /// Nanoseconds spent in kvown calls, per step.
+    pub kvown_ns_per_step: Vec<u64>,
+    /// Occupancy after each step.
+    pub occupancy: Vec<Occupancy>,
+}
+
+/// The engine: waiting queue, the chunked request, the running batch and the KV state.
+pub struct Engine<'a> {
+    args: &'a Args,
+    cache: KvCache<PagedAllocator>,
+    kv: KvStore,
+    rng: SmallRng,
+    arrivals: VecDeque<Job>,
+    output_len: Vec<usize>,
+    waiting: VecDeque<Req>,
+    chunked: Option<Req>,
+    running: ScheduleBatch,
+    step_ns: u64,
+    /// The run's counters.
+    pub stats: Stats,
+}
+
+/// Runs `call` and adds its time to `ns`.
+fn timed<T>(ns: &mut u64, call: impl FnOnce() -> T) -> T {
+    let start = Instant::now();
+    let out = call();
+    *ns += start.elapsed().as_nanos() as u64;
+    out
+}
+
+impl<'a> Engine<'a> {
+    /// An engine over `cache` and `kv` for the workload `jobs`.
+    pub fn new(
+        args: &'a Args,
+        cache: KvCache<PagedAllocator>,
+        kv: KvStore,
+        jobs: Vec<Job>,
+    ) -> Self {
+        Engine {
+            args,
+            cache,
+            kv,
+            rng: SmallRng::seed_from_u64(args.seed ^ 0x5EED),
+            output_len: jobs.iter().map(|job| job.output_len).collect(),
+            arrivals: jobs.into(),
+            waiting: VecDeque::new(),
+            chunked: None,
+            running: ScheduleBatch::new(Vec::new()),
+            step_ns: 0,
+            stats: Stats::default(),
+        }
+    }
+
+    /// Whether every request has finished or been aborted.
+    pub fn is_done(&self) -> bool {
+        self.arrivals.is_empty()
+            && self.waiting.is_empty()
+            && self.chunked.is_none()
+            && self.running.is_empty()
+    }
+
+    /// Requests finished or aborted so far.
+    pub fn completed(&self) -> u64 {
+        self.stats.finished + self.stats.aborted
+    }
+
+    /// The K/V store.
+    pub fn kv(&self) -> &KvStore {
+        &self.kv
+    }
+
+    /// Every request that holds KV or a prefix lock.
+    fn held_reqs(&self) -> impl Iterator<Item = &Req> {
+        self.running.reqs().iter().chain(self.chunked.as_ref())
+    }
+
+    /// Runs the invariant checker over every request that holds KV.
+    pub fn check(&self) -> Result<(), String> {
+        self.cache
+            .check(self.held_reqs())
+            .map_err(|violation| format!("step {}: {violation}", self.stats.steps))
+    }
+
+    /// One scheduler iteration: arrivals, an extend batch, a decode step, releases.
+    pub fn step(&mut self) -> Result<(), String> {
+        self.stats.steps += 1;
+        self.step_ns = 0;
+        while self
+            .arrivals
+            .front()
+            .is_some_and(|job| job.arrival_step <= self.stats.steps)
+        {
+            let job = self.arrivals.pop_front().expect("front exists");
+            self.waiting.push_back(Req::new(job.rid, job.prompt));
+        }
+        self.extend()?;
+        self.decode()?;
+        self.stats.kvown_ns_per_step.push(self.step_ns);
+        self.record_occupancy();
+        Ok(())
+    }
+
+    /// Slots a request could ever need: its whole sequence, one page for the next token, and
+    /// the speculative reservation.
+    fn lifetime_need(&self, req: &Req) -> usize {
+        let rest = self.output_len[req.rid() as usize] - req.output_ids().len();
+        let reserve = self.args.spec_reserve().unwrap_or(1);
+        ceil_align(
+            req.fill_ids().len() + rest + reserve,
+            self.cache.page_size(),
+        )
+    }
+
+    /// Drops the prefix lock `init_next_round_input` took for a request that is not admitted.
+    fn unlock(&mut self, req: &mut Req) -> Result<(), String> {
+        if !req.kv().holds_kv() && req.last_node() != TreePos::ROOT {
+            timed(&mut self.step_ns, || {
+                release_kv_cache(req, &mut self.cache, false)
+            })
+            .map_err(|e| format!("unlock request {}: {e}", req.rid()))?;
+        }
+        Ok(())
+    }
+
+    /// Admits the chunked request and waiting requests within the prefill budget, the
+    /// request limit and the memory the pool can give (evictable prefix cache counted), then
+    /// allocates and stores their extend.
+    fn extend(&mut self) -> Result<(), String> {
+        let page_size = self.cache.page_size();
+        let spec_reserve = self.args.spec_reserve();
+        let mut budget = self.args.chunk_size;
+        let mut reserved = timed(&mut self.step_ns, || {
+            new_tokens_required_next_decode(self.running.reqs(), page_size, spec_reserve)
+        });
+        let mut admitted = Vec::new();
+        let mut candidates: Vec<Req> = self.chunked.take().into_iter().collect();
+        loop {
+            let mut req = match candidates.pop() {
+                Some(req) => req,
+                None if self.running.len() + admitted.len() < self.args.max_running => {
+                    match self.waiting.pop_front() {
+                        Some(req) => req,
+                        None => break,
+                    }
+                }
+                None => break,
+            };
+            if self.lifetime_need(&req) > self.cache.allocator().capacity() {
+                self.stats.aborted += 1;
+                continue;
+            }
+            let continuing = req.kv().holds_kv();
+            timed(&mut self.step_ns, || {
+                init_next_round_input(&mut req, &mut self.cache, budget)
+            })
+            .map_err(|e| format!("init_next_round_input {}: {e}", req.rid()))?;
+            let prefix = req.prefix_len();
+            let need = ceil_align(req.extend_end(), page_size) - ceil_align(prefix, page_size);
+            let spec_need = spec_reserve.map_or(page_size, |r| ceil_align(r, page_size));
+            if reserved + need + spec_need > self.cache.available_with_eviction() {
+                self.unlock(&mut req)?;
+                if continuing {
+                    self.chunked = Some(req);
+                } else {
+                    self.waiting.push_front(req);
+                }
+                break;
+            }
+            if !continuing {
+                self.stats.prefix_lookup_tokens += req.fill_ids().len() as u64;
+                self.stats.prefix_hit_tokens += prefix as u64;
+            }
+            reserved += need + spec_need;
+            budget -= req.extend_end() - prefix;
+            admitted.push(req);
+            if budget == 0 {
+                break;
+            }
+        }
+        if admitted.is_empty() {
+            return Ok(());
+        }
+        let batch = ScheduleBatch::new(admitted);
+        let batch = timed(&mut self.step_ns, || {
+            alloc_for_extend(prepare_for_extend(batch), &mut self.cache)
+        })
+        .map_err(|failure| format!("alloc_for_extend after admission: {}", failure.error))?;
+        let mut stores = Vec::with_capacity(batch.out_cache_loc().len());
+        let mut slots = batch.out_cache_loc().iter();
+        for req in batch.reqs() {
+            for position in req.prefix_len()..req.kv().kv_committed_len() {
+                stores.push(TokenKv {
+                    slot: *slots.next().expect("one slot per extended token"),
+                    token: req.fill_ids()[position],
+                    position,
+                });
+            }
+        }
+        self.stats.tokens_prefilled += stores.len() as u64;
+        self.kv.store(&stores)?;
+        for mut req in batch.into_reqs() {
+            if req.kv().kv_committed_len() < req.fill_ids().len() {
+                timed(&mut self.step_ns, || {
+                    cache_unfinished_req(&mut req, &mut self.cache)
+                })
+                .map_err(|e| format!("cache_unfinished_req {}: {e}", req.rid()))?;
+                self.chunked = Some(req);
+            } else {
+                let index = req.output_ids().len();
+                req.push_output(output_token(req.rid(), index));
+                self.running.extend_reqs([req]);
+            }
+        }
+        self.release_finished()
+    }
+
+    /// Checks decode memory (retracting when the step does not fit), then runs one decode or
+    /// speculative step for the running batch.
+    fn decode(&mut self) -> Result<(), String> {
+        if self.running.is_empty() {
+            return Ok(());
+        }
+        let spec_reserve = self.args.spec_reserve();
+        let fits = timed(&mut self.step_ns, || {
+            check_decode_mem(self.running.reqs(), &mut self.cache, spec_reserve)
+        })
+        .map_err(|e| format!("check_decode_mem: {e}"))?;
+        if !fits {
+            let outcome = timed(&mut self.step_ns, || {
+                retract_decode(&mut self.running, &mut self.cache, spec_reserve)
+            })
+            .map_err(|e| format!("retract_decode: {e}"))?;
+            self.stats.retractions += outcome.retracted.len() as u64;
+            self.stats.retraction_steps.push(self.stats.steps);
+            self.stats.aborted += outcome.aborted.len() as u64;
+            for req in outcome.retracted.into_iter().rev() {
+                self.waiting.push_front(req);
+            }
+            if self.running.is_empty() {
+                return Ok(());
+            }
+        }
+        let running = std::mem::replace(&mut self.running, ScheduleBatch::new(Vec::new()));
+        self.running = match spec_reserve {
+            None => self.plain_decode(running)?,
+            Some(reserve) => self.spec_decode(running, reserve)?,
+        };
+        self.sample_verify()?;
+        self.release_finished()
+    }
+
+    fn plain_decode(&mut self, running: ScheduleBatch) -> Result<ScheduleBatch, String> {
+        let cache = &mut self.cache;
+        let mut batch = timed(&mut self.step_ns, || {
+            let prepared = prepare_for_decode(running, cache).map_err(|(_, e)| e)?;
+            alloc_for_decode(prepared, cache).map_err(|failure| failure.error)
+        })
+        .map_err(|e| format!("decode after check_decode_mem passed: {e}"))?;
+        let stores: Vec<TokenKv> = batch
+            .reqs()
+            .iter()
+            .zip(batch.out_cache_loc())
+            .map(|(req, &slot)| {
+                let position = req.kv().kv_committed_len() - 1;
+                TokenKv {
+                    slot,
+                    token: req.fill_ids()[position],
+                    position,
+                }
+            })
+            .collect();
+        self.kv.store(&stores)?;
+        self.stats.tokens_decoded += stores.len() as u64;
+        for req in batch.reqs_mut() {
+            let index = req.output_ids().len();
+            req.push_output(output_token(req.rid(), index));
+        }
+        Ok(batch)
+    }
+
+    fn spec_decode(
+        &mut self,
+        running: ScheduleBatch,
+        reserve: usize,
+    ) -> Result<ScheduleBatch, String> {
+        let cache = &mut self.cache;
+        let mut batch = timed(&mut self.step_ns, || {
+            let prepared = prepare_for_spec_decode(running, cache, reserve).map_err(|(_, e)| e)?;
+            alloc_for_spec_decode(prepared, cache).map_err(|failure| failure.error)
+        })
+        .map_err(|e| format!("speculative reserve after check_decode_mem passed: {e}"))?;
+        let accepted: Vec<usize> = batch
+            .reqs()
+            .iter()
+            .map(|req| {
+                let mut run = 1;
+                while run < self.args.spec_tokens && self.rng.gen_bool(self.args.accept_rate) {
+                    run += 1;
+                }
+                run.min(self.output_len[req.rid() as usize] - req.output_ids().len())
+            })
+            .collect();
+        let starts: Vec<usize> = batch
+            .reqs()
+            .iter()
+            .map(|r| r.kv().kv_committed_len())
+            .collect();
+        timed(&mut self.step_ns, || {
+            commit_spec_tokens(&mut batch, &accepted)
+        })
+        .map_err(|e| format!("commit_spec_tokens: {e}"))?;
+        let mut stores = Vec::new();
+        for ((req, &count), &start) in batch.reqs_mut().iter_mut().zip(&accepted).zip(&starts) {
+            for _ in 0..count {
+                let index = req.output_ids().len();
+                req.push_output(output_token(req.rid(), index));
+            }
+            let row = req
+                .kv()
+                .req_pool_idx()
+                .expect("a running request holds a row");
+            let table = self
+                .cache
+                .req_to_token()
+                .row(row)
+                .map_err(|e| e.to_string())?;
+            let committed = start..start + count;
+            for ((position, &slot), &token) in committed
+                .clone()
+                .zip(&table[committed.clone()])
+                .zip(&req.fill_ids()[committed])
+            {
+                stores.push(TokenKv {
+                    slot,
+                    token,
+                    position,
+                });
+            }
+        }
+        self.kv.store(&stores)?;
+        self.stats.tokens_decoded += stores.len() as u64;
+        Ok(batch)
+    }
+
+    /// Reads back the K/V of one random committed position of one random running request.
+    fn sample_verify(&mut self) -> Result<(), String> {
+        if self.running.is_empty() {
+            return Ok(());
+        }
+        let req = &self.running.reqs()[self.rng.gen_range(0..self.running.len())];
+        let position = self.rng.gen_range(0..req.kv().kv_committed_len());
+        let row = req
+            .kv()
+            .req_pool_idx()
+            .expect("a running request holds a row");
+        let slot = self
+            .cache
+            .req_to_token()
+            .row(row)
+            .map_err(|e| e.to_string())?[position];
+        let token = req.fill_ids()[position];
+        self.kv.verify(TokenKv {
+            slot,
+            token,
+            position,
+        })
+    }
+
+    /// Releases the running requests that produced all their outputs, inserting their KV
+    /// into the prefix cache, as one free group.
+    fn release_finished(&mut self) -> Result<(), String> {
+        let output_len = &self.output_len;
+        let mut finished = self
+            .running
+            .take_if(|req| req.output_ids().len() >= output_len[req.rid() as usize]);
+        if finished.is_empty() {
+            return Ok(());
+        }
+        let cache = &mut self.cache;
+        timed(&mut self.step_ns, || {
+            cache.free_group_begin()?;
+            for req in &mut finished {
+                release_kv_cache(req, cache, true)?;
+            }
+            cache.free_group_end()
+        })
+        .map_err(|e| format!("release: {e}"))?;
+        self.stats.finished += finished.len() as u64;
+        Ok(())
+    }
+
+    fn record_occupancy(&mut self) {
+        let page_size = self.cache.page_size();
+        let tree = self.cache.tree();
+        let free = self.cache.available_size() / page_size;
+        let cached_evictable = tree.evictable_size() / page_size;
+        let cached_locked = tree.protected_size() / page_size;
+        let total = self.cache.allocator().capacity() / page_size;
+        let request_owned = total - free - cached_evictable - cached_locked;
+        self.stats.peak_pages_in_use = self.stats.peak_pages_in_use.max(total - free);
+        self.stats.occupancy.push(Occupancy {
+            request_owned,
+            cached_evictable,
+            cached_locked,
+            free,
+        });
+    }
+
+    /// Ends the run: the checker over the (empty) request set, full eviction, and the pool
+    /// and the request table back at full capacity.
+    pub fn finish(&mut self) -> Result<(), String> {
+        if !self.is_done() {
+            return Err("finish called with requests still in flight".into());
+        }
+        self.check()?;
+        let capacity = self.cache.allocator().capacity();
+        self.cache
+            .evict_shortfall(capacity)
+            .map_err(|e| format!("final eviction: {e}"))?;
+        self.check()?;
+        let free = self.cache.available_size();
+        let rows = self.cache.req_to_token();
+        if free != capacity || rows.available_size() != rows.size() {
+            return Err(format!(
+                "leak: {free} of {capacity} slots free, {} of {} request rows free after \
+                 releasing everything and evicting the cache",
+                rows.available_size(),
+                rows.size()
+            ));
+        }
+        Ok(())
+    }
+}
