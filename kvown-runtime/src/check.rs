@@ -166,11 +166,8 @@ impl<R: ReuseOrder> KvCache<PageAllocator<R>> {
                 .req_to_token
                 .row(row)
                 .expect("a held request's row is in range");
-            for position in protected..allocated {
-                holders.claim(
-                    slots[position] as usize / page_size,
-                    Holder::Request(req.rid()),
-                )?;
+            for &slot in &slots[protected..allocated] {
+                holders.claim(slot as usize / page_size, Holder::Request(req.rid()))?;
             }
             for (position, &slot) in slots[..protected].iter().enumerate() {
                 if holders.0[slot as usize / page_size] != Some(Holder::Tree) {

@@ -134,7 +134,9 @@ fn registration_cost_per_step() {
     let steps = decode_pages * PAGE_SIZE;
     // A first run warms the allocator's memory, so page faults do not count as cache work.
     let mut warm_up = Workload::new(decode_pages);
-    (0..steps).for_each(|_| drop(warm_up.step()));
+    (0..steps).for_each(|_| {
+        warm_up.step();
+    });
     drop(warm_up);
     let mut workload = Workload::new(decode_pages);
     let in_cache: Duration = (0..steps).map(|_| workload.step()).sum();
