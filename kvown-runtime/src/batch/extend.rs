@@ -104,6 +104,8 @@ pub fn alloc_for_extend<A: KvAllocator>(
         let kv = req.kv_mut();
         kv.set_kv_allocated_len(owner, shape.seq_len);
         kv.set_kv_committed_len(owner, shape.seq_len);
+        // Re-admitted: running again (sglang `prepare_for_extend` clears `is_retracted`).
+        req.is_retracted = false;
     }
     Ok(batch.into_state(Ready))
 }

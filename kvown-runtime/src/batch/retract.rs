@@ -58,7 +58,8 @@ pub struct RetractOutcome {
 
 /// Retracts requests until the next decode step fits (sglang `retract_decode`): the request
 /// with the fewest outputs goes first, the longest prompt first among equals; at least one is
-/// retracted and at least one kept, unless the last one alone does not fit, when it is aborted.
+/// retracted (when the batch has two or more) and at least one kept, unless the last one alone
+/// does not fit, when it is aborted. A batch of one is never retracted: it is kept or aborted.
 /// Retracted KV is released without inserting it into the prefix cache.
 pub fn retract_decode<A: KvAllocator>(
     batch: &mut ScheduleBatch<Ready>,
@@ -75,13 +76,15 @@ pub fn retract_decode<A: KvAllocator>(
     });
     let mut outcome = RetractOutcome::default();
     let mut pool: Vec<Option<Req>> = batch.reqs.drain(..).map(Some).collect();
-    while let Some(index) = order.pop() {
+    // Always keep one: a lone request is never retracted, only aborted below if it does not fit.
+    while order.len() > 1 {
+        let index = order.pop().expect("more than one index is left");
         let mut req = pool[index].take().expect("each index is popped once");
         release_kv_cache(&mut req, cache, false)?;
         reset_for_retract(&mut req)?;
         outcome.retracted.push(req);
         let left = order.iter().filter_map(|&i| pool[i].as_ref());
-        if order.len() <= 1 || check_decode_mem(left, cache, spec_reserve)? {
+        if check_decode_mem(left, cache, spec_reserve)? {
             break;
         }
     }
