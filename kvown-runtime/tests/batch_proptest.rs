@@ -111,8 +111,8 @@ fn op() -> impl Strategy<Value = Op> {
             |(new, readmit, with_chunking)| Op::Admit { new, readmit, with_chunking }
         ),
         1 => (1usize..4, 0usize..2).prop_map(|(count, extra)| Op::Oversize { count, extra }),
-        6 => (
-            prop::bool::weighted(0.8),
+        10 => (
+            prop::bool::weighted(0.85),
             prop::collection::vec(0usize..8, 8),
             prop::option::weighted(0.15, any::<usize>()),
         )
@@ -121,7 +121,7 @@ fn op() -> impl Strategy<Value = Op> {
                 accepts,
                 overcommit
             }),
-        2 => any::<usize>().prop_map(|pick| Op::Finish { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::Finish { pick }),
         1 => (any::<usize>(), any::<bool>()).prop_map(|(pick, chunking)| Op::Abort { pick, chunking }),
         1 => prop::collection::vec(any::<usize>(), 1..4).prop_map(|picks| Op::FinishGroup { picks }),
         1 => (0usize..400).prop_map(|tokens| Op::Evict { tokens }),
@@ -132,8 +132,8 @@ fn op() -> impl Strategy<Value = Op> {
 fn cfg(page_size: usize, radix: bool) -> impl Strategy<Value = Cfg> {
     (
         prop::option::of(1usize..4),
-        48usize..320,
-        2usize..7,
+        32usize..256,
+        3usize..9,
         3usize..40,
         any::<bool>(),
         any::<bool>(),
@@ -1059,32 +1059,32 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(CASES))]
 
     #[test]
-    fn batch_flow_page_1_radix(cfg in cfg(1, true), ops in prop::collection::vec(op(), 1..60)) {
+    fn batch_flow_page_1_radix(cfg in cfg(1, true), ops in prop::collection::vec(op(), 1..80)) {
         run(cfg, &ops);
     }
 
     #[test]
-    fn batch_flow_page_1_no_cache(cfg in cfg(1, false), ops in prop::collection::vec(op(), 1..60)) {
+    fn batch_flow_page_1_no_cache(cfg in cfg(1, false), ops in prop::collection::vec(op(), 1..80)) {
         run(cfg, &ops);
     }
 
     #[test]
-    fn batch_flow_page_4_radix(cfg in cfg(4, true), ops in prop::collection::vec(op(), 1..60)) {
+    fn batch_flow_page_4_radix(cfg in cfg(4, true), ops in prop::collection::vec(op(), 1..80)) {
         run(cfg, &ops);
     }
 
     #[test]
-    fn batch_flow_page_4_no_cache(cfg in cfg(4, false), ops in prop::collection::vec(op(), 1..60)) {
+    fn batch_flow_page_4_no_cache(cfg in cfg(4, false), ops in prop::collection::vec(op(), 1..80)) {
         run(cfg, &ops);
     }
 
     #[test]
-    fn batch_flow_page_16_radix(cfg in cfg(16, true), ops in prop::collection::vec(op(), 1..60)) {
+    fn batch_flow_page_16_radix(cfg in cfg(16, true), ops in prop::collection::vec(op(), 1..80)) {
         run(cfg, &ops);
     }
 
     #[test]
-    fn batch_flow_page_16_no_cache(cfg in cfg(16, false), ops in prop::collection::vec(op(), 1..60)) {
+    fn batch_flow_page_16_no_cache(cfg in cfg(16, false), ops in prop::collection::vec(op(), 1..80)) {
         run(cfg, &ops);
     }
 }
