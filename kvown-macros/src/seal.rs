@@ -55,7 +55,10 @@ pub(crate) fn path_from_child(path: &Path) -> Path {
             deepen_path(&mut path);
             path
         }
-        _ => parse_quote!(super::#path),
+        _ => {
+            let root = Ident::new("super", path.segments[0].ident.span());
+            parse_quote!(#root::#path)
+        }
     }
 }
 
