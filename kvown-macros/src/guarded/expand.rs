@@ -74,7 +74,11 @@ pub(crate) fn expand(model: &GuardedStruct) -> TokenStream {
         };
         let trait_name = owner_trait_name(name, &field.model.ident);
         let cfg = &field.model.cfg_attrs;
-        trait_exports.push(quote!(#(#cfg)* #outer_vis use #module::#trait_name;));
+        trait_exports.push(quote!(
+            #(#cfg)*
+            #[allow(unused_imports)]
+            #outer_vis use #module::#trait_name;
+        ));
         seals.push(seal_trait(name, field.model, &trait_name));
         owner_traits.push(owner_trait(
             &private,
@@ -153,6 +157,7 @@ pub(crate) fn expand(model: &GuardedStruct) -> TokenStream {
             #(#registrations)*
         }
 
+        #[allow(unused_imports)]
         #outer_vis use #module::{#name, #init, #view};
         #(#trait_exports)*
     }

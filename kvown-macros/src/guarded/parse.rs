@@ -2,6 +2,7 @@
 
 use proc_macro2::TokenStream;
 use quote::ToTokens;
+use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
 use syn::{Attribute, Fields, Ident, ItemStruct, Path, Token, Type, Visibility};
 
@@ -74,7 +75,8 @@ impl Parse for OwnedByArg {
                     format!("unknown `owned_by` option `{key}`; expected owner paths and optionally `read = copy` or `read = ref`"),
                 ));
             }
-            let mode: Ident = input.parse()?;
+            // `ref` is a keyword: parse any identifier-like token.
+            let mode = Ident::parse_any(input)?;
             return match mode.to_string().as_str() {
                 "copy" => Ok(OwnedByArg::Read(ReadMode::ByValue)),
                 "ref" => Ok(OwnedByArg::Read(ReadMode::ByRef)),
