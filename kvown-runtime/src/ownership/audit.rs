@@ -92,6 +92,9 @@ pub struct AuditRow {
     pub owner_module: Option<&'static str>,
     /// Guarded writes of this field in the owner's body.
     pub writes: u32,
+    /// Calls in the owner's body that hand its capability to a helper (which may write any
+    /// field its bound allows); the same for every field the owner owns.
+    pub delegations: u32,
     /// `file:line` of the owner site, or of the field when there is no site.
     pub location: String,
 }
@@ -141,6 +144,7 @@ impl AuditTable {
                         owner: name_static(field.owners, declared),
                         owner_module: None,
                         writes: 0,
+                        delegations: 0,
                         location: format!("{}:{}", field.file, field.line),
                     });
                 }
@@ -157,6 +161,7 @@ impl AuditTable {
                         owner: site.owner,
                         owner_module: Some(user_module(site.module)),
                         writes,
+                        delegations: site.delegations,
                         location: format!("{}:{}", site.file, site.line),
                     });
                 }
@@ -170,6 +175,19 @@ impl AuditTable {
     /// The rows, sorted by struct, field, owner.
     pub fn rows(&self) -> &[AuditRow] {
         &self.rows
+    }
+
+    /// The table restricted to the named structs (for a snapshot that other crates' structs,
+    /// linked into the same binary, do not disturb).
+    pub fn of_structs(&self, struct_names: &[&str]) -> AuditTable {
+        AuditTable {
+            rows: self
+                .rows
+                .iter()
+                .filter(|r| struct_names.contains(&r.struct_name))
+                .cloned()
+                .collect(),
+        }
     }
 
     /// The rows of one struct.
@@ -241,8 +259,10 @@ fn name_static(owners: &'static [&'static str], declared: &str) -> &'static str 
 
 impl fmt::Display for AuditTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let header = ["struct::field", "owner", "writes", "module", "site"];
-        let body: Vec<[String; 5]> = self
+        const COLUMNS: usize = 6;
+        const RIGHT_ALIGNED: [bool; COLUMNS] = [false, false, true, true, false, false];
+        let header = ["struct::field", "owner", "writes", "delegated", "module", "site"];
+        let body: Vec<[String; COLUMNS]> = self
             .rows
             .iter()
             .map(|r| {
@@ -250,6 +270,7 @@ impl fmt::Display for AuditTable {
                     format!("{}::{}", r.struct_name, r.field),
                     r.owner.to_string(),
                     r.writes.to_string(),
+                    r.delegations.to_string(),
                     r.owner_module.unwrap_or("(no site)").to_string(),
                     r.location.clone(),
                 ]
@@ -261,27 +282,22 @@ impl fmt::Display for AuditTable {
                 *w = (*w).max(cell.len());
             }
         }
-        let line = |f: &mut fmt::Formatter<'_>, cells: [&str; 5]| -> fmt::Result {
-            writeln!(
-                f,
-                "| {:<w0$} | {:<w1$} | {:>w2$} | {:<w3$} | {:<w4$} |",
-                cells[0],
-                cells[1],
-                cells[2],
-                cells[3],
-                cells[4],
-                w0 = widths[0],
-                w1 = widths[1],
-                w2 = widths[2],
-                w3 = widths[3],
-                w4 = widths[4]
-            )
+        let line = |f: &mut fmt::Formatter<'_>, cells: [&str; COLUMNS]| -> fmt::Result {
+            for (i, cell) in cells.iter().enumerate() {
+                let width = widths[i];
+                if RIGHT_ALIGNED[i] {
+                    write!(f, "| {cell:>width$} ")?;
+                } else {
+                    write!(f, "| {cell:<width$} ")?;
+                }
+            }
+            writeln!(f, "|")
         };
         line(f, header)?;
         let rule = widths.map(|w| "-".repeat(w));
-        line(f, [&rule[0], &rule[1], &rule[2], &rule[3], &rule[4]])?;
+        line(f, rule.each_ref().map(String::as_str))?;
         for row in &body {
-            line(f, [&row[0], &row[1], &row[2], &row[3], &row[4]])?;
+            line(f, row.each_ref().map(String::as_str))?;
         }
         Ok(())
     }
