@@ -23,3 +23,6 @@ pub(crate) fn expand(args: TokenStream, input: TokenStream) -> TokenStream {
     let errors = diagnostics.into_compile_errors();
     quote!(#errors #expansion)
 }
+
+#[cfg(test)]
+mod snapshot;
