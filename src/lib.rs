@@ -240,7 +240,7 @@
 //! compile-time check does. An empty register is an error, not an empty table, so a test
 //! binary that forgot to link the audited crate fails loudly.
 //!
-//! ```
+//! ```standalone_crate
 //! # #[kvown::guarded]
 //! # pub struct ReqKvInfo {
 //! #     #[owned_by(alloc_for_decode)]

@@ -78,6 +78,28 @@ fn owner_name(path: &str) -> &str {
     }
 }
 
+/// The module an owner path declared in `struct_module` designates, resolved like a `use`
+/// path: `alloc` -> `struct_module`, `super::sched::alloc` -> parent + `::sched`,
+/// `crate::a::Batch::retract` -> `<crate>::a`. `None` when the path leaves the crate.
+fn owner_module(struct_module: &str, declared: &str) -> Option<String> {
+    let name_segments = owner_name(declared).split("::").count();
+    let segments: Vec<&str> = declared.split("::").collect();
+    let module_segments = &segments[..segments.len().saturating_sub(name_segments)];
+    let mut module: Vec<&str> = struct_module.split("::").collect();
+    for (i, segment) in module_segments.iter().enumerate() {
+        match *segment {
+            "self" if i == 0 => {}
+            "super" => {
+                module.pop()?;
+            }
+            "crate" if i == 0 => module.truncate(1),
+            "" if i == 0 => return None,
+            other => module.push(other),
+        }
+    }
+    (!module.is_empty()).then(|| module.join("::"))
+}
+
 /// One row of the ownership table: an owner site of one guarded field.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct AuditRow {
@@ -133,10 +155,20 @@ impl AuditTable {
         let sites: Vec<&OwnerSite> = inventory::iter::<OwnerSite>.into_iter().collect();
         let mut rows = Vec::new();
         for field in fields {
+            let struct_module = user_module(field.module);
             for declared in field.owners {
                 let name = owner_name(declared);
-                let matching: Vec<&&OwnerSite> =
+                let by_name: Vec<&&OwnerSite> =
                     sites.iter().filter(|site| site.owner == name).collect();
+                // Prefer the site in the module the declared path names; fall back to every
+                // site of that name when the path goes through a re-export.
+                let expected_module = owner_module(struct_module, declared);
+                let in_module: Vec<&&OwnerSite> = by_name
+                    .iter()
+                    .copied()
+                    .filter(|site| Some(user_module(site.module)) == expected_module.as_deref())
+                    .collect();
+                let matching = if in_module.is_empty() { by_name } else { in_module };
                 if matching.is_empty() {
                     rows.push(AuditRow {
                         struct_name: field.struct_name,
@@ -313,6 +345,22 @@ mod tests {
         assert_eq!(owner_name("crate::batch::alloc_for_decode"), "alloc_for_decode");
         assert_eq!(owner_name("Batch::retract"), "Batch::retract");
         assert_eq!(owner_name("super::batch::Batch::retract"), "Batch::retract");
+    }
+
+    #[test]
+    fn owner_paths_resolve_like_use_paths() {
+        assert_eq!(owner_module("app::req", "alloc").as_deref(), Some("app::req"));
+        assert_eq!(owner_module("app::req", "self::alloc").as_deref(), Some("app::req"));
+        assert_eq!(
+            owner_module("app::req", "super::sched::alloc").as_deref(),
+            Some("app::sched")
+        );
+        assert_eq!(
+            owner_module("app::req", "crate::batch::Batch::retract").as_deref(),
+            Some("app::batch")
+        );
+        assert_eq!(owner_module("app::req", "Batch::retract").as_deref(), Some("app::req"));
+        assert_eq!(owner_module("app", "super::super::f"), None);
     }
 
     #[test]
