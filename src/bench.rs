@@ -6,6 +6,12 @@
 //! compile to the same machine code: `benches/guarded_write.rs` measures the ratio and
 //! `scripts/asm-check.sh` compares the assembly. Both are `#[inline(never)]` so they exist as
 //! symbols and a caller cannot specialise one of them.
+//!
+//! Recorded (rustc 1.95.0, x86_64 Linux, 2 cores shared, release profile):
+//! `scripts/asm-check.sh` finds `guarded_write_loop` emitted as an alias of `plain_write_loop`
+//! (LLVM merged the two: identical code). `cargo bench --bench guarded_write` (16 rounds):
+//! 256 requests 1.816 µs guarded vs 1.861 µs plain (ratio 0.98), 4096 requests 31.59 µs vs
+//! 33.25 µs (0.95): one function measured twice, so the ratio is noise around 1.00.
 
 /// A request whose committed length only [`guarded_write_loop`] may write.
 #[crate::guarded]

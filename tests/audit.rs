@@ -152,5 +152,9 @@ fn structs_not_named_are_ignored_and_an_empty_register_is_an_error() {
     let full = AuditTable::collect().unwrap();
     full.assert_matches(EXPECTED);
     assert!(full.rows_of("AuditReq").count() == 4);
-    assert!(AuditError::Empty.to_string().contains("audit register is empty"));
+    assert!(
+        AuditError::Empty
+            .to_string()
+            .contains("audit register is empty")
+    );
 }

@@ -5,14 +5,14 @@
 
 pub mod alloc;
 pub mod kv;
+pub mod ownership;
 pub mod radix;
 pub mod slots;
-pub mod ownership;
 
 /// Items the macro expansions refer to. Not a public API; may change in any release.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::ownership::{OwnerSeal, OwnerToken};
     pub use crate::ownership::audit::{FieldWrites, GuardedField, OwnerSite};
+    pub use crate::ownership::{OwnerSeal, OwnerToken};
     pub use inventory;
 }

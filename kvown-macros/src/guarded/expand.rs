@@ -88,7 +88,13 @@ pub(crate) fn expand(model: &GuardedStruct) -> TokenStream {
             &trait_name,
             &inner_vis,
         ));
-        accessors.push(field_accessors(&impl_header, field, ownership, &trait_name, &inner_vis));
+        accessors.push(field_accessors(
+            &impl_header,
+            field,
+            ownership,
+            &trait_name,
+            &inner_vis,
+        ));
         registrations.push(registration(&private, name, field.model, ownership));
     }
 
@@ -252,7 +258,10 @@ fn token_path(owner: &Path) -> Path {
     let segments: Vec<&Ident> = owner.segments.iter().map(|s| &s.ident).collect();
     let mut path = owner.clone();
     let n = segments.len();
-    let is_method = n >= 2 && segments[n - 2].to_string().starts_with(|c: char| c.is_ascii_uppercase());
+    let is_method = n >= 2
+        && segments[n - 2]
+            .to_string()
+            .starts_with(|c: char| c.is_ascii_uppercase());
     if is_method {
         let token = Ident::new(
             &format!("{}_{}", segments[n - 2], segments[n - 1]),
@@ -304,12 +313,14 @@ fn field_accessors(
     // call it); other types are assigned through `_mut`, which is always `const`.
     let setter_constness = by_value.then(|| quote!(const));
     let read_doc = format!("Reads `{ident}` (free: no capability needed).");
-    let set_doc = format!("Writes `{ident}`. Only its owners' capabilities satisfy `{trait_name}`.");
-    let mut_doc = format!(
-        "Mutably borrows `{ident}`, for as long as the owner's capability is borrowed."
-    );
+    let set_doc =
+        format!("Writes `{ident}`. Only its owners' capabilities satisfy `{trait_name}`.");
+    let mut_doc =
+        format!("Mutably borrows `{ident}`, for as long as the owner's capability is borrowed.");
     quote! {
         #(#cfg)*
+        // A field named `len` gets a `len()` getter: that is not a collection API.
+        #[allow(clippy::len_without_is_empty)]
         #impl_header {
             #[doc = #read_doc]
             #[doc = ""]
@@ -464,10 +475,10 @@ fn mirrored_derives(attrs: &[Attribute]) -> Vec<Ident> {
     let mut found = Vec::new();
     for attr in attrs.iter().filter(|a| a.path().is_ident("derive")) {
         let _ = attr.parse_nested_meta(|meta| {
-            if let Some(last) = meta.path.segments.last() {
-                if MIRRORED_DERIVES.contains(&last.ident.to_string().as_str()) {
-                    found.push(last.ident.clone());
-                }
+            if let Some(last) = meta.path.segments.last()
+                && MIRRORED_DERIVES.contains(&last.ident.to_string().as_str())
+            {
+                found.push(last.ident.clone());
             }
             Ok(())
         });

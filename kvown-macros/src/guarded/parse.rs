@@ -72,7 +72,9 @@ impl Parse for OwnedByArg {
             if key != "read" {
                 return Err(syn::Error::new(
                     key.span(),
-                    format!("unknown `owned_by` option `{key}`; expected owner paths and optionally `read = copy` or `read = ref`"),
+                    format!(
+                        "unknown `owned_by` option `{key}`; expected owner paths and optionally `read = copy` or `read = ref`"
+                    ),
                 ));
             }
             // `ref` is a keyword: parse any identifier-like token.
@@ -155,9 +157,7 @@ pub(crate) fn parse(
             init_name = meta.value()?.parse()?;
             Ok(())
         } else {
-            Err(meta.error(
-                "unknown `guarded` option; expected `crate = path` or `init = Name`",
-            ))
+            Err(meta.error("unknown `guarded` option; expected `crate = path` or `init = Name`"))
         }
     });
     if let Err(error) = syn::parse::Parser::parse2(options, args) {
@@ -182,9 +182,8 @@ pub(crate) fn parse(
             let mut read = None;
             let mut errors = Vec::new();
             if !matches!(attr.meta, syn::Meta::Path(_)) {
-                let parsed = attr.parse_args_with(|input: ParseStream| {
-                    parse_owned_by_args(input, &mut errors)
-                });
+                let parsed = attr
+                    .parse_args_with(|input: ParseStream| parse_owned_by_args(input, &mut errors));
                 match parsed {
                     Ok(args) => {
                         for arg in args {

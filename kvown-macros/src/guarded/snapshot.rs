@@ -61,7 +61,12 @@ fn rustfmt(source: &str) -> String {
     use std::io::Write;
     use std::process::{Command, Stdio};
     let mut child = Command::new("rustfmt")
-        .args(["--edition", "2024", "--config", "reorder_imports=false,reorder_modules=false"])
+        .args([
+            "--edition",
+            "2024",
+            "--config",
+            "reorder_imports=false,reorder_modules=false",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -81,7 +86,10 @@ fn rustfmt(source: &str) -> String {
 fn guarded_expansion_matches_snapshot() {
     let generated: syn::File = syn::parse2(expansion()).expect("the expansion is a valid file");
     if std::env::var_os("KVOWN_BLESS").is_some() || !Path::new(SNAPSHOT).exists() {
-        let text = format!("{HEADER}{}", rustfmt(&generated.to_token_stream().to_string()));
+        let text = format!(
+            "{HEADER}{}",
+            rustfmt(&generated.to_token_stream().to_string())
+        );
         std::fs::write(SNAPSHOT, text).expect("write the snapshot");
     }
     let snapshot = std::fs::read_to_string(SNAPSHOT).expect("read the snapshot");

@@ -126,19 +126,18 @@ fn check_binding_is_free(
 ) -> bool {
     let mut free = true;
     for input in &sig.inputs {
-        if let FnArg::Typed(typed) = input {
-            if let syn::Pat::Ident(pat) = &*typed.pat {
-                if pat.ident == *binding {
-                    free = false;
-                    diagnostics.error_at(
-                        &pat.ident,
-                        format!(
-                            "parameter `{binding}` clashes with the owner's capability binding; \
-                             rename it, or rename the binding with #[owner(token = name)]"
-                        ),
-                    );
-                }
-            }
+        if let FnArg::Typed(typed) = input
+            && let syn::Pat::Ident(pat) = &*typed.pat
+            && pat.ident == *binding
+        {
+            free = false;
+            diagnostics.error_at(
+                &pat.ident,
+                format!(
+                    "parameter `{binding}` clashes with the owner's capability binding; \
+                     rename it, or rename the binding with #[owner(token = name)]"
+                ),
+            );
         }
     }
     free

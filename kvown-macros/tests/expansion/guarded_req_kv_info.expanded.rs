@@ -87,6 +87,7 @@ mod __kvown_guarded_ReqKvInfo {
     impl ReqKvInfoKvCommittedLenOwner for super::alloc_for_extend {}
     impl __seal::kv_committed_len for super::alloc_for_decode {}
     impl ReqKvInfoKvCommittedLenOwner for super::alloc_for_decode {}
+    #[allow(clippy::len_without_is_empty)]
     impl ReqKvInfo {
         #[doc = "Reads `kv_committed_len` (free: no capability needed)."]
         #[doc = ""]

@@ -168,7 +168,11 @@ impl AuditTable {
                     .copied()
                     .filter(|site| Some(user_module(site.module)) == expected_module.as_deref())
                     .collect();
-                let matching = if in_module.is_empty() { by_name } else { in_module };
+                let matching = if in_module.is_empty() {
+                    by_name
+                } else {
+                    in_module
+                };
                 if matching.is_empty() {
                     rows.push(AuditRow {
                         struct_name: field.struct_name,
@@ -224,7 +228,9 @@ impl AuditTable {
 
     /// The rows of one struct.
     pub fn rows_of<'a>(&'a self, struct_name: &'a str) -> impl Iterator<Item = &'a AuditRow> {
-        self.rows.iter().filter(move |r| r.struct_name == struct_name)
+        self.rows
+            .iter()
+            .filter(move |r| r.struct_name == struct_name)
     }
 
     /// Compares the rows of the structs named in `expected` with `expected` and panics with
@@ -247,8 +253,14 @@ impl AuditTable {
             *want.entry((s, f, o)).or_default() += n;
         }
         let mut have: BTreeMap<(&str, &str, &str), u32> = BTreeMap::new();
-        for row in self.rows.iter().filter(|r| audited.contains(&r.struct_name)) {
-            *have.entry((row.struct_name, row.field, row.owner)).or_default() += row.writes;
+        for row in self
+            .rows
+            .iter()
+            .filter(|r| audited.contains(&r.struct_name))
+        {
+            *have
+                .entry((row.struct_name, row.field, row.owner))
+                .or_default() += row.writes;
         }
         let mut report = String::new();
         for (key, n) in &have {
@@ -293,7 +305,14 @@ impl fmt::Display for AuditTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         const COLUMNS: usize = 6;
         const RIGHT_ALIGNED: [bool; COLUMNS] = [false, false, true, true, false, false];
-        let header = ["struct::field", "owner", "writes", "delegated", "module", "site"];
+        let header = [
+            "struct::field",
+            "owner",
+            "writes",
+            "delegated",
+            "module",
+            "site",
+        ];
         let body: Vec<[String; COLUMNS]> = self
             .rows
             .iter()
@@ -342,15 +361,24 @@ mod tests {
     #[test]
     fn owner_names_strip_modules_but_keep_types() {
         assert_eq!(owner_name("alloc_for_decode"), "alloc_for_decode");
-        assert_eq!(owner_name("crate::batch::alloc_for_decode"), "alloc_for_decode");
+        assert_eq!(
+            owner_name("crate::batch::alloc_for_decode"),
+            "alloc_for_decode"
+        );
         assert_eq!(owner_name("Batch::retract"), "Batch::retract");
         assert_eq!(owner_name("super::batch::Batch::retract"), "Batch::retract");
     }
 
     #[test]
     fn owner_paths_resolve_like_use_paths() {
-        assert_eq!(owner_module("app::req", "alloc").as_deref(), Some("app::req"));
-        assert_eq!(owner_module("app::req", "self::alloc").as_deref(), Some("app::req"));
+        assert_eq!(
+            owner_module("app::req", "alloc").as_deref(),
+            Some("app::req")
+        );
+        assert_eq!(
+            owner_module("app::req", "self::alloc").as_deref(),
+            Some("app::req")
+        );
         assert_eq!(
             owner_module("app::req", "super::sched::alloc").as_deref(),
             Some("app::sched")
@@ -359,7 +387,10 @@ mod tests {
             owner_module("app::req", "crate::batch::Batch::retract").as_deref(),
             Some("app::batch")
         );
-        assert_eq!(owner_module("app::req", "Batch::retract").as_deref(), Some("app::req"));
+        assert_eq!(
+            owner_module("app::req", "Batch::retract").as_deref(),
+            Some("app::req")
+        );
         assert_eq!(owner_module("app", "super::super::f"), None);
     }
 
