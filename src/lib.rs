@@ -1,5 +1,287 @@
 //! kvown: compile-time single-owner field writes, and a paged KV-cache allocator built on them.
+//!
+//! # Single-owner fields
+//!
+//! A field of a [`macro@guarded`] struct marked `#[owned_by(f, g, Type::method)]` can be
+//! **written only inside the listed functions**. Everyone reads it for free. A write anywhere
+//! else is a compile error that names the function, the field and its owners. This is the
+//! compile-time form of a rule like sglang's "only `alloc_for_extend` / `alloc_for_decode` may
+//! change `kv_committed_len`" (sglang #37085: `prepare_for_decode` wrote it too).
+//!
+//! ```
+//! #[kvown::guarded]
+//! #[derive(Debug, Default)]
+//! pub struct ReqKvInfo {
+//!     #[owned_by(alloc_for_extend, alloc_for_decode)]
+//!     kv_committed_len: usize,
+//!     pub rid: u64, // not owned: an ordinary field
+//! }
+//!
+//! #[kvown::owner]
+//! pub fn alloc_for_extend(req: &mut ReqKvInfo, seq_len: usize) {
+//!     req.set_kv_committed_len(owner, seq_len); // `owner`: this function's capability
+//! }
+//!
+//! #[kvown::owner]
+//! pub fn alloc_for_decode(req: &mut ReqKvInfo) {
+//!     *req.kv_committed_len_mut(owner) += 1;
+//! }
+//!
+//! pub fn prepare_for_decode(req: &mut ReqKvInfo) -> usize {
+//!     alloc_for_decode(req); // calling an owner is fine
+//!     req.kv_committed_len() // reads are free, zero-cost
+//! }
+//!
+//! fn main() {
+//!     let mut req = ReqKvInfo::default();
+//!     alloc_for_extend(&mut req, 7);
+//!     assert_eq!(prepare_for_decode(&mut req), 8);
+//! }
+//! ```
+//!
+//! ## The contract
+//!
+//! * **Reads**: `x.field()`, anywhere the struct is visible. By value when the type is `Copy`
+//!   by its syntax (primitives, shared references, tuples/arrays/`Option`s of those), else
+//!   `&T`; `#[owned_by(.., read = copy)]` / `read = ref` overrides. Getters are `const fn`.
+//! * **Writes**: `x.set_field(owner, value)` and `x.field_mut(owner) -> &mut T`, where `owner`
+//!   is the capability of a listed owner. `field_mut` is `const fn`, and so is `set_field`
+//!   for `Copy` fields, so `const fn` owners can write too.
+//! * **Owners**: `#[kvown::owner]` on a free function binds `owner: &f` at the top of its
+//!   body (`#[kvown::owner(token = cap)]` renames the binding). For methods put
+//!   `#[kvown::owners]` on the inherent `impl` block and `#[owner]` on each owner method, and
+//!   list it as `Type::method`. Owners may be generic (with where-clauses and `impl Trait`
+//!   arguments), `async`, `const` or `unsafe`, and may live in other modules.
+//! * **Owner paths** in `#[owned_by(..)]` resolve like `use` paths from the struct's module:
+//!   `alloc`, `super::sched::alloc`, `crate::sched::alloc`, `batch::Batch::retract` (a path
+//!   whose next-to-last segment starts with an uppercase letter names a method).
+//! * **Nothing else writes**: `x.field = ..`, `+=`, `x.field.0 = ..`, `&mut x.field`,
+//!   `mem::swap`, struct literals, `..base` updates and patterns naming an owned field fail
+//!   everywhere, the struct's own module included (the struct is sealed in a hidden child
+//!   module). Owned fields cannot be `pub` or interior-mutable (`Cell`, `RefCell`, atomics,
+//!   `Mutex`, `RwLock`, `OnceCell`, `UnsafeCell`, ...): the macro rejects both.
+//!
+//! ## Helpers: delegation shows in the signature
+//!
+//! Each owned field has an owner trait named `<Struct><FieldInCamelCase>Owner`, exported next
+//! to the struct and implemented exactly by its owners' capabilities. A helper that writes on
+//! an owner's behalf takes the capability as a parameter bounded by it:
+//!
+//! ```
+//! # #[kvown::guarded]
+//! # #[derive(Default)]
+//! # pub struct ReqKvInfo {
+//! #     #[owned_by(alloc_for_decode)]
+//! #     kv_committed_len: usize,
+//! #     #[owned_by(alloc_for_decode)]
+//! #     kv_allocated_len: usize,
+//! # }
+//! fn commit(req: &mut ReqKvInfo, owner: &impl ReqKvInfoKvCommittedLenOwner) {
+//!     *req.kv_committed_len_mut(owner) += 1;
+//! }
+//!
+//! // Several fields: `&(impl A + B)`, or a named generic `O: A + B`.
+//! fn grow(
+//!     req: &mut ReqKvInfo,
+//!     owner: &(impl ReqKvInfoKvCommittedLenOwner + ReqKvInfoKvAllocatedLenOwner),
+//! ) {
+//!     commit(req, owner);
+//!     req.set_kv_allocated_len(owner, req.kv_committed_len().next_multiple_of(16));
+//! }
+//!
+//! #[kvown::owner]
+//! pub fn alloc_for_decode(req: &mut ReqKvInfo) {
+//!     grow(req, owner);
+//! }
+//! # fn main() {
+//! #     let mut req = ReqKvInfo::default();
+//! #     alloc_for_decode(&mut req);
+//! #     assert_eq!((req.kv_committed_len(), req.kv_allocated_len()), (1, 16));
+//! # }
+//! ```
+//!
+//! A helper bounded for one field cannot write another, and code without a capability cannot
+//! call the helper.
+//!
+//! ## The error a non-owner gets
+//!
+//! ```compile_fail,E0277
+//! # #[kvown::guarded]
+//! # pub struct ReqKvInfo {
+//! #     #[owned_by(alloc_for_extend, alloc_for_decode)]
+//! #     kv_committed_len: usize,
+//! # }
+//! # #[kvown::owner]
+//! # pub fn alloc_for_extend(req: &mut ReqKvInfo) { req.set_kv_committed_len(owner, 1); }
+//! # #[kvown::owner]
+//! # pub fn alloc_for_decode(req: &mut ReqKvInfo) { *req.kv_committed_len_mut(owner) += 1; }
+//! #[kvown::owner]
+//! pub fn prepare_for_decode(req: &mut ReqKvInfo) {
+//!     *req.kv_committed_len_mut(owner) += 1;
+//! }
+//! # fn main() {}
+//! ```
+//!
+//! rustc 1.95 reports (from `tests/ui/fail/sglang/`):
+//!
+//! ```text
+//! error[E0277]: `prepare_for_decode` is not an owner of `ReqKvInfo::kv_committed_len`; owners: alloc_for_extend, alloc_for_decode
+//!   --> tests/ui/fail/sglang/prepare_for_decode_writes_committed.rs:25:31
+//!    |
+//! 25 |     *req.kv_committed_len_mut(owner) += 1;
+//!    |          -------------------- ^^^^^ not an owner of `ReqKvInfo::kv_committed_len`
+//!    |          |
+//!    |          required by a bound introduced by this call
+//!    |
+//!    = note: only the functions listed in `#[owned_by(..)]` on `ReqKvInfo::kv_committed_len` may write it; a helper writing on an owner's behalf takes `owner: &impl ReqKvInfoKvCommittedLenOwner`; reads are free: `.kv_committed_len()`
+//! ```
+//!
+//! A plain function has no `owner` at all (E0425), and a direct write hits the seal (E0616):
+//!
+//! ```compile_fail,E0616
+//! # #[kvown::guarded]
+//! # pub struct ReqKvInfo {
+//! #     #[owned_by(alloc_for_decode)]
+//! #     kv_committed_len: usize,
+//! # }
+//! # #[kvown::owner]
+//! # pub fn alloc_for_decode(req: &mut ReqKvInfo) { *req.kv_committed_len_mut(owner) += 1; }
+//! fn prepare_for_decode(req: &mut ReqKvInfo) {
+//!     req.kv_committed_len += 1; // even in the struct's own module
+//! }
+//! # fn main() {}
+//! ```
+//!
+//! ## The capability never escapes
+//!
+//! `#[owner] fn f` defines, next to the function, a token type also named `f` (types and
+//! functions live in different namespaces). Both move into a hidden child module, so only
+//! `f`'s body can build the token: a struct literal elsewhere, even in `f`'s own module or from a
+//! `macro_rules!`, fails with E0451. The body sees only a borrow `owner: &f` of a local it cannot
+//! name. The token is neither `Clone` nor `Copy` (nor can it be made `Copy`), so it cannot be
+//! returned, stored in a `static`, moved into a `'static` closure or `std::thread::spawn`ed
+//! thread, or moved out. Closures and `std::thread::scope` threads inside the owner work. The
+//! owner traits are sealed, and each requires a genuine token, so implementing one for your own
+//! type or declaring a `struct f;` does not create an owner. The `tests/ui/fail/` suite shows
+//! each of these failing with its error.
+//!
+//! ## Building and borrowing a sealed struct
+//!
+//! A struct literal of a guarded struct does not compile (it would set owned fields). Build it
+//! from the generated init struct `<Struct>Init` (renamed by `#[guarded(init = Name)]`), which
+//! has the same fields and is nameable where a literal was legal:
+//! `ReqKvInfo::from(ReqKvInfoInit { kv_committed_len: 0, rid: 7 })`, with
+//! `..Default::default()` when the struct derives `Default`. `x.into_init()` takes a value apart.
+//! Getters borrow the whole struct; `x.fields_mut()` borrows every field at once (owned fields
+//! `&T`, others `&mut T`) for split borrows.
+//!
+//! ```
+//! #[kvown::guarded]
+//! #[derive(Debug, Clone, PartialEq, Default)]
+//! pub struct Req {
+//!     #[owned_by(alloc)]
+//!     pages: Vec<u32>,
+//!     scratch: Vec<u32>,
+//!     rid: u64,
+//! }
+//!
+//! #[kvown::owner]
+//! fn alloc(req: &mut Req) {
+//!     req.pages_mut(owner).extend([3, 4]);
+//! }
+//!
+//! fn main() {
+//!     let mut req = Req::from(ReqInit { rid: 7, ..Default::default() });
+//!     alloc(&mut req);
+//!     let view = req.fields_mut();
+//!     view.scratch.extend(view.pages.iter().map(|p| p * 10)); // read one, write another
+//!     assert_eq!(req.clone().into_init().scratch, [30, 40]);
+//! }
+//! ```
+//!
+//! ## Attribute options
+//!
+//! * `#[kvown::guarded(crate = path, init = Name)]`; `crate = path` when the `kvown`
+//!   dependency is renamed (serde-style), `init` renames the init struct.
+//! * `#[owned_by(owner, ..., read = copy | ref)]`.
+//! * `#[kvown::owner(token = name, crate = path)]`; `#[kvown::owners(crate = path)]` with
+//!   `#[owner(token = name)]` on methods.
+//!
+//! Misuse the macros can see is a spanned error, all of them in one build: a `pub` owned field,
+//! an interior-mutable owned field, a duplicate or empty owner list, `#[owner]` on a trait-impl
+//! method or on a method without `#[owners]`, a parameter already named like the capability
+//! binding, and unknown arguments.
+//!
+//! ## What `#[guarded]` expands to
+//!
+//! For `struct ReqKvInfo` with owned `kv_committed_len`: a hidden module
+//! `__kvown_guarded_ReqKvInfo` (`use super::*` inside) holding the struct with owned fields
+//! private and the others widened one level (so each keeps its written reach), `ReqKvInfoInit`,
+//! the view `ReqKvInfoFieldsMut`, a private seal trait per field, the owner trait
+//! `ReqKvInfoKvCommittedLenOwner` (with `#[diagnostic::on_unimplemented]`) implemented for the
+//! listed owners' tokens, the getter, `set_` and `_mut` (`#[inline(always)]`), and an audit
+//! registration. Then `pub use` of the struct, init, view and owner traits with the struct's
+//! visibility. The exact expansion of a small struct is a snapshot test in `kvown-macros`
+//! (`kvown-macros/tests/expansion/`).
+//!
+//! ## Zero cost
+//!
+//! In a release build a guarded write compiles to the same code as a plain field write: LLVM
+//! merges [`bench::guarded_write_loop`] and [`bench::plain_write_loop`] into one function
+//! (`scripts/asm-check.sh` checks this on the assembly), and `benches/guarded_write.rs` measures
+//! both.
+//!
+//! ## The audit register
+//!
+//! Every owned field and owner site registers at link time. [`audit::AuditTable::collect`]
+//! returns the ownership table (struct, field, owner, direct writes, delegations, module, site),
+//! `Display` prints it, and [`audit::AuditTable::assert_matches`] panics with the owner sites
+//! that were added, removed or recounted: a snapshot test catches a new owner, which no
+//! compile-time check does. An empty register is an error, not an empty table, so a test
+//! binary that forgot to link the audited crate fails loudly.
+//!
+//! ```standalone_crate
+//! # #[kvown::guarded]
+//! # pub struct ReqKvInfo {
+//! #     #[owned_by(alloc_for_decode)]
+//! #     kv_committed_len: usize,
+//! # }
+//! # #[kvown::owner]
+//! # pub fn alloc_for_decode(req: &mut ReqKvInfo) { *req.kv_committed_len_mut(owner) += 1; }
+//! # fn main() {
+//! let table = kvown::audit::AuditTable::collect().expect("guarded structs are linked");
+//! table.assert_matches(&[("ReqKvInfo", "kv_committed_len", "alloc_for_decode", 1)]);
+//! println!("{}", table.of_structs(&["ReqKvInfo"]));
+//! # }
+//! ```
+//!
+//! Write counts are syntactic: `x.set_f(owner, ..)` and `x.f_mut(owner)` calls in the owner's
+//! body count as writes of every field named `f` the owner owns; any other call that passes
+//! `owner` counts as a delegation.
+//!
+//! ## Known limits
+//!
+//! * Whole-struct replacement (`*r = ReqKvInfo::from(..)`, `mem::swap(r, other)`) is possible
+//!   for any holder of `&mut ReqKvInfo`: the seal is per field, not per value.
+//! * Code inside an owner's body is trusted, including items and closures nested in it.
+//! * Owners live in the same crate as the struct (the token impls are generated there).
+//! * `#[guarded]`, `#[owner]` and `#[owners]` items must be module-level items (not inside a
+//!   function body): the hidden module's `use super::*` sees the enclosing module, not a block.
+//! * `#[guarded]` must come before `#[derive]`; a third-party derive placed after it runs inside
+//!   the seal (trust only derives you know). `super::` inside string attributes and doc links
+//!   resolves from the hidden module (use `crate::`); `type_name` and some compiler messages
+//!   show the hidden module (`__kvown_guarded_ReqKvInfo::ReqKvInfo`), and a method owner's token
+//!   is named `Type_method`.
+//! * Audit write counts are syntactic and matched by field name; owners are matched by name
+//!   (`f` or `Type::method`), not by module.
+//! * rustc's wording drifts between versions: the `.stderr` snapshots are blessed with the
+//!   toolchain pinned in `rust-toolchain.toml`.
 #![forbid(unsafe_code)]
+
+// Lets the macros' default support path (`::kvown::__private`) resolve inside this crate too.
+extern crate self as kvown;
+
+pub mod bench;
 
 pub use kvown_macros::{guarded, owner, owners};
 pub use kvown_runtime::ownership::audit;

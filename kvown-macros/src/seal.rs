@@ -12,7 +12,11 @@ pub(crate) fn widen_one_level(vis: &Visibility) -> Visibility {
         Visibility::Public(_) => vis.clone(),
         Visibility::Inherited => parse_quote!(pub(super)),
         Visibility::Restricted(restricted) => {
-            let first = restricted.path.segments.first().map(|s| s.ident.to_string());
+            let first = restricted
+                .path
+                .segments
+                .first()
+                .map(|s| s.ident.to_string());
             match first.as_deref() {
                 Some("self") if restricted.path.segments.len() == 1 => parse_quote!(pub(super)),
                 Some("super") | Some("self") => {
@@ -35,8 +39,7 @@ fn deepen_path(path: &mut Path) {
     let first = path.segments[0].ident.to_string();
     if first == "super" {
         let span = path.segments[0].ident.span();
-        path.segments
-            .insert(0, Ident::new("super", span).into());
+        path.segments.insert(0, Ident::new("super", span).into());
     } else if first == "self" && path.segments.len() > 1 {
         let span = path.segments[0].ident.span();
         path.segments[0].ident = Ident::new("super", span);
@@ -55,7 +58,10 @@ pub(crate) fn path_from_child(path: &Path) -> Path {
             deepen_path(&mut path);
             path
         }
-        _ => parse_quote!(super::#path),
+        _ => {
+            let root = Ident::new("super", path.segments[0].ident.span());
+            parse_quote!(#root::#path)
+        }
     }
 }
 
@@ -73,7 +79,12 @@ impl VisitMut for DeeperPaths {
         if let UseTree::Path(use_path) = tree {
             if use_path.ident == "super" {
                 let span = use_path.ident.span();
-                let inner = std::mem::replace(&mut *use_path.tree, UseTree::Glob(syn::UseGlob { star_token: Default::default() }));
+                let inner = std::mem::replace(
+                    &mut *use_path.tree,
+                    UseTree::Glob(syn::UseGlob {
+                        star_token: Default::default(),
+                    }),
+                );
                 *use_path.tree = UseTree::Path(syn::UsePath {
                     ident: Ident::new("super", span),
                     colon2_token: use_path.colon2_token,

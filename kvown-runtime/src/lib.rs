@@ -26,7 +26,7 @@ pub mod tree_cache;
 /// Items the macro expansions refer to. Not a public API; may change in any release.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::ownership::OwnerSeal;
     pub use crate::ownership::audit::{FieldWrites, GuardedField, OwnerSite};
+    pub use crate::ownership::{OwnerSeal, OwnerToken};
     pub use inventory;
 }

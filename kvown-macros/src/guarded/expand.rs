@@ -6,6 +6,7 @@
 
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{
     Attribute, Fields, GenericParam, Generics, Ident, Lifetime, LifetimeParam, Path, Type,
@@ -73,10 +74,27 @@ pub(crate) fn expand(model: &GuardedStruct) -> TokenStream {
         };
         let trait_name = owner_trait_name(name, &field.model.ident);
         let cfg = &field.model.cfg_attrs;
-        trait_exports.push(quote!(#(#cfg)* #outer_vis use #module::#trait_name;));
-        seals.push(seal_trait(field.model));
-        owner_traits.push(owner_trait(name, field.model, ownership, &trait_name, &inner_vis));
-        accessors.push(field_accessors(&impl_header, field, ownership, &trait_name, &inner_vis));
+        trait_exports.push(quote!(
+            #(#cfg)*
+            #[allow(unused_imports)]
+            #outer_vis use #module::#trait_name;
+        ));
+        seals.push(seal_trait(name, field.model, &trait_name));
+        owner_traits.push(owner_trait(
+            &private,
+            name,
+            field.model,
+            ownership,
+            &trait_name,
+            &inner_vis,
+        ));
+        accessors.push(field_accessors(
+            &impl_header,
+            field,
+            ownership,
+            &trait_name,
+            &inner_vis,
+        ));
         registrations.push(registration(&private, name, field.model, ownership));
     }
 
@@ -145,6 +163,7 @@ pub(crate) fn expand(model: &GuardedStruct) -> TokenStream {
             #(#registrations)*
         }
 
+        #[allow(unused_imports)]
         #outer_vis use #module::{#name, #init, #view};
         #(#trait_exports)*
     }
@@ -167,14 +186,25 @@ pub(crate) fn owner_trait_name(struct_name: &Ident, field: &Ident) -> Ident {
 }
 
 /// The supertrait that only the hidden module can implement.
-fn seal_trait(field: &FieldModel) -> TokenStream {
+fn seal_trait(struct_name: &Ident, field: &FieldModel, trait_name: &Ident) -> TokenStream {
     let ident = &field.ident;
     let cfg = &field.cfg_attrs;
-    quote!(#(#cfg)* pub trait #ident {})
+    let message = format!(
+        "`{trait_name}` is sealed: `{{Self}}` cannot become an owner of `{struct_name}::{ident}` by implementing it"
+    );
+    let note = format!(
+        "list the owner in `#[owned_by(..)]` on `{struct_name}::{ident}`; the macro implements the trait for it"
+    );
+    quote!(
+        #(#cfg)*
+        #[diagnostic::on_unimplemented(message = #message, note = #note)]
+        pub trait #ident {}
+    )
 }
 
 /// The per-field owner trait, its diagnostic, and its impls for exactly the listed owners.
 fn owner_trait(
+    private: &TokenStream,
     struct_name: &Ident,
     field: &FieldModel,
     ownership: &Ownership,
@@ -198,18 +228,26 @@ fn owner_trait(
          ({listed}). Bound a helper's capability parameter by it to let the helper write the \
          field on an owner's behalf."
     );
-    let impls = ownership.owners.iter().map(|owner| {
+    // Each impl is spanned on its entry in `#[owned_by(..)]`, so an entry that is not an owner
+    // is reported there. A duplicate entry (already an error) is implemented once.
+    let mut seen = Vec::new();
+    let impls = ownership.owners.iter().filter_map(|owner| {
+        let text = path_text(owner);
+        if seen.contains(&text) {
+            return None;
+        }
+        seen.push(text);
         let token = token_path(owner);
-        quote!(
+        Some(quote_spanned!(owner.span()=>
             #(#cfg)* impl __seal::#ident for #token {}
             #(#cfg)* impl #trait_name for #token {}
-        )
+        ))
     });
     quote! {
         #(#cfg)*
         #[doc = #doc]
         #[diagnostic::on_unimplemented(message = #message, label = #label, note = #note)]
-        #inner_vis trait #trait_name: __seal::#ident {}
+        #inner_vis trait #trait_name: __seal::#ident + #private::OwnerToken {}
         #(#impls)*
     }
 }
@@ -220,7 +258,10 @@ fn token_path(owner: &Path) -> Path {
     let segments: Vec<&Ident> = owner.segments.iter().map(|s| &s.ident).collect();
     let mut path = owner.clone();
     let n = segments.len();
-    let is_method = n >= 2 && segments[n - 2].to_string().starts_with(|c: char| c.is_ascii_uppercase());
+    let is_method = n >= 2
+        && segments[n - 2]
+            .to_string()
+            .starts_with(|c: char| c.is_ascii_uppercase());
     if is_method {
         let token = Ident::new(
             &format!("{}_{}", segments[n - 2], segments[n - 1]),
@@ -260,21 +301,26 @@ fn field_accessors(
     let getter = if by_value {
         quote!(
             #[inline(always)]
-            #inner_vis fn #ident(&self) -> #ty { self.#ident }
+            #inner_vis const fn #ident(&self) -> #ty { self.#ident }
         )
     } else {
         quote!(
             #[inline(always)]
-            #inner_vis fn #ident(&self) -> &#ty { &self.#ident }
+            #inner_vis const fn #ident(&self) -> &#ty { &self.#ident }
         )
     };
+    // A `Copy` value has no destructor, so its setter can be `const` (a `const fn` owner can
+    // call it); other types are assigned through `_mut`, which is always `const`.
+    let setter_constness = by_value.then(|| quote!(const));
     let read_doc = format!("Reads `{ident}` (free: no capability needed).");
-    let set_doc = format!("Writes `{ident}`. Only its owners' capabilities satisfy `{trait_name}`.");
-    let mut_doc = format!(
-        "Mutably borrows `{ident}`, for as long as the owner's capability is borrowed."
-    );
+    let set_doc =
+        format!("Writes `{ident}`. Only its owners' capabilities satisfy `{trait_name}`.");
+    let mut_doc =
+        format!("Mutably borrows `{ident}`, for as long as the owner's capability is borrowed.");
     quote! {
         #(#cfg)*
+        // A field named `len` gets a `len()` getter: that is not a collection API.
+        #[allow(clippy::len_without_is_empty)]
         #impl_header {
             #[doc = #read_doc]
             #[doc = ""]
@@ -283,13 +329,13 @@ fn field_accessors(
 
             #[doc = #set_doc]
             #[inline(always)]
-            #inner_vis fn #setter(&mut self, _owner: &impl #trait_name, value: #ty) {
+            #inner_vis #setter_constness fn #setter(&mut self, _owner: &impl #trait_name, value: #ty) {
                 self.#ident = value;
             }
 
             #[doc = #mut_doc]
             #[inline(always)]
-            #inner_vis fn #mut_accessor<'kvown>(
+            #inner_vis const fn #mut_accessor<'kvown>(
                 &'kvown mut self,
                 _owner: &'kvown impl #trait_name,
             ) -> &'kvown mut #ty {
@@ -429,10 +475,10 @@ fn mirrored_derives(attrs: &[Attribute]) -> Vec<Ident> {
     let mut found = Vec::new();
     for attr in attrs.iter().filter(|a| a.path().is_ident("derive")) {
         let _ = attr.parse_nested_meta(|meta| {
-            if let Some(last) = meta.path.segments.last() {
-                if MIRRORED_DERIVES.contains(&last.ident.to_string().as_str()) {
-                    found.push(last.ident.clone());
-                }
+            if let Some(last) = meta.path.segments.last()
+                && MIRRORED_DERIVES.contains(&last.ident.to_string().as_str())
+            {
+                found.push(last.ident.clone());
             }
             Ok(())
         });

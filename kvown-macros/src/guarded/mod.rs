@@ -11,12 +11,18 @@ use crate::diag::Diagnostics;
 
 pub(crate) fn expand(args: TokenStream, input: TokenStream) -> TokenStream {
     let mut diagnostics = Diagnostics::new();
-    let Some(model) = parse::parse(args, input.clone(), &mut diagnostics) else {
-        let errors = diagnostics.into_compile_errors();
-        return quote!(#errors #input);
+    let model = match parse::parse(args, input, &mut diagnostics) {
+        Ok(model) => model,
+        Err(fallback) => {
+            let errors = diagnostics.into_compile_errors();
+            return quote!(#errors #fallback);
+        }
     };
     validate::validate(&model, &mut diagnostics);
     let expansion = expand::expand(&model);
     let errors = diagnostics.into_compile_errors();
     quote!(#errors #expansion)
 }
+
+#[cfg(test)]
+mod snapshot;

@@ -1,8 +1,9 @@
 //! The typed model of a `#[guarded]` struct and its `#[owned_by(..)]` fields.
 
 use proc_macro2::TokenStream;
+use quote::ToTokens;
+use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
-use syn::punctuated::Punctuated;
 use syn::{Attribute, Fields, Ident, ItemStruct, Path, Token, Type, Visibility};
 
 use crate::diag::Diagnostics;
@@ -25,7 +26,8 @@ pub(crate) struct FieldModel {
     pub(crate) ident: Ident,
     pub(crate) ty: Type,
     pub(crate) vis: Visibility,
-    /// `#[cfg]` / `#[cfg_attr]` attributes, repeated on everything generated for the field.
+    /// `#[cfg]` attributes, repeated on everything generated for the field. (`#[cfg_attr]` is not:
+    /// it usually carries attributes, like `serde(..)`, that mean nothing on generated items.)
     pub(crate) cfg_attrs: Vec<Attribute>,
     /// Doc comments, repeated on the getter.
     pub(crate) doc_attrs: Vec<Attribute>,
@@ -43,6 +45,8 @@ pub(crate) struct Ownership {
     pub(crate) read: Option<ReadMode>,
     /// Further `#[owned_by]` attributes on the same field (an error).
     pub(crate) repeated: Vec<Attribute>,
+    /// Some argument did not parse (already reported): an empty owner list is not news then.
+    pub(crate) malformed: bool,
 }
 
 /// How the getter returns the field.
@@ -68,10 +72,13 @@ impl Parse for OwnedByArg {
             if key != "read" {
                 return Err(syn::Error::new(
                     key.span(),
-                    format!("unknown `owned_by` option `{key}`; expected owner paths and optionally `read = copy` or `read = ref`"),
+                    format!(
+                        "unknown `owned_by` option `{key}`; expected owner paths and optionally `read = copy` or `read = ref`"
+                    ),
                 ));
             }
-            let mode: Ident = input.parse()?;
+            // `ref` is a keyword: parse any identifier-like token.
+            let mode = Ident::parse_any(input)?;
             return match mode.to_string().as_str() {
                 "copy" => Ok(OwnedByArg::Read(ReadMode::ByValue)),
                 "ref" => Ok(OwnedByArg::Read(ReadMode::ByRef)),
@@ -85,21 +92,47 @@ impl Parse for OwnedByArg {
     }
 }
 
-/// Parses the attribute arguments and the struct. Returns `None` when the item is not a
-/// struct with named fields (the error is recorded and the input is emitted unchanged).
+/// Parses the comma-separated arguments of `#[owned_by(..)]`, recording a bad argument in
+/// `errors` and going on with the next one, so every bad argument is reported and the good ones
+/// are kept.
+fn parse_owned_by_args(
+    input: ParseStream,
+    errors: &mut Vec<syn::Error>,
+) -> syn::Result<Vec<OwnedByArg>> {
+    let mut args = Vec::new();
+    while !input.is_empty() {
+        match input.parse::<OwnedByArg>() {
+            Ok(arg) => args.push(arg),
+            Err(error) => {
+                errors.push(error);
+                while !input.is_empty() && !input.peek(Token![,]) {
+                    input.parse::<proc_macro2::TokenTree>()?;
+                }
+            }
+        }
+        if !input.is_empty() {
+            input.parse::<Token![,]>()?;
+        }
+    }
+    Ok(args)
+}
+
+/// Parses the attribute arguments and the struct. When the item is not a struct with named
+/// fields the error is recorded and `Err` carries the item to emit instead (unchanged, minus
+/// any `#[owned_by]`, so the one error is all the user sees).
 pub(crate) fn parse(
     args: TokenStream,
     input: TokenStream,
     diagnostics: &mut Diagnostics,
-) -> Option<GuardedStruct> {
-    let mut item: ItemStruct = match syn::parse2(input) {
+) -> Result<GuardedStruct, TokenStream> {
+    let mut item: ItemStruct = match syn::parse2(input.clone()) {
         Ok(item) => item,
         Err(_) => {
             diagnostics.push(syn::Error::new(
                 proc_macro2::Span::call_site(),
                 "#[kvown::guarded] applies to a struct with named fields",
             ));
-            return None;
+            return Err(input);
         }
     };
     if !matches!(item.fields, Fields::Named(_)) {
@@ -107,7 +140,10 @@ pub(crate) fn parse(
             &item.fields,
             "#[kvown::guarded] needs named fields: `#[owned_by]` names a field",
         );
-        return None;
+        for field in item.fields.iter_mut() {
+            field.attrs.retain(|attr| !attr.path().is_ident("owned_by"));
+        }
+        return Err(item.into_token_stream());
     }
 
     let mut support = default_support_path();
@@ -121,9 +157,7 @@ pub(crate) fn parse(
             init_name = meta.value()?.parse()?;
             Ok(())
         } else {
-            Err(meta.error(
-                "unknown `guarded` option; expected `crate = path` or `init = Name`",
-            ))
+            Err(meta.error("unknown `guarded` option; expected `crate = path` or `init = Name`"))
         }
     });
     if let Err(error) = syn::parse::Parser::parse2(options, args) {
@@ -146,33 +180,37 @@ pub(crate) fn parse(
             }
             let mut owners = Vec::new();
             let mut read = None;
-            let parsed = match &attr.meta {
-                syn::Meta::Path(_) => Ok(Punctuated::new()),
-                _ => attr.parse_args_with(Punctuated::<OwnedByArg, Token![,]>::parse_terminated),
-            };
-            match parsed {
-                Ok(args) => {
-                    for arg in args {
-                        match arg {
-                            OwnedByArg::Owner(path) => owners.push(path),
-                            OwnedByArg::Read(mode) => read = Some(mode),
+            let mut errors = Vec::new();
+            if !matches!(attr.meta, syn::Meta::Path(_)) {
+                let parsed = attr
+                    .parse_args_with(|input: ParseStream| parse_owned_by_args(input, &mut errors));
+                match parsed {
+                    Ok(args) => {
+                        for arg in args {
+                            match arg {
+                                OwnedByArg::Owner(path) => owners.push(path),
+                                OwnedByArg::Read(mode) => read = Some(mode),
+                            }
                         }
                     }
+                    Err(error) => errors.push(error),
                 }
-                Err(error) => diagnostics.push(error),
             }
+            let malformed = !errors.is_empty();
+            errors.into_iter().for_each(|e| diagnostics.push(e));
             ownership = Some(Ownership {
                 attr,
                 owners,
                 read,
                 repeated: Vec::new(),
+                malformed,
             });
         }
         field.attrs = kept;
         let cfg_attrs = field
             .attrs
             .iter()
-            .filter(|a| a.path().is_ident("cfg") || a.path().is_ident("cfg_attr"))
+            .filter(|a| a.path().is_ident("cfg"))
             .cloned()
             .collect();
         let doc_attrs = field
@@ -191,7 +229,7 @@ pub(crate) fn parse(
         });
     }
 
-    Some(GuardedStruct {
+    Ok(GuardedStruct {
         support,
         init_name,
         item,

@@ -46,11 +46,11 @@ pub(crate) fn validate(model: &GuardedStruct, diagnostics: &mut Diagnostics) {
                     "owned field `{}` has an interior-mutable type (`{}`): it could be written \
                      through a shared read, bypassing its owners",
                     field.ident,
-                    cell.to_token_stream()
+                    type_text(&cell)
                 ),
             );
         }
-        if ownership.owners.is_empty() {
+        if ownership.owners.is_empty() && !ownership.malformed {
             diagnostics.error_at(
                 &ownership.attr,
                 format!(
@@ -112,4 +112,13 @@ fn interior_mutable_part(ty: &Type) -> Option<syn::PathSegment> {
     let mut finder = Finder(None);
     finder.visit_type(ty);
     finder.0
+}
+
+/// Type tokens as a reader writes them: `Cell<usize>`, not `Cell < usize >`.
+fn type_text(tokens: &impl ToTokens) -> String {
+    tokens
+        .to_token_stream()
+        .to_string()
+        .replace(' ', "")
+        .replace(',', ", ")
 }

@@ -53,9 +53,7 @@ impl<'ast> Visit<'ast> for Counter<'_> {
         };
         match field {
             Some(field) => *self.count.per_field.entry(field.to_string()).or_default() += 1,
-            None if call.args.iter().any(|a| self.is_capability(a)) => {
-                self.count.delegations += 1
-            }
+            None if call.args.iter().any(|a| self.is_capability(a)) => self.count.delegations += 1,
             None => {}
         }
         visit::visit_expr_method_call(self, call);

@@ -24,10 +24,12 @@ pub(crate) struct OwnerPlan {
     vis: Visibility,
     /// `#[cfg]` attributes, repeated on the module and the re-export.
     cfg_attrs: Vec<Attribute>,
+    /// Whether the body gets the capability binding (not when a parameter already has its name).
+    binds: bool,
 }
 
 impl OwnerPlan {
-    pub(crate) fn free_fn(options: &OwnerOptions, item: &ItemFn) -> Self {
+    pub(crate) fn free_fn(options: &OwnerOptions, item: &ItemFn, binds: bool) -> Self {
         let name = &item.sig.ident;
         OwnerPlan {
             support: options.support.clone(),
@@ -37,10 +39,16 @@ impl OwnerPlan {
             site_name: name.to_string(),
             vis: item.vis.clone(),
             cfg_attrs: cfg_attrs(&item.attrs),
+            binds,
         }
     }
 
-    pub(crate) fn method(options: &OwnerOptions, type_name: &Ident, method: &ImplItemFn) -> Self {
+    pub(crate) fn method(
+        options: &OwnerOptions,
+        type_name: &Ident,
+        method: &ImplItemFn,
+        binds: bool,
+    ) -> Self {
         let name = &method.sig.ident;
         OwnerPlan {
             support: options.support.clone(),
@@ -50,6 +58,7 @@ impl OwnerPlan {
             site_name: format!("{type_name}::{name}"),
             vis: method.vis.clone(),
             cfg_attrs: cfg_attrs(&method.attrs),
+            binds,
         }
     }
 }
@@ -127,6 +136,8 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
                 _seal: #support::__private::OwnerSeal,
             }
 
+            impl #support::__private::OwnerToken for #token {}
+
             #owner_item
 
             #registration
@@ -141,6 +152,9 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
 /// Binds the capability at the top of the body. The token itself lives in a hygienic local
 /// that user code cannot name; the body sees only the borrow.
 fn prepend_prologue(plan: &OwnerPlan, block: &mut Block) {
+    if !plan.binds {
+        return;
+    }
     let OwnerPlan {
         support,
         binding,

@@ -32,13 +32,15 @@ pub(crate) fn expand_fn(args: TokenStream, input: TokenStream) -> TokenStream {
     if let Some(receiver) = item.sig.receiver() {
         diagnostics.error_at(
             receiver,
-            "#[owner] on a method needs #[kvown::owners] on its inherent impl block",
+            "#[owner] on a method needs #[kvown::owners] on its impl block, which must be \
+             inherent: a trait method cannot be an owner, since any code can reach it through \
+             the trait",
         );
         let errors = diagnostics.into_compile_errors();
         return quote!(#errors #item);
     }
-    check_binding_is_free(&item.sig, &options.binding, &mut diagnostics);
-    let plan = OwnerPlan::free_fn(&options, &item);
+    let binds = check_binding_is_free(&item.sig, &options.binding, &mut diagnostics);
+    let plan = OwnerPlan::free_fn(&options, &item, binds);
     let expansion = expand::free_fn(&plan, item);
     let errors = diagnostics.into_compile_errors();
     quote!(#errors #expansion)
@@ -86,8 +88,9 @@ pub(crate) fn expand_impl(args: TokenStream, input: TokenStream) -> TokenStream 
             ImplItem::Fn(mut method) => match parse::take_owner_attr(&mut method.attrs) {
                 Some(attr) => {
                     let options = parse::method_options(&attr, &support, &mut diagnostics);
-                    check_binding_is_free(&method.sig, &options.binding, &mut diagnostics);
-                    owner_methods.push((options, method));
+                    let binds =
+                        check_binding_is_free(&method.sig, &options.binding, &mut diagnostics);
+                    owner_methods.push((options, method, binds));
                 }
                 None => kept.push(ImplItem::Fn(method)),
             },
@@ -101,8 +104,8 @@ pub(crate) fn expand_impl(args: TokenStream, input: TokenStream) -> TokenStream 
         );
     }
     let mut output = TokenStream::new();
-    for (options, method) in owner_methods {
-        let plan = OwnerPlan::method(&options, &type_name, &method);
+    for (options, method, binds) in owner_methods {
+        let plan = OwnerPlan::method(&options, &type_name, &method, binds);
         output.extend(expand::method(&plan, &item, method));
     }
     if !kept.is_empty() {
@@ -113,23 +116,31 @@ pub(crate) fn expand_impl(args: TokenStream, input: TokenStream) -> TokenStream 
     quote!(#errors #output)
 }
 
-/// Errors when a parameter already uses the capability binding's name.
-fn check_binding_is_free(sig: &Signature, binding: &syn::Ident, diagnostics: &mut Diagnostics) {
+/// Errors when a parameter already uses the capability binding's name; returns whether the
+/// binding is free (when it is not, the body is emitted without it, so the parameter keeps its
+/// meaning and the one error is all the user sees).
+fn check_binding_is_free(
+    sig: &Signature,
+    binding: &syn::Ident,
+    diagnostics: &mut Diagnostics,
+) -> bool {
+    let mut free = true;
     for input in &sig.inputs {
-        if let FnArg::Typed(typed) = input {
-            if let syn::Pat::Ident(pat) = &*typed.pat {
-                if pat.ident == *binding {
-                    diagnostics.error_at(
-                        &pat.ident,
-                        format!(
-                            "parameter `{binding}` clashes with the owner's capability binding; \
-                             rename it, or rename the binding with #[owner(token = name)]"
-                        ),
-                    );
-                }
-            }
+        if let FnArg::Typed(typed) = input
+            && let syn::Pat::Ident(pat) = &*typed.pat
+            && pat.ident == *binding
+        {
+            free = false;
+            diagnostics.error_at(
+                &pat.ident,
+                format!(
+                    "parameter `{binding}` clashes with the owner's capability binding; \
+                     rename it, or rename the binding with #[owner(token = name)]"
+                ),
+            );
         }
     }
+    free
 }
 
 /// Removes `#[owner]` attributes so an erroneous block is still emitted as plain Rust.

@@ -78,6 +78,28 @@ fn owner_name(path: &str) -> &str {
     }
 }
 
+/// The module an owner path declared in `struct_module` designates, resolved like a `use`
+/// path: `alloc` -> `struct_module`, `super::sched::alloc` -> parent + `::sched`,
+/// `crate::a::Batch::retract` -> `<crate>::a`. `None` when the path leaves the crate.
+fn owner_module(struct_module: &str, declared: &str) -> Option<String> {
+    let name_segments = owner_name(declared).split("::").count();
+    let segments: Vec<&str> = declared.split("::").collect();
+    let module_segments = &segments[..segments.len().saturating_sub(name_segments)];
+    let mut module: Vec<&str> = struct_module.split("::").collect();
+    for (i, segment) in module_segments.iter().enumerate() {
+        match *segment {
+            "self" if i == 0 => {}
+            "super" => {
+                module.pop()?;
+            }
+            "crate" if i == 0 => module.truncate(1),
+            "" if i == 0 => return None,
+            other => module.push(other),
+        }
+    }
+    (!module.is_empty()).then(|| module.join("::"))
+}
+
 /// One row of the ownership table: an owner site of one guarded field.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct AuditRow {
@@ -92,6 +114,9 @@ pub struct AuditRow {
     pub owner_module: Option<&'static str>,
     /// Guarded writes of this field in the owner's body.
     pub writes: u32,
+    /// Calls in the owner's body that hand its capability to a helper (which may write any
+    /// field its bound allows); the same for every field the owner owns.
+    pub delegations: u32,
     /// `file:line` of the owner site, or of the field when there is no site.
     pub location: String,
 }
@@ -130,10 +155,24 @@ impl AuditTable {
         let sites: Vec<&OwnerSite> = inventory::iter::<OwnerSite>.into_iter().collect();
         let mut rows = Vec::new();
         for field in fields {
+            let struct_module = user_module(field.module);
             for declared in field.owners {
                 let name = owner_name(declared);
-                let matching: Vec<&&OwnerSite> =
+                let by_name: Vec<&&OwnerSite> =
                     sites.iter().filter(|site| site.owner == name).collect();
+                // Prefer the site in the module the declared path names; fall back to every
+                // site of that name when the path goes through a re-export.
+                let expected_module = owner_module(struct_module, declared);
+                let in_module: Vec<&&OwnerSite> = by_name
+                    .iter()
+                    .copied()
+                    .filter(|site| Some(user_module(site.module)) == expected_module.as_deref())
+                    .collect();
+                let matching = if in_module.is_empty() {
+                    by_name
+                } else {
+                    in_module
+                };
                 if matching.is_empty() {
                     rows.push(AuditRow {
                         struct_name: field.struct_name,
@@ -141,6 +180,7 @@ impl AuditTable {
                         owner: name_static(field.owners, declared),
                         owner_module: None,
                         writes: 0,
+                        delegations: 0,
                         location: format!("{}:{}", field.file, field.line),
                     });
                 }
@@ -157,6 +197,7 @@ impl AuditTable {
                         owner: site.owner,
                         owner_module: Some(user_module(site.module)),
                         writes,
+                        delegations: site.delegations,
                         location: format!("{}:{}", site.file, site.line),
                     });
                 }
@@ -172,9 +213,24 @@ impl AuditTable {
         &self.rows
     }
 
+    /// The table restricted to the named structs (for a snapshot that other crates' structs,
+    /// linked into the same binary, do not disturb).
+    pub fn of_structs(&self, struct_names: &[&str]) -> AuditTable {
+        AuditTable {
+            rows: self
+                .rows
+                .iter()
+                .filter(|r| struct_names.contains(&r.struct_name))
+                .cloned()
+                .collect(),
+        }
+    }
+
     /// The rows of one struct.
     pub fn rows_of<'a>(&'a self, struct_name: &'a str) -> impl Iterator<Item = &'a AuditRow> {
-        self.rows.iter().filter(move |r| r.struct_name == struct_name)
+        self.rows
+            .iter()
+            .filter(move |r| r.struct_name == struct_name)
     }
 
     /// Compares the rows of the structs named in `expected` with `expected` and panics with
@@ -197,8 +253,14 @@ impl AuditTable {
             *want.entry((s, f, o)).or_default() += n;
         }
         let mut have: BTreeMap<(&str, &str, &str), u32> = BTreeMap::new();
-        for row in self.rows.iter().filter(|r| audited.contains(&r.struct_name)) {
-            *have.entry((row.struct_name, row.field, row.owner)).or_default() += row.writes;
+        for row in self
+            .rows
+            .iter()
+            .filter(|r| audited.contains(&r.struct_name))
+        {
+            *have
+                .entry((row.struct_name, row.field, row.owner))
+                .or_default() += row.writes;
         }
         let mut report = String::new();
         for (key, n) in &have {
@@ -241,8 +303,17 @@ fn name_static(owners: &'static [&'static str], declared: &str) -> &'static str 
 
 impl fmt::Display for AuditTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let header = ["struct::field", "owner", "writes", "module", "site"];
-        let body: Vec<[String; 5]> = self
+        const COLUMNS: usize = 6;
+        const RIGHT_ALIGNED: [bool; COLUMNS] = [false, false, true, true, false, false];
+        let header = [
+            "struct::field",
+            "owner",
+            "writes",
+            "delegated",
+            "module",
+            "site",
+        ];
+        let body: Vec<[String; COLUMNS]> = self
             .rows
             .iter()
             .map(|r| {
@@ -250,6 +321,7 @@ impl fmt::Display for AuditTable {
                     format!("{}::{}", r.struct_name, r.field),
                     r.owner.to_string(),
                     r.writes.to_string(),
+                    r.delegations.to_string(),
                     r.owner_module.unwrap_or("(no site)").to_string(),
                     r.location.clone(),
                 ]
@@ -261,27 +333,22 @@ impl fmt::Display for AuditTable {
                 *w = (*w).max(cell.len());
             }
         }
-        let line = |f: &mut fmt::Formatter<'_>, cells: [&str; 5]| -> fmt::Result {
-            writeln!(
-                f,
-                "| {:<w0$} | {:<w1$} | {:>w2$} | {:<w3$} | {:<w4$} |",
-                cells[0],
-                cells[1],
-                cells[2],
-                cells[3],
-                cells[4],
-                w0 = widths[0],
-                w1 = widths[1],
-                w2 = widths[2],
-                w3 = widths[3],
-                w4 = widths[4]
-            )
+        let line = |f: &mut fmt::Formatter<'_>, cells: [&str; COLUMNS]| -> fmt::Result {
+            for (i, cell) in cells.iter().enumerate() {
+                let width = widths[i];
+                if RIGHT_ALIGNED[i] {
+                    write!(f, "| {cell:>width$} ")?;
+                } else {
+                    write!(f, "| {cell:<width$} ")?;
+                }
+            }
+            writeln!(f, "|")
         };
         line(f, header)?;
         let rule = widths.map(|w| "-".repeat(w));
-        line(f, [&rule[0], &rule[1], &rule[2], &rule[3], &rule[4]])?;
+        line(f, rule.each_ref().map(String::as_str))?;
         for row in &body {
-            line(f, [&row[0], &row[1], &row[2], &row[3], &row[4]])?;
+            line(f, row.each_ref().map(String::as_str))?;
         }
         Ok(())
     }
@@ -294,9 +361,37 @@ mod tests {
     #[test]
     fn owner_names_strip_modules_but_keep_types() {
         assert_eq!(owner_name("alloc_for_decode"), "alloc_for_decode");
-        assert_eq!(owner_name("crate::batch::alloc_for_decode"), "alloc_for_decode");
+        assert_eq!(
+            owner_name("crate::batch::alloc_for_decode"),
+            "alloc_for_decode"
+        );
         assert_eq!(owner_name("Batch::retract"), "Batch::retract");
         assert_eq!(owner_name("super::batch::Batch::retract"), "Batch::retract");
+    }
+
+    #[test]
+    fn owner_paths_resolve_like_use_paths() {
+        assert_eq!(
+            owner_module("app::req", "alloc").as_deref(),
+            Some("app::req")
+        );
+        assert_eq!(
+            owner_module("app::req", "self::alloc").as_deref(),
+            Some("app::req")
+        );
+        assert_eq!(
+            owner_module("app::req", "super::sched::alloc").as_deref(),
+            Some("app::sched")
+        );
+        assert_eq!(
+            owner_module("app::req", "crate::batch::Batch::retract").as_deref(),
+            Some("app::batch")
+        );
+        assert_eq!(
+            owner_module("app::req", "Batch::retract").as_deref(),
+            Some("app::req")
+        );
+        assert_eq!(owner_module("app", "super::super::f"), None);
     }
 
     #[test]

@@ -4,4 +4,4 @@
 pub mod audit;
 mod seal;
 
-pub use seal::OwnerSeal;
+pub use seal::{OwnerSeal, OwnerToken};

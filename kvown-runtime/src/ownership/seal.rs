@@ -14,3 +14,15 @@ impl OwnerSeal {
         OwnerSeal(())
     }
 }
+
+/// Marks the capability token types that `#[kvown::owner]` / `#[kvown::owners]` generate.
+///
+/// Every per-field owner trait has it as a supertrait, so an owner listed in `#[owned_by(..)]`
+/// must be a real owner: a plain `struct alloc_for_decode;` of the listed name does not become
+/// a capability. Implementing it by hand goes through `__private` and is outside the contract.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a kvown owner",
+    label = "not the capability token of a `#[kvown::owner]`",
+    note = "mark the function `#[kvown::owner]`, or the method `#[owner]` inside `#[kvown::owners] impl ..`"
+)]
+pub trait OwnerToken {}

@@ -1,0 +1,56 @@
+//! A downstream crate that depends only on `kvown` (no kvown-runtime, no inventory): the
+//! macros' expansions reach everything through `::kvown::__private`.
+#![forbid(unsafe_code)]
+
+/// A request whose committed length only the alloc functions write.
+#[kvown::guarded]
+#[derive(Debug, Default)]
+pub struct ReqKvInfo {
+    #[owned_by(alloc_for_decode, Batch::extend)]
+    kv_committed_len: usize,
+}
+
+/// Commits one decode token.
+#[kvown::owner]
+pub fn alloc_for_decode(req: &mut ReqKvInfo) {
+    *req.kv_committed_len_mut(owner) += 1;
+}
+
+/// A batch of requests.
+#[derive(Default)]
+pub struct Batch {
+    /// The requests.
+    pub reqs: Vec<ReqKvInfo>,
+}
+
+#[kvown::owners]
+impl Batch {
+    /// Extends every request by `len` tokens.
+    #[owner]
+    pub fn extend(&mut self, len: usize) {
+        for req in &mut self.reqs {
+            req.set_kv_committed_len(owner, req.kv_committed_len() + len);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_write_and_the_audit_sees_them() {
+        let mut batch = Batch {
+            reqs: vec![ReqKvInfo::default()],
+        };
+        batch.extend(4);
+        alloc_for_decode(&mut batch.reqs[0]);
+        assert_eq!(batch.reqs[0].kv_committed_len(), 5);
+        kvown::audit::AuditTable::collect()
+            .unwrap()
+            .assert_matches(&[
+                ("ReqKvInfo", "kv_committed_len", "alloc_for_decode", 1),
+                ("ReqKvInfo", "kv_committed_len", "Batch::extend", 1),
+            ]);
+    }
+}

@@ -1,0 +1,160 @@
+//! The audit register: the ownership table of structs defined here, its printed form, the diff
+//! messages of `assert_matches`, and the syntactic write counts (direct writes and delegations).
+
+use kvown::audit::{AuditError, AuditTable};
+
+#[kvown::guarded]
+#[derive(Default)]
+pub struct AuditReq {
+    #[owned_by(alloc, sched::Sched::decode, release)]
+    len: usize,
+    #[owned_by(alloc)]
+    cap: usize,
+}
+
+#[kvown::owner]
+pub fn alloc(req: &mut AuditReq) {
+    req.set_len(owner, 1);
+    let grow = |r: &mut AuditReq| *r.len_mut(owner) += 1;
+    grow(req);
+    req.set_cap(owner, 8);
+}
+
+#[kvown::owner]
+pub fn release(req: &mut AuditReq) {
+    req.set_len(owner, 0);
+}
+
+/// Writes on an owner's behalf: not an owner site itself; the owner's row counts the delegation.
+fn bump(req: &mut AuditReq, owner: &impl AuditReqLenOwner) {
+    *req.len_mut(owner) += 1;
+}
+
+pub mod sched {
+    use super::AuditReq;
+
+    pub struct Sched;
+
+    #[kvown::owners]
+    impl Sched {
+        #[owner]
+        pub fn decode(req: &mut AuditReq) {
+            super::bump(req, owner);
+            super::bump(req, owner);
+        }
+    }
+}
+
+const EXPECTED: &[(&str, &str, &str, u32)] = &[
+    ("AuditReq", "cap", "alloc", 1),
+    ("AuditReq", "len", "Sched::decode", 0),
+    ("AuditReq", "len", "alloc", 2),
+    ("AuditReq", "len", "release", 1),
+];
+
+fn table() -> AuditTable {
+    AuditTable::collect()
+        .expect("this binary defines guarded structs")
+        .of_structs(&["AuditReq"])
+}
+
+/// The 1-based line of the first line of this file containing `needle`.
+fn line_of(needle: &str) -> usize {
+    include_str!("audit.rs")
+        .lines()
+        .position(|l| l.contains(needle))
+        .expect("needle in this file")
+        + 1
+}
+
+#[test]
+fn the_owners_behave() {
+    let mut req = AuditReq::default();
+    alloc(&mut req);
+    sched::Sched::decode(&mut req);
+    assert_eq!((req.len(), req.cap()), (4, 8));
+    release(&mut req);
+    assert_eq!(req.len(), 0);
+}
+
+#[test]
+fn table_lists_every_owner_site_with_write_counts() {
+    let table = table();
+    table.assert_matches(EXPECTED);
+    let rows: Vec<(&str, &str, u32, u32, Option<&str>)> = table
+        .rows()
+        .iter()
+        .map(|r| (r.field, r.owner, r.writes, r.delegations, r.owner_module))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("cap", "alloc", 1, 0, Some("audit")),
+            ("len", "Sched::decode", 0, 2, Some("audit::sched")),
+            ("len", "alloc", 2, 0, Some("audit")),
+            ("len", "release", 1, 0, Some("audit")),
+        ]
+    );
+}
+
+#[test]
+fn table_prints_readably() {
+    let file = file!();
+    let site = |needle| format!("{file}:{}", line_of(needle));
+    let (alloc, decode, release) = (
+        site("pub fn alloc("),
+        site("pub fn decode("),
+        site("pub fn release("),
+    );
+    let w = alloc.len();
+    let expected = format!(
+        "\
+| struct::field | owner         | writes | delegated | module       | site{pad} |
+| ------------- | ------------- | ------ | --------- | ------------ | {rule} |
+| AuditReq::cap | alloc         |      1 |         0 | audit        | {alloc:<w$} |
+| AuditReq::len | Sched::decode |      0 |         2 | audit::sched | {decode:<w$} |
+| AuditReq::len | alloc         |      2 |         0 | audit        | {alloc:<w$} |
+| AuditReq::len | release       |      1 |         0 | audit        | {release:<w$} |
+",
+        pad = " ".repeat(w - 4),
+        rule = "-".repeat(w),
+    );
+    assert_eq!(table().to_string(), expected);
+}
+
+#[test]
+fn diff_reports_added_removed_and_recounted_sites() {
+    let table = table();
+    let stale: &[(&str, &str, &str, u32)] = &[
+        ("AuditReq", "cap", "alloc", 1),
+        ("AuditReq", "len", "alloc", 1),
+        ("AuditReq", "len", "release", 1),
+        ("AuditReq", "len", "retract", 1),
+    ];
+    let report = table.diff(stale).unwrap_err();
+    assert_eq!(
+        report,
+        "  added:     AuditReq::len by Sched::decode (0 writes)\n\
+         \x20 recounted: AuditReq::len by alloc: expected 1 writes, found 2\n\
+         \x20 removed:   AuditReq::len by retract (1 writes expected)\n"
+    );
+    assert_eq!(table.diff(EXPECTED), Ok(()));
+}
+
+#[test]
+#[should_panic(expected = "ownership table changed")]
+fn assert_matches_panics_on_a_changed_table() {
+    table().assert_matches(&[("AuditReq", "len", "alloc", 2)]);
+}
+
+#[test]
+fn structs_not_named_are_ignored_and_an_empty_register_is_an_error() {
+    let full = AuditTable::collect().unwrap();
+    full.assert_matches(EXPECTED);
+    assert!(full.rows_of("AuditReq").count() == 4);
+    assert!(
+        AuditError::Empty
+            .to_string()
+            .contains("audit register is empty")
+    );
+}

@@ -1,0 +1,21 @@
+//! `..base` update that sets a guarded field.
+#[kvown::guarded]
+#[derive(Default)]
+pub struct Req {
+    #[owned_by(alloc)]
+    len: usize,
+    #[owned_by(alloc)]
+    pair: (u32, u32),
+    note: u8,
+}
+
+#[kvown::owner]
+pub fn alloc(req: &mut Req) {
+    req.set_len(owner, 1);
+}
+
+fn rebuild(base: Req) -> Req {
+    Req { len: 5, ..base }
+}
+
+fn main() {}

@@ -1,0 +1,22 @@
+//! A `ref mut` pattern naming a guarded field.
+#[kvown::guarded]
+#[derive(Default)]
+pub struct Req {
+    #[owned_by(alloc)]
+    len: usize,
+    #[owned_by(alloc)]
+    pair: (u32, u32),
+    note: u8,
+}
+
+#[kvown::owner]
+pub fn alloc(req: &mut Req) {
+    req.set_len(owner, 1);
+}
+
+fn pattern(req: &mut Req) {
+    let Req { len, .. } = req;
+    *len = 4;
+}
+
+fn main() {}
