@@ -1,0 +1,280 @@
+//! The benchmark workloads, shared by `examples/bench.rs` (table / JSON) and
+//! `benches/allocator.rs` (criterion). `benches/README.md` defines each one precisely.
+//!
+//! Every workload panics with the kvown error when a call that must succeed fails: a benchmark
+//! that silently measures an error path is worse than none.
+
+use kvown::alloc::{KvAllocator, KvSlot, PagedAllocator};
+use kvown::batch::{
+    ScheduleBatch, alloc_for_decode, alloc_for_extend, prepare_for_decode, prepare_for_extend,
+    release_kv_cache,
+};
+use kvown::cache::{KvCache, TreeCache};
+use kvown::radix::RadixCache;
+use kvown::request::Req;
+use kvown::slots::ReqToTokenPool;
+use kvown::tree_cache::{cache_unfinished_req, init_next_round_input};
+
+// In a binary crate the `#[kvown::guarded]` expansion's re-exports of the struct and its
+// `Init` / view types count as unused imports, and its sealed field as never read (reported
+// to the macro owners); the module's own items are all used.
+#[allow(unused_imports, dead_code)]
+pub mod guarded;
+
+/// Slots per page in every workload.
+pub const PAGE_SIZE: usize = 16;
+
+/// The synthetic token at `position` of request `rid` (distinct first tokens per request, so
+/// requests share no prefix).
+fn token(rid: u64, position: usize) -> u32 {
+    (rid as u32).wrapping_mul(2_654_435_761) ^ position as u32
+}
+
+/// `len` tokens of request `rid`, with room to grow to `capacity` without reallocating.
+fn prompt(rid: u64, len: usize, capacity: usize) -> Vec<u32> {
+    let mut tokens = Vec::with_capacity(capacity);
+    tokens.extend((0..len).map(|position| token(rid, position)));
+    tokens
+}
+
+/// W1, pool churn: a 65,536-page allocator; one cycle allocates `k` pages in one call and
+/// frees them page by page, last allocated first.
+pub struct PoolChurn {
+    allocator: PagedAllocator,
+    pages: usize,
+    out: Vec<KvSlot>,
+}
+
+impl PoolChurn {
+    /// Pages in the pool.
+    pub const POOL_PAGES: usize = 65_536;
+
+    /// A fresh pool churning `pages` pages per cycle.
+    pub fn new(pages: usize) -> Self {
+        let allocator = PagedAllocator::new(Self::POOL_PAGES * PAGE_SIZE, PAGE_SIZE, false)
+            .expect("a valid pool");
+        PoolChurn {
+            allocator,
+            pages,
+            out: Vec::with_capacity(pages * PAGE_SIZE),
+        }
+    }
+
+    /// Pages per cycle.
+    pub fn pages(&self) -> usize {
+        self.pages
+    }
+
+    /// One cycle: allocate `k` pages, free them in reverse.
+    #[inline]
+    pub fn cycle(&mut self) {
+        self.out.clear();
+        self.allocator
+            .alloc(self.pages * PAGE_SIZE, &mut self.out)
+            .expect("the pool has room");
+        for page in self.out.chunks_exact(PAGE_SIZE).rev() {
+            self.allocator.free(page).expect("the page is held");
+        }
+    }
+
+    /// Bytes of allocator bookkeeping per page of the pool.
+    pub fn bookkeeping_bytes_per_page(&self) -> f64 {
+        self.allocator.bookkeeping_bytes() as f64 / Self::POOL_PAGES as f64
+    }
+}
+
+/// W2 / W2c, decode step: 256 running requests, request `i` starting at
+/// `512 + (i * 7919 mod 1536)` tokens; a request that reaches 2,048 tokens is released and
+/// replaced by a fresh 512-token request. One step = release the finished, extend their
+/// replacements, then one decode token for every request (`prepare_for_decode` +
+/// `alloc_for_decode`). With the radix cache (W2c) every full page is registered as it fills
+/// (`cache_unfinished_req` when `kv_committed_len % 16 == 0`, and after each extend), and
+/// finished requests are inserted on release; eviction makes room when the pool is short.
+pub struct DecodeLoop {
+    cache: KvCache<PagedAllocator>,
+    running: Option<ScheduleBatch>,
+    next_rid: u64,
+    radix: bool,
+}
+
+impl DecodeLoop {
+    /// Requests running at every step.
+    pub const RUNNING: usize = 256;
+    /// Length at which a request finishes.
+    pub const FINISH_LEN: usize = 2048;
+    /// Prompt length of a replacement.
+    pub const REPLACEMENT_LEN: usize = 512;
+
+    /// The loop with the prefix cache on (`radix`, W2c) or off (W2), all requests admitted.
+    pub fn new(radix: bool) -> Self {
+        let pool_tokens = Self::RUNNING * (Self::FINISH_LEN + PAGE_SIZE);
+        let allocator = PagedAllocator::new(pool_tokens, PAGE_SIZE, false).expect("a valid pool");
+        let rows =
+            ReqToTokenPool::new(Self::RUNNING, Self::FINISH_LEN).expect("a valid request table");
+        let tree = if radix {
+            TreeCache::Radix(RadixCache::new(PAGE_SIZE))
+        } else {
+            TreeCache::Disabled
+        };
+        let mut workload = DecodeLoop {
+            cache: KvCache::new(allocator, rows, tree).expect("page sizes agree"),
+            running: Some(ScheduleBatch::new(Vec::new())),
+            next_rid: Self::RUNNING as u64,
+            radix,
+        };
+        let reqs = (0..Self::RUNNING)
+            .map(|i| {
+                let len = Self::REPLACEMENT_LEN + (i * 7919) % 1536;
+                Req::new(i as u64, prompt(i as u64, len, Self::FINISH_LEN))
+            })
+            .collect();
+        workload.admit(reqs);
+        workload
+    }
+
+    /// Extends `reqs` and adds them to the running batch (registering their pages with W2c).
+    fn admit(&mut self, mut reqs: Vec<Req>) {
+        for req in &mut reqs {
+            init_next_round_input(req, &mut self.cache, usize::MAX).expect("match and lock");
+        }
+        let mut batch = alloc_for_extend(
+            prepare_for_extend(ScheduleBatch::new(reqs)),
+            &mut self.cache,
+        )
+        .unwrap_or_else(|failure| panic!("extend: {}", failure.error));
+        if self.radix {
+            for req in batch.reqs_mut() {
+                cache_unfinished_req(req, &mut self.cache).expect("register pages");
+            }
+        }
+        self.running
+            .as_mut()
+            .expect("the running batch is home")
+            .extend_reqs(batch.into_reqs());
+    }
+
+    /// One decode step, replacements included.
+    #[inline]
+    pub fn step(&mut self) {
+        let mut running = self.running.take().expect("the running batch is home");
+        let done = |req: &Req| req.kv().kv_committed_len() >= Self::FINISH_LEN;
+        if running.reqs().iter().any(done) {
+            let mut finished = running.take_if(done);
+            self.cache.free_group_begin().expect("no open group");
+            for req in &mut finished {
+                release_kv_cache(req, &mut self.cache, true).expect("release");
+            }
+            self.cache.free_group_end().expect("the group is open");
+            let replacements = finished
+                .iter()
+                .map(|_| {
+                    let rid = self.next_rid;
+                    self.next_rid += 1;
+                    Req::new(rid, prompt(rid, Self::REPLACEMENT_LEN, Self::FINISH_LEN))
+                })
+                .collect();
+            self.running = Some(running);
+            self.admit(replacements);
+            running = self.running.take().expect("the running batch is home");
+        }
+        for req in running.reqs_mut() {
+            let position = req.fill_ids().len();
+            req.push_output(token(req.rid(), position));
+        }
+        let prepared = prepare_for_decode(running, &self.cache)
+            .unwrap_or_else(|(_, error)| panic!("prepare_for_decode: {error}"));
+        let mut running = alloc_for_decode(prepared, &mut self.cache)
+            .unwrap_or_else(|failure| panic!("alloc_for_decode: {}", failure.error));
+        if self.radix {
+            for req in running.reqs_mut() {
+                if req.kv().kv_committed_len() % PAGE_SIZE == 0 {
+                    cache_unfinished_req(req, &mut self.cache).expect("register the full page");
+                }
+            }
+        }
+        self.running = Some(running);
+    }
+
+    /// Bytes of radix bookkeeping per cached page (W2c), `None` without the cache.
+    pub fn radix_bytes_per_cached_page(&self) -> Option<f64> {
+        let tree = self.cache.tree().radix()?;
+        let pages = tree.total_size() / PAGE_SIZE;
+        Some(tree.bookkeeping_bytes() as f64 / pages.max(1) as f64)
+    }
+
+    /// Runs the invariant checker over the running requests.
+    pub fn check(&self) -> Result<(), String> {
+        let running = self.running.as_ref().expect("the running batch is home");
+        self.cache.check(running.reqs()).map_err(|v| v.to_string())
+    }
+}
+
+impl Default for ExtendBatch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// W3, extend: a batch of 64 fresh prompts, request `i` of `512 + (i * 7919 mod 3585)`
+/// tokens (512..=4096), through `init_next_round_input` + `prepare_for_extend` +
+/// `alloc_for_extend`, prefix cache off. Building the requests and releasing them afterwards
+/// are outside the measured part.
+pub struct ExtendBatch {
+    cache: KvCache<PagedAllocator>,
+    prompts: Vec<Vec<u32>>,
+}
+
+impl ExtendBatch {
+    /// Prompts per batch.
+    pub const BATCH: usize = 64;
+
+    /// An empty pool large enough for one batch.
+    pub fn new() -> Self {
+        let max_len = 4096;
+        let allocator = PagedAllocator::new(Self::BATCH * (max_len + PAGE_SIZE), PAGE_SIZE, false)
+            .expect("a valid pool");
+        let rows = ReqToTokenPool::new(Self::BATCH, max_len).expect("a valid request table");
+        let prompts = (0..Self::BATCH)
+            .map(|i| prompt(i as u64, 512 + (i * 7919) % 3585, 0))
+            .collect();
+        ExtendBatch {
+            cache: KvCache::new(allocator, rows, TreeCache::Disabled).expect("page sizes agree"),
+            prompts,
+        }
+    }
+
+    /// Tokens extended per batch.
+    pub fn tokens(&self) -> usize {
+        self.prompts.iter().map(Vec::len).sum()
+    }
+
+    /// Fresh requests for one batch (not measured).
+    pub fn fresh_reqs(&self) -> Vec<Req> {
+        (0..)
+            .zip(&self.prompts)
+            .map(|(rid, prompt)| Req::new(rid, prompt.clone()))
+            .collect()
+    }
+
+    /// The measured part: match, prepare and allocate the extend of `reqs`.
+    #[inline]
+    pub fn extend(&mut self, mut reqs: Vec<Req>) -> ScheduleBatch {
+        for req in &mut reqs {
+            init_next_round_input(req, &mut self.cache, usize::MAX).expect("match");
+        }
+        alloc_for_extend(
+            prepare_for_extend(ScheduleBatch::new(reqs)),
+            &mut self.cache,
+        )
+        .unwrap_or_else(|failure| panic!("extend: {}", failure.error))
+    }
+
+    /// Releases a batch from [`ExtendBatch::extend`] (not measured).
+    pub fn release(&mut self, batch: ScheduleBatch) {
+        self.cache.free_group_begin().expect("no open group");
+        for mut req in batch.into_reqs() {
+            release_kv_cache(&mut req, &mut self.cache, false).expect("release");
+        }
+        self.cache.free_group_end().expect("the group is open");
+    }
+}

@@ -1,0 +1,206 @@
+//! `cargo run --release --example bench [-- --json]`: the allocator workloads of
+//! `benches/README.md` as a table (median, min and max over repeats) or as JSON, plus the
+//! bookkeeping memory per page. The criterion benches (`cargo bench`) run the same workloads.
+
+#[path = "../benches/workloads/mod.rs"]
+mod workloads;
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use clap::Parser;
+use serde::Serialize;
+
+use workloads::guarded::{GuardedCounter, PlainCounter, bump_guarded, bump_plain};
+use workloads::{DecodeLoop, ExtendBatch, PoolChurn};
+
+/// Runs the allocator workloads and prints their figures.
+#[derive(Debug, Parser)]
+#[command(name = "bench")]
+struct Args {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Measurements per workload (median, min and max are taken over them).
+    #[arg(long, default_value_t = 7)]
+    repeats: usize,
+}
+
+#[derive(Debug, Serialize)]
+struct Machine {
+    cores: usize,
+    cpu_model: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Workload {
+    name: String,
+    unit: &'static str,
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    machine: Machine,
+    workloads: Vec<Workload>,
+}
+
+fn machine() -> Machine {
+    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|line| line.starts_with("model name"))
+                .and_then(|line| line.split_once(':'))
+                .map(|(_, model)| model.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".to_string());
+    Machine {
+        cores: std::thread::available_parallelism().map_or(1, usize::from),
+        cpu_model,
+    }
+}
+
+/// Takes `repeats` measurements of `measure` and summarises them as workload `name`.
+fn repeat(
+    name: &str,
+    unit: &'static str,
+    repeats: usize,
+    mut measure: impl FnMut() -> f64,
+) -> Workload {
+    let mut values: Vec<f64> = (0..repeats.max(1)).map(|_| measure()).collect();
+    values.sort_by(f64::total_cmp);
+    Workload {
+        name: name.to_string(),
+        unit,
+        median: values[values.len() / 2],
+        min: values[0],
+        max: values[values.len() - 1],
+    }
+}
+
+/// A single figure (median = min = max).
+fn figure(name: &str, unit: &'static str, value: f64) -> Workload {
+    Workload {
+        name: name.to_string(),
+        unit,
+        median: value,
+        min: value,
+        max: value,
+    }
+}
+
+fn pool_churn(pages: usize, repeats: usize) -> Workload {
+    let mut churn = PoolChurn::new(pages);
+    let cycles = (1 << 20) / pages;
+    for _ in 0..cycles / 8 {
+        churn.cycle();
+    }
+    repeat(&format!("W1_k{pages}"), "ns/page", repeats, || {
+        let start = Instant::now();
+        for _ in 0..cycles {
+            black_box(&mut churn).cycle();
+        }
+        start.elapsed().as_nanos() as f64 / (cycles * churn.pages()) as f64
+    })
+}
+
+fn decode_steps(name: &str, radix: bool, repeats: usize) -> (Workload, DecodeLoop) {
+    const STEPS: usize = 2000;
+    let mut decode = DecodeLoop::new(radix);
+    for _ in 0..STEPS {
+        decode.step();
+    }
+    let workload = repeat(name, "us/step", repeats, || {
+        let start = Instant::now();
+        for _ in 0..STEPS {
+            black_box(&mut decode).step();
+        }
+        start.elapsed().as_nanos() as f64 / 1e3 / STEPS as f64
+    });
+    if let Err(violation) = decode.check() {
+        panic!("{name}: invariant violated after the run: {violation}");
+    }
+    (workload, decode)
+}
+
+fn extend(repeats: usize) -> Workload {
+    const BATCHES: usize = 20;
+    let mut extend = ExtendBatch::new();
+    let tokens = extend.tokens();
+    repeat("W3", "tokens/s", repeats, || {
+        let mut nanos = 0;
+        for _ in 0..BATCHES {
+            let reqs = extend.fresh_reqs();
+            let start = Instant::now();
+            let batch = extend.extend(black_box(reqs));
+            nanos += start.elapsed().as_nanos();
+            extend.release(batch);
+        }
+        (BATCHES * tokens) as f64 / (nanos as f64 / 1e9)
+    })
+}
+
+fn guarded_vs_plain(repeats: usize) -> Workload {
+    const WRITES: u64 = 20_000_000;
+    repeat("guarded_vs_plain", "ratio", repeats, || {
+        let start = Instant::now();
+        black_box(bump_guarded(&mut GuardedCounter::default(), WRITES));
+        let guarded = start.elapsed().as_secs_f64();
+        let start = Instant::now();
+        black_box(bump_plain(&mut PlainCounter::default(), WRITES));
+        guarded / start.elapsed().as_secs_f64()
+    })
+}
+
+fn main() {
+    let args = Args::parse();
+    let repeats = args.repeats;
+    let mut workloads = vec![
+        pool_churn(1, repeats),
+        pool_churn(32, repeats),
+        pool_churn(1024, repeats),
+    ];
+    let (w2, _) = decode_steps("W2", false, repeats);
+    let (w2c, with_radix) = decode_steps("W2c", true, repeats);
+    workloads.extend([w2, w2c, extend(repeats), guarded_vs_plain(repeats)]);
+    workloads.push(figure(
+        "allocator_bookkeeping",
+        "bytes/page",
+        PoolChurn::new(1).bookkeeping_bytes_per_page(),
+    ));
+    workloads.push(figure(
+        "radix_bookkeeping",
+        "bytes/cached page",
+        with_radix
+            .radix_bytes_per_cached_page()
+            .expect("W2c runs with the prefix cache"),
+    ));
+    let report = Report {
+        machine: machine(),
+        workloads,
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("the report serialises")
+        );
+        return;
+    }
+    println!(
+        "machine: {} ({} cores), {repeats} repeats",
+        report.machine.cpu_model, report.machine.cores
+    );
+    println!(
+        "{:<22} {:>14} {:>14} {:>14}  unit",
+        "workload", "median", "min", "max"
+    );
+    for w in &report.workloads {
+        println!(
+            "{:<22} {:>14.3} {:>14.3} {:>14.3}  {}",
+            w.name, w.median, w.min, w.max, w.unit
+        );
+    }
+}
