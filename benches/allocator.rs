@@ -1,1 +1,85 @@
-fn main() {}
+//! Criterion benches of the allocator workloads (`benches/README.md` defines them; the
+//! workloads live in `benches/workloads/`, shared with `examples/bench.rs`).
+
+#[path = "workloads/mod.rs"]
+mod workloads;
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+
+use workloads::guarded::{GuardedCounter, PlainCounter, bump_guarded, bump_plain};
+use workloads::{DecodeLoop, ExtendBatch, PoolChurn};
+
+/// Writes per iteration of the `guarded_vs_plain` loops.
+const WRITES: u64 = 1024;
+
+fn pool_churn(c: &mut Criterion) {
+    let mut group = c.benchmark_group("W1_pool_churn");
+    for pages in [1, 32, 1024] {
+        let mut churn = PoolChurn::new(pages);
+        group.throughput(Throughput::Elements(churn.pages() as u64));
+        group.bench_function(format!("k{pages}"), |b| {
+            b.iter(|| black_box(&mut churn).cycle())
+        });
+    }
+    group.finish();
+    let bytes = PoolChurn::new(1).bookkeeping_bytes_per_page();
+    println!("W1: allocator bookkeeping {bytes:.2} bytes per page");
+}
+
+fn decode_step(c: &mut Criterion) {
+    let mut group = c.benchmark_group("W2_decode_step");
+    for (name, radix) in [("W2", false), ("W2c", true)] {
+        let mut decode = DecodeLoop::new(radix);
+        for _ in 0..2000 {
+            decode.step();
+        }
+        group.bench_function(name, |b| b.iter(|| black_box(&mut decode).step()));
+        if let Err(violation) = decode.check() {
+            panic!("{name}: invariant violated after the run: {violation}");
+        }
+        if let Some(bytes) = decode.radix_bytes_per_cached_page() {
+            println!("{name}: radix bookkeeping {bytes:.2} bytes per cached page");
+        }
+    }
+    group.finish();
+}
+
+fn extend(c: &mut Criterion) {
+    let mut group = c.benchmark_group("W3_extend");
+    let mut extend = ExtendBatch::new();
+    group.throughput(Throughput::Elements(extend.tokens() as u64));
+    group.bench_function("batch64", |b| {
+        b.iter_custom(|iters| {
+            let mut measured = Duration::ZERO;
+            for _ in 0..iters {
+                let reqs = extend.fresh_reqs();
+                let start = Instant::now();
+                let batch = extend.extend(black_box(reqs));
+                measured += start.elapsed();
+                extend.release(batch);
+            }
+            measured
+        })
+    });
+    group.finish();
+}
+
+fn guarded_vs_plain(c: &mut Criterion) {
+    let mut group = c.benchmark_group("guarded_vs_plain");
+    group.throughput(Throughput::Elements(WRITES));
+    let mut guarded = GuardedCounter::default();
+    group.bench_function("guarded", |b| {
+        b.iter(|| bump_guarded(black_box(&mut guarded), WRITES))
+    });
+    let mut plain = PlainCounter::default();
+    group.bench_function("plain", |b| {
+        b.iter(|| bump_plain(black_box(&mut plain), WRITES))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, pool_churn, decode_step, extend, guarded_vs_plain);
+criterion_main!(benches);
