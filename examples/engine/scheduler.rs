@@ -243,8 +243,9 @@ impl<'a> Engine<'a> {
         let batch = ScheduleBatch::new(admitted);
         let batch = timed(&mut self.step_ns, || {
             alloc_for_extend(prepare_for_extend(batch), &mut self.cache)
+                .map_err(|failure| failure.error)
         })
-        .map_err(|failure| format!("alloc_for_extend after admission: {}", failure.error))?;
+        .map_err(|error| format!("alloc_for_extend after admission: {error}"))?;
         let mut stores = Vec::with_capacity(batch.out_cache_loc().len());
         let mut slots = batch.out_cache_loc().iter();
         for req in batch.reqs() {
