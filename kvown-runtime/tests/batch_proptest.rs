@@ -1053,7 +1053,7 @@ where
     sim.drain();
 }
 
-const CASES: u32 = 48;
+const CASES: u32 = 96;
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(CASES))]

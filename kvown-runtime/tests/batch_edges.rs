@@ -1,0 +1,741 @@
+//! Unit tests for the request-bookkeeping items of the spec (§9 items 12–19) and its edge
+//! cases: row contents after extend and decode, release accounting, the next-decode memory
+//! formulas, retraction order and end state, speculative reservation, chunked prefill at page
+//! size > 1, release between match and allocation, and errors that change nothing.
+
+use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator, ceil_align};
+use kvown_runtime::batch::{
+    ScheduleBatch, alloc_for_decode, alloc_for_extend, alloc_for_spec_decode, check_decode_mem,
+    commit_spec_tokens, new_tokens_required_next_decode, prepare_for_decode, prepare_for_extend,
+    prepare_for_spec_decode, release_kv_cache, retract_decode,
+};
+use kvown_runtime::cache::{KvCache, TreeCache};
+use kvown_runtime::error::KvError;
+use kvown_runtime::radix::{RadixCache, TreePos};
+use kvown_runtime::request::Req;
+use kvown_runtime::slots::ReqToTokenPool;
+use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
+
+type Cache = KvCache<PagedAllocator>;
+
+fn cache(pool_tokens: usize, page_size: usize, radix: bool) -> Cache {
+    cache_with(pool_tokens, page_size, radix, 8, 256)
+}
+
+fn cache_with(
+    pool_tokens: usize,
+    page_size: usize,
+    radix: bool,
+    rows: usize,
+    width: usize,
+) -> Cache {
+    let allocator = PagedAllocator::new(pool_tokens, page_size, false).unwrap();
+    let tree = if radix {
+        TreeCache::Radix(RadixCache::new(page_size))
+    } else {
+        TreeCache::Disabled
+    };
+    KvCache::new(allocator, ReqToTokenPool::new(rows, width).unwrap(), tree).unwrap()
+}
+
+fn extend_chunked(reqs: Vec<Req>, cache: &mut Cache, chunk: usize) -> ScheduleBatch {
+    let mut reqs = reqs;
+    for req in &mut reqs {
+        init_next_round_input(req, cache, chunk).unwrap();
+    }
+    alloc_for_extend(prepare_for_extend(ScheduleBatch::new(reqs)), cache)
+        .map_err(|f| f.error)
+        .unwrap()
+}
+
+fn extend(reqs: Vec<Req>, cache: &mut Cache) -> ScheduleBatch {
+    extend_chunked(reqs, cache, usize::MAX)
+}
+
+fn decode(batch: ScheduleBatch, cache: &mut Cache) -> ScheduleBatch {
+    let prepared = prepare_for_decode(batch, cache)
+        .map_err(|(_, e)| e)
+        .unwrap();
+    alloc_for_decode(prepared, cache)
+        .map_err(|f| f.error)
+        .unwrap()
+}
+
+fn reserve(batch: ScheduleBatch, cache: &mut Cache, reserve: usize) -> ScheduleBatch {
+    let prepared = prepare_for_spec_decode(batch, cache, reserve)
+        .map_err(|(_, e)| e)
+        .unwrap();
+    alloc_for_spec_decode(prepared, cache)
+        .map_err(|f| f.error)
+        .unwrap()
+}
+
+fn row_of(cache: &Cache, req: &Req) -> Vec<KvSlot> {
+    cache
+        .req_to_token()
+        .row(req.kv().req_pool_idx().unwrap())
+        .unwrap()
+        .to_vec()
+}
+
+fn ladder(req: &Req) -> (usize, usize, usize) {
+    let kv = req.kv();
+    (
+        kv.cache_protected_len(),
+        kv.kv_committed_len(),
+        kv.kv_allocated_len(),
+    )
+}
+
+fn tokens(base: u32, len: usize) -> Vec<u32> {
+    (base..base + len as u32).collect()
+}
+
+/// Allocator, table and tree sizes: what an error must leave untouched.
+fn state(cache: &Cache) -> (PagedAllocator, ReqToTokenPool, usize, usize, usize) {
+    let tree = cache.tree();
+    (
+        cache.allocator().clone(),
+        cache.req_to_token().clone(),
+        tree.evictable_size(),
+        tree.protected_size(),
+        tree.radix().map_or(0, RadixCache::total_size),
+    )
+}
+
+fn empty_out(mut cache: Cache) {
+    cache.check(std::iter::empty()).unwrap();
+    assert_eq!(cache.tree().protected_size(), 0);
+    let capacity = cache.allocator().capacity();
+    cache.evict_shortfall(capacity + 1).unwrap();
+    assert_eq!(cache.available_size(), capacity);
+}
+
+// §9.12: row[0:prefix] == prefix slots, row[prefix:seq] == the request's out_cache_loc segment.
+#[test]
+fn extend_writes_prefix_then_new_slots_into_the_row() {
+    let page_size = 4;
+    let mut cache = cache(256, page_size, true);
+    let shared = tokens(0, 16);
+    let first = extend(
+        vec![Req::new(1, [shared.clone(), vec![90, 91]].concat())],
+        &mut cache,
+    );
+    let cached_slots = row_of(&cache, &first.reqs()[0])[..16].to_vec();
+    let mut req = first.into_reqs().pop().unwrap();
+    release_kv_cache(&mut req, &mut cache, true).unwrap();
+
+    let reqs = vec![
+        Req::new(2, tokens(500, 7)),
+        Req::new(3, [shared.clone(), vec![60, 61, 62]].concat()),
+        Req::new(4, [shared[..9].to_vec(), vec![70]].concat()),
+    ];
+    let batch = extend(reqs, &mut cache);
+    cache.check(batch.reqs()).unwrap();
+    let out = batch.out_cache_loc();
+    let expected_prefix = [0, 16, 8];
+    let expected_seq = [7, 19, 10];
+    assert_eq!(
+        out.len(),
+        7 + 3 + 2,
+        "len(out_cache_loc) == sum of extend lens"
+    );
+    let mut offset = 0;
+    for (i, req) in batch.reqs().iter().enumerate() {
+        let (prefix, seq) = (expected_prefix[i], expected_seq[i]);
+        assert_eq!(req.prefix_len(), prefix);
+        assert_eq!(ladder(req), (prefix, seq, seq));
+        let row = row_of(&cache, req);
+        assert_eq!(&row[..prefix], &cached_slots[..prefix]);
+        assert_eq!(&row[prefix..seq], &out[offset..offset + seq - prefix]);
+        offset += seq - prefix;
+    }
+    for mut req in batch.into_reqs() {
+        release_kv_cache(&mut req, &mut cache, true).unwrap();
+    }
+    empty_out(cache);
+}
+
+// §9.13: decode writes row[seq_old]; a new page only when the new token opens one.
+#[test]
+fn decode_writes_the_old_length_and_opens_pages_only_at_boundaries() {
+    let page_size = 4;
+    let mut cache = cache(256, page_size, false);
+    let lens = [4, 5, 7, 8];
+    let reqs = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| Req::new(i as u64, tokens(100 * i as u32, len)))
+        .collect();
+    let mut batch = extend(reqs, &mut cache);
+    let before = cache.available_size();
+    let rows_before: Vec<Vec<KvSlot>> = batch.reqs().iter().map(|r| row_of(&cache, r)).collect();
+    for req in batch.reqs_mut() {
+        req.push_output(1);
+    }
+    assert_eq!(
+        new_tokens_required_next_decode(batch.reqs(), page_size, None),
+        2 * page_size,
+        "only lengths 4 and 8 open a page"
+    );
+    batch = decode(batch, &mut cache);
+    assert_eq!(before - cache.available_size(), 2 * page_size);
+    let out = batch.out_cache_loc().to_vec();
+    for (i, req) in batch.reqs().iter().enumerate() {
+        let old = lens[i];
+        let row = row_of(&cache, req);
+        assert_eq!(row[old], out[i]);
+        assert_eq!(&row[..old], &rows_before[i][..old]);
+        assert_eq!(ladder(req), (0, old + 1, old + 1));
+        if old % page_size == 0 {
+            assert_eq!(out[i] as usize % page_size, 0);
+        } else {
+            assert_eq!(out[i], row[old - 1] + 1);
+        }
+    }
+    cache.check(batch.reqs()).unwrap();
+    for mut req in batch.into_reqs() {
+        release_kv_cache(&mut req, &mut cache, false).unwrap();
+    }
+    empty_out(cache);
+}
+
+// §9.15: release frees [protected, ceil_align(allocated)) minus what the tree took over.
+#[test]
+fn release_frees_the_owned_range_minus_the_tree_take() {
+    let page_size = 4;
+    // Radix off: everything the request owns comes back.
+    let mut plain = cache(256, page_size, false);
+    let mut req = extend(vec![Req::new(1, tokens(0, 10))], &mut plain)
+        .into_reqs()
+        .pop()
+        .unwrap();
+    let before = plain.available_size();
+    release_kv_cache(&mut req, &mut plain, true).unwrap();
+    assert_eq!(plain.available_size() - before, 12);
+    empty_out(plain);
+
+    let mut cache = cache(256, page_size, true);
+    let prompt = tokens(0, 10);
+    // Two identical prompts at once: neither matches, both own all their pages.
+    let batch = extend(
+        vec![Req::new(1, prompt.clone()), Req::new(2, prompt.clone())],
+        &mut cache,
+    );
+    let mut reqs = batch.into_reqs();
+    let before = cache.available_size();
+    release_kv_cache(&mut reqs[0], &mut cache, true).unwrap();
+    // The tree takes [0, 8); the unaligned tail's page (8..12) is freed.
+    assert_eq!(cache.available_size() - before, 4);
+    assert_eq!(cache.tree().radix().unwrap().total_size(), 8);
+    let before = cache.available_size();
+    release_kv_cache(&mut reqs[1], &mut cache, true).unwrap();
+    // Its [0, 8) duplicates the tree: freed with the tail.
+    assert_eq!(cache.available_size() - before, 12);
+    assert_eq!(cache.tree().radix().unwrap().total_size(), 8);
+    cache.check(&reqs).unwrap();
+
+    // A request with a protected prefix: the tree's [0, 8) is untouched, its lock dropped once.
+    let mut req = extend(
+        vec![Req::new(3, [prompt[..8].to_vec(), tokens(900, 6)].concat())],
+        &mut cache,
+    )
+    .into_reqs()
+    .pop()
+    .unwrap();
+    assert_eq!(ladder(&req), (8, 14, 14));
+    assert_eq!(cache.tree().protected_size(), 8);
+    let before = cache.available_size();
+    release_kv_cache(&mut req, &mut cache, false).unwrap();
+    assert_eq!(cache.available_size() - before, ceil_align(14, 4) - 8);
+    assert_eq!(cache.tree().protected_size(), 0);
+    assert_eq!(cache.tree().evictable_size(), 8);
+    assert_eq!(
+        release_kv_cache(&mut req, &mut cache, false),
+        Err(KvError::NotHeld { rid: 3 })
+    );
+    empty_out(cache);
+}
+
+// §9.17 non-spec: ps × (requests with committed % ps == 0); page size 1: the request count.
+// Spec: Σ ceil_align(alloc + max(0, committed + reserve − alloc)) − ceil_align(alloc).
+#[test]
+fn new_tokens_required_next_decode_formulas() {
+    for page_size in [1, 4] {
+        let mut cache = cache(512, page_size, false);
+        let reqs = [3, 4, 5, 8, 12]
+            .iter()
+            .map(|&len| Req::new(len as u64, tokens(0, len)))
+            .collect();
+        let batch = extend(reqs, &mut cache);
+        let expected = if page_size == 1 { 5 } else { 3 * 4 };
+        assert_eq!(
+            new_tokens_required_next_decode(batch.reqs(), page_size, None),
+            expected
+        );
+        for mut req in batch.into_reqs() {
+            release_kv_cache(&mut req, &mut cache, false).unwrap();
+        }
+    }
+
+    let page_size = 4;
+    let spec = |committed: usize, allocated: usize, reserve: usize| {
+        let x = (committed + reserve).saturating_sub(allocated);
+        ceil_align(allocated + x, page_size) - ceil_align(allocated, page_size)
+    };
+    let mut cache = cache(512, page_size, false);
+    let mut batch = extend(
+        vec![Req::new(1, tokens(0, 9)), Req::new(2, tokens(50, 16))],
+        &mut cache,
+    );
+    // committed == allocated: 9 + 6 -> 16 (one page over 12), 16 + 6 -> 24 (two pages).
+    assert_eq!(spec(9, 9, 6) + spec(16, 16, 6), 4 + 8);
+    assert_eq!(
+        new_tokens_required_next_decode(batch.reqs(), page_size, Some(6)),
+        12
+    );
+    batch = reserve(batch, &mut cache, 6);
+    assert_eq!(ladder(&batch.reqs()[0]), (0, 9, 16));
+    assert_eq!(ladder(&batch.reqs()[1]), (0, 16, 24));
+    assert_eq!(
+        new_tokens_required_next_decode(batch.reqs(), page_size, Some(6)),
+        0,
+        "the reservation already covers the next step"
+    );
+    commit_spec_tokens(&mut batch, &[3, 1]).unwrap();
+    // (12, 16): 12 + 6 = 18 -> 20, one page; (17, 24): 23 <= 24, nothing.
+    assert_eq!(spec(12, 16, 6) + spec(17, 24, 6), 4);
+    assert_eq!(
+        new_tokens_required_next_decode(batch.reqs(), page_size, Some(6)),
+        4
+    );
+    cache.check(batch.reqs()).unwrap();
+    for mut req in batch.into_reqs() {
+        release_kv_cache(&mut req, &mut cache, false).unwrap();
+    }
+    empty_out(cache);
+}
+
+// §9.17: check_decode_mem evicts only the shortfall.
+#[test]
+fn check_decode_mem_evicts_only_the_shortfall() {
+    let page_size = 4;
+    let mut cache = cache(64, page_size, true);
+    // Four cached prompts of two pages each: 32 evictable, 32 free.
+    for i in 0..4 {
+        let mut req = extend(vec![Req::new(i, tokens(100 * i as u32, 9))], &mut cache)
+            .into_reqs()
+            .pop()
+            .unwrap();
+        release_kv_cache(&mut req, &mut cache, true).unwrap();
+    }
+    assert_eq!(cache.tree().evictable_size(), 32);
+    // Four new requests of 12 tokens need 48: the 16 missing are evicted, no more.
+    let batch = extend(
+        (10..14)
+            .map(|i| Req::new(i, tokens(1000 * i as u32, 12)))
+            .collect(),
+        &mut cache,
+    );
+    assert_eq!(cache.available_size(), 0);
+    assert_eq!(
+        cache.tree().evictable_size(),
+        16,
+        "evicted exactly the shortfall"
+    );
+    cache.check(batch.reqs()).unwrap();
+    let mut reqs = batch.into_reqs();
+    for req in &mut reqs[..2] {
+        release_kv_cache(req, &mut cache, true).unwrap();
+    }
+    assert_eq!(cache.tree().evictable_size(), 40);
+    assert_eq!(cache.available_size(), 0);
+    // The two left sit at a page boundary: the next step needs 8.
+    assert_eq!(
+        new_tokens_required_next_decode(&reqs[2..], page_size, None),
+        8
+    );
+    assert!(check_decode_mem(&reqs[2..], &mut cache, None).unwrap());
+    assert_eq!(cache.available_size(), 8, "only the shortfall was evicted");
+    assert_eq!(cache.tree().evictable_size(), 32);
+    assert!(check_decode_mem(&reqs[2..], &mut cache, None).unwrap());
+    assert_eq!(
+        cache.tree().evictable_size(),
+        32,
+        "nothing evicted when it fits"
+    );
+    cache.check(&reqs).unwrap();
+    for req in &mut reqs[2..] {
+        release_kv_cache(req, &mut cache, false).unwrap();
+    }
+    empty_out(cache);
+}
+
+// §9.18: fewest outputs first, longest prompt first among equals; retracted requests end
+// with no row, committed = protected = 0, both clocks 0, retraction_count + 1; nothing is
+// inserted into the tree.
+#[test]
+fn retraction_order_and_end_state() {
+    let page_size = 4;
+    // Prompts 6, 8, 4, 3 and outputs 2, 0, 0, 1 -> order: rid 2 (0 out, prompt 8), rid 3
+    // (0, 4), rid 4 (1, 3), rid 1 (2, 6).
+    let mut cache = cache(48, page_size, true);
+    let reqs = vec![
+        Req::new(1, tokens(0, 6)),
+        Req::new(2, tokens(100, 8)),
+        Req::new(3, tokens(200, 4)),
+        Req::new(4, tokens(300, 3)),
+    ];
+    let mut batch = extend(reqs, &mut cache);
+    // Decode rid 1 twice and rid 4 once so the output counts differ.
+    for (rid, outputs) in [(1, 2), (4, 1)] {
+        let mut one = ScheduleBatch::new(batch.take_if(|r| r.rid() == rid));
+        for _ in 0..outputs {
+            one.reqs_mut()[0].push_output(7);
+            one = decode(one, &mut cache);
+        }
+        batch.extend_reqs(one.into_reqs());
+    }
+    let lens: Vec<(u64, usize, usize)> = batch
+        .reqs()
+        .iter()
+        .map(|r| (r.rid(), r.output_ids().len(), r.origin_input_ids().len()))
+        .collect();
+    assert!(lens.contains(&(1, 2, 6)) && lens.contains(&(4, 1, 3)));
+    for req in batch.reqs_mut() {
+        req.push_output(8);
+    }
+    // Fill the pool so several retractions are needed.
+    let free = cache.available_size();
+    let filler = extend(vec![Req::new(99, tokens(5000, free))], &mut cache);
+    assert_eq!(cache.available_size(), 0);
+    let tree_total = cache.tree().radix().unwrap().total_size();
+    // Lengths 8, 8, 4, 4 all open a page (16 needed): retracting rid 2 frees 8 (12 still
+    // needed), rid 3 frees 4 more (8 needed, 12 free): two retractions.
+    let outcome = retract_decode(&mut batch, &mut cache, None).unwrap();
+    let order: Vec<u64> = outcome.retracted.iter().map(Req::rid).collect();
+    assert_eq!(order, [2, 3]);
+    assert_eq!(order[..], [2, 3, 4, 1][..order.len()]);
+    assert!(!batch.is_empty() || outcome.aborted.len() == 1);
+    assert_eq!(cache.tree().radix().unwrap().total_size(), tree_total);
+    for req in &outcome.retracted {
+        let kv = req.kv();
+        assert!(!kv.holds_kv());
+        assert_eq!(ladder(req), (0, 0, 0));
+        assert_eq!((kv.extend_batch_idx(), kv.decode_batch_idx()), (0, 0));
+        assert_eq!(req.retraction_count, 1);
+        assert!(req.is_retracted);
+        assert_eq!(req.last_node(), TreePos::ROOT);
+    }
+    let mut all: Vec<Req> = filler.into_reqs();
+    all.extend(batch.into_reqs());
+    cache.check(&all).unwrap();
+    for req in &mut all {
+        release_kv_cache(req, &mut cache, false).unwrap();
+    }
+
+    // Re-admitting a retracted request runs it again (sglang clears is_retracted at extend).
+    let readmitted = extend(outcome.retracted, &mut cache);
+    for req in readmitted.reqs() {
+        assert!(!req.is_retracted);
+        assert_eq!(req.retraction_count, 1);
+        assert_eq!(req.kv().kv_committed_len(), req.fill_ids().len());
+    }
+    for mut req in readmitted.into_reqs() {
+        release_kv_cache(&mut req, &mut cache, false).unwrap();
+    }
+    empty_out(cache);
+}
+
+// §9.18: keeps at least one; aborts the last one when even it does not fit.
+#[test]
+fn retraction_keeps_one_and_aborts_the_last_when_it_cannot_fit() {
+    let page_size = 4;
+    let mut cache = cache(32, page_size, false);
+    // Two requests filling the pool, each at a page boundary: the next step needs two pages.
+    let mut batch = extend(
+        vec![Req::new(1, tokens(0, 16)), Req::new(2, tokens(100, 16))],
+        &mut cache,
+    );
+    assert_eq!(cache.available_size(), 0);
+    let outcome = retract_decode(&mut batch, &mut cache, None).unwrap();
+    // Retracting one frees 16, enough for the other's page: one retracted, one kept.
+    assert_eq!(outcome.retracted.len(), 1);
+    assert!(outcome.aborted.is_empty());
+    assert_eq!(batch.len(), 1);
+
+    // A lone request that fits is kept, not retracted (regression: it used to be retracted,
+    // leaving an empty batch).
+    let outcome = retract_decode(&mut batch, &mut cache, None).unwrap();
+    assert!(outcome.retracted.is_empty() && outcome.aborted.is_empty());
+    assert_eq!(batch.len(), 1);
+
+    // A lone request that cannot fit is aborted (released), not retracted.
+    let filler = extend(vec![Req::new(9, tokens(900, 16))], &mut cache);
+    assert_eq!(cache.available_size(), 0);
+    let outcome = retract_decode(&mut batch, &mut cache, None).unwrap();
+    assert!(
+        outcome.retracted.is_empty(),
+        "the last request is never retracted"
+    );
+    assert_eq!(outcome.aborted.len(), 1);
+    let aborted = &outcome.aborted[0];
+    assert!(!aborted.kv().holds_kv());
+    assert_eq!(aborted.retraction_count, 0);
+    assert!(batch.is_empty());
+    cache.check(filler.reqs()).unwrap();
+    for mut req in filler.into_reqs() {
+        release_kv_cache(&mut req, &mut cache, false).unwrap();
+    }
+    empty_out(cache);
+}
+
+// §9.19: the reservation never shrinks; zero need allocates nothing but still applies the max;
+// row[cur:nxt] is filled in request order.
+#[test]
+fn speculative_reservation_never_shrinks_and_fills_in_request_order() {
+    let page_size = 4;
+    let mut cache = cache(256, page_size, false);
+    let mut batch = extend(
+        vec![Req::new(1, tokens(0, 5)), Req::new(2, tokens(100, 6))],
+        &mut cache,
+    );
+    let before = cache.available_size();
+    batch = reserve(batch, &mut cache, 10);
+    // 5 + 10 -> 16, 6 + 10 -> 16.
+    assert_eq!(ladder(&batch.reqs()[0]), (0, 5, 16));
+    assert_eq!(ladder(&batch.reqs()[1]), (0, 6, 16));
+    assert_eq!(before - cache.available_size(), (16 - 8) + (16 - 8));
+    let first = row_of(&cache, &batch.reqs()[0]);
+    let second = row_of(&cache, &batch.reqs()[1]);
+    assert!(
+        first[8..16].iter().max() < second[8..16].iter().min(),
+        "the first request's top-up comes first from a fresh free list"
+    );
+    assert!(batch.out_cache_loc().is_empty());
+
+    // A smaller reserve: zero need, nothing allocated, allocated stays at the max, clock ticks.
+    let before = cache.available_size();
+    let clocks: Vec<u64> = batch
+        .reqs()
+        .iter()
+        .map(|r| r.kv().decode_batch_idx())
+        .collect();
+    batch = reserve(batch, &mut cache, 2);
+    assert_eq!(cache.available_size(), before);
+    assert_eq!(ladder(&batch.reqs()[0]), (0, 5, 16));
+    assert_eq!(ladder(&batch.reqs()[1]), (0, 6, 16));
+    assert_eq!(row_of(&cache, &batch.reqs()[0]), first);
+    for (req, clock) in batch.reqs().iter().zip(clocks) {
+        assert_eq!(req.kv().decode_batch_idx(), clock + 1);
+    }
+    cache.check(batch.reqs()).unwrap();
+    for mut req in batch.into_reqs() {
+        release_kv_cache(&mut req, &mut cache, false).unwrap();
+    }
+    empty_out(cache);
+}
+
+// §9.19 / §7.5: over-allocation is freed at release from ceil_align(committed).
+#[test]
+fn over_allocation_is_freed_from_the_committed_page_end() {
+    let page_size = 4;
+    let mut cache = cache(256, page_size, true);
+    let mut batch = extend(vec![Req::new(1, tokens(0, 9))], &mut cache);
+    batch = reserve(batch, &mut cache, 10);
+    assert_eq!(ladder(&batch.reqs()[0]), (0, 9, 20));
+    commit_spec_tokens(&mut batch, &[2]).unwrap();
+    for _ in 0..2 {
+        batch.reqs_mut()[0].push_output(5);
+    }
+    let row = row_of(&cache, &batch.reqs()[0]);
+    let mut req = batch.into_reqs().pop().unwrap();
+    let before = cache.available_size();
+    release_kv_cache(&mut req, &mut cache, true).unwrap();
+    // Tree takes [0, 8); [8, 11) goes with the tree's tail free (page 8..12); the
+    // over-allocation [12, 20) is freed separately.
+    assert_eq!(cache.tree().radix().unwrap().total_size(), 8);
+    assert_eq!(cache.available_size() - before, 20 - 8);
+    for position in [8, 12, 16] {
+        let page = row[position] / page_size as u32;
+        assert!(cache.allocator().is_page_free(page), "position {position}");
+    }
+    assert!(!cache.allocator().is_page_free(row[4] / page_size as u32));
+    cache.check([&req]).unwrap();
+    empty_out(cache);
+}
+
+// Edge case: a chunked request at page size > 1 whose prefix is longer than its protected
+// length; the next chunk continues the partial page.
+#[test]
+fn chunked_prefix_longer_than_protected_continues_the_partial_page() {
+    let page_size = 4;
+    let mut cache = cache(256, page_size, true);
+    let mut batch = extend_chunked(vec![Req::new(1, tokens(0, 30))], &mut cache, 10);
+    cache_unfinished_req(&mut batch.reqs_mut()[0], &mut cache).unwrap();
+    let req = &batch.reqs()[0];
+    assert_eq!(ladder(req), (8, 10, 10));
+    assert_eq!(req.prefix_len(), 10);
+    assert!(req.prefix_len() > req.kv().cache_protected_len());
+    cache.check(batch.reqs()).unwrap();
+    let row = row_of(&cache, req);
+    let mut reqs = batch.into_reqs();
+    init_next_round_input(&mut reqs[0], &mut cache, 10).unwrap();
+    assert_eq!(
+        reqs[0].prefix_len(),
+        10,
+        "a continuing chunk keeps its prefix"
+    );
+    let before = cache.available_size();
+    let batch = alloc_for_extend(prepare_for_extend(ScheduleBatch::new(reqs)), &mut cache)
+        .map_err(|f| f.error)
+        .unwrap();
+    let req = &batch.reqs()[0];
+    assert_eq!(ladder(req), (8, 20, 20));
+    let new_row = row_of(&cache, req);
+    assert_eq!(&new_row[..10], &row[..10]);
+    assert_eq!(new_row[10], row[9] + 1, "fills the partial page first");
+    assert_eq!(new_row[11], row[9] + 2);
+    assert_eq!(
+        before - cache.available_size(),
+        ceil_align(20, 4) - ceil_align(10, 4)
+    );
+    assert_eq!(&new_row[10..20], batch.out_cache_loc());
+    cache.check(batch.reqs()).unwrap();
+
+    // Aborting mid-prefill frees [8, 20) and keeps the tree's [0, 8).
+    let mut req = batch.into_reqs().pop().unwrap();
+    let before = cache.available_size();
+    release_kv_cache(&mut req, &mut cache, false).unwrap();
+    assert_eq!(cache.available_size() - before, 12);
+    assert_eq!(cache.tree().evictable_size(), 8);
+    empty_out(cache);
+}
+
+// Edge case: released after matching but before allocation: only the lock is dropped.
+#[test]
+fn release_between_match_and_alloc_drops_only_the_lock() {
+    let page_size = 4;
+    let mut cache = cache(256, page_size, true);
+    let mut first = extend(vec![Req::new(1, tokens(0, 13))], &mut cache)
+        .into_reqs()
+        .pop()
+        .unwrap();
+    release_kv_cache(&mut first, &mut cache, true).unwrap();
+    assert_eq!(cache.tree().evictable_size(), 12);
+
+    let mut req = Req::new(2, [tokens(0, 12), vec![77]].concat());
+    init_next_round_input(&mut req, &mut cache, usize::MAX).unwrap();
+    assert_eq!(req.kv().cache_protected_len(), 12);
+    assert!(!req.kv().holds_kv());
+    assert_eq!(cache.tree().protected_size(), 12);
+    let (allocator, table, ..) = state(&cache);
+    release_kv_cache(&mut req, &mut cache, true).unwrap();
+    assert_eq!(cache.tree().protected_size(), 0);
+    assert_eq!(cache.tree().evictable_size(), 12);
+    assert_eq!(cache.allocator(), &allocator, "no slot moves");
+    assert_eq!(cache.req_to_token(), &table, "no row moves");
+    assert_eq!((req.kv().cache_protected_len(), req.prefix_len()), (0, 0));
+    assert_eq!(req.last_node(), TreePos::ROOT);
+    assert_eq!(
+        release_kv_cache(&mut req, &mut cache, true),
+        Err(KvError::NotHeld { rid: 2 }),
+        "the lock is dropped once"
+    );
+    cache.check([&req]).unwrap();
+    empty_out(cache);
+}
+
+// RowTooShort and NotHeld leave the state unchanged.
+#[test]
+fn row_too_short_and_not_held_change_nothing() {
+    let page_size = 4;
+    let width = 32;
+    let mut cache = cache_with(256, page_size, true, 4, width);
+    let mut cached = extend(vec![Req::new(1, tokens(0, 9))], &mut cache)
+        .into_reqs()
+        .pop()
+        .unwrap();
+    release_kv_cache(&mut cached, &mut cache, true).unwrap();
+
+    // Extend past the row width, with a matched (locked) prefix in the batch.
+    let mut reqs = vec![
+        Req::new(2, [tokens(0, 8), vec![1, 2]].concat()),
+        Req::new(3, tokens(500, width + 1)),
+    ];
+    for req in &mut reqs {
+        init_next_round_input(req, &mut cache, usize::MAX).unwrap();
+    }
+    let before = state(&cache);
+    let failure =
+        alloc_for_extend(prepare_for_extend(ScheduleBatch::new(reqs)), &mut cache).unwrap_err();
+    assert_eq!(
+        failure.error,
+        KvError::RowTooShort {
+            rid: 3,
+            needed: width + 1,
+            width
+        }
+    );
+    assert_eq!(state(&cache), before);
+    let mut reqs = failure.batch.cancel().into_reqs();
+    assert_eq!(ladder(&reqs[0]), (8, 0, 0));
+    assert!(!reqs[0].kv().holds_kv());
+    cache.check(&reqs).unwrap();
+    release_kv_cache(&mut reqs[0], &mut cache, false).unwrap();
+    assert_eq!(
+        release_kv_cache(&mut reqs[1], &mut cache, false),
+        Err(KvError::NotHeld { rid: 3 })
+    );
+
+    // Decode and speculative reserve at the row's end.
+    let full = extend(vec![Req::new(4, tokens(700, width))], &mut cache);
+    let before = state(&cache);
+    let (full, error) = prepare_for_decode(full, &cache).unwrap_err();
+    assert_eq!(
+        error,
+        KvError::RowTooShort {
+            rid: 4,
+            needed: width + 1,
+            width
+        }
+    );
+    let (full, error) = prepare_for_spec_decode(full, &cache, 2).unwrap_err();
+    assert_eq!(
+        error,
+        KvError::RowTooShort {
+            rid: 4,
+            needed: width + 4,
+            width
+        }
+    );
+    assert_eq!(state(&cache), before);
+    assert_eq!(ladder(&full.reqs()[0]), (0, width, width));
+    assert_eq!(full.reqs()[0].kv().decode_batch_idx(), 0, "no clock ticks");
+
+    // Requests holding nothing: decode, reserve, commit, chunk insert and release refuse.
+    let mut idle = ScheduleBatch::new(vec![Req::new(5, tokens(0, 3))]);
+    idle = prepare_for_decode(idle, &cache).unwrap_err().0;
+    let (mut idle, error) = prepare_for_spec_decode(idle, &cache, 2).unwrap_err();
+    assert_eq!(error, KvError::NotHeld { rid: 5 });
+    assert_eq!(
+        commit_spec_tokens(&mut idle, &[1]),
+        Err(KvError::NotHeld { rid: 5 })
+    );
+    commit_spec_tokens(&mut idle, &[0]).unwrap();
+    assert_eq!(
+        cache_unfinished_req(&mut idle.reqs_mut()[0], &mut cache),
+        Err(KvError::NotHeld { rid: 5 })
+    );
+    assert_eq!(
+        release_kv_cache(&mut idle.reqs_mut()[0], &mut cache, true),
+        Err(KvError::NotHeld { rid: 5 })
+    );
+    assert_eq!(state(&cache), before);
+    assert_eq!(ladder(&idle.reqs()[0]), (0, 0, 0));
+    cache.check(full.reqs()).unwrap();
+    for mut req in full.into_reqs() {
+        release_kv_cache(&mut req, &mut cache, false).unwrap();
+    }
+    empty_out(cache);
+}
