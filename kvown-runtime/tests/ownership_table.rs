@@ -10,8 +10,18 @@ use kvown_runtime::ownership::audit::AuditTable;
 const EXPECTED: &[(&str, &str, &str, u32)] = &[
     ("ReqKvInfo", "req_pool_idx", "alloc_for_extend", 1),
     ("ReqKvInfo", "req_pool_idx", "release_kv_cache", 1),
-    ("ReqKvInfo", "cache_protected_len", "init_next_round_input", 1),
-    ("ReqKvInfo", "cache_protected_len", "cache_unfinished_req", 1),
+    (
+        "ReqKvInfo",
+        "cache_protected_len",
+        "init_next_round_input",
+        1,
+    ),
+    (
+        "ReqKvInfo",
+        "cache_protected_len",
+        "cache_unfinished_req",
+        1,
+    ),
     ("ReqKvInfo", "cache_protected_len", "reset_for_retract", 1),
     ("ReqKvInfo", "cache_protected_len", "release_kv_cache", 2),
     ("ReqKvInfo", "kv_committed_len", "alloc_for_extend", 1),
@@ -25,13 +35,20 @@ const EXPECTED: &[(&str, &str, &str, u32)] = &[
     ("ReqKvInfo", "extend_batch_idx", "prepare_for_extend", 1),
     ("ReqKvInfo", "extend_batch_idx", "reset_for_retract", 1),
     ("ReqKvInfo", "decode_batch_idx", "prepare_for_decode", 1),
-    ("ReqKvInfo", "decode_batch_idx", "prepare_for_spec_decode", 1),
+    (
+        "ReqKvInfo",
+        "decode_batch_idx",
+        "prepare_for_spec_decode",
+        1,
+    ),
     ("ReqKvInfo", "decode_batch_idx", "reset_for_retract", 1),
 ];
 
 #[test]
 fn runtime_ownership_table_matches_the_reviewed_owner_sites() {
-    let table = AuditTable::collect().expect("kvown-runtime registers its guarded fields");
+    let table = AuditTable::collect()
+        .expect("kvown-runtime registers its guarded fields")
+        .of_crate("kvown_runtime");
     println!("{table}");
     table.assert_matches(EXPECTED);
 }

@@ -48,6 +48,7 @@ mod tests {
         assert_eq!(batch.reqs[0].kv_committed_len(), 3);
         ownership::audit::AuditTable::collect()
             .unwrap()
+            .of_crate("kvown_downstream_renamed")
             .assert_matches(&[
                 ("ReqKvInfo", "kv_committed_len", "alloc_for_decode", 1),
                 ("ReqKvInfo", "kv_committed_len", "Batch::extend", 1),

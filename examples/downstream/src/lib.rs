@@ -48,6 +48,7 @@ mod tests {
         assert_eq!(batch.reqs[0].kv_committed_len(), 5);
         kvown::audit::AuditTable::collect()
             .unwrap()
+            .of_crate("kvown_downstream")
             .assert_matches(&[
                 ("ReqKvInfo", "kv_committed_len", "alloc_for_decode", 1),
                 ("ReqKvInfo", "kv_committed_len", "Batch::extend", 1),

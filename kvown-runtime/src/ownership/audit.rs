@@ -103,6 +103,8 @@ fn owner_module(struct_module: &str, declared: &str) -> Option<String> {
 /// One row of the ownership table: an owner site of one guarded field.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct AuditRow {
+    /// Module that declares the struct (`crate_name::path`).
+    pub struct_module: &'static str,
     /// Struct that declares the field.
     pub struct_name: &'static str,
     /// The guarded field.
@@ -175,6 +177,7 @@ impl AuditTable {
                 };
                 if matching.is_empty() {
                     rows.push(AuditRow {
+                        struct_module,
                         struct_name: field.struct_name,
                         field: field.field,
                         owner: name_static(field.owners, declared),
@@ -192,6 +195,7 @@ impl AuditTable {
                         .map(|w| w.count)
                         .sum();
                     rows.push(AuditRow {
+                        struct_module,
                         struct_name: field.struct_name,
                         field: field.field,
                         owner: site.owner,
@@ -221,6 +225,20 @@ impl AuditTable {
                 .rows
                 .iter()
                 .filter(|r| struct_names.contains(&r.struct_name))
+                .cloned()
+                .collect(),
+        }
+    }
+
+    /// The table restricted to structs declared in crate `crate_name` (as `module_path!()`
+    /// spells it: `my_crate`), so two crates' structs of the same name are told apart.
+    pub fn of_crate(&self, crate_name: &str) -> AuditTable {
+        let in_crate = |module: &str| module.split("::").next() == Some(crate_name);
+        AuditTable {
+            rows: self
+                .rows
+                .iter()
+                .filter(|r| in_crate(r.struct_module))
                 .cloned()
                 .collect(),
         }
