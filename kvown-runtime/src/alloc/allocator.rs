@@ -276,17 +276,20 @@ impl<R: ReuseOrder> PageAllocator<R> {
         let geometry = self.geometry;
         let window = geometry.page_size();
         let mut rest = slots;
-        while let Some((&first, tail)) = rest.split_first() {
+        while let Some(&first) = rest.first() {
             let page = self.mark_pending(first)?;
-            let run = &tail[..tail.len().min(window - 1)];
+            // The run starts at `first` (trivially in `page`) so that its loads line up with
+            // the stores that wrote the slots.
+            let run = &rest[..rest.len().min(window)];
             let same = if all_in_page(geometry, run, page) {
                 run.len()
             } else {
-                run.iter()
+                1 + run[1..]
+                    .iter()
                     .take_while(|&&slot| geometry.page_of(slot) == page)
                     .count()
             };
-            rest = &tail[same..];
+            rest = &rest[same..];
         }
         Ok(())
     }
@@ -324,14 +327,16 @@ impl<R: ReuseOrder> PageAllocator<R> {
     #[inline]
     fn free_one_page(&mut self, slots: &[KvSlot]) -> bool {
         let geometry = self.geometry;
-        let Some((&first, rest)) = slots.split_first() else {
+        let Some(&first) = slots.first() else {
             return false;
         };
-        if self.in_free_group || rest.len() >= geometry.page_size() {
+        if self.in_free_group || slots.len() > geometry.page_size() {
             return false;
         }
         let page = geometry.page_of(first);
-        if self.state.get(page) != Some(&PageState::Held) || !all_in_page(geometry, rest, page) {
+        // All of `slots`, the first included, so the loads line up with the stores that wrote
+        // them (a freshly allocated page is usually freed from the start of its run).
+        if self.state.get(page) != Some(&PageState::Held) || !all_in_page(geometry, slots, page) {
             return false;
         }
         let page_id = [page as PageId];
