@@ -429,6 +429,7 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
         self.free.total_len() * self.geometry.page_size()
     }
 
+    #[inline]
     fn alloc(&mut self, num_tokens: usize, out: &mut Vec<KvSlot>) -> Result<(), AllocError> {
         let geometry = self.geometry;
         if geometry.offset(num_tokens) != 0 {
