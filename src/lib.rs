@@ -242,16 +242,16 @@
 //!
 //! ```standalone_crate
 //! # #[kvown::guarded]
-//! # pub struct ReqKvInfo {
+//! # pub struct SeqLens {
 //! #     #[owned_by(alloc_for_decode)]
 //! #     kv_committed_len: usize,
 //! # }
 //! # #[kvown::owner]
-//! # pub fn alloc_for_decode(req: &mut ReqKvInfo) { *req.kv_committed_len_mut(owner) += 1; }
+//! # pub fn alloc_for_decode(req: &mut SeqLens) { *req.kv_committed_len_mut(owner) += 1; }
 //! # fn main() {
 //! let table = kvown::audit::AuditTable::collect().expect("guarded structs are linked");
-//! table.assert_matches(&[("ReqKvInfo", "kv_committed_len", "alloc_for_decode", 1)]);
-//! println!("{}", table.of_structs(&["ReqKvInfo"]));
+//! table.assert_matches(&[("SeqLens", "kv_committed_len", "alloc_for_decode", 1)]);
+//! println!("{}", table.of_structs(&["SeqLens"]));
 //! # }
 //! ```
 //!

@@ -100,6 +100,11 @@ fn owner_module(struct_module: &str, declared: &str) -> Option<String> {
     (!module.is_empty()).then(|| module.join("::"))
 }
 
+/// The crate segment of a module path: `my_crate::a::b` -> `my_crate`.
+fn crate_of(module: &str) -> &str {
+    module.split("::").next().unwrap_or(module)
+}
+
 /// One row of the ownership table: an owner site of one guarded field.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct AuditRow {
@@ -160,8 +165,12 @@ impl AuditTable {
             let struct_module = user_module(field.module);
             for declared in field.owners {
                 let name = owner_name(declared);
-                let by_name: Vec<&&OwnerSite> =
-                    sites.iter().filter(|site| site.owner == name).collect();
+                // Owners live in the struct's crate, so only that crate's sites can match.
+                let struct_crate = crate_of(struct_module);
+                let by_name: Vec<&&OwnerSite> = sites
+                    .iter()
+                    .filter(|site| site.owner == name && crate_of(site.module) == struct_crate)
+                    .collect();
                 // Prefer the site in the module the declared path names; fall back to every
                 // site of that name when the path goes through a re-export.
                 let expected_module = owner_module(struct_module, declared);
@@ -233,12 +242,11 @@ impl AuditTable {
     /// The table restricted to structs declared in crate `crate_name` (as `module_path!()`
     /// spells it: `my_crate`), so two crates' structs of the same name are told apart.
     pub fn of_crate(&self, crate_name: &str) -> AuditTable {
-        let in_crate = |module: &str| module.split("::").next() == Some(crate_name);
         AuditTable {
             rows: self
                 .rows
                 .iter()
-                .filter(|r| in_crate(r.struct_module))
+                .filter(|r| crate_of(r.struct_module) == crate_name)
                 .cloned()
                 .collect(),
         }
