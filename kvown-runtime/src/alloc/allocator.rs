@@ -440,8 +440,16 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
         }
         let pages = geometry.whole_pages(num_tokens);
         self.ensure_free(pages)?;
-        out.reserve(num_tokens);
         let page_size = geometry.page_size() as KvSlot;
+        if pages == 1 {
+            // One page: no iterator over the free list.
+            let page = self.free.pop_front();
+            self.state[page as usize] = PageState::Held;
+            let first = geometry.first_slot(page);
+            out.extend(first..first + page_size);
+            return Ok(());
+        }
+        out.reserve(num_tokens);
         for page in self.free.take_front(pages) {
             self.state[page as usize] = PageState::Held;
             let first = geometry.first_slot(page);

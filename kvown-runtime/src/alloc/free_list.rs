@@ -75,6 +75,15 @@ impl FreeList {
         (0..n).map_while(move |_| pages.pop_front())
     }
 
+    /// Removes and returns the head of the free list (`free_len >= 1`).
+    #[inline]
+    pub(crate) fn pop_front(&mut self) -> PageId {
+        debug_assert!(self.free_len() >= 1);
+        self.pages
+            .pop_front()
+            .expect("ensure_free made a free page available")
+    }
+
     /// Puts `pages` at the head, keeping their order (`pages[0]` becomes the head).
     #[inline]
     pub(crate) fn prepend(&mut self, pages: &[PageId]) {
