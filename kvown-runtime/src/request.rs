@@ -56,6 +56,7 @@ pub struct ReqKvInfo {
 
 impl ReqKvInfo {
     /// Whether the request holds a row (and therefore KV).
+    #[inline]
     pub fn holds_kv(&self) -> bool {
         self.req_pool_idx().is_some()
     }
@@ -106,50 +107,60 @@ impl Req {
     }
 
     /// The request id.
+    #[inline]
     pub fn rid(&self) -> u64 {
         self.rid
     }
 
     /// The KV record (read-only; its writes belong to the batch flow).
+    #[inline]
     pub fn kv(&self) -> &ReqKvInfo {
         &self.kv
     }
 
+    #[inline]
     pub(crate) fn kv_mut(&mut self) -> &mut ReqKvInfo {
         &mut self.kv
     }
 
     /// Prompt tokens.
+    #[inline]
     pub fn origin_input_ids(&self) -> &[u32] {
         &self.tokens[..self.origin_len]
     }
 
     /// Output tokens so far.
+    #[inline]
     pub fn output_ids(&self) -> &[u32] {
         &self.tokens[self.origin_len..]
     }
 
     /// Prompt followed by outputs: the tokens whose KV the request needs (sglang `fill_ids`).
+    #[inline]
     pub fn fill_ids(&self) -> &[u32] {
         &self.tokens
     }
 
     /// Appends one sampled output token.
+    #[inline]
     pub fn push_output(&mut self, token: u32) {
         self.tokens.push(token);
     }
 
     /// Length of the prefix the next extend continues from.
+    #[inline]
     pub fn prefix_len(&self) -> usize {
         self.prefix_indices.len()
     }
 
     /// Tokens backed after the next extend (set by `init_next_round_input`).
+    #[inline]
     pub fn extend_end(&self) -> usize {
         self.extend_end
     }
 
     /// The prefix-cache position this request holds locked.
+    #[inline]
     pub fn last_node(&self) -> TreePos {
         self.last_node
     }

@@ -124,18 +124,9 @@ impl ScheduleBatch<Ready> {
     /// Removes and returns the requests for which `finished` is true, keeping the order of
     /// the rest (sglang `filter_batch`; it frees nothing).
     pub fn take_if(&mut self, mut finished: impl FnMut(&Req) -> bool) -> Vec<Req> {
-        let mut taken = Vec::new();
-        let mut kept = Vec::with_capacity(self.reqs.len());
-        for req in self.reqs.drain(..) {
-            if finished(&req) {
-                taken.push(req);
-            } else {
-                kept.push(req);
-            }
-        }
-        self.reqs = kept;
-        taken
+        self.reqs.extract_if(.., |req| finished(req)).collect()
     }
+
 
     /// The requests, consuming the batch.
     pub fn into_reqs(self) -> Vec<Req> {

@@ -63,9 +63,19 @@ impl RadixCache {
         while end > start {
             let entry = &self.arena[node];
             let from = entry.start().max(start);
-            for position in from..end {
+            // One page id lookup per page: node starts are page-aligned, so a position's offset
+            // in its page is `position % page_size`.
+            let mut position = from;
+            while position < end {
+                let offset = position % page_size;
+                let run = (page_size - offset).min(end - position);
                 let page = entry.page_id((position - entry.start()) / page_size, page_size);
-                out[position - start] = page * page_size as u32 + (position % page_size) as u32;
+                let first = page * page_size as u32 + offset as u32;
+                let run_out = &mut out[position - start..position - start + run];
+                for (slot, value) in run_out.iter_mut().zip(first..) {
+                    *slot = value;
+                }
+                position += run;
             }
             end = from;
             node = entry.parent;
