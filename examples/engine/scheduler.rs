@@ -240,6 +240,7 @@ impl<'a> Engine<'a> {
         if admitted.is_empty() {
             return Ok(());
         }
+        let prefixes: Vec<usize> = admitted.iter().map(Req::prefix_len).collect();
         let batch = ScheduleBatch::new(admitted);
         let batch = timed(&mut self.step_ns, || {
             alloc_for_extend(prepare_for_extend(batch), &mut self.cache)
@@ -248,8 +249,8 @@ impl<'a> Engine<'a> {
         .map_err(|error| format!("alloc_for_extend after admission: {error}"))?;
         let mut stores = Vec::with_capacity(batch.out_cache_loc().len());
         let mut slots = batch.out_cache_loc().iter();
-        for req in batch.reqs() {
-            for position in req.prefix_len()..req.kv().kv_committed_len() {
+        for (req, &prefix) in batch.reqs().iter().zip(&prefixes) {
+            for position in prefix..req.kv().kv_committed_len() {
                 stores.push(TokenKv {
                     slot: *slots.next().expect("one slot per extended token"),
                     token: req.fill_ids()[position],

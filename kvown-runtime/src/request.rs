@@ -70,7 +70,8 @@ pub struct Req {
     tokens: Vec<u32>,
     origin_len: usize,
     kv: ReqKvInfo,
-    /// Slots of `[0, prefix_len)` that the next extend continues from.
+    /// Slots of the matched prefix of a request that holds no KV yet (written into its new row
+    /// by `alloc_for_extend`, then cleared). A request holding KV continues from its row.
     pub(crate) prefix_indices: Vec<KvSlot>,
     /// The prefix-cache position this request has locked (the root when none).
     pub(crate) last_node: TreePos,
@@ -147,10 +148,14 @@ impl Req {
         self.tokens.push(token);
     }
 
-    /// Length of the prefix the next extend continues from.
+    /// Length of the prefix the next extend continues from: the committed length of a request
+    /// that holds KV, the matched prefix of one that does not.
     #[inline]
     pub fn prefix_len(&self) -> usize {
-        self.prefix_indices.len()
+        match self.kv.holds_kv() {
+            true => self.kv.kv_committed_len(),
+            false => self.prefix_indices.len(),
+        }
     }
 
     /// Tokens backed after the next extend (set by `init_next_round_input`).

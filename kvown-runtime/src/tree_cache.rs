@@ -47,7 +47,7 @@ pub fn init_next_round_input<A: KvAllocator>(
 /// Between two chunks of a chunked prefill: insert the request's committed whole pages into
 /// the prefix cache, free its duplicates, point its row at the tree's slots, move its lock to
 /// the inserted end and raise `cache_protected_len` there. The unaligned tail stays the
-/// request's own; the next chunk continues from `prefix_indices = row[0..committed]`.
+/// request's own; the next chunk continues from its row, `row[0..committed]`.
 ///
 /// Cost: O(tokens committed since the last call + tree path below the request's lock), so
 /// registering each page as it fills costs O(page size) per page.
@@ -66,8 +66,6 @@ pub fn cache_unfinished_req<A: KvAllocator>(
         req_to_token,
         tree,
     } = cache;
-    // `prefix_indices` mirrors `row[..prefix_len]`; only positions from `unchanged` on move.
-    let mut unchanged = req.prefix_indices.len().min(committed);
     if let TreeCache::Radix(tree) = tree {
         let protected = req.kv().cache_protected_len();
         let key_len = floor_align(committed, allocator.page_size());
@@ -88,11 +86,7 @@ pub fn cache_unfinished_req<A: KvAllocator>(
         tree.move_lock(req.last_node.node, new_pos.node)?;
         req.last_node = new_pos;
         req.kv_mut().set_cache_protected_len(owner, key_len);
-        unchanged = unchanged.min(protected);
     }
-    req.prefix_indices.truncate(unchanged);
-    req.prefix_indices
-        .extend_from_slice(&req_to_token.row(row)?[unchanged..committed]);
     Ok(())
 }
 

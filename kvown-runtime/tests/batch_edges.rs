@@ -143,7 +143,11 @@ fn extend_writes_prefix_then_new_slots_into_the_row() {
     let mut offset = 0;
     for (i, req) in batch.reqs().iter().enumerate() {
         let (prefix, seq) = (expected_prefix[i], expected_seq[i]);
-        assert_eq!(req.prefix_len(), prefix);
+        assert_eq!(
+            req.prefix_len(),
+            seq,
+            "a held request continues from committed"
+        );
         assert_eq!(ladder(req), (prefix, seq, seq));
         let row = row_of(&cache, req);
         assert_eq!(&row[..prefix], &cached_slots[..prefix]);

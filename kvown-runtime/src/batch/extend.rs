@@ -9,6 +9,10 @@ use crate::error::KvError;
 
 /// Fixes each request's extend `[prefix_len, extend_end)` (set by `init_next_round_input`) and
 /// ticks its extend clock. Owns `extend_batch_idx`.
+///
+/// The prefix of a request without KV is its matched prefix (`prefix_indices`); a request
+/// that holds KV (a chunked prefill continuing) extends from its committed length, whose last
+/// slot `alloc_for_extend` reads from its row.
 #[owner]
 pub fn prepare_for_extend(mut batch: ScheduleBatch<Ready>) -> ScheduleBatch<ExtendPrepared> {
     let mut shapes = Vec::with_capacity(batch.reqs.len());
@@ -16,7 +20,10 @@ pub fn prepare_for_extend(mut batch: ScheduleBatch<Ready>) -> ScheduleBatch<Exte
         shapes.push(ExtendShape {
             prefix_len: req.prefix_len(),
             seq_len: req.extend_end.max(req.prefix_len()),
-            last_loc: req.prefix_indices.last().copied(),
+            last_loc: match req.kv().holds_kv() {
+                true => None,
+                false => req.prefix_indices.last().copied(),
+            },
         });
         *req.kv_mut().extend_batch_idx_mut(owner) += 1;
     }
@@ -24,8 +31,8 @@ pub fn prepare_for_extend(mut batch: ScheduleBatch<Ready>) -> ScheduleBatch<Exte
 }
 
 /// Allocates the extend: request rows for requests without one, KV slots for every new token
-/// (evicting only the shortfall from the prefix cache), the request-to-token rows
-/// (`[0, prefix)` <- prefix slots, `[prefix, seq)` <- new slots), and settles
+/// (evicting only the shortfall from the prefix cache), the request-to-token rows (a new
+/// row's `[0, prefix)` <- matched prefix slots; `[prefix, seq)` <- new slots), and settles
 /// `kv_allocated_len = kv_committed_len = seq_len` ("allocation is commitment", sglang #37085).
 ///
 /// Transactional: on error nothing was evicted, taken or written, and the prepared batch is
@@ -38,7 +45,13 @@ pub fn alloc_for_extend<A: KvAllocator>(
     let width = cache.req_to_token.max_context_len();
     let mut rows_needed = 0;
     let mut tokens_needed = 0;
-    for (req, shape) in batch.reqs.iter().zip(&batch.state.shapes) {
+    for (req, shape) in batch.reqs.iter().zip(&mut batch.state.shapes) {
+        if let Some(row) = req.kv().req_pool_idx() {
+            shape.last_loc = match shape.prefix_len {
+                0 => None,
+                len => Some(cache.req_to_token.row(row).expect("a held row")[len - 1]),
+            };
+        }
         if shape.seq_len > width {
             let error = KvError::RowTooShort {
                 rid: req.rid(),
@@ -82,14 +95,14 @@ pub fn alloc_for_extend<A: KvAllocator>(
     let mut new_rows = rows.into_iter();
     let mut offset = 0;
     for (req, shape) in batch.reqs.iter_mut().zip(&batch.state.shapes) {
-        let row = match req.kv().req_pool_idx() {
-            Some(row) => row,
+        let (row, fresh) = match req.kv().req_pool_idx() {
+            Some(row) => (row, false),
             None => {
                 let row = new_rows
                     .next()
                     .expect("one new row per request without one");
                 req.kv_mut().set_req_pool_idx(owner, Some(row));
-                row
+                (row, true)
             }
         };
         let extend_len = shape.seq_len - shape.prefix_len;
@@ -97,7 +110,10 @@ pub fn alloc_for_extend<A: KvAllocator>(
             .req_to_token
             .row_mut(row)
             .expect("the row is held by this request");
-        table[..shape.prefix_len].copy_from_slice(&req.prefix_indices);
+        if fresh {
+            table[..shape.prefix_len].copy_from_slice(&req.prefix_indices);
+            req.prefix_indices.clear();
+        }
         table[shape.prefix_len..shape.seq_len]
             .copy_from_slice(&batch.out_cache_loc[offset..offset + extend_len]);
         offset += extend_len;
