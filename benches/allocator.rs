@@ -9,11 +9,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
-use workloads::guarded::{GuardedCounter, PlainCounter, bump_guarded, bump_plain};
 use workloads::{DecodeLoop, ExtendBatch, PoolChurn};
-
-/// Writes per iteration of the `guarded_vs_plain` loops.
-const WRITES: u64 = 1024;
 
 fn pool_churn(c: &mut Criterion) {
     let mut group = c.benchmark_group("W1_pool_churn");
@@ -67,19 +63,5 @@ fn extend(c: &mut Criterion) {
     group.finish();
 }
 
-fn guarded_vs_plain(c: &mut Criterion) {
-    let mut group = c.benchmark_group("guarded_vs_plain");
-    group.throughput(Throughput::Elements(WRITES));
-    let mut guarded = GuardedCounter::default();
-    group.bench_function("guarded", |b| {
-        b.iter(|| bump_guarded(black_box(&mut guarded), WRITES))
-    });
-    let mut plain = PlainCounter::default();
-    group.bench_function("plain", |b| {
-        b.iter(|| bump_plain(black_box(&mut plain), WRITES))
-    });
-    group.finish();
-}
-
-criterion_group!(benches, pool_churn, decode_step, extend, guarded_vs_plain);
+criterion_group!(benches, pool_churn, decode_step, extend);
 criterion_main!(benches);

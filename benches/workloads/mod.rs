@@ -15,12 +15,6 @@ use kvown::request::Req;
 use kvown::slots::ReqToTokenPool;
 use kvown::tree_cache::{cache_unfinished_req, init_next_round_input};
 
-// In a binary crate the `#[kvown::guarded]` expansion's re-exports of the struct and its
-// `Init` / view types count as unused imports, and its sealed field as never read (reported
-// to the macro owners); the module's own items are all used.
-#[allow(unused_imports, dead_code)]
-pub mod guarded;
-
 /// Slots per page in every workload.
 pub const PAGE_SIZE: usize = 16;
 

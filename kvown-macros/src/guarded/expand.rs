@@ -430,6 +430,7 @@ fn init_struct(
     quote! {
         #[doc = #doc]
         #[derive(#(#derives),*)]
+        #[allow(dead_code)]
         #inner_vis struct #init #generics #where_clause { #(#rows)* }
     }
 }
@@ -456,6 +457,7 @@ fn view_struct(
     });
     quote! {
         /// Every field borrowed at once: owned fields shared, the others mutable.
+        #[allow(dead_code)]
         #inner_vis struct #view #view_generics #where_clause { #(#rows)* }
     }
 }
