@@ -210,29 +210,11 @@ impl<R: ReuseOrder> CudaPagedAllocator<R> {
             let ExtendShape {
                 prefix_len,
                 seq_len,
-                last_loc,
+                ..
             } = *shape;
-            if seq_len < prefix_len {
-                return Err(AllocError::PrefixExceedsSeq {
-                    request,
-                    prefix_len,
-                    seq_len,
-                }
-                .into());
-            }
-            let last = match (prefix_len, last_loc) {
-                (0, None) => 0,
-                (0, Some(last_loc)) => {
-                    return Err(AllocError::UnexpectedLastLoc { request, last_loc }.into());
-                }
-                (_, None) => {
-                    return Err(AllocError::MissingLastLoc {
-                        request,
-                        prefix_len,
-                    }
-                    .into());
-                }
-                (_, Some(last_loc)) => {
+            let last = match shape.validate(request)? {
+                None => 0,
+                Some(last_loc) => {
                     self.check_last_loc(request, last_loc, prefix_len)?;
                     last_loc
                 }

@@ -17,7 +17,7 @@ fn device() -> Option<Arc<CudaDevice>> {
     match CudaDevice::get() {
         Ok(device) => Some(device),
         Err(reason) => {
-            println!("skipped: {reason}");
+            skip_notice(&format!("skipped: {reason}"));
             None
         }
     }
@@ -338,4 +338,11 @@ fn kv_pool_matches_host_pool() {
         }
     }
     assert!(KvDtype::ALL.len() == 3);
+}
+
+/// Prints a skip notice to the real stderr: the test harness captures `println!`/`eprintln!`
+/// of passing tests, but a skipped GPU check must be visible in every run's output.
+fn skip_notice(message: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{message}");
 }

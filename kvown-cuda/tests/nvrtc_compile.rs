@@ -49,7 +49,7 @@ fn nvrtc_or_rerun(name: &str) -> bool {
                 "{name} failed with NVRTC from {dir}"
             );
         }
-        _ => println!("skipped: NVRTC not found (run scripts/install-nvrtc.sh)"),
+        _ => skip_notice("skipped: NVRTC not found (run scripts/install-nvrtc.sh)"),
     }
     false
 }
@@ -117,4 +117,11 @@ fn errors_and_warnings_reach_the_log() {
     };
     let compiled = compile(&warns, "sm_90").expect("a warning is not an error for NVRTC");
     assert!(compiled.log.contains("warning"), "log: {:?}", compiled.log);
+}
+
+/// Prints a skip notice to the real stderr: the test harness captures `println!`/`eprintln!`
+/// of passing tests, but a skipped GPU check must be visible in every run's output.
+fn skip_notice(message: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{message}");
 }

@@ -4,6 +4,7 @@
 use kvown_macros::guarded;
 
 use crate::alloc::KvSlot;
+use crate::error::KvError;
 use crate::radix::TreePos;
 use crate::slots::ReqRow;
 
@@ -111,6 +112,14 @@ impl Req {
     #[inline]
     pub fn rid(&self) -> u64 {
         self.rid
+    }
+
+    /// The request's row, or [`KvError::NotHeld`] when it holds no KV.
+    #[inline]
+    pub fn held_row(&self) -> Result<ReqRow, KvError> {
+        self.kv
+            .req_pool_idx()
+            .ok_or(KvError::NotHeld { rid: self.rid })
     }
 
     /// The KV record (read-only; its writes belong to the batch flow).

@@ -56,10 +56,7 @@ pub fn cache_unfinished_req<A: KvAllocator>(
     req: &mut Req,
     cache: &mut KvCache<A>,
 ) -> Result<(), KvError> {
-    let row = req
-        .kv()
-        .req_pool_idx()
-        .ok_or(KvError::NotHeld { rid: req.rid() })?;
+    let row = req.held_row()?;
     let committed = req.kv().kv_committed_len();
     let KvCache {
         allocator,
@@ -98,10 +95,7 @@ pub(crate) fn cache_finished_req<A: KvAllocator>(
     cache: &mut KvCache<A>,
     is_insert: bool,
 ) -> Result<(), KvError> {
-    let row = req
-        .kv()
-        .req_pool_idx()
-        .ok_or(KvError::NotHeld { rid: req.rid() })?;
+    let row = req.held_row()?;
     let committed = req.kv().kv_committed_len();
     let protected = req.kv().cache_protected_len();
     let KvCache {

@@ -9,11 +9,12 @@
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
-// buffer[slots[t]] = rows[t]  (sglang set_kv_buffer)
-template <typename Word>
-__device__ __forceinline__ void store_rows(Word* __restrict__ buffer, const Word* __restrict__ rows,
-                                           const u32* __restrict__ slots, u32 num_rows,
-                                           u32 row_words, u32 num_slots)
+// Moves row t between a packed batch of rows and the pool buffer: with Scatter,
+// buffer[slots[t]] = rows[t] (sglang set_kv_buffer); without, rows[t] = buffer[slots[t]].
+template <typename Word, bool Scatter>
+__device__ __forceinline__ void move_rows(Word* __restrict__ buffer, Word* __restrict__ rows,
+                                          const u32* __restrict__ slots, u32 num_rows,
+                                          u32 row_words, u32 num_slots)
 {
     const u32 t = blockIdx.x;
     if (t >= num_rows) {
@@ -23,29 +24,10 @@ __device__ __forceinline__ void store_rows(Word* __restrict__ buffer, const Word
     if (slot >= num_slots) {
         return;
     }
-    Word* dst = buffer + (u64)slot * row_words;
-    const Word* src = rows + (u64)t * row_words;
-    for (u32 w = threadIdx.x; w < row_words; w += blockDim.x) {
-        dst[w] = src[w];
-    }
-}
-
-// rows[t] = buffer[slots[t]]
-template <typename Word>
-__device__ __forceinline__ void gather_rows(Word* __restrict__ rows, const Word* __restrict__ buffer,
-                                            const u32* __restrict__ slots, u32 num_rows,
-                                            u32 row_words, u32 num_slots)
-{
-    const u32 t = blockIdx.x;
-    if (t >= num_rows) {
-        return;
-    }
-    const u32 slot = slots[t];
-    if (slot >= num_slots) {
-        return;
-    }
-    Word* dst = rows + (u64)t * row_words;
-    const Word* src = buffer + (u64)slot * row_words;
+    Word* pooled = buffer + (u64)slot * row_words;
+    Word* packed = rows + (u64)t * row_words;
+    Word* dst = Scatter ? pooled : packed;
+    const Word* src = Scatter ? packed : pooled;
     for (u32 w = threadIdx.x; w < row_words; w += blockDim.x) {
         dst[w] = src[w];
     }
@@ -79,13 +61,15 @@ __device__ __forceinline__ void copy_page_rows(Word* buffer, const u32* __restri
                                                  const u32* slots, u32 num_rows, u32 row_words,   \
                                                  u32 num_slots)                                   \
     {                                                                                             \
-        store_rows<WORD>(buffer, rows, slots, num_rows, row_words, num_slots);                    \
+        move_rows<WORD, true>(buffer, const_cast<WORD*>(rows), slots, num_rows, row_words,        \
+                              num_slots);                                                         \
     }                                                                                             \
     extern "C" __global__ void gather_kv_w##BYTES(WORD* rows, const WORD* buffer,                 \
                                                   const u32* slots, u32 num_rows, u32 row_words,  \
                                                   u32 num_slots)                                  \
     {                                                                                             \
-        gather_rows<WORD>(rows, buffer, slots, num_rows, row_words, num_slots);                   \
+        move_rows<WORD, false>(const_cast<WORD*>(buffer), rows, slots, num_rows, row_words,       \
+                               num_slots);                                                        \
     }                                                                                             \
     extern "C" __global__ void copy_pages_w##BYTES(WORD* buffer, const u32* src_pages,            \
                                                    const u32* dst_pages, u32 num_pages,           \

@@ -10,6 +10,35 @@ fn is_held(state: &[PageState], geometry: PageGeometry, slot: KvSlot) -> bool {
     state.get(geometry.page_of(slot)) == Some(&PageState::Held)
 }
 
+impl ExtendShape {
+    /// Checks the shape alone, as request `request` of a batch: `seq_len >= prefix_len`, and a
+    /// `last_loc` exactly when there is a prefix. Returns the `last_loc` that a backend must
+    /// still check against its pages (`None` for an empty prefix).
+    pub fn validate(&self, request: usize) -> Result<Option<KvSlot>, AllocError> {
+        let ExtendShape {
+            prefix_len,
+            seq_len,
+            last_loc,
+        } = *self;
+        if seq_len < prefix_len {
+            return Err(AllocError::PrefixExceedsSeq {
+                request,
+                prefix_len,
+                seq_len,
+            });
+        }
+        match (prefix_len, last_loc) {
+            (0, None) => Ok(None),
+            (0, Some(last_loc)) => Err(AllocError::UnexpectedLastLoc { request, last_loc }),
+            (_, None) => Err(AllocError::MissingLastLoc {
+                request,
+                prefix_len,
+            }),
+            (_, Some(last_loc)) => Ok(Some(last_loc)),
+        }
+    }
+}
+
 /// Validates request `request` of an extend batch and returns its new pages,
 /// `ceil(seq/ps) − ceil(pre/ps)`.
 #[inline]
@@ -19,30 +48,10 @@ pub(crate) fn check_extend(
     request: usize,
     shape: &ExtendShape,
 ) -> Result<usize, AllocError> {
-    let ExtendShape {
-        prefix_len,
-        seq_len,
-        last_loc,
-    } = *shape;
-    if seq_len < prefix_len {
-        return Err(AllocError::PrefixExceedsSeq {
-            request,
-            prefix_len,
-            seq_len,
-        });
+    if let Some(last_loc) = shape.validate(request)? {
+        check_last_loc(geometry, state, request, last_loc, shape.prefix_len)?;
     }
-    match (prefix_len, last_loc) {
-        (0, None) => {}
-        (0, Some(last_loc)) => return Err(AllocError::UnexpectedLastLoc { request, last_loc }),
-        (_, None) => {
-            return Err(AllocError::MissingLastLoc {
-                request,
-                prefix_len,
-            });
-        }
-        (_, Some(last_loc)) => check_last_loc(geometry, state, request, last_loc, prefix_len)?,
-    }
-    Ok(geometry.pages_for(seq_len) - geometry.pages_for(prefix_len))
+    Ok(geometry.pages_for(shape.seq_len) - geometry.pages_for(shape.prefix_len))
 }
 
 /// Validates request `request` of a decode batch and returns whether it opens a new page.

@@ -93,9 +93,7 @@ fn decode_shapes(
     let width = table.max_context_len();
     for req in reqs {
         let kv = req.kv();
-        let Some(row) = kv.req_pool_idx() else {
-            return Err(KvError::NotHeld { rid: req.rid() });
-        };
+        let row = req.held_row()?;
         let seq_len = kv.kv_allocated_len();
         if seq_len == 0 || seq_len >= width {
             return Err(KvError::RowTooShort {

@@ -127,7 +127,6 @@ impl ScheduleBatch<Ready> {
         self.reqs.extract_if(.., |req| finished(req)).collect()
     }
 
-
     /// The requests, consuming the batch.
     pub fn into_reqs(self) -> Vec<Req> {
         self.reqs

@@ -23,9 +23,9 @@ pub fn prepare_for_spec_decode<A: KvAllocator>(
     let mut shapes = Vec::with_capacity(batch.reqs.len());
     for req in &batch.reqs {
         let kv = req.kv();
-        let Some(row) = kv.req_pool_idx() else {
-            let error = KvError::NotHeld { rid: req.rid() };
-            return Err((batch, error));
+        let row = match req.held_row() {
+            Ok(row) => row,
+            Err(error) => return Err((batch, error)),
         };
         let current = kv.kv_allocated_len();
         let target = current.max(ceil_align(kv.kv_committed_len() + reserve, page_size));
@@ -120,9 +120,7 @@ pub fn commit_spec_tokens(
         if count == 0 {
             continue;
         }
-        if !kv.holds_kv() {
-            return Err(KvError::NotHeld { rid: req.rid() });
-        }
+        req.held_row()?;
         let would_be = kv.kv_committed_len() + count;
         if would_be > kv.kv_allocated_len() {
             return Err(KvError::CommitBeyondAllocation {
