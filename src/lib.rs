@@ -272,10 +272,61 @@
 //!   resolves from the hidden module (use `crate::`); `type_name` and some compiler messages
 //!   show the hidden module (`__kvown_guarded_ReqKvInfo::ReqKvInfo`), and a method owner's token
 //!   is named `Type_method`.
-//! * Audit write counts are syntactic and matched by field name; owners are matched by name
-//!   (`f` or `Type::method`), not by module.
+//! * Audit write counts are syntactic and matched by field name; owner sites are matched to
+//!   declared owners by name (`f` or `Type::method`) within the struct's crate, preferring the
+//!   module the owner path names.
 //! * rustc's wording drifts between versions: the `.stderr` snapshots are blessed with the
 //!   toolchain pinned in `rust-toolchain.toml`.
+//!
+//! # The paged KV allocator
+//!
+//! The runtime re-exported here ([`alloc`], [`slots`], [`radix`], [`kv`], [`request`],
+//! [`batch`], [`tree_cache`], [`cache`], [`check`]) is an LLM serving engine's KV-cache
+//! bookkeeping (sglang's `mem_cache`, target state after #37085) with the per-request ladder
+//! `cache_protected_len <= kv_committed_len <= kv_allocated_len` in guarded fields. One extend
+//! and two decode steps, then release, with the invariant checker and the accounting identity:
+//!
+//! ```
+//! use kvown::alloc::{KvAllocator, PagedAllocator};
+//! use kvown::batch::{
+//!     ScheduleBatch, alloc_for_decode, alloc_for_extend, prepare_for_decode, prepare_for_extend,
+//!     release_kv_cache,
+//! };
+//! use kvown::cache::{KvCache, TreeCache};
+//! use kvown::radix::RadixCache;
+//! use kvown::request::Req;
+//! use kvown::slots::ReqToTokenPool;
+//! use kvown::tree_cache::init_next_round_input;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let page_size = 16;
+//! let allocator = PagedAllocator::new(4096, page_size, false)?;
+//! let rows = ReqToTokenPool::new(8, 1024)?;
+//! let mut cache = KvCache::new(allocator, rows, TreeCache::Radix(RadixCache::new(page_size)))?;
+//!
+//! let mut req = Req::new(1, (0..40).collect());
+//! init_next_round_input(&mut req, &mut cache, usize::MAX)?; // match, lock, extend range
+//! let prepared = prepare_for_extend(ScheduleBatch::new(vec![req]));
+//! let mut batch = alloc_for_extend(prepared, &mut cache).map_err(|failure| failure.error)?;
+//! assert_eq!(batch.out_cache_loc().len(), 40); // one KV slot per prompt token
+//!
+//! for token in [7, 8] {
+//!     batch.reqs_mut()[0].push_output(token); // the sampled token whose KV the step writes
+//!     let prepared = prepare_for_decode(batch, &cache).map_err(|(_, error)| error)?;
+//!     batch = alloc_for_decode(prepared, &mut cache).map_err(|failure| failure.error)?;
+//! }
+//! let kv = batch.reqs()[0].kv();
+//! assert_eq!((kv.kv_committed_len(), kv.kv_allocated_len()), (42, 42));
+//! cache.check(batch.reqs())?; // ladder, page ownership, free + cached + owned == capacity
+//!
+//! let mut reqs = batch.into_reqs();
+//! release_kv_cache(&mut reqs[0], &mut cache, true)?; // whole pages go to the prefix cache
+//! assert_eq!(cache.tree().evictable_size(), 32);
+//! assert_eq!(cache.available_size() + 32, cache.allocator().capacity());
+//! cache.check(&reqs)?;
+//! # Ok(())
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 
 // Lets the macros' default support path (`::kvown::__private`) resolve inside this crate too.
