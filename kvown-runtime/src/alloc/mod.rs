@@ -4,6 +4,37 @@
 //! page 0 (slots `0..page_size`) is reserved as padding and is never handed out.
 //!
 //! Every fallible call is transactional: on `Err` the allocator is exactly as before the call.
+//!
+//! A batched extend takes, per request, the rest of its partial last page, then whole new
+//! pages, then a partial page for its tail (sglang `alloc_extend`); a decode takes a new page
+//! only when the new token opens one:
+//!
+//! ```
+//! use kvown_runtime::alloc::{DecodeShape, ExtendShape, KvAllocator, PagedAllocator};
+//!
+//! let mut allocator = PagedAllocator::new(64, 4, false).unwrap(); // pages 1..=16 free
+//! let mut out = Vec::new();
+//! let batch = [
+//!     ExtendShape { prefix_len: 0, seq_len: 5, last_loc: None }, // page 1 whole, page 2 tail
+//!     ExtendShape { prefix_len: 0, seq_len: 3, last_loc: None }, // page 3 tail
+//! ];
+//! allocator.alloc_extend(&batch, &mut out).unwrap();
+//! assert_eq!(out, [4, 5, 6, 7, 8, 12, 13, 14]);
+//!
+//! out.clear(); // position 5 continues page 2; position 3 continues page 3
+//! let decode = [
+//!     DecodeShape { seq_len: 6, last_loc: 8 },
+//!     DecodeShape { seq_len: 4, last_loc: 14 },
+//! ];
+//! allocator.alloc_decode(&decode, &mut out).unwrap();
+//! assert_eq!(out, [9, 15]);
+//! assert_eq!(allocator.available_size(), (16 - 3) * 4);
+//!
+//! // Freeing a page twice is a typed error that changes nothing.
+//! allocator.free(&[12, 13, 14, 15]).unwrap();
+//! assert!(allocator.free(&[12]).is_err());
+//! assert_eq!(allocator.available_size(), (16 - 2) * 4);
+//! ```
 
 mod allocator;
 mod error;

@@ -5,6 +5,20 @@
 //! holds every KV head of one token). Rows are addressed by [`KvSlot`], the values the allocators
 //! in [`crate::alloc`] hand out. Every call validates all its inputs before it writes, so a call
 //! that returns `Err` leaves the pool unchanged.
+//!
+//! ```
+//! use kvown_runtime::kv::{HostKvPool, KvData, KvLayout, KvPool, KvSlice};
+//!
+//! // 2 layers, 1 KV head of 4 elements, 8 slots of capacity in pages of 4 (+ the padding page).
+//! let mut pool = HostKvPool::<f32>::new(KvLayout::new(2, 1, 4, 8, 4).unwrap());
+//! let k = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+//! let v = [0.5; 8];
+//! pool.store_kv(1, &[4, 9], KvSlice::F32(&k), KvSlice::F32(&v)).unwrap();
+//! let (k_back, _) = pool.load_kv(1, &[9]).unwrap();
+//! assert_eq!(k_back, KvData::F32(vec![5.0, 6.0, 7.0, 8.0]));
+//! // Slot 12 is past the pool: a typed error, nothing written.
+//! assert!(pool.store_kv(0, &[12], KvSlice::F32(&k[..4]), KvSlice::F32(&v[..4])).is_err());
+//! ```
 
 mod element;
 mod error;

@@ -19,6 +19,31 @@
 //! * [`RadixCache::evict`] frees least-recently-used unlocked leaves through the allocator;
 //!   [`RadixCache::evict_shortfall`] evicts only what the allocator lacks (spec §2.7).
 //!
+//! ```
+//! use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+//! use kvown_runtime::radix::RadixCache;
+//!
+//! let mut allocator = PagedAllocator::new(64, 4, false).unwrap();
+//! let mut tree = RadixCache::new(4);
+//! let mut slots = Vec::new();
+//! allocator.alloc(8, &mut slots).unwrap(); // two pages for an 8-token prompt
+//! let prompt = [10, 11, 12, 13, 14, 15, 16, 17];
+//! let inserted = tree.insert(&prompt, &slots).unwrap();
+//! assert_eq!(inserted.prefix_len, 0); // nothing was cached before
+//!
+//! // A request sharing the first page (and half of the second) matches one whole page.
+//! let hit = tree.match_prefix(&[10, 11, 12, 13, 14, 15, 99]);
+//! assert_eq!(hit.len, 4);
+//! let mut prefix = vec![0; hit.len];
+//! tree.path_slots_into(hit, 0, &mut prefix).unwrap();
+//! assert_eq!(prefix, slots[..4]);
+//!
+//! // Unlocked entries are evictable; eviction frees their pages through the allocator.
+//! assert_eq!(tree.evictable_size(), 8);
+//! tree.evict(8, &mut allocator).unwrap();
+//! assert_eq!(allocator.available_size(), allocator.capacity());
+//! ```
+//!
 //! Storage: an arena of 56-byte nodes indexed by [`NodeId`]; each node stores its key pages
 //! interleaved with their page ids (4 bytes per page); one hash map indexes children by
 //! (parent, first page). See [`RadixCache::bookkeeping_bytes`].
