@@ -148,7 +148,7 @@ fn guarded_vs_plain(repeats: usize) -> Workload {
     const ROUNDS: usize = 80_000;
     let mut guarded = guarded_batch(REQUESTS);
     let mut plain = plain_batch(REQUESTS);
-    let mut time = |run: &mut dyn FnMut()| {
+    let time = |run: &mut dyn FnMut()| {
         let start = Instant::now();
         run();
         start.elapsed().as_secs_f64()
