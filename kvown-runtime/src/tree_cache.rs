@@ -68,18 +68,25 @@ pub fn cache_unfinished_req<A: KvAllocator>(
         let key_len = floor_align(committed, allocator.page_size());
         let slots = &req_to_token.row(row)?[..key_len];
         let outcome = tree.insert_from(req.last_node, &req.fill_ids()[..key_len], slots)?;
-        if outcome.prefix_len > protected {
-            allocator.free_segment(&slots[protected..outcome.prefix_len], protected)?;
+        let duplicated = outcome.prefix_len;
+        if duplicated > protected {
+            // Another request cached `[protected, duplicated)` first: free ours and point the
+            // row at the tree's. Past `duplicated` the tree took this request's own slots.
+            allocator.free_segment(&slots[protected..duplicated], protected)?;
+            let cached = TreePos {
+                node: outcome.last_node,
+                len: duplicated,
+            };
+            tree.path_slots_into(
+                cached,
+                protected,
+                &mut req_to_token.row_mut(row)?[protected..duplicated],
+            )?;
         }
         let new_pos = TreePos {
             node: outcome.last_node,
             len: key_len,
         };
-        tree.path_slots_into(
-            new_pos,
-            protected,
-            &mut req_to_token.row_mut(row)?[protected..key_len],
-        )?;
         tree.move_lock(req.last_node.node, new_pos.node)?;
         req.last_node = new_pos;
         req.kv_mut().set_cache_protected_len(owner, key_len);

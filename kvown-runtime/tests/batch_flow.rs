@@ -222,3 +222,34 @@ fn double_release_is_a_typed_error() {
     );
     cache.check([&req]).unwrap();
 }
+
+#[test]
+fn registering_a_prefix_another_request_cached_first_frees_the_duplicates() {
+    let page_size = 4;
+    let mut cache = cache(1024, page_size, true);
+    let prompt: Vec<u32> = (100..121).collect();
+    let mut batch = extend(
+        vec![Req::new(1, prompt.clone()), Req::new(2, prompt)],
+        &mut cache,
+    );
+    cache_unfinished_req(&mut batch.reqs_mut()[0], &mut cache).unwrap();
+    let free_before = cache.available_size();
+    cache_unfinished_req(&mut batch.reqs_mut()[1], &mut cache).unwrap();
+    assert_eq!(
+        cache.available_size() - free_before,
+        20,
+        "five duplicate pages freed"
+    );
+    let rows: Vec<Vec<u32>> = batch
+        .reqs()
+        .iter()
+        .map(|req| cache.req_to_token().row(req.held_row().unwrap()).unwrap()[..20].to_vec())
+        .collect();
+    assert_eq!(
+        rows[0], rows[1],
+        "the second row now points at the cached slots"
+    );
+    assert_eq!(batch.reqs()[1].kv().cache_protected_len(), 20);
+    cache.check(batch.reqs()).unwrap();
+    release_all(batch, &mut cache, true);
+}
