@@ -29,7 +29,8 @@ impl RadixCache {
     /// token counters; child counts and the child index (each child found under its parent by
     /// its first page, nothing else indexed); positions (each key starts where its parent's
     /// ends, whole pages only); lock counts (root 1, every other at least the sum of its
-    /// children's); the evictable-leaf set; no page cached twice.
+    /// children's); the evictable-leaf set and its LRU order (an entry at each candidate's
+    /// access time); no page cached twice.
     ///
     /// Cost: O(cached pages + nodes); meant for tests and debug builds.
     pub fn check(&self) -> Result<(), RadixError> {
@@ -41,6 +42,7 @@ impl RadixCache {
         let mut child_counts = vec![0usize; self.arena.entries()];
         let mut child_locks = vec![0usize; self.arena.entries()];
         let mut pages = HashSet::new();
+        let lru_entries: HashSet<(u64, NodeId)> = self.lru.iter().map(|entry| entry.0).collect();
         let (mut evictable, mut protected, mut live, mut evictable_leaves) = (0, 0, 0, 0);
         for (id, node) in self.arena.live().filter(|&(id, _)| id != NodeId::ROOT) {
             live += 1;
@@ -101,6 +103,14 @@ impl RadixCache {
             let listed = node.leaf_pos != NOT_EVICTABLE
                 && self.evictable_leaves.get(node.leaf_pos as usize) == Some(&id);
             evictable_leaves += usize::from(evictable_leaf);
+            if evictable_leaf {
+                expect_eq(
+                    id,
+                    "LRU entry at the leaf's access time",
+                    1,
+                    usize::from(lru_entries.contains(&(node.last_access, id))),
+                )?;
+            }
             expect_eq(
                 id,
                 "evictable-leaf set membership",

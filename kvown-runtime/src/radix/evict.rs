@@ -1,9 +1,8 @@
 //! Eviction: freeing least-recently-used unlocked leaves through the allocator.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 
-use super::node::{NOT_EVICTABLE, NodeId};
+use super::node::NodeId;
 use super::{RadixCache, RadixError};
 use crate::alloc::KvAllocator;
 
@@ -16,8 +15,8 @@ impl RadixCache {
     /// are freed with `alloc.free_segment(slots, 0)` and the node is deleted; a parent left
     /// without children and unlocked becomes a candidate in the same call.
     ///
-    /// Cost: O(evictable leaves) to order the candidates, plus O(log leaves + node tokens) per
-    /// evicted node.
+    /// Cost: O(log leaves + node tokens) per evicted node, amortized: the LRU order is kept
+    /// across calls (sglang rebuilds a heap of every leaf on each call).
     ///
     /// # Errors
     /// [`RadixError::PageSizeMismatch`] before anything is evicted; [`RadixError::Free`] when
@@ -36,30 +35,29 @@ impl RadixCache {
         if num_tokens == 0 {
             return Ok(0);
         }
-        let mut candidates: BinaryHeap<Reverse<(u64, NodeId)>> = self
-            .evictable_leaves
-            .iter()
-            .map(|&leaf| Reverse((self.arena[leaf].last_access, leaf)))
-            .collect();
         let mut evicted = 0;
         while evicted < num_tokens {
-            let Some(Reverse((_, leaf))) = candidates.pop() else {
+            let Some(Reverse((stamp, leaf))) = self.lru.pop() else {
                 break;
             };
+            if !self.is_current_lru_entry(stamp, leaf) {
+                continue;
+            }
             let mut slots = std::mem::take(&mut self.free_buffer);
             slots.clear();
             slots.extend(self.node_slots(leaf));
             let freed = alloc.free_segment(&slots, 0);
             self.free_buffer = slots;
-            freed.map_err(|source| RadixError::Free {
-                node: leaf,
-                evicted,
-                source,
-            })?;
-            evicted += self.arena[leaf].len(self.page_size);
-            if let Some(parent) = self.remove_leaf(leaf) {
-                candidates.push(Reverse((self.arena[parent].last_access, parent)));
+            if let Err(source) = freed {
+                self.lru.push(Reverse((stamp, leaf)));
+                return Err(RadixError::Free {
+                    node: leaf,
+                    evicted,
+                    source,
+                });
             }
+            evicted += self.arena[leaf].len(self.page_size);
+            self.remove_leaf(leaf);
         }
         Ok(evicted)
     }
@@ -90,9 +88,10 @@ impl RadixCache {
             .flat_map(move |page| page * page_size..(page + 1) * page_size)
     }
 
-    /// Deletes the evictable leaf `leaf`; returns its parent if that became an evictable leaf.
-    /// The parent inherits the leaf's access time when newer (sglang stamps whole paths).
-    fn remove_leaf(&mut self, leaf: NodeId) -> Option<NodeId> {
+    /// Deletes the evictable leaf `leaf`; its parent becomes a candidate when it is left an
+    /// unlocked leaf. The parent inherits the leaf's access time when newer (sglang stamps whole
+    /// paths).
+    fn remove_leaf(&mut self, leaf: NodeId) {
         self.list_evictable(leaf, false);
         self.children.unlink(&mut self.arena, self.page_size, leaf);
         let entry = &self.arena[leaf];
@@ -105,6 +104,5 @@ impl RadixCache {
         parent_entry.child_count -= 1;
         parent_entry.last_access = parent_entry.last_access.max(last_access);
         self.refresh_leaf_status(parent);
-        (self.arena[parent].leaf_pos != NOT_EVICTABLE).then_some(parent)
     }
 }

@@ -82,7 +82,7 @@ impl RadixCache {
                 }
             }
         }
-        self.arena[node].last_access = now;
+        self.stamp(node, now);
         Ok(InsertOutcome {
             prefix_len: pos,
             last_node: node,

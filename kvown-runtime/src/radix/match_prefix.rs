@@ -26,7 +26,7 @@ impl RadixCache {
             else {
                 break;
             };
-            self.arena[child].last_access = now;
+            self.stamp(child, now);
             let pages = self.common_pages(child, 0, &key[pos..]);
             pos += pages * page_size;
             if pages < self.arena[child].num_pages(page_size) {

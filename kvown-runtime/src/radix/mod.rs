@@ -64,9 +64,15 @@ mod node;
 pub use error::RadixError;
 pub use node::NodeId;
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use crate::alloc::{KvSlot, PageId};
 use children::ChildIndex;
 use node::{Arena, NOT_EVICTABLE, Node};
+
+/// Outdated LRU entries tolerated beyond twice the candidates before a rebuild.
+const LRU_SLACK: usize = 64;
 
 /// A position on a path of the tree: the first `len` tokens of some key end inside or at the end
 /// of `node`. Returned by matches and inserts, where `node` ends exactly at `len`.
@@ -104,6 +110,10 @@ pub struct RadixCache {
     children: ChildIndex,
     /// Unlocked non-root nodes without children: the eviction candidates.
     evictable_leaves: Vec<NodeId>,
+    /// Least-recently-used order of the candidates, kept across calls: every evictable leaf
+    /// has an entry with its current access time; outdated entries are skipped when popped and
+    /// dropped by a rebuild once they outnumber the candidates.
+    lru: BinaryHeap<Reverse<(u64, NodeId)>>,
     evictable_size: usize,
     protected_size: usize,
     total_size: usize,
@@ -125,6 +135,7 @@ impl RadixCache {
             arena: Arena::new(),
             children: ChildIndex::default(),
             evictable_leaves: Vec::new(),
+            lru: BinaryHeap::new(),
             evictable_size: 0,
             protected_size: 0,
             total_size: 0,
@@ -186,6 +197,7 @@ impl RadixCache {
             + (node_data_bytes - key_bytes)
             + self.children.heap_bytes()
             + self.evictable_leaves.capacity() * size_of::<NodeId>()
+            + self.lru.capacity() * size_of::<Reverse<(u64, NodeId)>>()
             + self.free_buffer.capacity() * size_of::<KvSlot>()
     }
 
@@ -220,12 +232,44 @@ impl RadixCache {
         self.list_evictable(node, evictable);
     }
 
+    /// Sets `node`'s access time, keeping the LRU order current when it is a candidate.
+    fn stamp(&mut self, node: NodeId, now: u64) {
+        self.arena[node].last_access = now;
+        if self.arena[node].leaf_pos != NOT_EVICTABLE {
+            self.push_lru(node);
+        }
+    }
+
+    /// Records candidate `node` at its current access time; rebuilds the order from the
+    /// candidates when outdated entries make up most of it (amortized O(log n)).
+    fn push_lru(&mut self, node: NodeId) {
+        self.lru.push(Reverse((self.arena[node].last_access, node)));
+        if self.lru.len() > 2 * self.evictable_leaves.len() + LRU_SLACK {
+            let mut entries = std::mem::take(&mut self.lru).into_vec();
+            entries.clear();
+            entries.extend(
+                self.evictable_leaves
+                    .iter()
+                    .map(|&leaf| Reverse((self.arena[leaf].last_access, leaf))),
+            );
+            self.lru = BinaryHeap::from(entries);
+        }
+    }
+
+    /// Whether an LRU entry `(stamp, node)` still describes a candidate.
+    fn is_current_lru_entry(&self, stamp: u64, node: NodeId) -> bool {
+        self.arena.is_live(node)
+            && self.arena[node].leaf_pos != NOT_EVICTABLE
+            && self.arena[node].last_access == stamp
+    }
+
     /// Makes `node`'s membership in the evictable-leaf set equal `listed`, in O(1).
     fn list_evictable(&mut self, node: NodeId, listed: bool) {
         let pos = self.arena[node].leaf_pos;
         if listed && pos == NOT_EVICTABLE {
             self.arena[node].leaf_pos = self.evictable_leaves.len() as u32;
             self.evictable_leaves.push(node);
+            self.push_lru(node);
         } else if !listed && pos != NOT_EVICTABLE {
             let pos = pos as usize;
             self.evictable_leaves.swap_remove(pos);
