@@ -2,10 +2,7 @@
 //! size 16, each full page registered into the tree as it fills (16 registrations per step).
 //!
 //! `bytes_per_cached_page_stay_within_budget` asserts at most 64 bookkeeping bytes per cached
-//! page. `registration_cost_per_step` measures the time per step; run it in release:
-//! `cargo test --release -p kvown-runtime --test radix_budget -- --ignored --nocapture`.
-
-use std::time::{Duration, Instant};
+//! page. The time of the same registrations is a benchmark (W2c in `benches/`), not a test.
 
 use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator};
 use kvown_runtime::radix::{RadixCache, TreePos};
@@ -68,8 +65,8 @@ impl Workload {
     }
 
     /// One decode step: every request gets a token; then the 1/16 whose page filled register
-    /// it as one batch. Returns the time spent registering.
-    fn step(&mut self) -> Duration {
+    /// it as one batch.
+    fn step(&mut self) {
         self.step += 1;
         let step = self.step;
         let mut filled = Vec::with_capacity(REQUESTS / PAGE_SIZE + 1);
@@ -82,7 +79,6 @@ impl Workload {
                 filled.push(index);
             }
         }
-        let start = Instant::now();
         for index in filled {
             let request = &mut self.requests[index];
             let outcome = self
@@ -97,7 +93,6 @@ impl Workload {
                 len: request.key.len(),
             };
         }
-        start.elapsed()
     }
 
     fn bytes_per_page(&self) -> f64 {
@@ -124,26 +119,5 @@ fn bytes_per_cached_page_stay_within_budget() {
         workload.alloc.available_size() % PAGE_SIZE,
         0,
         "allocator stays page-aligned"
-    );
-}
-
-#[test]
-#[ignore = "timing; run in release with --ignored"]
-fn registration_cost_per_step() {
-    let decode_pages = 64;
-    let steps = decode_pages * PAGE_SIZE;
-    // A first run warms the allocator's memory, so page faults do not count as cache work.
-    let mut warm_up = Workload::new(decode_pages);
-    (0..steps).for_each(|_| {
-        warm_up.step();
-    });
-    drop(warm_up);
-    let mut workload = Workload::new(decode_pages);
-    let in_cache: Duration = (0..steps).map(|_| workload.step()).sum();
-    let per_step = in_cache.as_secs_f64() * 1e6 / steps as f64;
-    workload.cache.check().unwrap();
-    println!(
-        "{per_step:.2} µs per step (256 requests, 16 registrations), {:.1} bytes per cached page",
-        workload.bytes_per_page()
     );
 }
