@@ -22,9 +22,13 @@ mod detect;
 mod error;
 pub mod kernels;
 mod kv;
+mod plan;
 
 pub use alloc::{CudaPagedAllocator, DeviceSlots};
 pub use backend::Backend;
 pub use detect::{CudaDevice, Unavailable};
 pub use error::CudaError;
 pub use kv::CudaKvPool;
+pub use plan::{
+    ALLOC_BLOCK, AllocPlan, AllocPlanner, DECODE_PARAM_WORDS, EXTEND_PARAM_WORDS, FreePlan,
+};

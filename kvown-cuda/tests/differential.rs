@@ -1,14 +1,19 @@
 //! CUDA vs CPU: the device allocator against `PagedAllocator` / `TokenAllocator`, and
 //! `CudaKvPool` against `HostKvPool`, on seeded random batches (page sizes 1, 16, 64; prefix
-//! hits; out-of-memory edges). Runs only where a CUDA device works; elsewhere each test prints
-//! `skipped: <reason>` and passes.
+//! hits; out-of-memory edges). The GPU tests run only where a CUDA device works; elsewhere each
+//! prints `skipped: <reason>` and passes. The same allocator scenarios also run against the
+//! allocation kernels compiled as host C++ (`emulator/`), so the kernels' index arithmetic and
+//! the host planning are checked on every machine with a C++ compiler.
+
+mod emulator;
 
 use std::sync::Arc;
 
+use emulator::EmulatedAllocator;
 use half::{bf16, f16};
 use kvown_cuda::{CudaDevice, CudaError, CudaKvPool, CudaPagedAllocator};
 use kvown_runtime::alloc::{
-    AllocError, DecodeShape, ExtendShape, Fifo, KvAllocator, KvSlot, Lifo, PageAllocator,
+    AllocError, DecodeShape, ExtendShape, Fifo, KvAllocator, KvSlot, Lifo, PageAllocator, PageId,
     PagedAllocator, ReuseOrder, TokenAllocator,
 };
 use kvown_runtime::kv::{HostKvPool, KvData, KvDtype, KvElement, KvLayout, KvPool};
@@ -16,6 +21,103 @@ use kvown_runtime::kv::{HostKvPool, KvData, KvDtype, KvElement, KvLayout, KvPool
 fn device() -> Option<Arc<CudaDevice>> {
     match CudaDevice::get() {
         Ok(device) => Some(device),
+        Err(reason) => {
+            skip_notice(&format!("skipped: {reason}"));
+            None
+        }
+    }
+}
+
+/// A device allocator under test: the CUDA one, or its kernels emulated on the host.
+trait DeviceAllocator {
+    fn alloc_extend(
+        &mut self,
+        reqs: &[ExtendShape],
+        rows: &[u32],
+    ) -> Result<Vec<KvSlot>, CudaError>;
+    fn alloc_decode(
+        &mut self,
+        reqs: &[DecodeShape],
+        rows: &[u32],
+    ) -> Result<Vec<KvSlot>, CudaError>;
+    fn free(&mut self, slots: &[KvSlot]) -> Result<(), CudaError>;
+    fn write_row(&mut self, row: u32, start: usize, slots: &[KvSlot]) -> Result<(), CudaError>;
+    fn read_row(&mut self, row: u32, len: usize) -> Result<Vec<KvSlot>, CudaError>;
+    fn free_list(&mut self) -> Result<Vec<PageId>, CudaError>;
+    fn available_size(&self) -> usize;
+}
+
+/// The CUDA allocator, with its slots copied back for comparison.
+struct Gpu<R: ReuseOrder> {
+    allocator: CudaPagedAllocator<R>,
+    device: Arc<CudaDevice>,
+}
+
+impl<R: ReuseOrder> DeviceAllocator for Gpu<R> {
+    fn alloc_extend(
+        &mut self,
+        reqs: &[ExtendShape],
+        rows: &[u32],
+    ) -> Result<Vec<KvSlot>, CudaError> {
+        self.allocator
+            .alloc_extend(reqs, rows)
+            .and_then(|slots| slots.to_host(&self.device))
+    }
+
+    fn alloc_decode(
+        &mut self,
+        reqs: &[DecodeShape],
+        rows: &[u32],
+    ) -> Result<Vec<KvSlot>, CudaError> {
+        self.allocator
+            .alloc_decode(reqs, rows)
+            .and_then(|slots| slots.to_host(&self.device))
+    }
+
+    fn free(&mut self, slots: &[KvSlot]) -> Result<(), CudaError> {
+        self.allocator.free(slots)
+    }
+
+    fn write_row(&mut self, row: u32, start: usize, slots: &[KvSlot]) -> Result<(), CudaError> {
+        self.allocator.write_row(row, start, slots)
+    }
+
+    fn read_row(&mut self, row: u32, len: usize) -> Result<Vec<KvSlot>, CudaError> {
+        self.allocator.read_row(row, len)
+    }
+
+    fn free_list(&mut self) -> Result<Vec<PageId>, CudaError> {
+        self.allocator.free_list()
+    }
+
+    fn available_size(&self) -> usize {
+        self.allocator.available_size()
+    }
+}
+
+fn gpu<R: ReuseOrder>(
+    device: &Arc<CudaDevice>,
+    size: usize,
+    page_size: usize,
+    rows: usize,
+    row_len: usize,
+) -> Gpu<R> {
+    Gpu {
+        allocator: CudaPagedAllocator::new(device.clone(), size, page_size, rows, row_len)
+            .expect("device allocator"),
+        device: device.clone(),
+    }
+}
+
+/// The emulated allocator, or `None` (with a skip notice) where no C++ compiler is found.
+fn emulated<R: ReuseOrder>(
+    size: usize,
+    page_size: usize,
+    rows: usize,
+    row_len: usize,
+) -> Option<EmulatedAllocator<R>> {
+    match EmulatedAllocator::new(size, page_size, rows, row_len) {
+        Ok(emulated) => Some(emulated),
         Err(reason) => {
             skip_notice(&format!("skipped: {reason}"));
             None
@@ -70,20 +172,18 @@ fn same(
 }
 
 fn run_allocator<R: ReuseOrder>(
-    device: &Arc<CudaDevice>,
+    mut gpu: impl DeviceAllocator,
     mut cpu: PageAllocator<R>,
     page_size: usize,
-    size: usize,
     seed: u64,
+    steps: usize,
 ) {
-    let mut gpu = CudaPagedAllocator::<R>::new(device.clone(), size, page_size, ROWS, ROW_LEN)
-        .expect("device allocator");
     let mut rng = Rng(seed);
     let mut live: Vec<Live> = Vec::new();
     let mut cached: Vec<Vec<KvSlot>> = Vec::new();
     let mut free_rows: Vec<u32> = (0..ROWS as u32).collect();
     let (mut extends, mut decodes, mut ooms) = (0, 0, 0);
-    for step in 0..300 {
+    for step in 0..steps {
         let what = format!("page {page_size} seed {seed} step {step}");
         match rng.below(10) {
             // Extend a batch of new requests, some reusing a cached prefix.
@@ -126,9 +226,7 @@ fn run_allocator<R: ReuseOrder>(
                 }
                 let mut out = Vec::new();
                 let cpu_result = cpu.alloc_extend(&shapes, &mut out).map(|()| out);
-                let gpu_result = gpu
-                    .alloc_extend(&shapes, &rows)
-                    .and_then(|s| s.to_host(device));
+                let gpu_result = gpu.alloc_extend(&shapes, &rows);
                 match same(cpu_result, gpu_result, &what) {
                     Some(out) => {
                         extends += 1;
@@ -163,9 +261,7 @@ fn run_allocator<R: ReuseOrder>(
                 let rows: Vec<u32> = batch.iter().map(|&i| live[i].row).collect();
                 let mut out = Vec::new();
                 let cpu_result = cpu.alloc_decode(&shapes, &mut out).map(|()| out);
-                let gpu_result = gpu
-                    .alloc_decode(&shapes, &rows)
-                    .and_then(|s| s.to_host(device));
+                let gpu_result = gpu.alloc_decode(&shapes, &rows);
                 match same(cpu_result, gpu_result, &what) {
                     Some(out) => {
                         decodes += 1;
@@ -209,31 +305,103 @@ fn run_allocator<R: ReuseOrder>(
     println!("page {page_size} seed {seed}: {extends} extends, {decodes} decodes, {ooms} refused");
 }
 
-#[test]
-fn allocator_matches_cpu_on_random_batches() {
-    let Some(device) = device() else { return };
-    for seed in 1..=4u64 {
+/// Every allocator configuration of the scenarios: `(page size, pool size, make CPU, make device)`
+/// for LIFO pages of 16 and 64, and page size 1 in both reuse orders.
+fn allocator_scenarios<D: DeviceAllocator>(
+    seeds: std::ops::RangeInclusive<u64>,
+    steps: usize,
+    lifo: impl Fn(usize, usize) -> Option<D>,
+    fifo: impl Fn(usize, usize) -> Option<Box<dyn DeviceAllocator>>,
+) {
+    for seed in seeds {
         for page_size in [16, 64] {
             let size = page_size * (40 + 20 * seed as usize);
             let cpu = PagedAllocator::new(size, page_size, false).unwrap();
-            run_allocator::<Lifo>(&device, cpu, page_size, size, seed);
+            let Some(device) = lifo(size, page_size) else {
+                return;
+            };
+            run_allocator::<Lifo>(device, cpu, page_size, seed, steps);
         }
         // Page size 1 in both reuse orders: the paged allocator (LIFO) and the token one (FIFO).
         let cpu = PagedAllocator::new(900, 1, false).unwrap();
-        run_allocator::<Lifo>(&device, cpu, 1, 900, seed);
+        let Some(device) = lifo(900, 1) else { return };
+        run_allocator::<Lifo>(device, cpu, 1, seed, steps);
         let cpu = TokenAllocator::new(900, false).unwrap();
-        run_allocator::<Fifo>(&device, cpu, 1, 900, seed);
+        let Some(device) = fifo(900, 1) else { return };
+        run_allocator::<Fifo>(device, cpu, 1, seed, steps);
+    }
+}
+
+impl DeviceAllocator for Box<dyn DeviceAllocator> {
+    fn alloc_extend(
+        &mut self,
+        reqs: &[ExtendShape],
+        rows: &[u32],
+    ) -> Result<Vec<KvSlot>, CudaError> {
+        (**self).alloc_extend(reqs, rows)
+    }
+
+    fn alloc_decode(
+        &mut self,
+        reqs: &[DecodeShape],
+        rows: &[u32],
+    ) -> Result<Vec<KvSlot>, CudaError> {
+        (**self).alloc_decode(reqs, rows)
+    }
+
+    fn free(&mut self, slots: &[KvSlot]) -> Result<(), CudaError> {
+        (**self).free(slots)
+    }
+
+    fn write_row(&mut self, row: u32, start: usize, slots: &[KvSlot]) -> Result<(), CudaError> {
+        (**self).write_row(row, start, slots)
+    }
+
+    fn read_row(&mut self, row: u32, len: usize) -> Result<Vec<KvSlot>, CudaError> {
+        (**self).read_row(row, len)
+    }
+
+    fn free_list(&mut self) -> Result<Vec<PageId>, CudaError> {
+        (**self).free_list()
+    }
+
+    fn available_size(&self) -> usize {
+        (**self).available_size()
     }
 }
 
 #[test]
-fn allocator_out_of_memory_edges_match() {
+fn allocator_matches_cpu_on_random_batches() {
     let Some(device) = device() else { return };
-    let page_size = 16;
+    allocator_scenarios(
+        1..=4,
+        300,
+        |size, page_size| Some(gpu::<Lifo>(&device, size, page_size, ROWS, ROW_LEN)),
+        |size, page_size| {
+            Some(
+                Box::new(gpu::<Fifo>(&device, size, page_size, ROWS, ROW_LEN))
+                    as Box<dyn DeviceAllocator>,
+            )
+        },
+    );
+}
+
+#[test]
+fn emulated_kernels_match_cpu_on_random_batches() {
+    allocator_scenarios(
+        1..=2,
+        200,
+        |size, page_size| emulated::<Lifo>(size, page_size, ROWS, ROW_LEN),
+        |size, page_size| {
+            emulated::<Fifo>(size, page_size, ROWS, ROW_LEN)
+                .map(|device| Box::new(device) as Box<dyn DeviceAllocator>)
+        },
+    );
+}
+
+/// Exactly all four pages fits; one token more does not; a refusal changes nothing.
+fn out_of_memory_edges(mut device: impl DeviceAllocator, page_size: usize) {
     let mut cpu = PagedAllocator::new(4 * page_size, page_size, false).unwrap();
-    let mut gpu =
-        CudaPagedAllocator::<Lifo>::new(device.clone(), 4 * page_size, page_size, 4, 128).unwrap();
-    // Exactly all four pages fits; one token more does not.
     for (seq_len, fits) in [
         (4 * page_size + 1, false),
         (4 * page_size, true),
@@ -246,19 +414,31 @@ fn allocator_out_of_memory_edges_match() {
         }];
         let mut out = Vec::new();
         let cpu_result = cpu.alloc_extend(&shape, &mut out).map(|()| out);
-        let gpu_result = gpu
-            .alloc_extend(&shape, &[0])
-            .and_then(|s| s.to_host(&device));
+        let device_result = device.alloc_extend(&shape, &[0]);
         assert_eq!(
-            same(cpu_result, gpu_result, "oom edge").is_some(),
+            same(cpu_result, device_result, "oom edge").is_some(),
             fits,
             "seq_len {seq_len}"
         );
         assert_eq!(
-            gpu.free_list().unwrap(),
+            device.free_list().unwrap(),
             cpu.free_pages().collect::<Vec<_>>()
         );
     }
+}
+
+#[test]
+fn allocator_out_of_memory_edges_match() {
+    let Some(device) = device() else { return };
+    out_of_memory_edges(gpu::<Lifo>(&device, 4 * 16, 16, 4, 128), 16);
+}
+
+#[test]
+fn emulated_out_of_memory_edges_match() {
+    let Some(device) = emulated::<Lifo>(4 * 16, 16, 4, 128) else {
+        return;
+    };
+    out_of_memory_edges(device, 16);
 }
 
 fn values<T: KvElement>(rng: &mut Rng, len: usize) -> Vec<T> {

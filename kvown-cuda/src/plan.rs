@@ -1,0 +1,347 @@
+//! [`AllocPlanner`]: the host half of the device allocator. It keeps the device free ring's head
+//! and length, validates every call, and turns a batch into the exact kernel arguments, all
+//! without touching the device. The device half ([`crate::CudaPagedAllocator`]) uploads and
+//! launches a plan and then commits it; the host-emulation test runs the same plans through the
+//! kernel sources compiled for the CPU.
+
+use std::marker::PhantomData;
+
+use kvown_runtime::alloc::{AllocError, DecodeShape, ExtendShape, KvSlot, PageId, ReuseOrder};
+
+use crate::error::{CudaError, to_u32};
+
+/// Threads per block of the allocation kernels.
+pub const ALLOC_BLOCK: u32 = 256;
+
+/// Words per request in the `alloc_extend` parameter array:
+/// `prefix_len, seq_len, last_loc, row, out_start, page_start`.
+pub const EXTEND_PARAM_WORDS: usize = 6;
+
+/// Words per request in the `alloc_decode` parameter array:
+/// `seq_len, last_loc, row, page_start`.
+pub const DECODE_PARAM_WORDS: usize = 4;
+
+/// One `alloc_extend` or `alloc_decode` launch, ready to upload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocPlan {
+    /// Per-request kernel parameters ([`EXTEND_PARAM_WORDS`] or [`DECODE_PARAM_WORDS`] each).
+    pub params: Vec<u32>,
+    /// Requests in the batch.
+    pub num_reqs: u32,
+    /// Slots the launch writes to `out_cache_loc`.
+    pub out_len: usize,
+    /// Free-list pages the launch consumes from the head.
+    pub pages: usize,
+    /// The ring position of the free list's head at launch time.
+    pub free_head: u32,
+    /// Blocks of [`ALLOC_BLOCK`] threads.
+    pub blocks: u32,
+}
+
+/// One `free_pages_write` launch: `pages` written into the ring from position `first` on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FreePlan {
+    /// Distinct pages, in the order they enter the ring.
+    pub pages: Vec<PageId>,
+    /// Ring position of the first page.
+    pub first: u32,
+}
+
+/// The device free ring's host-side state and the request-to-token table's shape, with reuse
+/// order `R` (`Lifo` like `PagedAllocator`, `Fifo` like `TokenAllocator`).
+#[derive(Debug, Clone)]
+pub struct AllocPlanner<R: ReuseOrder> {
+    page_size: usize,
+    num_pages: usize,
+    free_head: usize,
+    free_len: usize,
+    rows: usize,
+    row_len: usize,
+    reuse: PhantomData<R>,
+}
+
+impl<R: ReuseOrder> AllocPlanner<R> {
+    /// A planner over `size / page_size` pages, all free in order `[1, 2, …]` (ring head 0), and
+    /// a table of `rows × row_len` slots.
+    pub fn new(
+        size: usize,
+        page_size: usize,
+        rows: usize,
+        row_len: usize,
+    ) -> Result<Self, CudaError> {
+        if page_size == 0 {
+            return Err(AllocError::ZeroPageSize.into());
+        }
+        let num_pages = size / page_size;
+        let slot_end = (num_pages as u64 + 1) * page_size as u64;
+        if slot_end > u64::from(u32::MAX) {
+            return Err(AllocError::TooManySlots {
+                num_pages,
+                page_size,
+                slot_end,
+            }
+            .into());
+        }
+        rows.checked_mul(row_len).ok_or(CudaError::TooLarge {
+            what: "rows * row_len",
+            value: usize::MAX,
+        })?;
+        Ok(Self {
+            page_size,
+            num_pages,
+            free_head: 0,
+            free_len: num_pages,
+            rows,
+            row_len,
+            reuse: PhantomData,
+        })
+    }
+
+    /// Slots per page.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// Pages the allocator manages (the ring's length).
+    pub fn num_pages(&self) -> usize {
+        self.num_pages
+    }
+
+    /// Slots that can ever be handed out.
+    pub fn capacity(&self) -> usize {
+        self.num_pages * self.page_size
+    }
+
+    /// Slots free now (free pages × page size).
+    pub fn available_size(&self) -> usize {
+        self.free_len * self.page_size
+    }
+
+    /// Ring position of the free list's head.
+    pub fn free_head(&self) -> usize {
+        self.free_head
+    }
+
+    /// Pages on the free list.
+    pub fn free_len(&self) -> usize {
+        self.free_len
+    }
+
+    /// Rows of the request-to-token table.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Slots per request-to-token row.
+    pub fn row_len(&self) -> usize {
+        self.row_len
+    }
+
+    /// The launch for a batched extend (sglang `alloc_extend`): request `i` gets slots for
+    /// positions `[prefix_len, seq_len)` in row `rows[i]`. Changes nothing; see
+    /// [`AllocPlanner::commit`].
+    pub fn plan_extend(&self, reqs: &[ExtendShape], rows: &[u32]) -> Result<AllocPlan, CudaError> {
+        check_row_count(reqs.len(), rows.len())?;
+        let page_size = self.page_size;
+        let mut params = Vec::with_capacity(reqs.len() * EXTEND_PARAM_WORDS);
+        let (mut out_start, mut page_start) = (0usize, 0usize);
+        for (request, (shape, &row)) in reqs.iter().zip(rows).enumerate() {
+            let ExtendShape {
+                prefix_len,
+                seq_len,
+                ..
+            } = *shape;
+            let last = match shape.validate(request)? {
+                None => 0,
+                Some(last_loc) => {
+                    self.check_last_loc(request, last_loc, prefix_len)?;
+                    last_loc
+                }
+            };
+            self.check_row(request, row, seq_len)?;
+            let new_pages = seq_len.div_ceil(page_size) - prefix_len.div_ceil(page_size);
+            params.extend([
+                to_u32("prefix_len", prefix_len)?,
+                to_u32("seq_len", seq_len)?,
+                last,
+                row,
+                to_u32("out_start", out_start)?,
+                to_u32("page_start", page_start)?,
+            ]);
+            out_start += seq_len - prefix_len;
+            page_start += new_pages;
+        }
+        self.plan(
+            params,
+            reqs.len(),
+            out_start,
+            page_start,
+            to_u32("blocks", reqs.len())?,
+        )
+    }
+
+    /// The launch for a batched decode (sglang `alloc_decode`): one slot per request, at
+    /// position `seq_len - 1` of row `rows[i]`. Changes nothing; see [`AllocPlanner::commit`].
+    pub fn plan_decode(&self, reqs: &[DecodeShape], rows: &[u32]) -> Result<AllocPlan, CudaError> {
+        check_row_count(reqs.len(), rows.len())?;
+        let mut params = Vec::with_capacity(reqs.len() * DECODE_PARAM_WORDS);
+        let mut page_start = 0usize;
+        for (request, (shape, &row)) in reqs.iter().zip(rows).enumerate() {
+            let DecodeShape { seq_len, last_loc } = *shape;
+            if seq_len < 2 {
+                return Err(AllocError::DecodeSeqTooShort { request, seq_len }.into());
+            }
+            self.check_last_loc(request, last_loc, seq_len - 1)?;
+            self.check_row(request, row, seq_len)?;
+            params.extend([
+                to_u32("seq_len", seq_len)?,
+                last_loc,
+                row,
+                to_u32("page_start", page_start)?,
+            ]);
+            page_start += usize::from((seq_len - 1) % self.page_size == 0);
+        }
+        let blocks = reqs.len().div_ceil(ALLOC_BLOCK as usize);
+        self.plan(
+            params,
+            reqs.len(),
+            reqs.len(),
+            page_start,
+            to_u32("blocks", blocks)?,
+        )
+    }
+
+    fn plan(
+        &self,
+        params: Vec<u32>,
+        num_reqs: usize,
+        out_len: usize,
+        pages: usize,
+        blocks: u32,
+    ) -> Result<AllocPlan, CudaError> {
+        if pages > self.free_len {
+            return Err(AllocError::OutOfMemory {
+                requested: pages.saturating_mul(self.page_size),
+                available: self.available_size(),
+            }
+            .into());
+        }
+        Ok(AllocPlan {
+            params,
+            num_reqs: to_u32("requests", num_reqs)?,
+            out_len,
+            pages,
+            free_head: to_u32("free_head", self.free_head)?,
+            blocks,
+        })
+    }
+
+    /// Records that `plan` was launched: its pages left the head of the free list.
+    pub fn commit(&mut self, plan: &AllocPlan) {
+        self.free_head = (self.free_head + plan.pages) % self.num_pages.max(1);
+        self.free_len -= plan.pages;
+    }
+
+    /// The launch that frees the pages holding `slots` (each page once): `Lifo` puts them,
+    /// sorted, at the head of the free list; `Fifo` appends them in first-appearance order. Same
+    /// order as the CPU allocator's `free`. `None` when `slots` is empty. Changes nothing; see
+    /// [`AllocPlanner::commit_free`].
+    pub fn plan_free(&self, slots: &[KvSlot]) -> Result<Option<FreePlan>, CudaError> {
+        let slot_end = (self.num_pages as u64 + 1) * self.page_size as u64;
+        let mut seen = vec![false; self.num_pages + 1];
+        let mut pages: Vec<PageId> = Vec::new();
+        for &slot in slots {
+            if u64::from(slot) >= slot_end {
+                return Err(AllocError::SlotOutOfRange { slot, slot_end }.into());
+            }
+            let page = slot as usize / self.page_size;
+            if page == 0 {
+                return Err(AllocError::ReservedSlot {
+                    slot,
+                    page_size: self.page_size,
+                }
+                .into());
+            }
+            if !std::mem::replace(&mut seen[page], true) {
+                pages.push(page as PageId);
+            }
+        }
+        if pages.is_empty() {
+            return Ok(None);
+        }
+        if self.free_len + pages.len() > self.num_pages {
+            return Err(CudaError::FreeListOverflow {
+                pages: pages.len(),
+                free: self.free_len,
+                num_pages: self.num_pages,
+            });
+        }
+        let first = if R::FREED_FIRST {
+            pages.sort_unstable();
+            (self.free_head + self.num_pages - pages.len()) % self.num_pages
+        } else {
+            (self.free_head + self.free_len) % self.num_pages
+        };
+        Ok(Some(FreePlan {
+            pages,
+            first: to_u32("first", first)?,
+        }))
+    }
+
+    /// Records that `plan` was launched: its pages joined the free list.
+    pub fn commit_free(&mut self, plan: &FreePlan) {
+        if R::FREED_FIRST {
+            self.free_head = plan.first as usize;
+        }
+        self.free_len += plan.pages.len();
+    }
+
+    /// `row` exists and positions up to `end` fit in it.
+    pub fn check_row(&self, request: usize, row: u32, end: usize) -> Result<(), CudaError> {
+        if row as usize >= self.rows {
+            return Err(CudaError::RowOutOfRange {
+                request,
+                row,
+                rows: self.rows,
+            });
+        }
+        if end > self.row_len {
+            return Err(CudaError::RowOverflow {
+                request,
+                end,
+                row_len: self.row_len,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_last_loc(
+        &self,
+        request: usize,
+        last_loc: KvSlot,
+        stored: usize,
+    ) -> Result<(), CudaError> {
+        let slot_end = (self.num_pages as u64 + 1) * self.page_size as u64;
+        if u64::from(last_loc) >= slot_end || (last_loc as usize) < self.page_size {
+            return Err(AllocError::LastLocNotAllocated { request, last_loc }.into());
+        }
+        if (last_loc as usize + 1) % self.page_size != stored % self.page_size {
+            return Err(AllocError::LastLocMismatch {
+                request,
+                last_loc,
+                prefix_len: stored,
+                page_size: self.page_size,
+            }
+            .into());
+        }
+        Ok(())
+    }
+}
+
+fn check_row_count(requests: usize, rows: usize) -> Result<(), CudaError> {
+    if requests == rows {
+        Ok(())
+    } else {
+        Err(CudaError::RowCountMismatch { requests, rows })
+    }
+}
