@@ -227,9 +227,9 @@
 //! ## Zero cost
 //!
 //! In a release build a guarded write compiles to the same code as a plain field write: LLVM
-//! merges [`bench::guarded_write_loop`] and [`bench::plain_write_loop`] into one function
-//! (`scripts/asm-check.sh` checks this on the assembly), and `benches/guarded_write.rs` measures
-//! both.
+//! merges the benchmark's `guarded_write_loop` and `plain_write_loop`
+//! (`benches/workloads/guarded.rs`) into one function (`scripts/asm-check.sh` checks this on the
+//! assembly), and `benches/guarded_write.rs` measures both.
 //!
 //! ## The audit register
 //!
@@ -328,11 +328,6 @@
 //! # }
 //! ```
 #![forbid(unsafe_code)]
-
-// Lets the macros' default support path (`::kvown::__private`) resolve inside this crate too.
-extern crate self as kvown;
-
-pub mod bench;
 
 pub use kvown_macros::{guarded, owner, owners};
 pub use kvown_runtime::ownership::audit;
