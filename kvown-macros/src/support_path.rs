@@ -2,6 +2,8 @@
 
 use proc_macro2::TokenStream;
 use quote::quote;
+use syn::Path;
+use syn::meta::ParseNestedMeta;
 
 /// The crate whose own code uses the macros with `crate::__private` support.
 const RUNTIME_CRATE: &str = "kvown_runtime";
@@ -15,4 +17,10 @@ pub(crate) fn default_support_path() -> TokenStream {
     } else {
         quote!(::kvown)
     }
+}
+
+/// Reads the value of a `crate = path` option (the support path of a renamed dependency).
+pub(crate) fn parse_support_path(meta: &ParseNestedMeta<'_>) -> syn::Result<TokenStream> {
+    let path: Path = meta.value()?.parse()?;
+    Ok(quote!(#path))
 }

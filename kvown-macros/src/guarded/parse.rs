@@ -7,7 +7,7 @@ use syn::parse::{Parse, ParseStream};
 use syn::{Attribute, Fields, Ident, ItemStruct, Path, Token, Type, Visibility};
 
 use crate::diag::Diagnostics;
-use crate::support_path::default_support_path;
+use crate::support_path::{default_support_path, parse_support_path};
 
 /// A parsed `#[guarded]` struct.
 pub(crate) struct GuardedStruct {
@@ -150,8 +150,7 @@ pub(crate) fn parse(
     let mut init_name = Ident::new(&format!("{}Init", item.ident), item.ident.span());
     let options = syn::meta::parser(|meta| {
         if meta.path.is_ident("crate") {
-            let path: Path = meta.value()?.parse()?;
-            support = quote::quote!(#path);
+            support = parse_support_path(&meta)?;
             Ok(())
         } else if meta.path.is_ident("init") {
             init_name = meta.value()?.parse()?;

@@ -1,11 +1,10 @@
 //! Options of `#[owner(..)]` / `#[owners(..)]` and small readers of the annotated items.
 
 use proc_macro2::{Span, TokenStream};
-use quote::quote;
-use syn::{Attribute, Ident, Path, Type};
+use syn::{Attribute, Ident, Type};
 
 use crate::diag::Diagnostics;
-use crate::support_path::default_support_path;
+use crate::support_path::{default_support_path, parse_support_path};
 
 /// Options of one owner.
 pub(crate) struct OwnerOptions {
@@ -30,8 +29,7 @@ pub(crate) fn owner_options(args: TokenStream, diagnostics: &mut Diagnostics) ->
             options.binding = meta.value()?.parse()?;
             Ok(())
         } else if meta.path.is_ident("crate") {
-            let path: Path = meta.value()?.parse()?;
-            options.support = quote!(#path);
+            options.support = parse_support_path(&meta)?;
             Ok(())
         } else {
             Err(meta.error("unknown `owner` option; expected `token = name` or `crate = path`"))
@@ -48,8 +46,7 @@ pub(crate) fn owners_options(args: TokenStream, diagnostics: &mut Diagnostics) -
     let mut support = default_support_path();
     let parser = syn::meta::parser(|meta| {
         if meta.path.is_ident("crate") {
-            let path: Path = meta.value()?.parse()?;
-            support = quote!(#path);
+            support = parse_support_path(&meta)?;
             Ok(())
         } else {
             Err(meta.error("unknown `owners` option; expected `crate = path`"))

@@ -163,7 +163,7 @@ impl AuditTable {
         let mut rows = Vec::new();
         for field in fields {
             let struct_module = user_module(field.module);
-            for declared in field.owners {
+            for &declared in field.owners {
                 let name = owner_name(declared);
                 // Owners live in the struct's crate, so only that crate's sites can match.
                 let struct_crate = crate_of(struct_module);
@@ -189,7 +189,7 @@ impl AuditTable {
                         struct_module,
                         struct_name: field.struct_name,
                         field: field.field,
-                        owner: name_static(field.owners, declared),
+                        owner: name,
                         owner_module: None,
                         writes: 0,
                         delegations: 0,
@@ -316,15 +316,6 @@ impl AuditTable {
             Err(report)
         }
     }
-}
-
-/// Returns the `'static` owner name for `declared` (borrowed from the registered owner list).
-fn name_static(owners: &'static [&'static str], declared: &str) -> &'static str {
-    owners
-        .iter()
-        .find(|o| **o == declared)
-        .map(|o| owner_name(o))
-        .unwrap_or("?")
 }
 
 impl fmt::Display for AuditTable {
