@@ -95,32 +95,50 @@ impl<R: ReuseOrder> DeviceAllocator for Gpu<R> {
     }
 }
 
-fn gpu<R: ReuseOrder>(
-    device: &Arc<CudaDevice>,
-    size: usize,
-    page_size: usize,
-    rows: usize,
-    row_len: usize,
-) -> Gpu<R> {
-    Gpu {
-        allocator: CudaPagedAllocator::new(device.clone(), size, page_size, rows, row_len)
-            .expect("device allocator"),
-        device: device.clone(),
+/// Builds the device allocator under test (`size` slots, pages of `page_size`, a table of
+/// `ROWS x ROW_LEN`) in reuse order `R`, or `None`, with a skip notice, where it cannot run.
+trait MakeDevice {
+    fn make<R: ReuseOrder + 'static>(
+        &self,
+        size: usize,
+        page_size: usize,
+    ) -> Option<Box<dyn DeviceAllocator>>;
+}
+
+/// The real device.
+struct OnGpu(Arc<CudaDevice>);
+
+impl MakeDevice for OnGpu {
+    fn make<R: ReuseOrder + 'static>(
+        &self,
+        size: usize,
+        page_size: usize,
+    ) -> Option<Box<dyn DeviceAllocator>> {
+        let allocator =
+            CudaPagedAllocator::<R>::new(self.0.clone(), size, page_size, ROWS, ROW_LEN)
+                .expect("device allocator");
+        Some(Box::new(Gpu {
+            allocator,
+            device: self.0.clone(),
+        }))
     }
 }
 
-/// The emulated allocator, or `None` (with a skip notice) where no C++ compiler is found.
-fn emulated<R: ReuseOrder>(
-    size: usize,
-    page_size: usize,
-    rows: usize,
-    row_len: usize,
-) -> Option<EmulatedAllocator<R>> {
-    match EmulatedAllocator::new(size, page_size, rows, row_len) {
-        Ok(emulated) => Some(emulated),
-        Err(reason) => {
-            skip_notice(&format!("skipped: {reason}"));
-            None
+/// The allocation kernels compiled as host C++.
+struct OnHost;
+
+impl MakeDevice for OnHost {
+    fn make<R: ReuseOrder + 'static>(
+        &self,
+        size: usize,
+        page_size: usize,
+    ) -> Option<Box<dyn DeviceAllocator>> {
+        match EmulatedAllocator::<R>::new(size, page_size, ROWS, ROW_LEN) {
+            Ok(emulated) => Some(Box::new(emulated)),
+            Err(reason) => {
+                skip_notice(&format!("skipped: {reason}"));
+                None
+            }
         }
     }
 }
@@ -172,7 +190,7 @@ fn same(
 }
 
 fn run_allocator<R: ReuseOrder>(
-    mut gpu: impl DeviceAllocator,
+    gpu: &mut dyn DeviceAllocator,
     mut cpu: PageAllocator<R>,
     page_size: usize,
     seed: u64,
@@ -305,102 +323,48 @@ fn run_allocator<R: ReuseOrder>(
     println!("page {page_size} seed {seed}: {extends} extends, {decodes} decodes, {ooms} refused");
 }
 
-/// Every allocator configuration of the scenarios: `(page size, pool size, make CPU, make device)`
-/// for LIFO pages of 16 and 64, and page size 1 in both reuse orders.
-fn allocator_scenarios<D: DeviceAllocator>(
-    seeds: std::ops::RangeInclusive<u64>,
-    steps: usize,
-    lifo: impl Fn(usize, usize) -> Option<D>,
-    fifo: impl Fn(usize, usize) -> Option<Box<dyn DeviceAllocator>>,
-) {
+/// Every allocator configuration of the scenarios: LIFO pages of 16 and 64, and page size 1
+/// in both reuse orders (the paged allocator and the token one).
+fn allocator_scenarios(make: &impl MakeDevice, seeds: std::ops::RangeInclusive<u64>, steps: usize) {
     for seed in seeds {
         for page_size in [16, 64] {
             let size = page_size * (40 + 20 * seed as usize);
             let cpu = PagedAllocator::new(size, page_size, false).unwrap();
-            let Some(device) = lifo(size, page_size) else {
+            let Some(mut device) = make.make::<Lifo>(size, page_size) else {
                 return;
             };
-            run_allocator::<Lifo>(device, cpu, page_size, seed, steps);
+            run_allocator::<Lifo>(&mut *device, cpu, page_size, seed, steps);
         }
-        // Page size 1 in both reuse orders: the paged allocator (LIFO) and the token one (FIFO).
         let cpu = PagedAllocator::new(900, 1, false).unwrap();
-        let Some(device) = lifo(900, 1) else { return };
-        run_allocator::<Lifo>(device, cpu, 1, seed, steps);
+        let Some(mut device) = make.make::<Lifo>(900, 1) else {
+            return;
+        };
+        run_allocator::<Lifo>(&mut *device, cpu, 1, seed, steps);
         let cpu = TokenAllocator::new(900, false).unwrap();
-        let Some(device) = fifo(900, 1) else { return };
-        run_allocator::<Fifo>(device, cpu, 1, seed, steps);
-    }
-}
-
-impl DeviceAllocator for Box<dyn DeviceAllocator> {
-    fn alloc_extend(
-        &mut self,
-        reqs: &[ExtendShape],
-        rows: &[u32],
-    ) -> Result<Vec<KvSlot>, CudaError> {
-        (**self).alloc_extend(reqs, rows)
-    }
-
-    fn alloc_decode(
-        &mut self,
-        reqs: &[DecodeShape],
-        rows: &[u32],
-    ) -> Result<Vec<KvSlot>, CudaError> {
-        (**self).alloc_decode(reqs, rows)
-    }
-
-    fn free(&mut self, slots: &[KvSlot]) -> Result<(), CudaError> {
-        (**self).free(slots)
-    }
-
-    fn write_row(&mut self, row: u32, start: usize, slots: &[KvSlot]) -> Result<(), CudaError> {
-        (**self).write_row(row, start, slots)
-    }
-
-    fn read_row(&mut self, row: u32, len: usize) -> Result<Vec<KvSlot>, CudaError> {
-        (**self).read_row(row, len)
-    }
-
-    fn free_list(&mut self) -> Result<Vec<PageId>, CudaError> {
-        (**self).free_list()
-    }
-
-    fn available_size(&self) -> usize {
-        (**self).available_size()
+        let Some(mut device) = make.make::<Fifo>(900, 1) else {
+            return;
+        };
+        run_allocator::<Fifo>(&mut *device, cpu, 1, seed, steps);
     }
 }
 
 #[test]
 fn allocator_matches_cpu_on_random_batches() {
     let Some(device) = device() else { return };
-    allocator_scenarios(
-        1..=4,
-        300,
-        |size, page_size| Some(gpu::<Lifo>(&device, size, page_size, ROWS, ROW_LEN)),
-        |size, page_size| {
-            Some(
-                Box::new(gpu::<Fifo>(&device, size, page_size, ROWS, ROW_LEN))
-                    as Box<dyn DeviceAllocator>,
-            )
-        },
-    );
+    allocator_scenarios(&OnGpu(device), 1..=4, 300);
 }
 
 #[test]
 fn emulated_kernels_match_cpu_on_random_batches() {
-    allocator_scenarios(
-        1..=2,
-        200,
-        |size, page_size| emulated::<Lifo>(size, page_size, ROWS, ROW_LEN),
-        |size, page_size| {
-            emulated::<Fifo>(size, page_size, ROWS, ROW_LEN)
-                .map(|device| Box::new(device) as Box<dyn DeviceAllocator>)
-        },
-    );
+    allocator_scenarios(&OnHost, 1..=2, 200);
 }
 
 /// Exactly all four pages fits; one token more does not; a refusal changes nothing.
-fn out_of_memory_edges(mut device: impl DeviceAllocator, page_size: usize) {
+fn out_of_memory_edges(make: &impl MakeDevice) {
+    let page_size = 16;
+    let Some(mut device) = make.make::<Lifo>(4 * page_size, page_size) else {
+        return;
+    };
     let mut cpu = PagedAllocator::new(4 * page_size, page_size, false).unwrap();
     for (seq_len, fits) in [
         (4 * page_size + 1, false),
@@ -430,15 +394,12 @@ fn out_of_memory_edges(mut device: impl DeviceAllocator, page_size: usize) {
 #[test]
 fn allocator_out_of_memory_edges_match() {
     let Some(device) = device() else { return };
-    out_of_memory_edges(gpu::<Lifo>(&device, 4 * 16, 16, 4, 128), 16);
+    out_of_memory_edges(&OnGpu(device));
 }
 
 #[test]
 fn emulated_out_of_memory_edges_match() {
-    let Some(device) = emulated::<Lifo>(4 * 16, 16, 4, 128) else {
-        return;
-    };
-    out_of_memory_edges(device, 16);
+    out_of_memory_edges(&OnHost);
 }
 
 fn values<T: KvElement>(rng: &mut Rng, len: usize) -> Vec<T> {
