@@ -240,7 +240,6 @@ impl<'a> Engine<'a> {
         if admitted.is_empty() {
             return Ok(());
         }
-        let prefixes: Vec<usize> = admitted.iter().map(Req::prefix_len).collect();
         let batch = ScheduleBatch::new(admitted);
         let batch = timed(&mut self.step_ns, || {
             alloc_for_extend(prepare_for_extend(batch), &mut self.cache)
@@ -249,8 +248,8 @@ impl<'a> Engine<'a> {
         .map_err(|error| format!("alloc_for_extend after admission: {error}"))?;
         let mut stores = Vec::with_capacity(batch.out_cache_loc().len());
         let mut slots = batch.out_cache_loc().iter();
-        for (req, &prefix) in batch.reqs().iter().zip(&prefixes) {
-            for position in prefix..req.kv().kv_committed_len() {
+        for (req, positions) in batch.out_positions() {
+            for position in positions {
                 stores.push(TokenKv {
                     slot: *slots.next().expect("one slot per extended token"),
                     token: req.fill_ids()[position],
@@ -319,11 +318,10 @@ impl<'a> Engine<'a> {
         })
         .map_err(|e| format!("decode after check_decode_mem passed: {e}"))?;
         let stores: Vec<TokenKv> = batch
-            .reqs()
-            .iter()
+            .out_positions()
             .zip(batch.out_cache_loc())
-            .map(|(req, &slot)| {
-                let position = req.kv().kv_committed_len() - 1;
+            .map(|((req, positions), &slot)| {
+                let position = positions.start;
                 TokenKv {
                     slot,
                     token: req.fill_ids()[position],

@@ -253,3 +253,55 @@ fn registering_a_prefix_another_request_cached_first_frees_the_duplicates() {
     cache.check(batch.reqs()).unwrap();
     release_all(batch, &mut cache, true);
 }
+
+/// Every `out_cache_loc` slot is the row slot of the position `out_positions` gives it.
+fn assert_out_positions_match_rows(batch: &ScheduleBatch, cache: &KvCache<PagedAllocator>) {
+    let mut slots = batch.out_cache_loc().iter();
+    for (req, positions) in batch.out_positions() {
+        let row = cache.req_to_token().row(req.held_row().unwrap()).unwrap();
+        for position in positions {
+            assert_eq!(Some(&row[position]), slots.next(), "request {}", req.rid());
+        }
+    }
+    assert_eq!(slots.next(), None, "every slot has a position");
+}
+
+#[test]
+fn out_positions_give_each_new_slot_its_row_position() {
+    let page_size = 4;
+    let mut cache = cache(1024, page_size, true);
+    let shared: Vec<u32> = (0..12).collect();
+    let first = extend(
+        vec![Req::new(1, [shared.clone(), vec![7]].concat())],
+        &mut cache,
+    );
+    release_all(first, &mut cache, true);
+    let mut batch = extend(
+        vec![
+            Req::new(2, [shared, vec![8, 9]].concat()),
+            Req::new(3, vec![5, 6, 7]),
+        ],
+        &mut cache,
+    );
+    let ranges: Vec<_> = batch.out_positions().map(|(_, range)| range).collect();
+    assert_eq!(
+        ranges,
+        [12..14, 0..3],
+        "the prefix hit starts past the cached pages"
+    );
+    assert_out_positions_match_rows(&batch, &cache);
+
+    batch = decode(batch, &mut cache);
+    let ranges: Vec<_> = batch.out_positions().map(|(_, range)| range).collect();
+    assert_eq!(ranges, [14..15, 3..4]);
+    assert_out_positions_match_rows(&batch, &cache);
+
+    let finished = batch.take_if(|req| req.rid() == 3);
+    assert!(batch.out_cache_loc().is_empty() && batch.out_positions().next().is_none());
+    let mut reqs = batch.into_reqs();
+    reqs.extend(finished);
+    for i in 0..reqs.len() {
+        release_kv_cache(&mut reqs[i], &mut cache, false).unwrap();
+    }
+    cache.check(&reqs).unwrap();
+}

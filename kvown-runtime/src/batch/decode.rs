@@ -2,7 +2,7 @@
 
 use kvown_macros::owner;
 
-use super::{AllocFailure, DecodePrepared, Ready, ScheduleBatch};
+use super::{AllocFailure, DecodePrepared, LastAllocation, Ready, ScheduleBatch};
 use crate::alloc::{DecodeShape, KvAllocator, KvSlot};
 use crate::cache::KvCache;
 use crate::error::KvError;
@@ -58,6 +58,7 @@ pub fn alloc_for_decode<A: KvAllocator>(
         *kv.kv_allocated_len_mut(owner) += 1;
         *kv.kv_committed_len_mut(owner) += 1;
     }
+    batch.last_allocation = LastAllocation::Decode;
     Ok(batch.into_state(Ready))
 }
 

@@ -2,7 +2,7 @@
 
 use kvown_macros::owner;
 
-use super::{AllocFailure, ExtendPrepared, Ready, ScheduleBatch};
+use super::{AllocFailure, ExtendPrepared, LastAllocation, Ready, ScheduleBatch};
 use crate::alloc::{ExtendShape, KvAllocator};
 use crate::cache::KvCache;
 use crate::error::KvError;
@@ -123,5 +123,6 @@ pub fn alloc_for_extend<A: KvAllocator>(
         // Re-admitted: running again (sglang `prepare_for_extend` clears `is_retracted`).
         req.is_retracted = false;
     }
+    batch.last_allocation = LastAllocation::Extend(std::mem::take(&mut batch.state.shapes));
     Ok(batch.into_state(Ready))
 }

@@ -21,6 +21,8 @@ pub use retract::{
 };
 pub use spec::{alloc_for_spec_decode, commit_spec_tokens, prepare_for_spec_decode};
 
+use std::ops::Range;
+
 use crate::alloc::{DecodeShape, ExtendShape, KvSlot};
 use crate::error::KvError;
 use crate::request::Req;
@@ -48,11 +50,24 @@ pub struct SpecPrepared {
     shapes: Vec<ExtendShape>,
 }
 
+/// Which allocation filled a batch's `out_cache_loc`.
+#[derive(Debug)]
+enum LastAllocation {
+    /// None, or the batch changed since.
+    Nothing,
+    /// An extend: request `i` got positions `[prefix_len, seq_len)` of its shape.
+    Extend(Vec<ExtendShape>),
+    /// A decode: each request got its last allocated position.
+    Decode,
+}
+
 /// A batch of requests in state `S` ([`Ready`] or one of the prepared states).
 #[derive(Debug)]
 pub struct ScheduleBatch<S = Ready> {
     reqs: Vec<Req>,
     out_cache_loc: Vec<KvSlot>,
+    /// What `out_cache_loc` holds, to give each slot its position.
+    last_allocation: LastAllocation,
     state: S,
 }
 
@@ -81,8 +96,14 @@ impl<S> ScheduleBatch<S> {
         ScheduleBatch {
             reqs: self.reqs,
             out_cache_loc: self.out_cache_loc,
+            last_allocation: self.last_allocation,
             state,
         }
+    }
+
+    fn forget_out_cache_loc(&mut self) {
+        self.out_cache_loc.clear();
+        self.last_allocation = LastAllocation::Nothing;
     }
 
     fn fail(self, error: KvError) -> AllocFailure<S> {
@@ -96,6 +117,7 @@ impl ScheduleBatch<Ready> {
         ScheduleBatch {
             reqs,
             out_cache_loc: Vec::new(),
+            last_allocation: LastAllocation::Nothing,
             state: Ready,
         }
     }
@@ -111,19 +133,39 @@ impl ScheduleBatch<Ready> {
     }
 
     /// The KV slots of the last allocation's new tokens, in request order (sglang
-    /// `out_cache_loc`; empty after a speculative reservation, which writes only the table).
+    /// `out_cache_loc`; empty after a speculative reservation, which writes only the table, and
+    /// after the requests changed).
     pub fn out_cache_loc(&self) -> &[KvSlot] {
         &self.out_cache_loc
     }
 
-    /// Adds requests (e.g. merges a finished extend batch into the running batch).
+    /// For each request, the positions of its row that [`ScheduleBatch::out_cache_loc`] backs,
+    /// in order: `out_cache_loc` is the concatenation of the slots of these ranges.
+    pub fn out_positions(&self) -> impl Iterator<Item = (&Req, Range<usize>)> + '_ {
+        self.reqs
+            .iter()
+            .enumerate()
+            .filter_map(move |(i, req)| match &self.last_allocation {
+                LastAllocation::Nothing => None,
+                LastAllocation::Extend(shapes) => Some((req, shapes[i].prefix_len..shapes[i].seq_len)),
+                LastAllocation::Decode => {
+                    let end = req.kv().kv_allocated_len();
+                    Some((req, end - 1..end))
+                }
+            })
+    }
+
+    /// Adds requests (e.g. merges a finished extend batch into the running batch). The last
+    /// allocation's `out_cache_loc` no longer describes the batch and is cleared.
     pub fn extend_reqs(&mut self, reqs: impl IntoIterator<Item = Req>) {
         self.reqs.extend(reqs);
+        self.forget_out_cache_loc();
     }
 
     /// Removes and returns the requests for which `finished` is true, keeping the order of
-    /// the rest (sglang `filter_batch`; it frees nothing).
+    /// the rest (sglang `filter_batch`; it frees nothing and clears `out_cache_loc`).
     pub fn take_if(&mut self, mut finished: impl FnMut(&Req) -> bool) -> Vec<Req> {
+        self.forget_out_cache_loc();
         self.reqs.extract_if(.., |req| finished(req)).collect()
     }
 

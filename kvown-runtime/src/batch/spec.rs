@@ -93,7 +93,7 @@ pub fn alloc_for_spec_decode<A: KvAllocator>(
         offset += grown;
         req.kv_mut().set_kv_allocated_len(owner, shape.seq_len);
     }
-    batch.out_cache_loc.clear();
+    batch.forget_out_cache_loc();
     Ok(batch.into_state(Ready))
 }
 
