@@ -147,7 +147,9 @@ impl ScheduleBatch<Ready> {
             .enumerate()
             .filter_map(move |(i, req)| match &self.last_allocation {
                 LastAllocation::Nothing => None,
-                LastAllocation::Extend(shapes) => Some((req, shapes[i].prefix_len..shapes[i].seq_len)),
+                LastAllocation::Extend(shapes) => {
+                    Some((req, shapes[i].prefix_len..shapes[i].seq_len))
+                }
                 LastAllocation::Decode => {
                     let end = req.kv().kv_allocated_len();
                     Some((req, end - 1..end))
