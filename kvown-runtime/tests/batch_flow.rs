@@ -300,8 +300,8 @@ fn out_positions_give_each_new_slot_its_row_position() {
     assert!(batch.out_cache_loc().is_empty() && batch.out_positions().next().is_none());
     let mut reqs = batch.into_reqs();
     reqs.extend(finished);
-    for i in 0..reqs.len() {
-        release_kv_cache(&mut reqs[i], &mut cache, false).unwrap();
+    for req in &mut reqs {
+        release_kv_cache(req, &mut cache, false).unwrap();
     }
     cache.check(&reqs).unwrap();
 }

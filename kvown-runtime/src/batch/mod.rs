@@ -77,8 +77,8 @@ pub struct ScheduleBatch<S = Ready> {
 pub struct AllocFailure<S> {
     /// Why the allocation failed.
     pub error: KvError,
-    /// The batch, exactly as prepared.
-    pub batch: ScheduleBatch<S>,
+    /// The batch, exactly as prepared (boxed: the failure path is cold, the `Ok` path is not).
+    pub batch: Box<ScheduleBatch<S>>,
 }
 
 impl<S> ScheduleBatch<S> {
@@ -107,7 +107,10 @@ impl<S> ScheduleBatch<S> {
     }
 
     fn fail(self, error: KvError) -> AllocFailure<S> {
-        AllocFailure { error, batch: self }
+        AllocFailure {
+            error,
+            batch: Box::new(self),
+        }
     }
 }
 
