@@ -327,15 +327,17 @@ impl<R: ReuseOrder> PageAllocator<R> {
     #[inline]
     fn free_one_page(&mut self, slots: &[KvSlot]) -> bool {
         let geometry = self.geometry;
-        let Some(&first) = slots.first() else {
+        let Some(&last) = slots.last() else {
             return false;
         };
         if self.in_free_group || slots.len() > geometry.page_size() {
             return false;
         }
-        let page = geometry.page_of(first);
-        // All of `slots`, the first included, so the loads line up with the stores that wrote
-        // them (a freshly allocated page is usually freed from the start of its run).
+        // The page of the last slot: the range test below then needs no load of it and starts
+        // at `slots[0]`, so its vector loads line up with the stores that wrote the slots (a
+        // freshly allocated page is usually freed from the start of its run); a load that
+        // straddles two of those stores waits for them to retire.
+        let page = geometry.page_of(last);
         if self.state.get(page) != Some(&PageState::Held) || !all_in_page(geometry, slots, page) {
             return false;
         }
