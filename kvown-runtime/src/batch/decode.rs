@@ -3,7 +3,7 @@
 use kvown_macros::owner;
 
 use super::{AllocFailure, DecodePrepared, LastAllocation, Ready, ScheduleBatch};
-use crate::alloc::{DecodeShape, KvAllocator, KvSlot};
+use crate::alloc::{DecodeShape, KvAllocator};
 use crate::cache::KvCache;
 use crate::error::KvError;
 use crate::request::Req;
@@ -19,13 +19,23 @@ pub fn prepare_for_decode<A: KvAllocator>(
     cache: &KvCache<A>,
 ) -> Result<ScheduleBatch<DecodePrepared>, (ScheduleBatch<Ready>, KvError)> {
     let mut shapes = Vec::with_capacity(batch.reqs.len());
-    if let Err(error) = decode_shapes(&batch.reqs, &cache.req_to_token, &mut shapes) {
-        return Err((batch, error));
-    }
+    let opening = match decode_shapes(
+        &batch.reqs,
+        &cache.req_to_token,
+        cache.page_size(),
+        &mut shapes,
+    ) {
+        Ok(opening) => opening,
+        Err(error) => return Err((batch, error)),
+    };
     for req in &mut batch.reqs {
         *req.kv_mut().decode_batch_idx_mut(owner) += 1;
     }
-    Ok(batch.into_state(DecodePrepared { shapes }))
+    let tokens_needed = opening * cache.page_size();
+    Ok(batch.into_state(DecodePrepared {
+        shapes,
+        tokens_needed,
+    }))
 }
 
 /// Allocates one slot per request (a new page only when the new token opens one), writes it
@@ -36,8 +46,7 @@ pub fn alloc_for_decode<A: KvAllocator>(
     mut batch: ScheduleBatch<DecodePrepared>,
     cache: &mut KvCache<A>,
 ) -> Result<ScheduleBatch<Ready>, AllocFailure<DecodePrepared>> {
-    let tokens_needed = decode_tokens_needed(&batch.state.shapes, cache.page_size());
-    if let Err(error) = cache.reserve(tokens_needed) {
+    if let Err(error) = cache.reserve(batch.state.tokens_needed) {
         return Err(batch.fail(error));
     }
     batch.out_cache_loc.clear();
@@ -47,14 +56,11 @@ pub fn alloc_for_decode<A: KvAllocator>(
     {
         return Err(batch.fail(error.into()));
     }
-    write_decode_slots(
-        &batch.reqs,
-        &batch.state.shapes,
-        &batch.out_cache_loc,
-        &mut cache.req_to_token,
-    );
-    for req in &mut batch.reqs {
+    let table = &mut cache.req_to_token;
+    for (req, &slot) in batch.reqs.iter_mut().zip(&batch.out_cache_loc) {
         let kv = req.kv_mut();
+        let row = kv.req_pool_idx().expect("checked by prepare_for_decode");
+        table.set_held(row, kv.kv_allocated_len(), slot);
         *kv.kv_allocated_len_mut(owner) += 1;
         *kv.kv_committed_len_mut(owner) += 1;
     }
@@ -62,36 +68,19 @@ pub fn alloc_for_decode<A: KvAllocator>(
     Ok(batch.into_state(Ready))
 }
 
-/// Slots a decode step takes: one page per request whose new token opens a page (its
-/// post-step `seq_len` is `1 mod page_size`). A mask, not a division, for power-of-two pages.
-#[inline]
-fn decode_tokens_needed(shapes: &[DecodeShape], page_size: usize) -> usize {
-    if page_size == 1 {
-        return shapes.len();
-    }
-    let opening = if page_size.is_power_of_two() {
-        let mask = page_size - 1;
-        shapes
-            .iter()
-            .filter(|shape| shape.seq_len & mask == 1)
-            .count()
-    } else {
-        shapes
-            .iter()
-            .filter(|shape| shape.seq_len % page_size == 1)
-            .count()
-    };
-    opening * page_size
-}
-
 /// One decode shape per request: post-step length and the slot of the last stored token.
-/// Not generic over the allocator, so it is compiled (and the table reads inlined) here.
+/// Returns how many of the new tokens open a page (all of them for page size 1): the pages the
+/// step takes. Not generic over the allocator, so it is compiled (and the table reads inlined)
+/// here.
 fn decode_shapes(
     reqs: &[Req],
     table: &ReqToTokenPool,
+    page_size: usize,
     shapes: &mut Vec<DecodeShape>,
-) -> Result<(), KvError> {
+) -> Result<usize, KvError> {
     let width = table.max_context_len();
+    let page_mask = page_size.is_power_of_two().then(|| page_size - 1);
+    let mut opening = 0;
     for req in reqs {
         let kv = req.kv();
         let row = req.held_row()?;
@@ -108,22 +97,11 @@ fn decode_shapes(
             seq_len: seq_len + 1,
             last_loc,
         });
+        // The new token goes to position `seq_len`; a mask, not a division, for powers of two.
+        opening += usize::from(match page_mask {
+            Some(mask) => seq_len & mask == 0,
+            None => seq_len % page_size == 0,
+        });
     }
-    Ok(())
-}
-
-/// Writes each request's new slot at its old length (`seq_len - 1`) in its row.
-fn write_decode_slots(
-    reqs: &[Req],
-    shapes: &[DecodeShape],
-    slots: &[KvSlot],
-    table: &mut ReqToTokenPool,
-) {
-    for ((req, shape), &slot) in reqs.iter().zip(shapes).zip(slots) {
-        let row = req
-            .kv()
-            .req_pool_idx()
-            .expect("checked by prepare_for_decode");
-        table.row_mut(row).expect("the row is held by this request")[shape.seq_len - 1] = slot;
-    }
+    Ok(opening)
 }

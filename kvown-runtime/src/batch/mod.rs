@@ -41,6 +41,8 @@ pub struct ExtendPrepared {
 #[derive(Debug)]
 pub struct DecodePrepared {
     shapes: Vec<DecodeShape>,
+    /// Slots the step takes: a page for each new token that opens one.
+    tokens_needed: usize,
 }
 
 /// State after `prepare_for_spec_decode`: each request's reservation target, requests hidden.

@@ -121,6 +121,15 @@ impl ReqToTokenPool {
         Ok(&mut self.table[start..start + self.max_context_len])
     }
 
+    /// Writes `slot` at `position` of `row`, which the caller knows is held (only the slice
+    /// bounds are checked): the per-token write of the decode step.
+    #[inline]
+    pub(crate) fn set_held(&mut self, row: ReqRow, position: usize, slot: KvSlot) {
+        debug_assert!(self.check_writable(row).is_ok(), "row {row} is not held");
+        debug_assert!(position < self.max_context_len);
+        self.table[row * self.max_context_len + position] = slot;
+    }
+
     /// Writes `values` to positions `start_pos..start_pos + values.len()` of a held `row`.
     /// Nothing is written on error.
     pub fn write(
