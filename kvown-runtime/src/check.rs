@@ -1,9 +1,7 @@
 //! The invariant checker: the per-request ladder, page ownership, and the global accounting
 //! identity `free + cached (evictable + locked) + request-owned == capacity`.
 
-use crate::alloc::{
-    InvariantViolation, KvAllocator, KvSlot, PageAllocator, ReuseOrder, ceil_align,
-};
+use crate::alloc::{AsPageAllocator, InvariantViolation, KvAllocator, KvSlot, ceil_align};
 use crate::cache::KvCache;
 use crate::radix::RadixError;
 use crate::request::Req;
@@ -108,12 +106,13 @@ pub enum Violation {
     },
 }
 
-impl<R: ReuseOrder> KvCache<PageAllocator<R>> {
+impl<A: AsPageAllocator> KvCache<A> {
     /// Checks every invariant for the requests that hold KV (or a prefix lock) in `reqs`,
-    /// which must be all such requests of this cache. Costs O(pool pages + held positions):
-    /// for tests, debug runs and `--check` modes, not for every production step.
+    /// which must be all such requests of this cache, against the host allocator's state.
+    /// Costs O(pool pages + held positions): for tests, debug runs and `--check` modes, not
+    /// for every production step.
     pub fn check<'a>(&self, reqs: impl IntoIterator<Item = &'a Req>) -> Result<(), Violation> {
-        let allocator = &self.allocator;
+        let allocator = self.allocator.page_allocator();
         if allocator.in_free_group() {
             return Err(Violation::OpenFreeGroup);
         }

@@ -47,7 +47,8 @@ pub fn init_next_round_input<A: KvAllocator>(
 /// Between two chunks of a chunked prefill: insert the request's committed whole pages into
 /// the prefix cache, free its duplicates, point its row at the tree's slots, move its lock to
 /// the inserted end and raise `cache_protected_len` there. The unaligned tail stays the
-/// request's own; the next chunk continues from its row, `row[0..committed]`.
+/// request's own; the next chunk continues from its row, `row[0..committed]`. The rewritten
+/// part of the row is reported to the allocator ([`KvAllocator::row_written`]).
 ///
 /// Cost: O(tokens committed since the last call + tree path below the request's lock), so
 /// registering each page as it fills costs O(page size) per page.
@@ -77,11 +78,9 @@ pub fn cache_unfinished_req<A: KvAllocator>(
                 node: outcome.last_node,
                 len: duplicated,
             };
-            tree.path_slots_into(
-                cached,
-                protected,
-                &mut req_to_token.row_mut(row)?[protected..duplicated],
-            )?;
+            let rewritten = &mut req_to_token.row_mut(row)?[protected..duplicated];
+            tree.path_slots_into(cached, protected, rewritten)?;
+            allocator.row_written(row, protected, rewritten);
         }
         let new_pos = TreePos {
             node: outcome.last_node,

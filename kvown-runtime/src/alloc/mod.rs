@@ -53,6 +53,8 @@ pub use paged::PagedAllocator;
 pub use reuse::{Fifo, Lifo, ReuseOrder};
 pub use token::TokenAllocator;
 
+use crate::slots::ReqRow;
+
 /// Index of one KV slot (a row of the per-layer K/V buffers). Slot 0 is padding.
 pub type KvSlot = u32;
 
@@ -130,4 +132,65 @@ pub trait KvAllocator {
     /// (a no-op when nothing was deferred). Fails with [`AllocError::NotInFreeGroup`] when no
     /// group is open.
     fn free_group_end(&mut self) -> Result<(), AllocError>;
+
+    /// [`KvAllocator::alloc_extend`] for requests whose request-to-token rows are known: the
+    /// `i`-th row of `rows` is the row of `reqs[i]`, which gets the new slots at positions
+    /// `[prefix_len, seq_len)` (the batch flow writes the host table itself). An allocator
+    /// that keeps a copy of the table, such as a device mirror, writes its copy in the same
+    /// step. The default ignores `rows` without iterating it, so it costs nothing.
+    fn alloc_extend_rows(
+        &mut self,
+        reqs: &[ExtendShape],
+        rows: impl Iterator<Item = ReqRow>,
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), AllocError>
+    where
+        Self: Sized,
+    {
+        let _ = rows;
+        self.alloc_extend(reqs, out)
+    }
+
+    /// [`KvAllocator::alloc_decode`] for requests whose request-to-token rows are known: the
+    /// `i`-th row of `rows` is the row of `reqs[i]`, which gets the new slot at position
+    /// `seq_len - 1`. The default ignores `rows`, as [`KvAllocator::alloc_extend_rows`] does.
+    fn alloc_decode_rows(
+        &mut self,
+        reqs: &[DecodeShape],
+        rows: impl Iterator<Item = ReqRow>,
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), AllocError>
+    where
+        Self: Sized,
+    {
+        let _ = rows;
+        self.alloc_decode(reqs, out)
+    }
+
+    /// Tells the allocator that the batch flow wrote `slots` to positions
+    /// `[start_pos, start_pos + slots.len())` of request-to-token row `row` other than
+    /// through an allocation (a matched prefix copied into a new row, a row pointed at the
+    /// prefix cache's slots), so that a copy of the table can follow. The default does
+    /// nothing.
+    fn row_written(&mut self, row: ReqRow, start_pos: usize, slots: &[KvSlot]) {
+        let _ = (row, start_pos, slots);
+    }
+}
+
+/// An allocator whose bookkeeping is a host [`PageAllocator`]: the allocator itself, or a
+/// wrapper that keeps one as its authoritative state (a device mirror). The invariant checker
+/// ([`KvCache::check`](crate::cache::KvCache::check)) reads that state.
+pub trait AsPageAllocator {
+    /// The reuse order of the host allocator.
+    type Order: ReuseOrder;
+    /// The host allocator.
+    fn page_allocator(&self) -> &PageAllocator<Self::Order>;
+}
+
+impl<R: ReuseOrder> AsPageAllocator for PageAllocator<R> {
+    type Order = R;
+
+    fn page_allocator(&self) -> &PageAllocator<R> {
+        self
+    }
 }

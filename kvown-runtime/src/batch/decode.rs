@@ -40,7 +40,8 @@ pub fn prepare_for_decode<A: KvAllocator>(
 
 /// Allocates one slot per request (a new page only when the new token opens one), writes it
 /// at the request's old length in its row, and settles `kv_allocated_len += 1` and
-/// `kv_committed_len += 1` (sglang #37085). Transactional like `alloc_for_extend`.
+/// `kv_committed_len += 1` (sglang #37085). The allocator is told the rows
+/// ([`KvAllocator::alloc_decode_rows`]). Transactional like `alloc_for_extend`.
 #[owner]
 pub fn alloc_for_decode<A: KvAllocator>(
     mut batch: ScheduleBatch<DecodePrepared>,
@@ -50,9 +51,15 @@ pub fn alloc_for_decode<A: KvAllocator>(
         return Err(batch.fail(error));
     }
     batch.out_cache_loc.clear();
-    if let Err(error) = cache
-        .allocator
-        .alloc_decode(&batch.state.shapes, &mut batch.out_cache_loc)
+    let rows = batch.reqs.iter().map(|req| {
+        req.kv()
+            .req_pool_idx()
+            .expect("checked by prepare_for_decode")
+    });
+    if let Err(error) =
+        cache
+            .allocator
+            .alloc_decode_rows(&batch.state.shapes, rows, &mut batch.out_cache_loc)
     {
         return Err(batch.fail(error.into()));
     }

@@ -6,6 +6,7 @@ use super::{AllocFailure, ExtendPrepared, LastAllocation, Ready, ScheduleBatch};
 use crate::alloc::{ExtendShape, KvAllocator};
 use crate::cache::KvCache;
 use crate::error::KvError;
+use crate::slots::ReqRow;
 
 /// Fixes each request's extend `[prefix_len, extend_end)` (set by `init_next_round_input`) and
 /// ticks its extend clock. Owns `extend_batch_idx`.
@@ -34,6 +35,9 @@ pub fn prepare_for_extend(mut batch: ScheduleBatch<Ready>) -> ScheduleBatch<Exte
 /// (evicting only the shortfall from the prefix cache), the request-to-token rows (a new
 /// row's `[0, prefix)` <- matched prefix slots; `[prefix, seq)` <- new slots), and settles
 /// `kv_allocated_len = kv_committed_len = seq_len` ("allocation is commitment", sglang #37085).
+/// The allocator is told each request's row ([`KvAllocator::alloc_extend_rows`]) and the
+/// prefix copied into a new row ([`KvAllocator::row_written`]), so a copy of the table can
+/// follow.
 ///
 /// Transactional: on error nothing was evicted, taken or written, and the prepared batch is
 /// handed back.
@@ -78,11 +82,25 @@ pub fn alloc_for_extend<A: KvAllocator>(
         Ok(rows) => rows,
         Err(error) => return Err(batch.fail(error.into())),
     };
+    // Each request's row: its own, or the next new one, in batch order.
+    let mut new_rows = rows.iter().copied();
+    let req_rows: Vec<ReqRow> = batch
+        .reqs
+        .iter()
+        .map(|req| {
+            req.kv().req_pool_idx().unwrap_or_else(|| {
+                new_rows
+                    .next()
+                    .expect("one new row per request without one")
+            })
+        })
+        .collect();
     batch.out_cache_loc.clear();
-    if let Err(error) = cache
-        .allocator
-        .alloc_extend(&batch.state.shapes, &mut batch.out_cache_loc)
-    {
+    if let Err(error) = cache.allocator.alloc_extend_rows(
+        &batch.state.shapes,
+        req_rows.iter().copied(),
+        &mut batch.out_cache_loc,
+    ) {
         for row in rows {
             cache
                 .req_to_token
@@ -92,19 +110,17 @@ pub fn alloc_for_extend<A: KvAllocator>(
         return Err(batch.fail(error.into()));
     }
 
-    let mut new_rows = rows.into_iter();
     let mut offset = 0;
-    for (req, shape) in batch.reqs.iter_mut().zip(&batch.state.shapes) {
-        let (row, fresh) = match req.kv().req_pool_idx() {
-            Some(row) => (row, false),
-            None => {
-                let row = new_rows
-                    .next()
-                    .expect("one new row per request without one");
-                req.kv_mut().set_req_pool_idx(owner, Some(row));
-                (row, true)
-            }
-        };
+    for ((req, shape), &row) in batch
+        .reqs
+        .iter_mut()
+        .zip(&batch.state.shapes)
+        .zip(&req_rows)
+    {
+        let fresh = !req.kv().holds_kv();
+        if fresh {
+            req.kv_mut().set_req_pool_idx(owner, Some(row));
+        }
         let extend_len = shape.seq_len - shape.prefix_len;
         let table = cache
             .req_to_token
@@ -112,6 +128,7 @@ pub fn alloc_for_extend<A: KvAllocator>(
             .expect("the row is held by this request");
         if fresh {
             table[..shape.prefix_len].copy_from_slice(&req.prefix_indices);
+            cache.allocator.row_written(row, 0, &req.prefix_indices);
             req.prefix_indices.clear();
         }
         table[shape.prefix_len..shape.seq_len]

@@ -55,8 +55,9 @@ pub fn prepare_for_spec_decode<A: KvAllocator>(
 
 /// Tops each request's allocation up to its reservation target: slots for `[allocated,
 /// target)` written into its row, `kv_allocated_len = target`. Leaves `kv_committed_len`
-/// alone and `out_cache_loc` empty (draft and verify read their slots from the table).
-/// Transactional like `alloc_for_extend`.
+/// alone and `out_cache_loc` empty (draft and verify read their slots from the table). The
+/// allocator is told the rows ([`KvAllocator::alloc_extend_rows`]). Transactional like
+/// `alloc_for_extend`.
 #[owner]
 pub fn alloc_for_spec_decode<A: KvAllocator>(
     mut batch: ScheduleBatch<SpecPrepared>,
@@ -72,9 +73,14 @@ pub fn alloc_for_spec_decode<A: KvAllocator>(
         return Err(batch.fail(error));
     }
     let mut slots = Vec::new();
+    let rows = batch.reqs.iter().map(|req| {
+        req.kv()
+            .req_pool_idx()
+            .expect("checked by prepare_for_spec_decode")
+    });
     if let Err(error) = cache
         .allocator
-        .alloc_extend(&batch.state.shapes, &mut slots)
+        .alloc_extend_rows(&batch.state.shapes, rows, &mut slots)
     {
         return Err(batch.fail(error.into()));
     }
