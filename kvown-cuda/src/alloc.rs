@@ -13,7 +13,7 @@ use kvown_runtime::alloc::{DecodeShape, ExtendShape, KvSlot, PageId, ReuseOrder}
 
 use crate::detect::CudaDevice;
 use crate::error::{CudaError, to_u32};
-use crate::plan::{ALLOC_BLOCK, AllocPlan, AllocPlanner};
+use crate::plan::{ALLOC_BLOCK, AllocPlan, AllocPlanner, FreePlan};
 
 /// Slots allocated by one batched call, on the device (the batch's `out_cache_loc`).
 #[derive(Debug)]
@@ -106,8 +106,9 @@ impl<R: ReuseOrder> CudaPagedAllocator<R> {
 
     /// Batched extend (sglang `alloc_extend`): request `i` gets slots for positions
     /// `[prefix_len, seq_len)`, written to the returned `out_cache_loc` (concatenated in batch
-    /// order) and to `req_to_token[rows[i]][prefix_len..seq_len]`. Same slots as
-    /// `PagedAllocator::alloc_extend` on the same free list.
+    /// order) and to `req_to_token[rows[i]][prefix_len..seq_len]` (no row for
+    /// [`NO_ROW`](crate::NO_ROW)). Same slots as `PagedAllocator::alloc_extend` on the same
+    /// free list.
     pub fn alloc_extend(
         &mut self,
         reqs: &[ExtendShape],
@@ -119,7 +120,8 @@ impl<R: ReuseOrder> CudaPagedAllocator<R> {
 
     /// Batched decode (sglang `alloc_decode`): one slot per request, `last_loc + 1` or, when
     /// `(seq_len - 1) % page_size == 0`, the first slot of the next free page; written to the
-    /// returned `out_cache_loc` and to `req_to_token[rows[i]][seq_len - 1]`.
+    /// returned `out_cache_loc` and to `req_to_token[rows[i]][seq_len - 1]` (no row for
+    /// [`NO_ROW`](crate::NO_ROW)).
     pub fn alloc_decode(
         &mut self,
         reqs: &[DecodeShape],
@@ -176,7 +178,20 @@ impl<R: ReuseOrder> CudaPagedAllocator<R> {
     /// the free list; `Fifo` appends them in first-appearance order. Same order as the CPU
     /// allocator's `free`.
     pub fn free(&mut self, slots: &[KvSlot]) -> Result<(), CudaError> {
-        let Some(plan) = self.planner.plan_free(slots)? else {
+        let plan = self.planner.plan_free(slots)?;
+        self.launch_free(plan)
+    }
+
+    /// Puts distinct `pages` on the free list in the order given: `Lifo` at the head (`pages[0]`
+    /// becomes the head), `Fifo` at the tail (the CPU allocator's order for `free_segment`).
+    pub fn free_pages(&mut self, pages: &[PageId]) -> Result<(), CudaError> {
+        let plan = self.planner.plan_free_pages(pages)?;
+        self.launch_free(plan)
+    }
+
+    /// Uploads the pages of `plan`, launches `free_pages_write`, and commits it.
+    fn launch_free(&mut self, plan: Option<FreePlan>) -> Result<(), CudaError> {
+        let Some(plan) = plan else {
             return Ok(());
         };
         let stream = self.device.stream().clone();

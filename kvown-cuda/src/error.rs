@@ -1,7 +1,7 @@
 //! Errors of the device allocator. Every failing call leaves the allocator unchanged.
 
 use cudarc::driver::DriverError;
-use kvown_runtime::alloc::AllocError;
+use kvown_runtime::alloc::{AllocError, PageId};
 
 /// Why a device allocator call was refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +44,20 @@ pub enum CudaError {
         pages: usize,
         /// Pages free before the call.
         free: usize,
+        /// Pages the allocator manages.
+        num_pages: usize,
+    },
+    /// A page named twice in one call that frees pages in a given order.
+    #[error("page {page} is named twice")]
+    DuplicatePage {
+        /// The page.
+        page: PageId,
+    },
+    /// A page that this allocator does not manage (page 0 is padding).
+    #[error("page {page} is out of range: this allocator's pages are 1..={num_pages}")]
+    PageOutOfRange {
+        /// The page.
+        page: PageId,
         /// Pages the allocator manages.
         num_pages: usize,
     },

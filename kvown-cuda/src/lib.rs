@@ -33,5 +33,5 @@ pub use detect::{CudaDevice, Unavailable};
 pub use error::CudaError;
 pub use kv::CudaKvPool;
 pub use plan::{
-    ALLOC_BLOCK, AllocPlan, AllocPlanner, DECODE_PARAM_WORDS, EXTEND_PARAM_WORDS, FreePlan,
+    ALLOC_BLOCK, AllocPlan, AllocPlanner, DECODE_PARAM_WORDS, EXTEND_PARAM_WORDS, FreePlan, NO_ROW,
 };

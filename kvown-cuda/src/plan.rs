@@ -13,6 +13,11 @@ use crate::error::{CudaError, to_u32};
 /// Threads per block of the allocation kernels.
 pub const ALLOC_BLOCK: u32 = 256;
 
+/// The row of a request that has none: an allocation for it writes its slots to
+/// `out_cache_loc` only, no request-to-token row (a plain allocation of whole pages is an
+/// extend from 0 with this row). `NO_ROW` in `alloc.cu`.
+pub const NO_ROW: u32 = u32::MAX;
+
 /// Words per request in the `alloc_extend` parameter array:
 /// `prefix_len, seq_len, last_loc, row, out_start, page_start`.
 pub const EXTEND_PARAM_WORDS: usize = 6;
@@ -82,6 +87,8 @@ impl<R: ReuseOrder> AllocPlanner<R> {
             }
             .into());
         }
+        // Row indices stay below NO_ROW.
+        to_u32("rows", rows)?;
         rows.checked_mul(row_len).ok_or(CudaError::TooLarge {
             what: "rows * row_len",
             value: usize::MAX,
@@ -138,8 +145,8 @@ impl<R: ReuseOrder> AllocPlanner<R> {
     }
 
     /// The launch for a batched extend (sglang `alloc_extend`): request `i` gets slots for
-    /// positions `[prefix_len, seq_len)` in row `rows[i]`. Changes nothing; see
-    /// [`AllocPlanner::commit`].
+    /// positions `[prefix_len, seq_len)` in row `rows[i]` (none for [`NO_ROW`]). Changes
+    /// nothing; see [`AllocPlanner::commit`].
     pub fn plan_extend(&self, reqs: &[ExtendShape], rows: &[u32]) -> Result<AllocPlan, CudaError> {
         check_row_count(reqs.len(), rows.len())?;
         let page_size = self.page_size;
@@ -158,7 +165,7 @@ impl<R: ReuseOrder> AllocPlanner<R> {
                     last_loc
                 }
             };
-            self.check_row(request, row, seq_len)?;
+            self.check_request_row(request, row, seq_len)?;
             let new_pages = seq_len.div_ceil(page_size) - prefix_len.div_ceil(page_size);
             params.extend([
                 to_u32("prefix_len", prefix_len)?,
@@ -181,7 +188,8 @@ impl<R: ReuseOrder> AllocPlanner<R> {
     }
 
     /// The launch for a batched decode (sglang `alloc_decode`): one slot per request, at
-    /// position `seq_len - 1` of row `rows[i]`. Changes nothing; see [`AllocPlanner::commit`].
+    /// position `seq_len - 1` of row `rows[i]` (none for [`NO_ROW`]). Changes nothing; see
+    /// [`AllocPlanner::commit`].
     pub fn plan_decode(&self, reqs: &[DecodeShape], rows: &[u32]) -> Result<AllocPlan, CudaError> {
         check_row_count(reqs.len(), rows.len())?;
         let mut params = Vec::with_capacity(reqs.len() * DECODE_PARAM_WORDS);
@@ -192,7 +200,7 @@ impl<R: ReuseOrder> AllocPlanner<R> {
                 return Err(AllocError::DecodeSeqTooShort { request, seq_len }.into());
             }
             self.check_last_loc(request, last_loc, seq_len - 1)?;
-            self.check_row(request, row, seq_len)?;
+            self.check_request_row(request, row, seq_len)?;
             params.extend([
                 to_u32("seq_len", seq_len)?,
                 last_loc,
@@ -266,6 +274,40 @@ impl<R: ReuseOrder> AllocPlanner<R> {
                 pages.push(page as PageId);
             }
         }
+        if R::FREED_FIRST {
+            pages.sort_unstable();
+        }
+        self.place_freed(pages)
+    }
+
+    /// The launch that puts `pages` on the free list in the order given: `Lifo` at the head
+    /// (`pages[0]` becomes the head), `Fifo` at the tail. This is how a CPU allocator returns
+    /// the pages of `free_segment`, which it does not sort. `pages` must be distinct pages of
+    /// this allocator. `None` when `pages` is empty. Changes nothing; see
+    /// [`AllocPlanner::commit_free`].
+    pub fn plan_free_pages(&self, pages: &[PageId]) -> Result<Option<FreePlan>, CudaError> {
+        let mut sorted = pages.to_vec();
+        sorted.sort_unstable();
+        for pair in sorted.windows(2) {
+            if pair[0] == pair[1] {
+                return Err(CudaError::DuplicatePage { page: pair[0] });
+            }
+        }
+        if let Some(&page) = sorted
+            .iter()
+            .find(|&&page| page == 0 || page as usize > self.num_pages)
+        {
+            return Err(CudaError::PageOutOfRange {
+                page,
+                num_pages: self.num_pages,
+            });
+        }
+        self.place_freed(pages.to_vec())
+    }
+
+    /// Where distinct `pages` enter the ring: before the head (`Lifo`) or after the tail
+    /// (`Fifo`), if the ring has room for them.
+    fn place_freed(&self, pages: Vec<PageId>) -> Result<Option<FreePlan>, CudaError> {
         if pages.is_empty() {
             return Ok(None);
         }
@@ -277,7 +319,6 @@ impl<R: ReuseOrder> AllocPlanner<R> {
             });
         }
         let first = if R::FREED_FIRST {
-            pages.sort_unstable();
             (self.free_head + self.num_pages - pages.len()) % self.num_pages
         } else {
             (self.free_head + self.free_len) % self.num_pages
@@ -315,6 +356,14 @@ impl<R: ReuseOrder> AllocPlanner<R> {
         Ok(())
     }
 
+    /// [`AllocPlanner::check_row`] for a request's row, which may be [`NO_ROW`].
+    fn check_request_row(&self, request: usize, row: u32, end: usize) -> Result<(), CudaError> {
+        if row == NO_ROW {
+            return Ok(());
+        }
+        self.check_row(request, row, end)
+    }
+
     fn check_last_loc(
         &self,
         request: usize,
@@ -343,5 +392,68 @@ fn check_row_count(requests: usize, rows: usize) -> Result<(), CudaError> {
         Ok(())
     } else {
         Err(CudaError::RowCountMismatch { requests, rows })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kvown_runtime::alloc::{Fifo, Lifo};
+
+    use super::*;
+
+    /// A planner over 16 pages of 4 slots with the first 6 pages out (head at ring position 6).
+    fn six_out<R: ReuseOrder>() -> AllocPlanner<R> {
+        let mut planner = AllocPlanner::<R>::new(64, 4, 1, 1).unwrap();
+        let shape = ExtendShape {
+            prefix_len: 0,
+            seq_len: 24,
+            last_loc: None,
+        };
+        let plan = planner.plan_extend(&[shape], &[NO_ROW]).unwrap();
+        planner.commit(&plan);
+        planner
+    }
+
+    #[test]
+    fn freed_pages_keep_their_order_at_the_head_or_the_tail() {
+        let mut lifo = six_out::<Lifo>();
+        let plan = lifo.plan_free_pages(&[5, 2, 4]).unwrap().unwrap();
+        assert_eq!(plan.pages, [5, 2, 4], "not sorted");
+        assert_eq!(plan.first, 3, "ends just before the head");
+        lifo.commit_free(&plan);
+        assert_eq!((lifo.free_head(), lifo.free_len()), (3, 13));
+
+        let mut fifo = six_out::<Fifo>();
+        let plan = fifo.plan_free_pages(&[5, 2, 4]).unwrap().unwrap();
+        assert_eq!(
+            plan.first, 0,
+            "starts just after the tail (6 + 10, wrapped)"
+        );
+        fifo.commit_free(&plan);
+        assert_eq!((fifo.free_head(), fifo.free_len()), (6, 13));
+        assert_eq!(fifo.plan_free_pages(&[]).unwrap(), None);
+    }
+
+    #[test]
+    fn freed_pages_are_validated() {
+        let planner = six_out::<Lifo>();
+        assert!(matches!(
+            planner.plan_free_pages(&[3, 1, 3]),
+            Err(CudaError::DuplicatePage { page: 3 })
+        ));
+        for page in [0, 17] {
+            assert!(matches!(
+                planner.plan_free_pages(&[1, page]),
+                Err(CudaError::PageOutOfRange { num_pages: 16, .. })
+            ));
+        }
+        assert!(matches!(
+            planner.plan_free_pages(&[1, 2, 3, 4, 5, 6, 7]),
+            Err(CudaError::FreeListOverflow {
+                pages: 7,
+                free: 10,
+                num_pages: 16
+            })
+        ));
     }
 }

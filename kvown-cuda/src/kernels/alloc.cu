@@ -7,10 +7,13 @@
 // needs a device-to-host copy or a cross-block scan.
 //
 // req_to_token is row-major with `row_stride` entries per request row; each allocation writes the
-// new slots both to out_cache_loc and to the request's row, in the same launch.
+// new slots both to out_cache_loc and to the request's row, in the same launch. A request whose
+// row is NO_ROW has no row: its slots go to out_cache_loc only (a plain allocation of pages).
 
 typedef unsigned int u32;
 typedef unsigned long long u64;
+
+constexpr u32 NO_ROW = 0xffffffffu;
 
 __device__ __forceinline__ u32 free_list_entry(const u32* __restrict__ free_pages,
                                                u32 free_capacity, u32 free_head, u32 k)
@@ -44,7 +47,7 @@ extern "C" __global__ void alloc_extend(const u32* __restrict__ extend_params, u
     const u32 out_start = params[4];
     const u32 page_start = params[5];
     const u32 prefix_ceil = (prefix_len + page_size - 1u) / page_size * page_size;
-    u32* row_slots = req_to_token + (u64)row * row_stride;
+    u32* row_slots = row == NO_ROW ? nullptr : req_to_token + (u64)row * row_stride;
     for (u32 k = threadIdx.x; k < seq_len - prefix_len; k += blockDim.x) {
         const u32 pos = prefix_len + k;
         u32 slot;
@@ -57,7 +60,9 @@ extern "C" __global__ void alloc_extend(const u32* __restrict__ extend_params, u
             slot = page * page_size + j % page_size;
         }
         out_cache_loc[out_start + k] = slot;
-        row_slots[pos] = slot;
+        if (row_slots != nullptr) {
+            row_slots[pos] = slot;
+        }
     }
 }
 
@@ -87,7 +92,9 @@ extern "C" __global__ void alloc_decode(const u32* __restrict__ decode_params, u
         slot = last_loc + 1u;
     }
     out_cache_loc[req] = slot;
-    req_to_token[(u64)row * row_stride + seq_len - 1u] = slot;
+    if (row != NO_ROW) {
+        req_to_token[(u64)row * row_stride + seq_len - 1u] = slot;
+    }
 }
 
 // Writes `num_pages` freed page ids into the ring from position `first` on (the host chooses
