@@ -1,4 +1,5 @@
-//! Errors of the device allocator. Every failing call leaves the allocator unchanged.
+//! Errors of the device allocator (every failing call leaves the allocator unchanged) and of
+//! building a device mirror.
 
 use cudarc::driver::DriverError;
 use kvown_runtime::alloc::{AllocError, PageId};
@@ -72,6 +73,73 @@ pub enum CudaError {
     /// A CUDA driver call failed (allocation, copy or launch).
     #[error("CUDA driver error: {0}")]
     Driver(#[from] DriverError),
+}
+
+/// Why a [`MirroredAllocator`](crate::MirroredAllocator) cannot be built: its device half
+/// could not follow this host allocator exactly.
+#[derive(Debug, thiserror::Error)]
+pub enum MirrorError {
+    /// The host allocator sends frees to a release list, merged and sorted lazily.
+    #[error(
+        "the host allocator uses need_sort: its release list is merged and sorted lazily on the \
+         host, which the device free list does not follow; build it with need_sort = false"
+    )]
+    NeedSort,
+    /// The host allocator is not as constructed.
+    #[error(
+        "the host allocator is in use ({free_pages} of {num_pages} pages free, free group open: \
+         {in_free_group}); a mirror starts from a fresh allocator, every page free in the \
+         initial order"
+    )]
+    HostInUse {
+        /// Pages on its free list.
+        free_pages: usize,
+        /// Pages it manages.
+        num_pages: usize,
+        /// Whether a free group is open.
+        in_free_group: bool,
+    },
+    /// The device half has pages out.
+    #[error("the device half is in use: {free_pages} of {num_pages} pages free")]
+    DeviceInUse {
+        /// Pages on its free list.
+        free_pages: usize,
+        /// Pages it manages.
+        num_pages: usize,
+    },
+    /// Host and device manage different pages.
+    #[error(
+        "the host pool has {host_pages} pages of {host_page_size} slots but the device pool \
+         {device_pages} pages of {device_page_size}"
+    )]
+    PoolMismatch {
+        /// Host pages.
+        host_pages: usize,
+        /// Host page size.
+        host_page_size: usize,
+        /// Device pages.
+        device_pages: usize,
+        /// Device page size.
+        device_page_size: usize,
+    },
+    /// The device request-to-token table cannot hold the host table.
+    #[error(
+        "the device table has {device_rows} rows of {device_row_len} slots; the host table \
+         needs {rows} rows of {row_len}"
+    )]
+    TableTooSmall {
+        /// Rows of the host table (padding row 0 included).
+        rows: usize,
+        /// Slots per host row.
+        row_len: usize,
+        /// Rows of the device table.
+        device_rows: usize,
+        /// Slots per device row.
+        device_row_len: usize,
+    },
+    /// Creating the device half failed.
+    #[error("creating the device half failed: {0}")]
+    Device(#[from] CudaError),
 }
 
 /// `value` as a kernel `u32` index, or [`CudaError::TooLarge`].

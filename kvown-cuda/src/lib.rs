@@ -25,13 +25,15 @@ mod detect;
 mod error;
 pub mod kernels;
 mod kv;
+mod mirror;
 mod plan;
 
 pub use alloc::{CudaPagedAllocator, DeviceSlots};
 pub use backend::Backend;
 pub use detect::{CudaDevice, Unavailable};
-pub use error::CudaError;
+pub use error::{CudaError, MirrorError};
 pub use kv::CudaKvPool;
+pub use mirror::{DeviceAllocOps, MirroredAllocator};
 pub use plan::{
     ALLOC_BLOCK, AllocPlan, AllocPlanner, DECODE_PARAM_WORDS, EXTEND_PARAM_WORDS, FreePlan, NO_ROW,
 };

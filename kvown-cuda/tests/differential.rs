@@ -6,6 +6,7 @@
 //! the host planning are checked on every machine with a C++ compiler.
 
 mod emulator;
+mod mirror;
 
 use std::sync::Arc;
 
