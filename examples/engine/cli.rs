@@ -41,12 +41,12 @@ impl fmt::Display for LenRange {
     }
 }
 
-/// Where the K/V data lives.
+/// Where the K/V data lives (on CUDA, with the allocator mirrored on the device too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BackendChoice {
-    /// CUDA when a GPU works, the host pool otherwise.
+    /// CUDA when a GPU works, the host otherwise.
     Auto,
-    /// The host pool, always.
+    /// The host pool and allocator, always.
     Cpu,
     /// CUDA, or fail with the reason it is unavailable.
     Cuda,

@@ -6,6 +6,10 @@
 //! synthetic K/V through the pool and releases finished requests into the prefix cache. At the
 //! end the invariant checker runs, the cache is evicted and the pool must be whole again; any
 //! leak or violation exits non-zero. See `--help` for the workload flags.
+//!
+//! On CUDA (`--backend cuda`, or `auto` where a GPU works) the K/V pool is on the device and the
+//! allocator is a `MirroredAllocator`: the host allocator runs the batch flow, and the device
+//! free list and request-to-token table follow every call. On the host nothing changes.
 
 mod cli;
 mod kv_data;
@@ -15,16 +19,17 @@ mod scheduler;
 mod workload;
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kvown::alloc::{KvAllocator, PagedAllocator};
+use kvown::alloc::{AsPageAllocator, KvAllocator, PagedAllocator};
 use kvown::cache::{KvCache, TreeCache};
 use kvown::kv::{KvPool, new_host_pool};
 use kvown::radix::RadixCache;
 use kvown::slots::ReqToTokenPool;
-use kvown_cuda::Backend;
+use kvown_cuda::{Backend, CudaDevice, CudaKvPool, MirroredAllocator};
 
 use cli::{Args, BackendChoice};
 use report::Summary;
@@ -33,52 +38,71 @@ use scheduler::Engine;
 /// Steps after which the loop gives up (a scheduler that stops making progress).
 const MAX_STEPS: u64 = 10_000_000;
 
-fn kv_pool(args: &Args) -> Result<(Box<dyn KvPool>, String), String> {
-    let layout = kv_data::layout(args.pool_tokens, args.page_size)?;
-    let on = |backend: &Backend| {
-        backend
-            .new_kv_pool(layout, kv_data::DTYPE)
-            .map_err(|e| format!("KV pool on {backend}: {e}"))
+/// The CUDA device to run on (`None`: the host), and the summary's line saying which and why.
+fn backend(args: &Args) -> Result<(Option<Arc<CudaDevice>>, String), String> {
+    let flag = match args.backend {
+        BackendChoice::Cpu => return Ok((None, "host (CPU), because --backend cpu".to_string())),
+        BackendChoice::Auto => "auto",
+        BackendChoice::Cuda => "cuda",
     };
-    match args.backend {
-        BackendChoice::Cpu => Ok((
-            new_host_pool(layout, kv_data::DTYPE),
-            "host (CPU), because --backend cpu".to_string(),
+    let backend = Backend::auto();
+    match &backend {
+        Backend::Cuda(device) => Ok((
+            Some(device.clone()),
+            format!("{backend} (--backend {flag}): K/V pool and allocator mirror on the device"),
         )),
-        BackendChoice::Auto => {
-            let backend = Backend::auto();
-            Ok((on(&backend)?, format!("{backend} (--backend auto)")))
+        Backend::Host { reason } if args.backend == BackendChoice::Cuda => {
+            Err(format!("--backend cuda: CUDA is unavailable: {reason}"))
         }
-        BackendChoice::Cuda => match Backend::auto() {
-            backend @ Backend::Cuda(_) => {
-                Ok((on(&backend)?, format!("{backend} (--backend cuda)")))
-            }
-            Backend::Host { reason } => {
-                Err(format!("--backend cuda: CUDA is unavailable: {reason}"))
-            }
-        },
+        Backend::Host { .. } => Ok((None, format!("{backend} (--backend auto)"))),
     }
 }
 
-fn kv_cache(args: &Args, jobs: &[workload::Job]) -> Result<KvCache<PagedAllocator>, String> {
-    let allocator =
-        PagedAllocator::new(args.pool_tokens, args.page_size, false).map_err(|e| e.to_string())?;
+/// The request-to-token table: rows for the running requests, wide enough for the longest job.
+fn request_table(args: &Args, jobs: &[workload::Job]) -> Result<ReqToTokenPool, String> {
     let longest = jobs
         .iter()
         .map(|job| job.prompt.len() + job.output_len)
         .max()
         .unwrap_or(1);
     let width = longest + args.spec_reserve().unwrap_or(1) + args.page_size;
-    let rows = ReqToTokenPool::new(args.max_running + 1, width).map_err(|e| e.to_string())?;
-    let tree = TreeCache::Radix(RadixCache::new(args.page_size));
-    KvCache::new(allocator, rows, tree).map_err(|e| e.to_string())
+    ReqToTokenPool::new(args.max_running + 1, width).map_err(|e| e.to_string())
 }
 
 fn run(args: &Args) -> Result<Summary, String> {
     args.validate()?;
     let jobs = workload::generate(args);
-    let cache = kv_cache(args, &jobs)?;
-    let (pool, backend) = kv_pool(args)?;
+    let (device, backend) = backend(args)?;
+    let layout = kv_data::layout(args.pool_tokens, args.page_size)?;
+    let allocator =
+        PagedAllocator::new(args.pool_tokens, args.page_size, false).map_err(|e| e.to_string())?;
+    let table = request_table(args, &jobs)?;
+    let tree = TreeCache::Radix(RadixCache::new(args.page_size));
+    match device {
+        None => {
+            let cache = KvCache::new(allocator, table, tree).map_err(|e| e.to_string())?;
+            let pool = new_host_pool(layout, kv_data::DTYPE);
+            serve(args, cache, pool, jobs, backend)
+        }
+        Some(device) => {
+            let mirrored = MirroredAllocator::on_cuda(device.clone(), allocator, &table)
+                .map_err(|e| format!("allocator mirror on {backend}: {e}"))?;
+            let cache = KvCache::new(mirrored, table, tree).map_err(|e| e.to_string())?;
+            let pool = CudaKvPool::new(device, layout, kv_data::DTYPE)
+                .map_err(|e| format!("KV pool on {backend}: {e}"))?;
+            serve(args, cache, Box::new(pool), jobs, backend)
+        }
+    }
+}
+
+/// Runs the workload over `cache` (host allocator or device mirror) and `pool` to the end.
+fn serve<A: KvAllocator + AsPageAllocator>(
+    args: &Args,
+    cache: KvCache<A>,
+    pool: Box<dyn KvPool>,
+    jobs: Vec<workload::Job>,
+    backend: String,
+) -> Result<Summary, String> {
     let pool_pages = cache.allocator().capacity() / args.page_size;
     let mut engine = Engine::new(args, cache, kv_data::KvStore::new(pool), jobs);
 

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use kvown::alloc::{KvAllocator, PagedAllocator, ceil_align};
+use kvown::alloc::{AsPageAllocator, KvAllocator, ceil_align};
 use kvown::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, alloc_for_spec_decode, check_decode_mem,
     commit_spec_tokens, new_tokens_required_next_decode, prepare_for_decode, prepare_for_extend,
@@ -64,10 +64,11 @@ pub struct Stats {
     pub occupancy: Vec<Occupancy>,
 }
 
-/// The engine: waiting queue, the chunked request, the running batch and the KV state.
-pub struct Engine<'a> {
+/// The engine: waiting queue, the chunked request, the running batch and the KV state, over
+/// allocator `A` (the host allocator, or its device mirror).
+pub struct Engine<'a, A> {
     args: &'a Args,
-    cache: KvCache<PagedAllocator>,
+    cache: KvCache<A>,
     kv: KvStore,
     rng: SmallRng,
     arrivals: VecDeque<Job>,
@@ -88,14 +89,9 @@ fn timed<T>(ns: &mut u64, call: impl FnOnce() -> T) -> T {
     out
 }
 
-impl<'a> Engine<'a> {
+impl<'a, A: KvAllocator + AsPageAllocator> Engine<'a, A> {
     /// An engine over `cache` and `kv` for the workload `jobs`.
-    pub fn new(
-        args: &'a Args,
-        cache: KvCache<PagedAllocator>,
-        kv: KvStore,
-        jobs: Vec<Job>,
-    ) -> Self {
+    pub fn new(args: &'a Args, cache: KvCache<A>, kv: KvStore, jobs: Vec<Job>) -> Self {
         Engine {
             args,
             cache,
