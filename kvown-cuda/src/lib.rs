@@ -2,6 +2,9 @@
 //! ([`CudaPagedAllocator`]) on an NVIDIA GPU, through `cudarc` with dynamic loading, so the crate
 //! builds and its CPU-side tests run on machines with no CUDA at all.
 //!
+//! * [`MirroredAllocator`] is the runtime's `KvAllocator` on the device: the host allocator stays
+//!   authoritative and every call it accepts is replayed on the device half, so `KvCache` and
+//!   the batch flow run unchanged with the free list and the request-to-token table on the GPU.
 //! * [`Backend::auto`] picks CUDA when a device, a driver and NVRTC work, and the host pool
 //!   otherwise, and says which and why. Detection never panics ([`CudaDevice::get`]).
 //! * Kernels are CUDA C in `src/kernels/*.cu`, embedded with `include_str!` and compiled at run
@@ -13,10 +16,11 @@
 //! every kernel source compiles with NVRTC 12.9 to PTX for `sm_80` and `sm_90` with an empty
 //! program log (`tests/nvrtc_compile.rs`); the device allocator's host planning
 //! ([`AllocPlanner`]) together with the `alloc.cu` kernels compiled as host C++ reproduces the CPU
-//! allocator exactly (`tests/differential.rs`, `emulated_*`). Written but not yet run: the
-//! kernels on a GPU, the device pool (`tests/differential.rs` compares both with the CPU
-//! allocator and host pool), and `examples/kernel_timing.rs`. `scripts/device-check.sh` runs them
-//! on a GPU host.
+//! allocator exactly (`tests/differential.rs`, `emulated_*`), and so does the mirror under the
+//! runtime's batch flow (`tests/mirror/`). Written but not yet run: the kernels, the device pool
+//! and the mirror on a GPU (`tests/differential.rs` compares them with the CPU allocator and the
+//! host pool), and `examples/kernel_timing.rs`. `scripts/device-check.sh` runs them on a GPU
+//! host.
 #![warn(missing_docs)]
 
 mod alloc;
