@@ -25,13 +25,15 @@ mod detect;
 mod error;
 pub mod kernels;
 mod kv;
+mod kv_plan;
 mod plan;
 
 pub use alloc::{CudaPagedAllocator, DeviceSlots};
 pub use backend::Backend;
 pub use detect::{CudaDevice, Unavailable};
 pub use error::CudaError;
-pub use kv::CudaKvPool;
+pub use kv::{CudaKvPool, kv_bytes, kv_data_from_bytes};
+pub use kv_plan::{KvPlanner, PageCopy, ROW_BLOCK_MAX, RowLaunch, RowShape};
 pub use plan::{
     ALLOC_BLOCK, AllocPlan, AllocPlanner, DECODE_PARAM_WORDS, EXTEND_PARAM_WORDS, FreePlan,
 };
