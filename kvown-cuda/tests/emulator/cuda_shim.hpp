@@ -1,7 +1,9 @@
 // Just enough CUDA C for the kernels in src/kernels/ to compile as host C++: the qualifiers
-// vanish and the launch coordinates are globals that `launch` sets before calling a kernel once
-// per (block, thread), in order. The kernels use no shared memory, barriers or atomics, so
-// running their threads one after another is an exact emulation of a launch.
+// vanish, the vector types get CUDA's alignment, and the launch coordinates are globals that
+// `launch` sets before calling a kernel once per (block, thread), in order. The kernels use no
+// shared memory, barriers or atomics, so running their threads one after another is an exact
+// emulation of a launch whose threads write disjoint locations; where several blocks write the
+// same location (a repeated padding slot), it gives one of the orders a GPU may pick.
 #pragma once
 
 #define __global__
@@ -16,6 +18,14 @@ static Dim3 blockIdx = {0, 1, 1};
 static Dim3 threadIdx = {0, 1, 1};
 static Dim3 blockDim = {1, 1, 1};
 static Dim3 gridDim = {1, 1, 1};
+
+// vector_types.h
+struct alignas(8) uint2 {
+    unsigned int x, y;
+};
+struct alignas(16) uint4 {
+    unsigned int x, y, z, w;
+};
 
 // kernel<<<blocks, threads>>>(...) on a one-dimensional grid: `kernel` is a closure calling the
 // kernel with its arguments.

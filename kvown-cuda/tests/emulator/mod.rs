@@ -1,14 +1,15 @@
 //! The kernels of `src/kernels/` compiled as host C++ (with `cuda_shim.hpp`) and driven through
-//! the crate's host planning ([`kvown_cuda::AllocPlanner`]): the same launches the CUDA backend
-//! makes, run on the CPU block by block and thread by thread. This
+//! the crate's host planners ([`kvown_cuda::AllocPlanner`], [`kvown_cuda::KvPlanner`]): the same
+//! launches the CUDA backend makes, run on the CPU block by block and thread by thread. This
 //! checks the kernels' index arithmetic and the host planning on machines without a GPU; only
 //! the driver calls (upload, launch, copy back) are left to the GPU check.
 //!
 //! Each emulator is a C++ driver program (`*_driver.cpp`) that includes one `.cu` file, owns the
 //! emulated device memory and answers each command line on stdin with one line on stdout. This
-//! module builds and runs the drivers; `alloc` speaks its protocol.
+//! module builds and runs the drivers; `alloc` and `kv` speak their protocols.
 
 mod alloc;
+mod kv;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -16,6 +17,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::OnceLock;
 
 pub use alloc::EmulatedAllocator;
+pub use kv::EmulatedKvPool;
 
 /// A driver program, `tests/emulator/<source>`, built at most once per test binary.
 pub struct Driver {
