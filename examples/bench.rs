@@ -1,4 +1,4 @@
-//! `cargo run --release --example bench [-- --json]`: the allocator workloads of
+//! `cargo run --release --example bench [-- [--json] [--only NAME]...]`: the allocator workloads of
 //! `benches/README.md` as a table (median, min and max over repeats) or as JSON, plus the
 //! bookkeeping memory per page. The criterion benches (`cargo bench`) run the same workloads.
 
@@ -28,7 +28,21 @@ struct Args {
     /// Measurements per workload (median, min and max are taken over them).
     #[arg(long, default_value_t = 7)]
     repeats: usize,
+    /// Run only these workloads (e.g. `--only W1_k1 --only W2`); all of them when absent.
+    #[arg(long, value_name = "NAME", value_parser = WORKLOADS)]
+    only: Vec<String>,
 }
+
+/// The timed workloads, in the order they run.
+const WORKLOADS: [&str; 7] = [
+    "W1_k1",
+    "W1_k32",
+    "W1_k1024",
+    "W2",
+    "W2c",
+    "W3",
+    "guarded_vs_plain",
+];
 
 #[derive(Debug, Serialize)]
 struct Machine {
@@ -181,26 +195,41 @@ fn guarded_vs_plain(repeats: usize) -> Workload {
 fn main() {
     let args = Args::parse();
     let repeats = args.repeats;
-    let mut workloads = vec![
-        pool_churn(1, repeats),
-        pool_churn(32, repeats),
-        pool_churn(1024, repeats),
-    ];
-    let (w2, _) = decode_steps("W2", false, repeats);
-    let (w2c, with_radix) = decode_steps("W2c", true, repeats);
-    workloads.extend([w2, w2c, extend(repeats), guarded_vs_plain(repeats)]);
+    let selected = |name: &str| args.only.is_empty() || args.only.iter().any(|only| only == name);
+    let mut workloads = Vec::new();
+    for pages in [1, 32, 1024] {
+        if selected(&format!("W1_k{pages}")) {
+            workloads.push(pool_churn(pages, repeats));
+        }
+    }
+    if selected("W2") {
+        workloads.push(decode_steps("W2", false, repeats).0);
+    }
+    let with_radix = selected("W2c").then(|| {
+        let (w2c, with_radix) = decode_steps("W2c", true, repeats);
+        workloads.push(w2c);
+        with_radix
+    });
+    if selected("W3") {
+        workloads.push(extend(repeats));
+    }
+    if selected("guarded_vs_plain") {
+        workloads.push(guarded_vs_plain(repeats));
+    }
     workloads.push(figure(
         "allocator_bookkeeping",
         "bytes/page",
         PoolChurn::new(1).bookkeeping_bytes_per_page(),
     ));
-    workloads.push(figure(
-        "radix_bookkeeping",
-        "bytes/cached page",
-        with_radix
-            .radix_bytes_per_cached_page()
-            .expect("W2c runs with the prefix cache"),
-    ));
+    if let Some(with_radix) = with_radix {
+        workloads.push(figure(
+            "radix_bookkeeping",
+            "bytes/cached page",
+            with_radix
+                .radix_bytes_per_cached_page()
+                .expect("W2c runs with the prefix cache"),
+        ));
+    }
     let report = Report {
         machine: machine(),
         workloads,

@@ -14,11 +14,12 @@
 //!
 //! **Nothing in this crate has run on a GPU yet.** Verified without a GPU: the crate builds, and
 //! every kernel source compiles with NVRTC 12.9 to PTX for `sm_80` and `sm_90` with an empty
-//! program log (`tests/nvrtc_compile.rs`); the device allocator's host planning
-//! ([`AllocPlanner`]) together with the `alloc.cu` kernels compiled as host C++ reproduces the CPU
-//! allocator exactly (`tests/differential.rs`, `emulated_*`), and so does the mirror under the
-//! runtime's batch flow (`tests/mirror/`). Written but not yet run: the kernels, the device pool
-//! and the mirror on a GPU (`tests/differential.rs` compares them with the CPU allocator and the
+//! program log (`tests/nvrtc_compile.rs`); the host planning of the device allocator
+//! ([`AllocPlanner`]) and of the device pool ([`KvPlanner`]), together with the `alloc.cu` and
+//! `kv.cu` kernels compiled as host C++, reproduces the CPU allocator and the host pool exactly,
+//! byte for byte (`tests/differential.rs`, `emulated_*`), and the mirror follows the host through
+//! the runtime's batch flow (`tests/mirror/`). Written but not yet run: the kernels, the device
+//! pool and the mirror on a GPU (`tests/differential.rs` compares them with the CPU allocator and
 //! host pool), and `examples/kernel_timing.rs`. `scripts/device-check.sh` runs them on a GPU
 //! host.
 #![warn(missing_docs)]
@@ -29,6 +30,7 @@ mod detect;
 mod error;
 pub mod kernels;
 mod kv;
+mod kv_plan;
 mod mirror;
 mod plan;
 
@@ -36,7 +38,8 @@ pub use alloc::{CudaPagedAllocator, DeviceSlots};
 pub use backend::Backend;
 pub use detect::{CudaDevice, Unavailable};
 pub use error::{CudaError, MirrorError};
-pub use kv::CudaKvPool;
+pub use kv::{CudaKvPool, kv_bytes, kv_data_from_bytes};
+pub use kv_plan::{KvPlanner, PageCopy, ROW_BLOCK_MAX, RowLaunch, RowShape};
 pub use mirror::{DeviceAllocOps, MirroredAllocator};
 pub use plan::{
     ALLOC_BLOCK, AllocPlan, AllocPlanner, DECODE_PARAM_WORDS, EXTEND_PARAM_WORDS, FreePlan, NO_ROW,

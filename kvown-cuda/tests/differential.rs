@@ -1,27 +1,38 @@
-//! CUDA vs CPU: the device allocator against `PagedAllocator` / `TokenAllocator`, and
-//! `CudaKvPool` against `HostKvPool`, on seeded random batches (page sizes 1, 16, 64; prefix
-//! hits; out-of-memory edges). The GPU tests run only where a CUDA device works; elsewhere each
-//! prints `skipped: <reason>` and passes. The same allocator scenarios also run against the
-//! allocation kernels compiled as host C++ (`emulator/`), so the kernels' index arithmetic and
-//! the host planning are checked on every machine with a C++ compiler.
+//! CUDA vs CPU: the device allocator against `PagedAllocator` / `TokenAllocator` (page sizes 1,
+//! 16, 64; prefix hits; out-of-memory edges), and `CudaKvPool` against the host pool (random
+//! shapes and dtypes reaching every kernel word width; stores with padding slot 0, gathers, slot
+//! and page copies, refused calls; every byte compared after every step), on seeded random
+//! batches. The GPU tests run only where a CUDA device works; elsewhere each prints
+//! `skipped: <reason>` and passes. The same scenarios also run against the kernels compiled as
+//! host C++ (`emulator/`), so the kernels' index arithmetic and the host planning are checked on
+//! every machine with a C++ compiler.
 
 mod emulator;
 mod mirror;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use emulator::EmulatedAllocator;
-use half::{bf16, f16};
-use kvown_cuda::{CudaDevice, CudaError, CudaKvPool, CudaPagedAllocator};
+use emulator::{EmulatedAllocator, EmulatedKvPool};
+use kvown_cuda::kernels::WORD_BYTES;
+use kvown_cuda::{
+    CudaDevice, CudaError, CudaKvPool, CudaPagedAllocator, KvPlanner, PageCopy, kv_bytes,
+    kv_data_from_bytes,
+};
 use kvown_runtime::alloc::{
     AllocError, DecodeShape, ExtendShape, Fifo, KvAllocator, KvSlot, Lifo, PageAllocator, PageId,
     PagedAllocator, ReuseOrder, TokenAllocator,
 };
-use kvown_runtime::kv::{HostKvPool, KvData, KvDtype, KvElement, KvLayout, KvPool};
+use kvown_runtime::kv::{KvData, KvDtype, KvLayout, KvPool, KvPoolError, KvTensor, new_host_pool};
 
 fn device() -> Option<Arc<CudaDevice>> {
-    match CudaDevice::get() {
-        Ok(device) => Some(device),
+    or_skip(CudaDevice::get())
+}
+
+/// The value, or `None` after a skip notice with the reason.
+fn or_skip<T>(result: Result<T, impl std::fmt::Display>) -> Option<T> {
+    match result {
+        Ok(value) => Some(value),
         Err(reason) => {
             skip_notice(&format!("skipped: {reason}"));
             None
@@ -125,7 +136,7 @@ impl MakeDevice for OnGpu {
     }
 }
 
-/// The allocation kernels compiled as host C++.
+/// The kernels compiled as host C++.
 struct OnHost;
 
 impl MakeDevice for OnHost {
@@ -134,13 +145,8 @@ impl MakeDevice for OnHost {
         size: usize,
         page_size: usize,
     ) -> Option<Box<dyn DeviceAllocator>> {
-        match EmulatedAllocator::<R>::new(size, page_size, ROWS, ROW_LEN) {
-            Ok(emulated) => Some(Box::new(emulated)),
-            Err(reason) => {
-                skip_notice(&format!("skipped: {reason}"));
-                None
-            }
-        }
+        let emulated = or_skip(EmulatedAllocator::<R>::new(size, page_size, ROWS, ROW_LEN))?;
+        Some(Box::new(emulated))
     }
 }
 
@@ -403,83 +409,287 @@ fn emulated_out_of_memory_edges_match() {
     out_of_memory_edges(&OnHost);
 }
 
-fn values<T: KvElement>(rng: &mut Rng, len: usize) -> Vec<T> {
-    (0..len)
-        .map(|_| T::from_f32(rng.below(20_000) as f32 / 7.0 - 1000.0))
-        .collect()
+/// Builds the K/V pool under test, or `None`, with a skip notice, where it cannot run.
+trait MakePool {
+    fn make_pool(&self, layout: KvLayout, dtype: KvDtype) -> Option<Box<dyn KvPool>>;
 }
 
-fn snapshot(pool: &dyn KvPool) -> Vec<(KvData, KvData)> {
-    let all: Vec<KvSlot> = (0..pool.layout().slots() as KvSlot).collect();
-    (0..pool.layout().layers())
-        .map(|layer| pool.load_kv(layer, &all).unwrap())
-        .collect()
+impl MakePool for OnGpu {
+    fn make_pool(&self, layout: KvLayout, dtype: KvDtype) -> Option<Box<dyn KvPool>> {
+        let pool = CudaKvPool::new(self.0.clone(), layout, dtype).expect("device pool");
+        Some(Box::new(pool))
+    }
 }
 
-fn run_pool<T: KvElement>(device: &Arc<CudaDevice>, layout: KvLayout, seed: u64) {
-    let mut rng = Rng(seed);
-    let mut host = HostKvPool::<T>::new(layout);
-    let mut gpu = CudaKvPool::new(device.clone(), layout, T::DTYPE).unwrap();
-    let slots = layout.slots();
-    let k_row = layout.row_len(kvown_runtime::kv::KvTensor::K);
-    let v_row = layout.row_len(kvown_runtime::kv::KvTensor::V);
-    for _ in 0..20 {
-        let layer = rng.below(layout.layers());
-        // Distinct slots, so the winner of a duplicate write is not in question.
-        let mut chosen: Vec<KvSlot> = (0..slots as KvSlot).collect();
-        let n = 1 + rng.below(slots.min(64));
-        for i in 0..n {
-            let j = i + rng.below(slots - i);
-            chosen.swap(i, j);
+impl MakePool for OnHost {
+    fn make_pool(&self, layout: KvLayout, dtype: KvDtype) -> Option<Box<dyn KvPool>> {
+        let pool = or_skip(EmulatedKvPool::new(layout, dtype))?;
+        Some(Box::new(pool))
+    }
+}
+
+/// What a set of pool runs exercised: the kernel shapes and the two ways of copying pages.
+#[derive(Debug, Default)]
+struct Coverage {
+    /// Word widths (bytes) of the row kernels launched.
+    widths: BTreeSet<usize>,
+    /// A row had more words than its block has threads (the stride loop).
+    strided: bool,
+    /// A row had fewer words than its block has threads (idle threads).
+    short: bool,
+    /// Page copies by the one-pass `copy_pages` kernel, and by the `copy_slots` fallback.
+    page_kernel: usize,
+    page_fallback: usize,
+    /// Stores with dummy tokens writing padding slot 0.
+    padded: usize,
+    /// Calls both pools refused.
+    refused: usize,
+}
+
+impl Coverage {
+    fn record_shapes(&mut self, planner: &KvPlanner) {
+        for launch in planner.plan_rows(1).unwrap().unwrap() {
+            self.widths.insert(WORD_BYTES[launch.shape.word]);
+            self.strided |= launch.shape.row_words > launch.threads;
+            self.short |= launch.shape.row_words < launch.threads;
         }
-        chosen.truncate(n);
-        let k = values::<T>(&mut rng, n * k_row);
-        let v = values::<T>(&mut rng, n * v_row);
-        host.store_kv(layer, &chosen, T::as_kv_slice(&k), T::as_kv_slice(&v))
-            .unwrap();
-        gpu.store_kv(layer, &chosen, T::as_kv_slice(&k), T::as_kv_slice(&v))
-            .unwrap();
-        assert_eq!(
-            gpu.load_kv(layer, &chosen).unwrap(),
-            host.load_kv(layer, &chosen).unwrap()
-        );
     }
-    // Overlapping slot copy, disjoint page copy, overlapping page copy.
-    let shift: Vec<KvSlot> = (1..6).collect();
-    let shifted: Vec<KvSlot> = (2..7).collect();
-    host.copy_slots(&shift, &shifted).unwrap();
-    gpu.copy_slots(&shift, &shifted).unwrap();
-    let pages = layout.pages() as u32;
-    for (src, dst) in [(vec![1], vec![pages - 1]), (vec![1, 2], vec![2, 1])] {
-        host.copy_pages(&src, &dst).unwrap();
-        gpu.copy_pages(&src, &dst).unwrap();
+
+    fn record_page_copy(&mut self, planner: &KvPlanner, src: &[PageId], dst: &[PageId]) {
+        match planner.plan_copy_pages(src, dst).unwrap() {
+            Some(PageCopy::Pages { .. }) => self.page_kernel += 1,
+            Some(PageCopy::Slots { .. }) => self.page_fallback += 1,
+            None => {}
+        }
     }
-    assert_eq!(
-        snapshot(&gpu),
-        snapshot(&host),
-        "{} pool after copies",
-        T::DTYPE
+
+    fn assert_complete(&self) {
+        assert_eq!(self.widths, WORD_BYTES.into(), "word widths: {self:?}");
+        assert!(self.strided && self.short, "row lengths: {self:?}");
+        assert!(self.page_kernel > 0 && self.page_fallback > 0, "{self:?}");
+        assert!(self.padded > 0 && self.refused > 0, "{self:?}");
+    }
+}
+
+/// A pool shape: 1 to 3 layers, 1 to 4 KV heads, head dims 1 to 160 (V's sometimes different),
+/// pages of 1, 4, 16 or 64, any dtype.
+fn random_pool(rng: &mut Rng) -> (KvLayout, KvDtype) {
+    let page_size = [1, 4, 16, 64][rng.below(4)];
+    let pages = 3 + rng.below(96 / page_size);
+    let head_dim = 1 + rng.below(160);
+    let v_head_dim = if rng.chance(50) {
+        head_dim
+    } else {
+        1 + rng.below(160)
+    };
+    let layout = KvLayout::with_v_head_dim(
+        1 + rng.below(3),
+        1 + rng.below(4),
+        head_dim,
+        v_head_dim,
+        pages * page_size,
+        page_size,
+    )
+    .unwrap();
+    (layout, KvDtype::ALL[rng.below(KvDtype::ALL.len())])
+}
+
+/// `n` distinct values below `len`, in random order.
+fn distinct(rng: &mut Rng, len: usize, n: usize) -> Vec<u32> {
+    let mut values: Vec<u32> = (0..len as u32).collect();
+    for i in 0..n {
+        let j = i + rng.below(len - i);
+        values.swap(i, j);
+    }
+    values.truncate(n);
+    values
+}
+
+/// A batch's `out_cache_loc` shaped like the allocators' output: runs of consecutive slots past
+/// the padding page (so pages repeat), each slot once, then slot 0 for `padding` dummy tokens.
+fn out_cache_loc(rng: &mut Rng, layout: &KvLayout, padding: usize) -> Vec<KvSlot> {
+    let (slots, page_size) = (layout.slots(), layout.page_size());
+    let mut taken = vec![false; slots];
+    let mut out = Vec::new();
+    for _ in 0..1 + rng.below(6) {
+        let start = page_size + rng.below(slots - page_size);
+        let end = (start + 1 + rng.below(2 * page_size + 3)).min(slots);
+        let fresh = (start..end).filter(|&slot| !std::mem::replace(&mut taken[slot], true));
+        out.extend(fresh.map(|slot| slot as KvSlot));
+    }
+    out.extend(std::iter::repeat_n(0, padding));
+    out
+}
+
+/// `rows` rows of random non-zero bytes, then `padding` copies of one more: the dummy tokens'
+/// rows, equal so that slot 0 ends up the same whichever of its writes lands.
+fn random_rows(rng: &mut Rng, rows: usize, padding: usize, row_bytes: usize) -> Vec<u8> {
+    let mut bytes: Vec<u8> = (0..(rows + 1) * row_bytes)
+        .map(|_| 1 + rng.below(255) as u8)
+        .collect();
+    let dummy = bytes.split_off(rows * row_bytes);
+    for _ in 0..padding {
+        bytes.extend_from_slice(&dummy);
+    }
+    bytes
+}
+
+/// The bytes of K then V rows.
+fn kv_pair_bytes((k, v): &(KvData, KvData)) -> Vec<u8> {
+    [kv_bytes(k.as_slice()), kv_bytes(v.as_slice())].concat()
+}
+
+/// Every byte of every buffer, read through `load_kv`.
+fn snapshot(pool: &dyn KvPool) -> Vec<u8> {
+    let all: Vec<KvSlot> = (0..pool.layout().slots() as KvSlot).collect();
+    let layers: Vec<Vec<u8>> = (0..pool.layout().layers())
+        .map(|layer| kv_pair_bytes(&pool.load_kv(layer, &all).unwrap()))
+        .collect();
+    layers.concat()
+}
+
+fn assert_same_bytes(device: &[u8], host: &[u8], what: &str) {
+    assert_eq!(device.len(), host.len(), "{what}: lengths differ");
+    if device == host {
+        return;
+    }
+    let differing: Vec<usize> = (0..host.len()).filter(|&i| device[i] != host[i]).collect();
+    let first = differing[0];
+    panic!(
+        "{what}: {} of {} bytes differ, the first at byte {first} (device {:#04x}, host {:#04x})",
+        differing.len(),
+        host.len(),
+        device[first],
+        host[first]
     );
+}
+
+/// Both calls succeeded, or both failed with the same message.
+fn same_outcome(device: Result<(), KvPoolError>, host: Result<(), KvPoolError>, what: &str) {
+    match (device, host) {
+        (Ok(()), Ok(())) => {}
+        (Err(device), Err(host)) => assert_eq!(device.to_string(), host.to_string(), "{what}"),
+        (device, host) => panic!("{what}: device {device:?} but host {host:?}"),
+    }
+}
+
+const POOL_STEPS: usize = 16;
+
+/// One random pool, driven through random stores with gathers, slot copies, page copies and
+/// refused calls, in step with the host pool; every byte is compared after every step.
+fn run_pool(make: &impl MakePool, seed: u64, coverage: &mut Coverage) -> Option<()> {
+    let mut rng = Rng(seed);
+    let (layout, dtype) = random_pool(&mut rng);
+    let mut device = make.make_pool(layout, dtype)?;
+    let mut host = new_host_pool(layout, dtype);
+    let planner = KvPlanner::new(layout, dtype);
+    coverage.record_shapes(&planner);
+    let (slots, pages) = (layout.slots(), layout.pages());
+    let row_bytes = |tensor| layout.row_len(tensor) * dtype.size_bytes();
+    for step in 0..POOL_STEPS {
+        let what = format!("seed {seed} ({layout:?}, {dtype}) step {step}");
+        match rng.below(10) {
+            // Store a batch, then gather its slots and some others (repeats, never written).
+            0..=4 => {
+                let layer = rng.below(layout.layers());
+                let padding = if rng.chance(30) { 1 + rng.below(4) } else { 0 };
+                coverage.padded += usize::from(padding > 0);
+                let out = out_cache_loc(&mut rng, &layout, padding);
+                let real = out.len() - padding;
+                let [k, v] = [KvTensor::K, KvTensor::V].map(|tensor| {
+                    let rows = random_rows(&mut rng, real, padding, row_bytes(tensor));
+                    kv_data_from_bytes(dtype, &rows)
+                });
+                same_outcome(
+                    device.store_kv(layer, &out, k.as_slice(), v.as_slice()),
+                    host.store_kv(layer, &out, k.as_slice(), v.as_slice()),
+                    &what,
+                );
+                let mut read = out;
+                read.extend((0..rng.below(8)).map(|_| rng.below(slots) as KvSlot));
+                assert_same_bytes(
+                    &kv_pair_bytes(&device.load_kv(layer, &read).unwrap()),
+                    &kv_pair_bytes(&host.load_kv(layer, &read).unwrap()),
+                    &format!("{what}: gather"),
+                );
+            }
+            // Copy slots: distinct destinations, any sources (overlaps included).
+            5 | 6 => {
+                let n = 1 + rng.below(slots.min(2 * layout.page_size() + 8));
+                let dst = distinct(&mut rng, slots, n);
+                let src: Vec<KvSlot> = (0..n).map(|_| rng.below(slots) as KvSlot).collect();
+                same_outcome(
+                    device.copy_slots(&src, &dst),
+                    host.copy_slots(&src, &dst),
+                    &what,
+                );
+            }
+            // Copy pages: distinct destinations, disjoint from the sources or a permutation
+            // of them.
+            7 | 8 => {
+                let n = 1 + rng.below(pages / 2);
+                let order = distinct(&mut rng, pages, pages);
+                let dst = order[..n].to_vec();
+                let src: Vec<PageId> = if rng.chance(50) {
+                    (0..n).map(|_| order[n + rng.below(pages - n)]).collect()
+                } else {
+                    let mut src = dst.clone();
+                    src.rotate_left(rng.below(n));
+                    src
+                };
+                coverage.record_page_copy(&planner, &src, &dst);
+                same_outcome(
+                    device.copy_pages(&src, &dst),
+                    host.copy_pages(&src, &dst),
+                    &what,
+                );
+            }
+            // Calls both pools must refuse, changing nothing.
+            _ => {
+                coverage.refused += 1;
+                let (k, v) = host.load_kv(0, &[1]).unwrap();
+                let past = slots as KvSlot;
+                let bad_call = rng.below(4);
+                let call = |pool: &mut dyn KvPool| match bad_call {
+                    0 => pool.store_kv(0, &[past], k.as_slice(), v.as_slice()),
+                    1 => pool.load_kv(layout.layers(), &[1]).map(drop),
+                    2 => pool.copy_slots(&[1, 2], &[3]),
+                    _ => pool.copy_pages(&[1], &[pages as PageId]),
+                };
+                let (device_result, host_result) = (call(&mut *device), call(&mut *host));
+                assert!(
+                    host_result.is_err(),
+                    "{what}: the host pool accepted a bad call"
+                );
+                same_outcome(device_result, host_result, &what);
+            }
+        }
+        assert_same_bytes(&snapshot(&*device), &snapshot(&*host), &what);
+    }
+    Some(())
+}
+
+/// `run_pool` for every seed; asserts that together they reached every kernel shape.
+fn pool_scenarios(make: &impl MakePool, seeds: std::ops::RangeInclusive<u64>) {
+    let mut coverage = Coverage::default();
+    for seed in seeds {
+        if run_pool(make, seed, &mut coverage).is_none() {
+            return;
+        }
+    }
+    println!("{coverage:?}");
+    coverage.assert_complete();
 }
 
 #[test]
 fn kv_pool_matches_host_pool() {
     let Some(device) = device() else { return };
-    for (seed, page_size) in [(1u64, 1usize), (2, 16), (3, 64)] {
-        // Row bytes chosen to hit every word width: 2 heads x 3 dims of f16 = 12 bytes (w4),
-        // 8 x 128 (w16), 1 x 1 of f16 (w2), V 2 x 2 of f32 = 16 bytes.
-        let layouts = [
-            KvLayout::with_v_head_dim(2, 2, 3, 2, 4 * page_size, page_size).unwrap(),
-            KvLayout::new(3, 8, 128, 4 * page_size, page_size).unwrap(),
-            KvLayout::with_v_head_dim(1, 1, 1, 5, 3 * page_size, page_size).unwrap(),
-        ];
-        for layout in layouts {
-            run_pool::<f32>(&device, layout, seed);
-            run_pool::<f16>(&device, layout, seed);
-            run_pool::<bf16>(&device, layout, seed);
-        }
-    }
-    assert!(KvDtype::ALL.len() == 3);
+    pool_scenarios(&OnGpu(device), 1..=64);
+}
+
+#[test]
+fn emulated_kv_kernels_match_host_pool() {
+    pool_scenarios(&OnHost, 1..=32);
 }
 
 /// Prints a skip notice to the real stderr: the test harness captures `println!`/`eprintln!`

@@ -1,7 +1,7 @@
 // Host emulator of the allocation kernels (src/kernels/alloc.cu), driven line by line by
-// tests/emulator/mod.rs. It owns the device buffers (the free-page ring and the request-to-token
-// table) and runs each launch by calling the kernel once per (block, thread), in order; see
-// cuda_shim.hpp for why that is exact for these kernels.
+// tests/emulator/alloc.rs. It owns the device buffers (the free-page ring and the
+// request-to-token table) and runs each launch with `launch` (cuda_shim.hpp: every block, every
+// thread, in order), which is exact for these kernels.
 //
 // Commands (whitespace-separated; a buffer is its length followed by its elements):
 //   init RING_LEN TABLE_LEN                      -> "ok"   ring = 1..=RING_LEN, table zeroed
@@ -12,24 +12,14 @@
 //   read START LEN                               -> buffer table[START..START+LEN]
 //   ring                                         -> buffer of the whole ring
 #include <cstdio>
-#include <cstdlib>
-#include <iostream>
 #include <string>
 #include <vector>
 
 #include "cuda_shim.hpp"
+#include "protocol.hpp"
 #include "alloc.cu"
 
 typedef std::vector<u32> Buffer;
-
-static u32 read_u32() {
-    unsigned long long value = 0;
-    if (!(std::cin >> value)) {
-        std::fprintf(stderr, "emulator: truncated command\n");
-        std::exit(2);
-    }
-    return (u32)value;
-}
 
 static Buffer read_buffer() {
     Buffer buffer(read_u32());
@@ -46,24 +36,6 @@ static void reply(const Buffer& buffer) {
     }
     std::printf("\n");
     std::fflush(stdout);
-}
-
-static void reply_ok() {
-    std::printf("ok\n");
-    std::fflush(stdout);
-}
-
-template <typename Kernel>
-static void launch(u32 blocks, u32 threads, Kernel kernel) {
-    gridDim.x = blocks;
-    blockDim.x = threads;
-    for (u32 block = 0; block < blocks; ++block) {
-        for (u32 thread = 0; thread < threads; ++thread) {
-            blockIdx.x = block;
-            threadIdx.x = thread;
-            kernel();
-        }
-    }
 }
 
 int main() {
@@ -124,8 +96,7 @@ int main() {
         } else if (command == "ring") {
             reply(ring);
         } else {
-            std::fprintf(stderr, "emulator: unknown command %s\n", command.c_str());
-            return 2;
+            return unknown_command(command);
         }
     }
     return 0;

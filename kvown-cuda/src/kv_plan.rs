@@ -1,0 +1,200 @@
+//! [`KvPlanner`]: the host half of the device KV pool. It validates every call (the checks the
+//! host pool runs) and turns it into the exact `kv.cu` launches (kernel width, grid, block and
+//! scalar arguments) without touching the device. [`crate::CudaKvPool`] uploads the data and
+//! launches them; the host-emulation test runs the same launches through `kv.cu` compiled for
+//! the CPU.
+
+use kvown_runtime::alloc::{KvSlot, PageId};
+use kvown_runtime::kv::{KvDtype, KvLayout, KvPoolError, KvSlice, KvTensor};
+
+use crate::kernels::WORD_BYTES;
+
+/// Most threads per block of the KV row kernels; longer rows are strided over.
+pub const ROW_BLOCK_MAX: u32 = 256;
+
+/// How one tensor's rows are moved: `row_words` words of `WORD_BYTES[word]` bytes, the widest
+/// width that divides the row's byte length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowShape {
+    /// Index into [`WORD_BYTES`] of the kernel variant (`_w{WORD_BYTES[word]}`).
+    pub word: usize,
+    /// Words per row: the kernels' `row_words` argument.
+    pub row_words: u32,
+    /// Bytes per row.
+    pub row_bytes: usize,
+}
+
+/// One launch of a `kv.cu` kernel over one buffer of `tensor`, one block per row moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowLaunch {
+    /// The tensor whose buffers the launch moves rows of.
+    pub tensor: KvTensor,
+    /// Kernel width and row size.
+    pub shape: RowShape,
+    /// Rows moved: the grid's width, and `num_rows` of `store_kv` / `gather_kv`.
+    pub rows: u32,
+    /// Threads per block: the row's words rounded up to a multiple of 32, from 32 to
+    /// [`ROW_BLOCK_MAX`].
+    pub threads: u32,
+    /// Rows of the pool buffer: the kernels' `num_slots` bound.
+    pub num_slots: u32,
+}
+
+/// How a validated `copy_pages(src, dst)` runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PageCopy {
+    /// The lists overlap: `copy_slots` over the pages' slots (every row read before any write).
+    Slots {
+        /// Source slots, page by page.
+        src: Vec<KvSlot>,
+        /// Destination slots, page by page.
+        dst: Vec<KvSlot>,
+    },
+    /// The lists are disjoint: one `copy_pages_wN` launch per buffer, with these launches.
+    Pages {
+        /// The kernel's `num_pages` argument.
+        num_pages: u32,
+        /// The kernel's `page_size` argument.
+        page_size: u32,
+        /// The K launch, then the V launch.
+        launches: [RowLaunch; 2],
+    },
+}
+
+/// The shape and dtype of a device KV pool, and the launches each [`kvown_runtime::kv::KvPool`]
+/// call makes. Every `plan_*` changes nothing and returns `Err` exactly where the host pool does
+/// (plus a grid-size limit), `Ok(None)` when there is nothing to launch.
+#[derive(Debug, Clone, Copy)]
+pub struct KvPlanner {
+    layout: KvLayout,
+    dtype: KvDtype,
+}
+
+impl KvPlanner {
+    /// A planner for a pool of `layout` with elements of `dtype`.
+    pub fn new(layout: KvLayout, dtype: KvDtype) -> Self {
+        Self { layout, dtype }
+    }
+
+    /// The pool's shape.
+    pub fn layout(&self) -> &KvLayout {
+        &self.layout
+    }
+
+    /// The pool's element type.
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
+    }
+
+    /// How rows of `tensor` are moved.
+    pub fn shape(&self, tensor: KvTensor) -> RowShape {
+        let row_bytes = self.layout.row_len(tensor) * self.dtype.size_bytes();
+        let word = WORD_BYTES
+            .iter()
+            .position(|&bytes| row_bytes.is_multiple_of(bytes))
+            .expect("rows are a whole number of 2-byte elements");
+        RowShape {
+            word,
+            row_words: (row_bytes / WORD_BYTES[word]) as u32,
+            row_bytes,
+        }
+    }
+
+    /// The K and V launches that move `rows` rows of each tensor (`store_kv_wN`, `gather_kv_wN`
+    /// or `copy_pages_wN`); `None` for no rows (a grid cannot be empty).
+    pub fn plan_rows(&self, rows: usize) -> Result<Option<[RowLaunch; 2]>, KvPoolError> {
+        if rows > i32::MAX as usize {
+            return Err(KvPoolError::Backend(
+                format!(
+                    "{rows} rows in one call exceed the launch limit of {}",
+                    i32::MAX
+                )
+                .into(),
+            ));
+        }
+        if rows == 0 {
+            return Ok(None);
+        }
+        let launch = |tensor| {
+            let shape = self.shape(tensor);
+            RowLaunch {
+                tensor,
+                shape,
+                rows: rows as u32,
+                threads: shape
+                    .row_words
+                    .clamp(32, ROW_BLOCK_MAX)
+                    .next_multiple_of(32),
+                num_slots: self.layout.slots() as u32,
+            }
+        };
+        Ok(Some([launch(KvTensor::K), launch(KvTensor::V)]))
+    }
+
+    /// `store_kv(layer, slots, k, v)`: one `store_kv_wN` launch per tensor.
+    pub fn plan_store(
+        &self,
+        layer: usize,
+        slots: &[KvSlot],
+        k: KvSlice<'_>,
+        v: KvSlice<'_>,
+    ) -> Result<Option<[RowLaunch; 2]>, KvPoolError> {
+        self.layout.check_store(self.dtype, layer, slots, k, v)?;
+        self.plan_rows(slots.len())
+    }
+
+    /// `load_kv(layer, slots)`: one `gather_kv_wN` launch per tensor.
+    pub fn plan_load(
+        &self,
+        layer: usize,
+        slots: &[KvSlot],
+    ) -> Result<Option<[RowLaunch; 2]>, KvPoolError> {
+        self.layout.check_layer(layer)?;
+        self.layout.check_slots(slots)?;
+        self.plan_rows(slots.len())
+    }
+
+    /// `copy_slots(src, dst)`: per buffer, a `gather_kv_wN` of `src` into a temporary, then a
+    /// `store_kv_wN` of it to `dst`, with the same launch.
+    pub fn plan_copy_slots(
+        &self,
+        src: &[KvSlot],
+        dst: &[KvSlot],
+    ) -> Result<Option<[RowLaunch; 2]>, KvPoolError> {
+        self.layout.check_copy(src, dst)?;
+        self.plan_rows(src.len())
+    }
+
+    /// `copy_pages(src, dst)`: the one-pass page kernel when the lists are disjoint, otherwise
+    /// `copy_slots` over the pages' slots.
+    pub fn plan_copy_pages(
+        &self,
+        src: &[PageId],
+        dst: &[PageId],
+    ) -> Result<Option<PageCopy>, KvPoolError> {
+        if src.len() != dst.len() {
+            return Err(KvPoolError::CopyLengthMismatch {
+                src: src.len(),
+                dst: dst.len(),
+            });
+        }
+        self.layout.check_pages(src)?;
+        self.layout.check_pages(dst)?;
+        let mut in_src = vec![false; self.layout.pages()];
+        src.iter().for_each(|&page| in_src[page as usize] = true);
+        if dst.iter().any(|&page| in_src[page as usize]) {
+            return Ok(Some(PageCopy::Slots {
+                src: self.layout.page_slots(src),
+                dst: self.layout.page_slots(dst),
+            }));
+        }
+        let page_size = self.layout.page_size();
+        Ok(self
+            .plan_rows(src.len() * page_size)?
+            .map(|launches| PageCopy::Pages {
+                num_pages: src.len() as u32,
+                page_size: page_size as u32,
+                launches,
+            }))
+    }
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Instructions per unit of work of the W1_k1, W2 and W2c workloads, counted by valgrind's
+# callgrind: a figure that does not move with machine noise, for comparing changes on a busy
+# machine. Each workload runs twice under callgrind (`--repeats 1` and `--repeats 2`); the
+# difference is exactly one measurement (2^20 pages for W1_k1, 2,000 steps for W2 and W2c),
+# so setup and warm-up cancel out. Needs valgrind; takes about half a minute.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+command -v valgrind >/dev/null || { echo "instructions.sh: valgrind is not installed" >&2; exit 1; }
+cargo build --release --example bench --quiet
+bench="${CARGO_TARGET_DIR:-$root/target}/release/examples/bench"
+collected() { # workload repeats -> instructions executed by the whole run
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bench" --only "$1" --repeats "$2" 2>&1 \
+        >/dev/null | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
+}
+printf '%-8s %14s  %s\n' workload instructions unit
+for spec in "W1_k1 1048576 page" "W2 2000 step" "W2c 2000 step"; do
+    read -r name units unit <<<"$spec"
+    one="$(collected "$name" 1)"
+    two="$(collected "$name" 2)"
+    awk -v a="$one" -v b="$two" -v n="$units" -v w="$name" -v u="$unit" \
+        'BEGIN { printf "%-8s %14.1f  per %s\n", w, (b - a) / n, u }'
+done
