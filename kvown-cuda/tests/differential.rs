@@ -356,7 +356,7 @@ fn allocator_scenarios(make: &impl MakeDevice, seeds: std::ops::RangeInclusive<u
 }
 
 #[test]
-fn allocator_matches_cpu_on_random_batches() {
+fn gpu_allocator_matches_cpu_on_random_batches() {
     let Some(device) = device() else { return };
     allocator_scenarios(&OnGpu(device), 1..=4, 300);
 }
@@ -399,7 +399,7 @@ fn out_of_memory_edges(make: &impl MakeDevice) {
 }
 
 #[test]
-fn allocator_out_of_memory_edges_match() {
+fn gpu_allocator_out_of_memory_edges_match() {
     let Some(device) = device() else { return };
     out_of_memory_edges(&OnGpu(device));
 }
@@ -682,7 +682,7 @@ fn pool_scenarios(make: &impl MakePool, seeds: std::ops::RangeInclusive<u64>) {
 }
 
 #[test]
-fn kv_pool_matches_host_pool() {
+fn gpu_kv_pool_matches_host_pool() {
     let Some(device) = device() else { return };
     pool_scenarios(&OnGpu(device), 1..=64);
 }

@@ -1,7 +1,7 @@
 //! Compiles every kernel source with NVRTC to PTX for sm_80 and sm_90, failing on any compile
-//! error or warning. Needs no GPU, only libnvrtc.so.12 (scripts/install-nvrtc.sh puts it in
-//! .venv). When the library is not on LD_LIBRARY_PATH but the venv has it, the test re-runs
-//! itself with the venv's library directory added, so a plain `cargo test` works.
+//! error or warning. Needs no GPU, only NVRTC (scripts/install-nvrtc.sh puts libnvrtc.so.12 in
+//! .venv). When the library is not on LD_LIBRARY_PATH but scripts/nvrtc-lib-dir.sh finds one,
+//! the test re-runs itself with that path added, so a plain `cargo test` works.
 
 use std::path::Path;
 use std::process::Command;
@@ -12,8 +12,9 @@ use kvown_cuda::kernels::{KERNEL_SOURCES, compile, nvrtc_available};
 const ARCHES: [&str; 2] = ["sm_80", "sm_90"];
 const REEXEC_MARKER: &str = "KVOWN_NVRTC_REEXEC";
 
-/// The venv library directory printed by scripts/nvrtc-lib-dir.sh, if installed.
-fn venv_lib_dir() -> Option<String> {
+/// The NVRTC library path (directories joined by `:`) printed by scripts/nvrtc-lib-dir.sh, if
+/// it finds one.
+fn nvrtc_lib_path() -> Option<String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/nvrtc-lib-dir.sh");
     let output = Command::new("bash").arg(script).output().ok()?;
     let dir = String::from_utf8(output.stdout).ok()?.trim().to_owned();
@@ -35,15 +36,15 @@ fn rerun_with(dir: &str, name: &str) -> bool {
     status.success()
 }
 
-/// True when NVRTC is loadable here. Otherwise re-runs test `name` with the venv's library
-/// directory (asserting it passes) or prints why it is skipped, and returns false.
+/// True when NVRTC is loadable here. Otherwise re-runs test `name` with the library path of
+/// scripts/nvrtc-lib-dir.sh (asserting it passes) or prints why it is skipped, and returns false.
 fn nvrtc_or_rerun(name: &str) -> bool {
     if nvrtc_available() {
         return true;
     }
-    match venv_lib_dir() {
+    match nvrtc_lib_path() {
         Some(dir) if std::env::var_os(REEXEC_MARKER).is_none() => {
-            println!("libnvrtc.so.12 not on LD_LIBRARY_PATH; re-running {name} with {dir}");
+            println!("NVRTC not on LD_LIBRARY_PATH; re-running {name} with {dir}");
             assert!(
                 rerun_with(&dir, name),
                 "{name} failed with NVRTC from {dir}"

@@ -735,7 +735,7 @@ fn emulated_mirror_follows_the_host_through_the_batch_flow() {
 }
 
 #[test]
-fn cuda_mirror_follows_the_host_through_the_batch_flow() {
+fn gpu_mirror_follows_the_host_through_the_batch_flow() {
     let Some(device) = device() else { return };
     scenarios(&OnCuda(device), 1..=3, 200);
 }
@@ -801,7 +801,7 @@ fn emulated_rowless_calls_follow_the_host() {
 }
 
 #[test]
-fn cuda_rowless_calls_follow_the_host() {
+fn gpu_rowless_calls_follow_the_host() {
     let Some(device) = device() else { return };
     rowless_calls_follow_the_host(&OnCuda(device));
 }
