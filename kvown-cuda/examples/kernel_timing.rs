@@ -137,8 +137,10 @@ fn main() -> Result<(), Error> {
         "host dedup + sort + upload + kernel".into(),
     );
 
-    // store_kv: 8 KV heads x 128 dims f16 (2 KiB rows), 4,096 tokens per call.
-    let tokens = 4096usize;
+    // store_kv: 8 KV heads x 128 dims f16 (2 KiB rows), 16,384 tokens per call (a prefill-sized
+    // batch: 64 MiB of K and V, large enough that two launches' overhead does not decide the
+    // bandwidth), scattered over a 64 Ki-slot pool.
+    let tokens = 16384usize;
     let layout = KvLayout::new(1, 8, 128, 64 * 1024, PAGE)?;
     let mut pool = CudaKvPool::new(device.clone(), layout, KvDtype::F16)?;
     let row_bytes = layout.row_len(KvTensor::K) * 2;
@@ -160,7 +162,7 @@ fn main() -> Result<(), Error> {
     let moved = 2.0 * 2.0 * (tokens * row_bytes) as f64;
     let store_gbs = moved / (store_ms * 1e-3) / 1e9;
     row(
-        "store_kv (4096 tok, 2 KiB rows, K+V)",
+        "store_kv (16384 tok, 2 KiB rows, K+V)",
         store_ms,
         format!("{store_gbs:.0} GB/s (read+write)"),
     );
