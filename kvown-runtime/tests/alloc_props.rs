@@ -3,6 +3,8 @@
 //! checked after every step against a model of who holds which pages and against a
 //! position-wise reference of the extend and decode rules.
 
+mod common;
+
 use std::collections::BTreeSet;
 
 use kvown_runtime::alloc::{
@@ -325,7 +327,7 @@ fn scenario(page_size: usize) -> impl Strategy<Value = (usize, bool, Vec<Op>)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(96))]
+    #![proptest_config(common::proptest_config())]
 
     #[test]
     fn token_allocator_interleavings((pages, need_sort, ops) in scenario(1)) {

@@ -6,6 +6,8 @@
 //! allocation must leave the state exactly unchanged, and at the end releasing everything and
 //! evicting the whole cache gives the pool back in full.
 
+mod common;
+
 use std::cmp::Reverse;
 
 use kvown_runtime::alloc::{
@@ -1053,10 +1055,8 @@ where
     sim.drain();
 }
 
-const CASES: u32 = 96;
-
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(CASES))]
+    #![proptest_config(common::proptest_config())]
 
     #[test]
     fn batch_flow_page_1_radix(cfg in cfg(1, true), ops in prop::collection::vec(op(), 1..80)) {

@@ -1,6 +1,8 @@
 //! Random operation sequences on the radix cache over page sizes 1, 4 and 16, with the cache's
 //! and the allocator's invariant checks after every step.
 
+mod common;
+
 use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator};
 use kvown_runtime::radix::{RadixCache, TreePos};
 use proptest::prelude::*;
@@ -186,7 +188,7 @@ impl World {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(96))]
+    #![proptest_config(common::proptest_config())]
 
     #[test]
     fn random_operations_keep_every_invariant(
