@@ -368,6 +368,10 @@ impl<D: DeviceAllocOps> KvAllocator for MirroredAllocator<D> {
         self.mirror_free(|host| host.free_segments(segments))
     }
 
+    fn free_page_ids(&mut self, pages: &[PageId]) -> Result<(), AllocError> {
+        self.mirror_free(|host| host.free_page_ids(pages))
+    }
+
     fn free_group_begin(&mut self) -> Result<(), AllocError> {
         self.host.free_group_begin()
     }

@@ -1,4 +1,5 @@
-//! Paged allocator: page 0, LIFO reuse, free / free_segment(s) page sets, groups, need_sort,
+//! Paged allocator: page 0, LIFO reuse, free / free_segment(s) / free_page_ids page sets, groups,
+//! need_sort,
 //! typed errors and transactional failure.
 
 use std::collections::BTreeSet;
@@ -144,6 +145,68 @@ fn free_segment_prepends_pages_in_row_order() {
     let row: Vec<KvSlot> = [5u32, 2, 4].iter().flat_map(|&p| slots_of(p, 4)).collect();
     allocator.free_segment(&row[2..], 2).unwrap();
     assert_eq!(free_list(&allocator), [5, 2, 4]);
+}
+
+#[test]
+fn free_page_ids_prepends_pages_in_the_order_given_like_free_segment() {
+    let mut by_pages = paged(6, 4);
+    alloc(&mut by_pages, 24);
+    let mut by_segment = by_pages.clone();
+    by_pages.free_page_ids(&[5, 2, 4, 2]).unwrap();
+    let row: Vec<KvSlot> = [5u32, 2, 4].iter().flat_map(|&p| slots_of(p, 4)).collect();
+    by_segment.free_segment(&row, 0).unwrap();
+    assert_eq!(free_list(&by_pages), [5, 2, 4]);
+    assert_eq!(by_pages, by_segment);
+    by_pages.check().unwrap();
+}
+
+#[test]
+fn free_page_ids_rejects_bad_pages_with_typed_errors_and_changes_nothing() {
+    let mut allocator = paged(4, 4);
+    alloc(&mut allocator, 8);
+    allocator.free_page_ids(&[1]).unwrap();
+    let before = allocator.clone();
+    for (pages, error) in [
+        (
+            &[2, 0][..],
+            AllocError::PageOutOfRange {
+                page: 0,
+                num_pages: 4,
+            },
+        ),
+        (
+            &[2, 5][..],
+            AllocError::PageOutOfRange {
+                page: 5,
+                num_pages: 4,
+            },
+        ),
+        (
+            &[2, 1][..],
+            AllocError::DoubleFree {
+                slot: 4,
+                page: 1,
+                state: PageState::Free,
+            },
+        ),
+        (&[2, 3][..], AllocError::NotAllocated { slot: 12, page: 3 }),
+    ] {
+        assert_eq!(allocator.free_page_ids(pages), Err(error), "{pages:?}");
+        assert_eq!(allocator, before, "{pages:?} changed the allocator");
+    }
+    assert!(allocator.is_page_allocated(2));
+}
+
+#[test]
+fn free_page_ids_inside_a_group_is_deferred() {
+    let mut allocator = paged(4, 4);
+    alloc(&mut allocator, 16);
+    allocator.free_group_begin().unwrap();
+    allocator.free_page_ids(&[3, 1]).unwrap();
+    assert_eq!(allocator.deferred_pages(), [3, 1]);
+    assert_eq!(allocator.available_size(), 0);
+    allocator.free_group_end().unwrap();
+    assert_eq!(free_list(&allocator), [1, 3]);
 }
 
 #[test]

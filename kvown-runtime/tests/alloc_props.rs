@@ -1,5 +1,5 @@
 //! Property tests: random interleavings of alloc / alloc_extend / alloc_decode / free /
-//! free_segment(s) / free groups over page sizes 1, 4 and 16, with and without need_sort,
+//! free_segment(s) / free_page_ids / free groups over page sizes 1, 4 and 16, with and without need_sort,
 //! checked after every step against a model of who holds which pages and against a
 //! position-wise reference of the extend and decode rules.
 
@@ -20,6 +20,7 @@ enum Op {
     Decode(Vec<usize>),
     FreeRow(usize),
     FreeRaw(usize),
+    FreeRawPages(usize),
     Truncate(usize, usize),
     FreeSplit(usize, usize),
     Begin,
@@ -33,6 +34,7 @@ fn op(page_size: usize) -> impl Strategy<Value = Op> {
         prop::collection::vec(0usize..10, 1..6).prop_map(Op::Decode),
         (0usize..10).prop_map(Op::FreeRow),
         (0usize..10).prop_map(Op::FreeRaw),
+        (0usize..10).prop_map(Op::FreeRawPages),
         (0usize..10, 0usize..64).prop_map(|(r, c)| Op::Truncate(r, c)),
         (0usize..10, 0usize..64).prop_map(|(r, c)| Op::FreeSplit(r, c)),
         Just(Op::Begin),
@@ -243,6 +245,15 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
                 allocator.free(&raw).unwrap();
                 model.freed(model.pages(&raw).len());
             }
+            Op::FreeRawPages(pick) if pick < model.raw.len() => {
+                let raw = model.raw.swap_remove(pick);
+                let pages: Vec<PageId> = raw
+                    .chunks(page_size)
+                    .map(|page| page[0] / page_size as KvSlot)
+                    .collect();
+                allocator.free_page_ids(&pages).unwrap();
+                model.freed(pages.len());
+            }
             Op::Truncate(pick, cut) if pick < model.rows.len() => {
                 let row = &mut model.rows[pick];
                 let cut = cut % (row.len() + 1) / page_size * page_size;
@@ -286,7 +297,11 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
                 model.in_group = false;
                 model.deferred = 0;
             }
-            Op::FreeRow(_) | Op::FreeRaw(_) | Op::Truncate(..) | Op::FreeSplit(..) => {}
+            Op::FreeRow(_)
+            | Op::FreeRaw(_)
+            | Op::FreeRawPages(_)
+            | Op::Truncate(..)
+            | Op::FreeSplit(..) => {}
         }
         allocator
             .check()

@@ -240,7 +240,13 @@ impl<R: ReuseOrder> PageAllocator<R> {
     /// when this call already named the page.
     #[inline]
     fn mark_pending(&mut self, slot: KvSlot) -> Result<usize, AllocError> {
-        let page = self.geometry.page_of(slot);
+        self.mark_page(self.geometry.page_of(slot), slot)
+    }
+
+    /// Marks `page` as pending as `mark_pending` does; `slot` is the slot that named it, for the
+    /// errors.
+    #[inline]
+    fn mark_page(&mut self, page: usize, slot: KvSlot) -> Result<usize, AllocError> {
         match self.state.get(page) {
             Some(PageState::Held) => {
                 self.state[page] = PageState::Pending;
@@ -544,6 +550,21 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
         let result = segments
             .iter()
             .try_for_each(|&(slots, start_pos)| self.mark_segment(slots, start_pos));
+        self.finish_free(start, result, false)
+    }
+
+    fn free_page_ids(&mut self, pages: &[PageId]) -> Result<(), AllocError> {
+        let start = self.deferred.len();
+        let result = pages.iter().try_for_each(|&page| {
+            if page == 0 || page as usize > self.num_pages {
+                return Err(AllocError::PageOutOfRange {
+                    page,
+                    num_pages: self.num_pages,
+                });
+            }
+            self.mark_page(page as usize, self.geometry.first_slot(page))
+                .map(drop)
+        });
         self.finish_free(start, result, false)
     }
 

@@ -38,6 +38,17 @@ pub enum AllocError {
         /// One past the largest valid slot.
         slot_end: u64,
     },
+    /// `free_page_ids` named a page that no allocation hands out: page 0 (padding) or one beyond
+    /// the last page.
+    #[error(
+        "page {page} is not an allocatable page: pages are 1..={num_pages} (page 0 is padding)"
+    )]
+    PageOutOfRange {
+        /// The offending page.
+        page: PageId,
+        /// Pages of this allocator.
+        num_pages: usize,
+    },
     /// A slot of page 0, the padding page, which is never allocated.
     #[error(
         "slot {slot} lies in the reserved padding page (slots 0..{page_size}) and is never allocated"

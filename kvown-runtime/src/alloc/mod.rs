@@ -125,6 +125,11 @@ pub trait KvAllocator {
     /// Frees several segments of one request's row in one call (sglang `free_segments`):
     /// segments that meet inside a page free that page once. All or nothing.
     fn free_segments(&mut self, segments: &[(&[KvSlot], usize)]) -> Result<(), AllocError>;
+    /// Frees whole pages named by id, which go back to the free list in the order given, as
+    /// [`KvAllocator::free_segment`] puts a row's pages (a page named twice is freed once).
+    /// The prefix cache evicts with it: its nodes keep page ids, so no slot list is built. All
+    /// or nothing.
+    fn free_page_ids(&mut self, pages: &[PageId]) -> Result<(), AllocError>;
     /// Starts deferring frees until [`KvAllocator::free_group_end`]. Groups do not nest: a
     /// second begin fails with [`AllocError::NestedFreeGroup`] and keeps the open group.
     fn free_group_begin(&mut self) -> Result<(), AllocError>;

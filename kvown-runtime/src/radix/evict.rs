@@ -11,9 +11,9 @@ impl RadixCache {
     /// first, and returns the tokens evicted.
     ///
     /// Whole nodes are evicted, so the result may exceed `num_tokens`; it is smaller only when
-    /// everything evictable is gone. Locked nodes are never touched. Each evicted node's slots
-    /// are freed with `alloc.free_segment(slots, 0)` and the node is deleted; a parent left
-    /// without children and unlocked becomes a candidate in the same call.
+    /// everything evictable is gone. Locked nodes are never touched. Each evicted node's pages
+    /// are freed with `alloc.free_page_ids(pages)`, in key order, and the node is deleted; a parent
+    /// left without children and unlocked becomes a candidate in the same call.
     ///
     /// Cost: O(log leaves + node tokens) per evicted node, amortized: the LRU order is kept
     /// across calls (sglang rebuilds a heap of every leaf on each call).
@@ -43,11 +43,11 @@ impl RadixCache {
             if !self.is_current_lru_entry(stamp, leaf) {
                 continue;
             }
-            let mut slots = std::mem::take(&mut self.free_buffer);
-            slots.clear();
-            slots.extend(self.node_slots(leaf));
-            let freed = alloc.free_segment(&slots, 0);
-            self.free_buffer = slots;
+            let mut pages = std::mem::take(&mut self.free_buffer);
+            pages.clear();
+            pages.extend(self.arena[leaf].page_ids(self.page_size));
+            let freed = alloc.free_page_ids(&pages);
+            self.free_buffer = pages;
             if let Err(source) = freed {
                 self.lru.push(Reverse((stamp, leaf)));
                 return Err(RadixError::Free {
@@ -78,14 +78,6 @@ impl RadixCache {
             return Ok(0);
         }
         self.evict(num_tokens - available, alloc)
-    }
-
-    /// The slots of `node`'s key, in key order.
-    fn node_slots(&self, node: NodeId) -> impl Iterator<Item = u32> + '_ {
-        let page_size = self.page_size as u32;
-        self.arena[node]
-            .page_ids(self.page_size)
-            .flat_map(move |page| page * page_size..(page + 1) * page_size)
     }
 
     /// Deletes the evictable leaf `leaf`; its parent becomes a candidate when it is left an

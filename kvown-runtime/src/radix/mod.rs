@@ -119,8 +119,8 @@ pub struct RadixCache {
     total_size: usize,
     /// Logical clock for access times; ticks once per match or insert.
     clock: u64,
-    /// Reused buffer for the slots of an evicted node.
-    free_buffer: Vec<KvSlot>,
+    /// Reused buffer for the page ids of an evicted node.
+    free_buffer: Vec<PageId>,
 }
 
 impl RadixCache {
@@ -198,7 +198,7 @@ impl RadixCache {
             + self.children.heap_bytes()
             + self.evictable_leaves.capacity() * size_of::<NodeId>()
             + self.lru.capacity() * size_of::<Reverse<(u64, NodeId)>>()
-            + self.free_buffer.capacity() * size_of::<KvSlot>()
+            + self.free_buffer.capacity() * size_of::<PageId>()
     }
 
     /// Advances the logical clock and returns the new time.
