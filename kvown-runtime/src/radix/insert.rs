@@ -193,15 +193,27 @@ fn validate_pages(slots: &[KvSlot], start: usize, page_size: usize) -> Result<()
                 page_size,
             });
         }
-        for (offset, &found) in page_slots.iter().enumerate() {
-            let expected = first + offset as u32;
-            if found != expected {
-                return Err(RadixError::BrokenPage {
-                    position: position + offset,
-                    found,
-                    expected,
-                });
-            }
+        // The page's run `first, first + 1, …` checked in one branch-free pass (vectorised);
+        // the offending slot is looked for only when the check fails.
+        let expected = (0..page_size as u32).map(|offset| first.wrapping_add(offset));
+        let differs = page_slots
+            .iter()
+            .zip(expected.clone())
+            .fold(0, |differs, (&found, expected)| {
+                differs | (found ^ expected)
+            });
+        if differs != 0
+            && let Some((offset, (&found, expected))) = page_slots
+                .iter()
+                .zip(expected)
+                .enumerate()
+                .find(|(_, (found, expected))| **found != *expected)
+        {
+            return Err(RadixError::BrokenPage {
+                position: position + offset,
+                found,
+                expected,
+            });
         }
     }
     Ok(())
