@@ -2,7 +2,7 @@
 //! (`alloc_driver.cpp`), driven through [`AllocPlanner`]: the same plans the CUDA allocator
 //! launches, run on the CPU.
 
-use kvown_cuda::{ALLOC_BLOCK, AllocPlan, AllocPlanner, CudaError};
+use kvown_cuda::{ALLOC_BLOCK, AllocPlan, AllocPlanner, CudaError, FreePlan};
 use kvown_runtime::alloc::{DecodeShape, ExtendShape, KvSlot, PageId, ReuseOrder};
 
 use super::{Driver, Process};
@@ -51,6 +51,29 @@ impl<R: ReuseOrder> EmulatedAllocator<R> {
         Ok(EmulatedAllocator { planner, process })
     }
 
+    /// Puts distinct `pages` on the free list in the order given, as
+    /// `CudaPagedAllocator::free_pages` does.
+    pub fn free_pages(&mut self, pages: &[PageId]) -> Result<(), CudaError> {
+        let plan = self.planner.plan_free_pages(pages)?;
+        self.launch_free(plan);
+        Ok(())
+    }
+
+    /// Runs `free_pages_write` for `plan`, as `CudaPagedAllocator` launches it, and commits it.
+    fn launch_free(&mut self, plan: Option<FreePlan>) {
+        let Some(plan) = plan else {
+            return;
+        };
+        let blocks = plan.pages.len().div_ceil(ALLOC_BLOCK as usize);
+        self.process.send_ok(&format!(
+            "free_pages_write {blocks} {ALLOC_BLOCK} {} {} {}",
+            self.planner.num_pages(),
+            plan.first,
+            buffer(&plan.pages)
+        ));
+        self.planner.commit_free(&plan);
+    }
+
     fn launch_alloc(&mut self, kernel: &str, plan: AllocPlan) -> Vec<KvSlot> {
         if plan.out_len == 0 {
             return Vec::new();
@@ -92,17 +115,8 @@ impl<R: ReuseOrder> crate::DeviceAllocator for EmulatedAllocator<R> {
     }
 
     fn free(&mut self, slots: &[KvSlot]) -> Result<(), CudaError> {
-        let Some(plan) = self.planner.plan_free(slots)? else {
-            return Ok(());
-        };
-        let blocks = plan.pages.len().div_ceil(ALLOC_BLOCK as usize);
-        self.process.send_ok(&format!(
-            "free_pages_write {blocks} {ALLOC_BLOCK} {} {} {}",
-            self.planner.num_pages(),
-            plan.first,
-            buffer(&plan.pages)
-        ));
-        self.planner.commit_free(&plan);
+        let plan = self.planner.plan_free(slots)?;
+        self.launch_free(plan);
         Ok(())
     }
 

@@ -90,27 +90,8 @@ impl<R: ReuseOrder> DeviceAllocOps for Emulated<R> {
         self.emulator.get_mut().alloc_decode(reqs, rows)
     }
 
-    /// The emulator frees slots as `CudaPagedAllocator::free` does: `Lifo` puts one call's pages
-    /// at the head sorted, so pages in any order go in as ascending runs, the last run first;
-    /// `Fifo` appends them in the order given.
     fn free_pages(&mut self, pages: &[PageId]) -> Result<(), CudaError> {
-        let page_size = self.page_size as KvSlot;
-        let emulator = self.emulator.get_mut();
-        let first_slots =
-            |run: &[PageId]| -> Vec<KvSlot> { run.iter().map(|&page| page * page_size).collect() };
-        if !R::FREED_FIRST {
-            return emulator.free(&first_slots(pages));
-        }
-        let mut end = pages.len();
-        while end > 0 {
-            let mut start = end - 1;
-            while start > 0 && pages[start - 1] < pages[start] {
-                start -= 1;
-            }
-            emulator.free(&first_slots(&pages[start..end]))?;
-            end = start;
-        }
-        Ok(())
+        self.emulator.get_mut().free_pages(pages)
     }
 
     fn write_row(&mut self, row: u32, start: usize, slots: &[KvSlot]) -> Result<(), CudaError> {
