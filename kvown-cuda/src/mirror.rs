@@ -135,8 +135,10 @@ impl<R: ReuseOrder> DeviceAllocOps for CudaPagedAllocator<R> {
 /// # Panics
 ///
 /// A call panics when the device fails to replay an operation the host has already applied (a
-/// driver error, or a row outside the device table): the host cannot take the operation back
-/// and the device copy would be stale for good, so kernels must not read it.
+/// driver error): the host cannot take the operation back and the device copy would be stale
+/// for good, so kernels must not read it. A batch whose rows do not fit the device table (a
+/// caller bug: the batch flow's rows come from the table checked at construction) panics before
+/// either side changes.
 #[derive(Debug)]
 pub struct MirroredAllocator<D: DeviceAllocOps> {
     host: PageAllocator<D::Order>,
@@ -217,6 +219,23 @@ impl<D: DeviceAllocOps> MirroredAllocator<D> {
     /// call appended to its `out`. `None` before the first allocation.
     pub fn last_out_cache_loc(&self) -> Option<&D::Slots> {
         self.last_out_cache_loc.as_ref()
+    }
+
+    /// Takes the kernel rows of a batch of `count` requests into `self.rows`, before the host is
+    /// asked: a row the device table lacks, or a count that does not match, is a caller bug that
+    /// panics here, with nothing changed on either side.
+    fn set_rows(&mut self, rows: impl Iterator<Item = ReqRow>, count: usize) {
+        self.rows.clear();
+        self.rows.extend(rows.map(kernel_row));
+        assert_eq!(
+            self.rows.len(),
+            count,
+            "one request-to-token row per request"
+        );
+        let device_rows = self.device.rows();
+        if let Some(&row) = self.rows.iter().find(|&&row| row as usize >= device_rows) {
+            panic!("request row {row} is outside the device table of {device_rows} rows");
+        }
     }
 
     /// Replays a batched extend the host has applied, for the rows in `self.rows`.
@@ -386,9 +405,8 @@ impl<D: DeviceAllocOps> KvAllocator for MirroredAllocator<D> {
         rows: impl Iterator<Item = ReqRow>,
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
+        self.set_rows(rows, reqs.len());
         self.host.alloc_extend(reqs, out)?;
-        self.rows.clear();
-        self.rows.extend(rows.map(kernel_row));
         self.replay_extend(reqs);
         Ok(())
     }
@@ -399,9 +417,8 @@ impl<D: DeviceAllocOps> KvAllocator for MirroredAllocator<D> {
         rows: impl Iterator<Item = ReqRow>,
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
+        self.set_rows(rows, reqs.len());
         self.host.alloc_decode(reqs, out)?;
-        self.rows.clear();
-        self.rows.extend(rows.map(kernel_row));
         self.replay_decode(reqs);
         Ok(())
     }
