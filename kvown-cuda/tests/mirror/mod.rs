@@ -846,3 +846,28 @@ fn mirror_refuses_what_it_cannot_follow() {
         })
     ));
 }
+
+/// A batch whose rows the device table lacks is a caller bug: it panics before the host (or the
+/// device) changes.
+#[test]
+fn rows_outside_the_device_table_panic_before_anything_changes() {
+    let table = ReqToTokenPool::new(ROWS, WIDTH).unwrap();
+    let Some(half) = OnEmulator.make::<Lifo>(64, 4, ROWS + 1, WIDTH) else {
+        return;
+    };
+    let host = PagedAllocator::new(64, 4, false).unwrap();
+    let mut mirror = MirroredAllocator::new(host, half, &table).unwrap();
+    let shape = ExtendShape {
+        prefix_len: 0,
+        seq_len: 8,
+        last_loc: None,
+    };
+    let before: Vec<PageId> = mirror.host().free_pages().collect();
+    let outside = ROWS + 1;
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        mirror.alloc_extend_rows(&[shape], [outside].into_iter(), &mut Vec::new())
+    }));
+    assert!(result.is_err(), "row {outside} must be refused");
+    assert_eq!(mirror.host().free_pages().collect::<Vec<_>>(), before);
+    assert_eq!(mirror.device().available_size(), 64);
+}
