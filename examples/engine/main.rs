@@ -9,9 +9,12 @@
 //!
 //! On CUDA (`--backend cuda`, or `auto` where a GPU works) the K/V pool is on the device and the
 //! allocator is a `MirroredAllocator`: the host allocator runs the batch flow, and the device
-//! free list and request-to-token table follow every call. On the host nothing changes.
+//! free list and request-to-token table follow every call. The checks (at the end, and every
+//! step with `--check`) then also copy the device free list and the held rows back and compare
+//! them with the host's. On the host nothing changes.
 
 mod cli;
+mod device_copy;
 mod kv_data;
 mod plot;
 mod report;
@@ -32,6 +35,7 @@ use kvown::slots::ReqToTokenPool;
 use kvown_cuda::{Backend, CudaDevice, CudaKvPool, MirroredAllocator};
 
 use cli::{Args, BackendChoice};
+use device_copy::DeviceCopy;
 use report::Summary;
 use scheduler::Engine;
 
@@ -96,7 +100,7 @@ fn run(args: &Args) -> Result<Summary, String> {
 }
 
 /// Runs the workload over `cache` (host allocator or device mirror) and `pool` to the end.
-fn serve<A: KvAllocator + AsPageAllocator>(
+fn serve<A: KvAllocator + AsPageAllocator + DeviceCopy>(
     args: &Args,
     cache: KvCache<A>,
     pool: Box<dyn KvPool>,

@@ -19,6 +19,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::cli::Args;
+use crate::device_copy::DeviceCopy;
 use crate::kv_data::{KvStore, TokenKv};
 use crate::workload::{Job, output_token};
 
@@ -89,7 +90,7 @@ fn timed<T>(ns: &mut u64, call: impl FnOnce() -> T) -> T {
     out
 }
 
-impl<'a, A: KvAllocator + AsPageAllocator> Engine<'a, A> {
+impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
     /// An engine over `cache` and `kv` for the workload `jobs`.
     pub fn new(args: &'a Args, cache: KvCache<A>, kv: KvStore, jobs: Vec<Job>) -> Self {
         Engine {
@@ -130,11 +131,20 @@ impl<'a, A: KvAllocator + AsPageAllocator> Engine<'a, A> {
         self.running.reqs().iter().chain(self.chunked.as_ref())
     }
 
-    /// Runs the invariant checker over every request that holds KV.
+    /// Runs the invariant checker over every request that holds KV and, on a device, compares
+    /// the device copy of the free list and of their rows with the host's.
     pub fn check(&self) -> Result<(), String> {
+        let at_step = |problem: String| format!("step {}: {problem}", self.stats.steps);
         self.cache
             .check(self.held_reqs())
-            .map_err(|violation| format!("step {}: {violation}", self.stats.steps))
+            .map_err(|violation| at_step(violation.to_string()))?;
+        let rows = self
+            .held_reqs()
+            .filter_map(|req| Some((req.kv().req_pool_idx()?, req.kv().kv_allocated_len())));
+        self.cache
+            .allocator()
+            .verify_device(self.cache.req_to_token(), rows)
+            .map_err(at_step)
     }
 
     /// One scheduler iteration: arrivals, an extend batch, a decode step, releases.

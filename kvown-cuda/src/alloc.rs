@@ -227,6 +227,12 @@ impl<R: ReuseOrder> CudaPagedAllocator<R> {
         Ok(())
     }
 
+    /// Copies the slots of one of this allocator's allocations to the host (synchronises the
+    /// stream).
+    pub fn slots_to_host(&self, slots: &DeviceSlots) -> Result<Vec<KvSlot>, CudaError> {
+        slots.to_host(&self.device)
+    }
+
     /// Reads `req_to_token[row][..len]` back to the host (synchronises the stream).
     pub fn read_row(&self, row: u32, len: usize) -> Result<Vec<KvSlot>, CudaError> {
         self.planner.check_row(0, row, len)?;

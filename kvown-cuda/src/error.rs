@@ -1,8 +1,9 @@
 //! Errors of the device allocator (every failing call leaves the allocator unchanged) and of
-//! building a device mirror.
+//! building and verifying a device mirror.
 
 use cudarc::driver::DriverError;
-use kvown_runtime::alloc::{AllocError, PageId};
+use kvown_runtime::alloc::{AllocError, KvSlot, PageId};
+use kvown_runtime::slots::ReqRow;
 
 /// Why a device allocator call was refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -137,9 +138,38 @@ pub enum MirrorError {
         /// Slots per device row.
         device_row_len: usize,
     },
-    /// Creating the device half failed.
-    #[error("creating the device half failed: {0}")]
+    /// A device call failed: creating the device half, or reading it back for
+    /// [`MirroredAllocator::verify`](crate::MirroredAllocator::verify).
+    #[error("the device half failed: {0}")]
     Device(#[from] CudaError),
+    /// [`MirroredAllocator::verify`](crate::MirroredAllocator::verify): the device free list is
+    /// not the host's (`None`: the list ended there).
+    #[error(
+        "the device free list differs from the host's at position {position}: host page          {host:?}, device page {device:?}"
+    )]
+    FreeListDiverged {
+        /// First position (from the head) where they differ.
+        position: usize,
+        /// The host's page there.
+        host: Option<PageId>,
+        /// The device's page there.
+        device: Option<PageId>,
+    },
+    /// [`MirroredAllocator::verify`](crate::MirroredAllocator::verify): a device
+    /// request-to-token row is not the host's.
+    #[error(
+        "device row {row} differs from the host's at position {position}: host slot {host},          device slot {device}"
+    )]
+    RowDiverged {
+        /// The row.
+        row: ReqRow,
+        /// First position where they differ.
+        position: usize,
+        /// The host's slot there.
+        host: KvSlot,
+        /// The device's slot there.
+        device: KvSlot,
+    },
 }
 
 /// `value` as a kernel `u32` index, or [`CudaError::TooLarge`].

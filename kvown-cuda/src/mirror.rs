@@ -71,6 +71,12 @@ pub trait DeviceAllocOps {
     fn free_pages(&mut self, pages: &[PageId]) -> Result<(), CudaError>;
     /// Writes `slots` to positions `start..` of `row`, as [`CudaPagedAllocator::write_row`].
     fn write_row(&mut self, row: u32, start: usize, slots: &[KvSlot]) -> Result<(), CudaError>;
+    /// The free list, head first. Copies from the device: for checks, never needed by a step.
+    fn free_list(&self) -> Result<Vec<PageId>, CudaError>;
+    /// `row[..len]` of the device table. Copies from the device: for checks.
+    fn read_row(&self, row: u32, len: usize) -> Result<Vec<KvSlot>, CudaError>;
+    /// The slots of one allocation's `out_cache_loc`. Copies from the device: for checks.
+    fn slots_to_host(&self, slots: &Self::Slots) -> Result<Vec<KvSlot>, CudaError>;
 }
 
 impl<R: ReuseOrder> DeviceAllocOps for CudaPagedAllocator<R> {
@@ -119,6 +125,18 @@ impl<R: ReuseOrder> DeviceAllocOps for CudaPagedAllocator<R> {
 
     fn write_row(&mut self, row: u32, start: usize, slots: &[KvSlot]) -> Result<(), CudaError> {
         CudaPagedAllocator::write_row(self, row, start, slots)
+    }
+
+    fn free_list(&self) -> Result<Vec<PageId>, CudaError> {
+        CudaPagedAllocator::free_list(self)
+    }
+
+    fn read_row(&self, row: u32, len: usize) -> Result<Vec<KvSlot>, CudaError> {
+        CudaPagedAllocator::read_row(self, row, len)
+    }
+
+    fn slots_to_host(&self, slots: &DeviceSlots) -> Result<Vec<KvSlot>, CudaError> {
+        CudaPagedAllocator::slots_to_host(self, slots)
     }
 }
 
@@ -219,6 +237,50 @@ impl<D: DeviceAllocOps> MirroredAllocator<D> {
     /// call appended to its `out`. `None` before the first allocation.
     pub fn last_out_cache_loc(&self) -> Option<&D::Slots> {
         self.last_out_cache_loc.as_ref()
+    }
+
+    /// Checks the device copy against the host by copying it back (for tests and checked runs,
+    /// never needed by a step): the free list, and `row[..len]` of each `(row, len)` in `rows`
+    /// against the host `table`. The first difference is the error.
+    ///
+    /// # Panics
+    /// When a `(row, len)` is not a row of `table` at least `len` slots wide.
+    pub fn verify(
+        &self,
+        table: &ReqToTokenPool,
+        rows: impl IntoIterator<Item = (ReqRow, usize)>,
+    ) -> Result<(), MirrorError> {
+        let device_free = self.device.free_list()?;
+        let host_free: Vec<PageId> = self.host.free_pages().collect();
+        if device_free != host_free {
+            let position = host_free
+                .iter()
+                .zip(&device_free)
+                .position(|(host, device)| host != device)
+                .unwrap_or(host_free.len().min(device_free.len()));
+            return Err(MirrorError::FreeListDiverged {
+                position,
+                host: host_free.get(position).copied(),
+                device: device_free.get(position).copied(),
+            });
+        }
+        for (row, len) in rows {
+            let host_row = table
+                .row(row)
+                .ok()
+                .and_then(|slots| slots.get(..len))
+                .unwrap_or_else(|| panic!("verify: row {row} of length {len} is not in the table"));
+            let device_row = self.device.read_row(kernel_row(row), len)?;
+            if let Some(position) = (0..len).find(|&i| host_row[i] != device_row[i]) {
+                return Err(MirrorError::RowDiverged {
+                    row,
+                    position,
+                    host: host_row[position],
+                    device: device_row[position],
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Takes the kernel rows of a batch of `count` requests into `self.rows`, before the host is

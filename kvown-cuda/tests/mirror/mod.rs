@@ -97,53 +97,24 @@ impl<R: ReuseOrder> DeviceAllocOps for Emulated<R> {
     fn write_row(&mut self, row: u32, start: usize, slots: &[KvSlot]) -> Result<(), CudaError> {
         self.emulator.get_mut().write_row(row, start, slots)
     }
-}
 
-/// A device half the test can read back (copies from the device; only the test does that).
-trait ReadBack: DeviceAllocOps {
-    /// The free list, head first.
-    fn free_list(&self) -> Vec<PageId>;
-    /// `row[..len]` of the device table.
-    fn row(&self, row: usize, len: usize) -> Vec<KvSlot>;
-    /// The slots of an allocation's device `out_cache_loc`.
-    fn out_cache_loc(&self, slots: &Self::Slots) -> Vec<KvSlot>;
-}
-
-impl<R: ReuseOrder> ReadBack for Emulated<R> {
-    fn free_list(&self) -> Vec<PageId> {
-        self.emulator.borrow_mut().free_list().unwrap()
+    fn free_list(&self) -> Result<Vec<PageId>, CudaError> {
+        self.emulator.borrow_mut().free_list()
     }
 
-    fn row(&self, row: usize, len: usize) -> Vec<KvSlot> {
-        self.emulator
-            .borrow_mut()
-            .read_row(row as u32, len)
-            .unwrap()
+    fn read_row(&self, row: u32, len: usize) -> Result<Vec<KvSlot>, CudaError> {
+        self.emulator.borrow_mut().read_row(row, len)
     }
 
-    fn out_cache_loc(&self, slots: &Vec<KvSlot>) -> Vec<KvSlot> {
-        slots.clone()
-    }
-}
-
-impl<R: ReuseOrder> ReadBack for CudaPagedAllocator<R> {
-    fn free_list(&self) -> Vec<PageId> {
-        CudaPagedAllocator::free_list(self).unwrap()
-    }
-
-    fn row(&self, row: usize, len: usize) -> Vec<KvSlot> {
-        self.read_row(row as u32, len).unwrap()
-    }
-
-    fn out_cache_loc(&self, slots: &kvown_cuda::DeviceSlots) -> Vec<KvSlot> {
-        slots.to_host(&CudaDevice::get().unwrap()).unwrap()
+    fn slots_to_host(&self, slots: &Vec<KvSlot>) -> Result<Vec<KvSlot>, CudaError> {
+        Ok(slots.clone())
     }
 }
 
 /// Builds device halves of `size` slots in pages of `page_size` with a table of `rows` rows of
 /// `row_len`, or `None`, with a skip notice, where they cannot run.
 trait Halves {
-    type Half<R: ReuseOrder>: ReadBack<Order = R>;
+    type Half<R: ReuseOrder>: DeviceAllocOps<Order = R>;
     fn make<R: ReuseOrder>(
         &self,
         size: usize,
@@ -238,7 +209,7 @@ struct Snapshot<R: ReuseOrder> {
     device_out: Option<Vec<KvSlot>>,
 }
 
-struct Sim<D: ReadBack> {
+struct Sim<D: DeviceAllocOps> {
     cfg: Cfg,
     rng: Rng,
     cache: KvCache<MirroredAllocator<D>>,
@@ -253,7 +224,7 @@ struct Sim<D: ReadBack> {
     counts: Counts,
 }
 
-impl<D: ReadBack> Sim<D> {
+impl<D: DeviceAllocOps> Sim<D> {
     fn new(cfg: Cfg, host: PageAllocator<D::Order>, half: D) -> Self {
         let table = ReqToTokenPool::new(ROWS, WIDTH).unwrap();
         let mirror = MirroredAllocator::new(host, half, &table).unwrap();
@@ -293,24 +264,16 @@ impl<D: ReadBack> Sim<D> {
             panic!("{what}: invariant broken: {violation}");
         }
         let mirror = self.cache.allocator();
-        let host_free: Vec<PageId> = mirror.host().free_pages().collect();
-        assert_eq!(self.device().free_list(), host_free, "{what}: free lists");
-        for req in held() {
-            let Some(row) = req.kv().req_pool_idx() else {
-                continue;
-            };
-            let len = req.kv().kv_allocated_len();
-            let host_row = &self.cache.req_to_token().row(row).unwrap()[..len];
-            assert_eq!(
-                self.device().row(row, len),
-                host_row,
-                "{what}: row {row} of request {}",
-                req.rid()
-            );
+        let rows = held().filter_map(|req| {
+            let row = req.kv().req_pool_idx()?;
+            Some((row, req.kv().kv_allocated_len()))
+        });
+        if let Err(divergence) = mirror.verify(self.cache.req_to_token(), rows) {
+            panic!("{what}: {divergence}");
         }
         let device_out = mirror
             .last_out_cache_loc()
-            .map(|slots| self.device().out_cache_loc(slots));
+            .map(|slots| self.device().slots_to_host(slots).unwrap());
         assert_eq!(device_out, self.host_out, "{what}: out_cache_loc");
     }
 
@@ -319,13 +282,13 @@ impl<D: ReadBack> Sim<D> {
         Snapshot {
             host: mirror.host().clone(),
             host_table: self.cache.req_to_token().clone(),
-            device_free: self.device().free_list(),
+            device_free: self.device().free_list().unwrap(),
             device_table: (0..=ROWS)
-                .map(|row| self.device().row(row, WIDTH))
+                .map(|row| self.device().read_row(row as u32, WIDTH).unwrap())
                 .collect(),
             device_out: mirror
                 .last_out_cache_loc()
-                .map(|slots| self.device().out_cache_loc(slots)),
+                .map(|slots| self.device().slots_to_host(slots).unwrap()),
         }
     }
 
@@ -723,13 +686,21 @@ fn gpu_mirror_follows_the_host_through_the_batch_flow() {
 
 /// A mirror outside a cache against its host: free lists, the last `out_cache_loc`, and row 1
 /// untouched (these calls have no rows).
-fn assert_follows<D: ReadBack>(mirror: &MirroredAllocator<D>, out: &[KvSlot], what: &str) {
+fn assert_follows<D: DeviceAllocOps>(mirror: &MirroredAllocator<D>, out: &[KvSlot], what: &str) {
     let device = mirror.device();
     let host_free: Vec<PageId> = mirror.host().free_pages().collect();
-    assert_eq!(device.free_list(), host_free, "{what}: free lists");
+    assert_eq!(device.free_list().unwrap(), host_free, "{what}: free lists");
     let last = mirror.last_out_cache_loc().expect("an allocation happened");
-    assert_eq!(device.out_cache_loc(last), out, "{what}: out_cache_loc");
-    assert_eq!(device.row(1, 16), [0; 16], "{what}: no row is written");
+    assert_eq!(
+        device.slots_to_host(last).unwrap(),
+        out,
+        "{what}: out_cache_loc"
+    );
+    assert_eq!(
+        device.read_row(1, 16).unwrap(),
+        [0; 16],
+        "{what}: no row is written"
+    );
 }
 
 /// The calls the batch flow does not make: a plain `alloc` (an extend with no row), an extend
@@ -870,4 +841,34 @@ fn rows_outside_the_device_table_panic_before_anything_changes() {
     assert!(result.is_err(), "row {outside} must be refused");
     assert_eq!(mirror.host().free_pages().collect::<Vec<_>>(), before);
     assert_eq!(mirror.device().available_size(), 64);
+}
+
+/// `verify` reports the first slot where a device row and the host's differ.
+#[test]
+fn verify_reports_a_row_that_differs() {
+    let mut table = ReqToTokenPool::new(ROWS, WIDTH).unwrap();
+    let Some(half) = OnEmulator.make::<Lifo>(64, 4, ROWS + 1, WIDTH) else {
+        return;
+    };
+    let host = PagedAllocator::new(64, 4, false).unwrap();
+    let mut mirror = MirroredAllocator::new(host, half, &table).unwrap();
+    let row = table.alloc(1).unwrap()[0];
+    let shape = ExtendShape {
+        prefix_len: 0,
+        seq_len: 6,
+        last_loc: None,
+    };
+    let mut out = Vec::new();
+    mirror
+        .alloc_extend_rows(&[shape], [row].into_iter(), &mut out)
+        .unwrap();
+    table.write(row, 0, &out).unwrap();
+    mirror.verify(&table, [(row, 6)]).unwrap();
+    let mut changed = out.clone();
+    changed[4] += 1;
+    table.write(row, 0, &changed).unwrap();
+    assert!(matches!(
+        mirror.verify(&table, [(row, 6)]),
+        Err(MirrorError::RowDiverged { position: 4, .. })
+    ));
 }

@@ -1,0 +1,39 @@
+//! The engine's checks on a device: with the allocator mirrored on CUDA, every check also copies
+//! the device free list and the held rows back and compares them with the host's.
+
+use kvown::alloc::{PageAllocator, ReuseOrder};
+use kvown::slots::{ReqRow, ReqToTokenPool};
+use kvown_cuda::{DeviceAllocOps, MirroredAllocator};
+
+/// An allocator whose state may have a device copy to compare with the host.
+pub trait DeviceCopy {
+    /// Compares the device copy, if there is one, with the host: the free list and `row[..len]`
+    /// of each `(row, len)` in `rows`.
+    fn verify_device(
+        &self,
+        table: &ReqToTokenPool,
+        rows: impl Iterator<Item = (ReqRow, usize)>,
+    ) -> Result<(), String>;
+}
+
+/// The host allocator alone: nothing to compare.
+impl<R: ReuseOrder> DeviceCopy for PageAllocator<R> {
+    fn verify_device(
+        &self,
+        _table: &ReqToTokenPool,
+        _rows: impl Iterator<Item = (ReqRow, usize)>,
+    ) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+impl<D: DeviceAllocOps> DeviceCopy for MirroredAllocator<D> {
+    fn verify_device(
+        &self,
+        table: &ReqToTokenPool,
+        rows: impl Iterator<Item = (ReqRow, usize)>,
+    ) -> Result<(), String> {
+        self.verify(table, rows)
+            .map_err(|divergence| format!("device mirror: {divergence}"))
+    }
+}
