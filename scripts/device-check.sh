@@ -1,61 +1,96 @@
 #!/usr/bin/env bash
 # Device check for kvown-cuda, for a machine with an NVIDIA GPU: the NVRTC compile test, every
 # GPU test (`gpu_*`: the CUDA allocator, the K/V pool and the device mirror under the real batch
-# flow, each against the CPU), the engine end to end on CUDA with the invariant checker after
-# every step, and the kernel timing table. Fails when any of them fails, and when a GPU test
-# prints "skipped:" (the GPU path did not run, so nothing was verified).
+# flow, each against the CPU), the engine end to end on CUDA with the invariant checker and the
+# mirror verification after every step, and the kernel timing table. Every stage runs even when
+# an earlier one fails (one device session should bring back as much as it can); the script
+# fails at the end if any stage failed, or if a GPU test printed "skipped:" (then the GPU path
+# did not run and nothing was verified).
 #
 # With cargo it builds in release first. Without cargo (a lent GPU machine has no Rust toolchain
 # and no network) it runs the binaries of device-bundle/, made beforehand on a build machine by
-# scripts/device-bundle.sh and carried along. Writes its log to $OUT/device-check.log when OUT
-# is set.
-set -euo pipefail
+# scripts/device-bundle.sh and carried along. The log also goes to $OUT/device-check.log when
+# OUT is set.
+set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 log="${OUT:-$(mktemp -d)}/device-check.log"
-exec > >(tee "$log") 2>&1
 
-# NVRTC: the venv's, the machine's CUDA toolkit's or its Python packages'; installed from PyPI
-# only on a build machine (a lent GPU machine has no network).
-if path="$(scripts/nvrtc-lib-dir.sh 2>/dev/null)" ||
-    { command -v cargo >/dev/null && path="$(scripts/install-nvrtc.sh)"; }; then
-    export LD_LIBRARY_PATH="${path}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    echo "NVRTC from: $path"
-else
-    echo "NVRTC: none found; the compile test will skip" >&2
-fi
-nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv || true
+failures=()
+tests_log=""
+# Runs stage `$1` (the command that follows), recording its failure.
+stage() {
+    local name="$1"
+    shift
+    echo "== $name"
+    "$@" || failures+=("$name")
+}
 
-if command -v cargo >/dev/null; then
-    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
-    cargo build --release -p kvown-cuda --all-targets
-    cargo build --release --example engine
-    nvrtc_test() { cargo test --release -p kvown-cuda --test nvrtc_compile -- --nocapture; }
-    gpu_tests() { cargo test --release -p kvown-cuda -- --nocapture --test-threads=1 gpu_; }
-    examples="$CARGO_TARGET_DIR/release/examples"
-elif [ -d device-bundle ]; then
-    echo "no cargo: running device-bundle/ (built from commit $(cat device-bundle/COMMIT))"
-    nvrtc_test() { device-bundle/tests/nvrtc_compile --nocapture; }
-    gpu_tests() {
-        for test in device-bundle/tests/*; do
-            "$test" --nocapture --test-threads=1 gpu_
-        done
-    }
-    examples=device-bundle/examples
-else
-    echo "device-check: no cargo and no device-bundle/ (make it with scripts/device-bundle.sh)" >&2
-    exit 1
-fi
+# Runs the command, printing its output and appending it to the tests log.
+logged() {
+    local out rc
+    out="$(mktemp)"
+    "$@" >"$out" 2>&1
+    rc=$?
+    tee -a "$tests_log" <"$out"
+    return $rc
+}
 
-echo "== NVRTC compile test and GPU tests"
-tests_log="$(mktemp)"
-{ nvrtc_test && gpu_tests; } 2>&1 | tee "$tests_log"
-# A skip notice goes to stderr, so it can land mid-line after the test's name.
-if grep -q 'skipped:' "$tests_log"; then
-    echo "device-check: a GPU test was skipped (see 'skipped:' above); nothing was verified" >&2
-    exit 1
-fi
-echo "== engine on CUDA, invariant checker after every step"
-"$examples/engine" --backend cuda --requests 256 --check
-echo "== kernel timing"
-"$examples/kernel_timing"
+main() {
+    # NVRTC: the venv's, the machine's CUDA toolkit's or its Python packages'; installed from
+    # PyPI only on a build machine (a lent GPU machine has no network).
+    local path
+    if path="$(scripts/nvrtc-lib-dir.sh 2>/dev/null)" ||
+        { command -v cargo >/dev/null && path="$(scripts/install-nvrtc.sh)"; }; then
+        export LD_LIBRARY_PATH="${path}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        echo "NVRTC from: $path"
+    else
+        echo "NVRTC: none found; the compile test will skip"
+    fi
+    nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv ||
+        echo "nvidia-smi: not available"
+
+    local examples
+    if command -v cargo >/dev/null; then
+        export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
+        cargo build --release -p kvown-cuda --all-targets &&
+            cargo build --release --example engine || return 1
+        examples="$CARGO_TARGET_DIR/release/examples"
+        nvrtc_test() { cargo test --release -p kvown-cuda --test nvrtc_compile -- --nocapture; }
+        gpu_tests() { cargo test --release -p kvown-cuda -- --nocapture --test-threads=1 gpu_; }
+    elif [ -d device-bundle ]; then
+        echo "no cargo: running device-bundle/ (built from $(cat device-bundle/COMMIT))"
+        examples=device-bundle/examples
+        nvrtc_test() { device-bundle/tests/nvrtc_compile --nocapture; }
+        gpu_tests() {
+            local test rc=0
+            for test in device-bundle/tests/*; do
+                "$test" --nocapture --test-threads=1 gpu_ || rc=1
+            done
+            return $rc
+        }
+    else
+        echo "device-check: no cargo and no device-bundle/ (make it with scripts/device-bundle.sh)"
+        return 1
+    fi
+
+    tests_log="$(mktemp)"
+    stage "NVRTC compile test" logged nvrtc_test
+    stage "GPU tests" logged gpu_tests
+    # A skip notice goes to stderr, so it can land mid-line after the test's name.
+    if grep -q 'skipped:' "$tests_log"; then
+        failures+=("a GPU test was skipped (see 'skipped:' above): the GPU path did not run")
+    fi
+    stage "engine on CUDA, checker and mirror verification every step" \
+        "$examples/engine" --backend cuda --requests 256 --check
+    stage "kernel timing" "$examples/kernel_timing"
+
+    if [ ${#failures[@]} -gt 0 ]; then
+        printf 'device-check: FAILED: %s\n' "${failures[@]}"
+        return 1
+    fi
+    echo "device-check: every stage passed"
+}
+
+main 2>&1 | tee "$log"
+exit "${PIPESTATUS[0]}"

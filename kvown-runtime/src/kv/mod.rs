@@ -56,11 +56,14 @@ pub trait KvPool: Send {
     fn load_kv(&self, layer: usize, slots: &[KvSlot]) -> Result<(KvData, KvData), KvPoolError>;
 
     /// Copies the K and V rows of `src[i]` to `dst[i]` in every layer (sglang `move_kv_cache`).
-    /// All rows are read before any is written, so `src` and `dst` may overlap.
+    /// All rows are read before any is written, so `src` and `dst` may overlap. A destination
+    /// named twice gets one of its sources' rows; which one is backend-defined (a device copies
+    /// in parallel).
     fn copy_slots(&mut self, src: &[KvSlot], dst: &[KvSlot]) -> Result<(), KvPoolError>;
 
     /// Copies whole pages `src[i]` to `dst[i]` in every layer (copy-on-write of a shared last
-    /// page, retraction). Same read-before-write guarantee as [`KvPool::copy_slots`].
+    /// page, retraction). Same read-before-write guarantee, and the same caveat for a destination
+    /// named twice, as [`KvPool::copy_slots`].
     fn copy_pages(&mut self, src: &[PageId], dst: &[PageId]) -> Result<(), KvPoolError> {
         if src.len() != dst.len() {
             return Err(KvPoolError::CopyLengthMismatch {
