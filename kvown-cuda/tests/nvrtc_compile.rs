@@ -13,7 +13,8 @@ const ARCHES: [&str; 2] = ["sm_80", "sm_90"];
 const REEXEC_MARKER: &str = "KVOWN_NVRTC_REEXEC";
 
 /// The NVRTC library path (directories joined by `:`) printed by scripts/nvrtc-lib-dir.sh, if
-/// it finds one.
+/// it finds one. The script's path is fixed at build time, so a binary run elsewhere (a device
+/// bundle) finds no script; scripts/device-check.sh sets LD_LIBRARY_PATH before it runs there.
 fn nvrtc_lib_path() -> Option<String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/nvrtc-lib-dir.sh");
     let output = Command::new("bash").arg(script).output().ok()?;
