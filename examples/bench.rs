@@ -148,6 +148,12 @@ fn extend(repeats: usize) -> Workload {
     const BATCHES: usize = 20;
     let mut extend = ExtendBatch::new();
     let tokens = extend.tokens();
+    // Warm-up, as W1 and W2 have: the first batches touch the pool, the table and the heap for
+    // the first time.
+    for _ in 0..BATCHES {
+        let batch = extend.extend(extend.fresh_reqs());
+        extend.release(batch);
+    }
     repeat("W3", "tokens/s", repeats, || {
         let mut nanos = 0;
         for _ in 0..BATCHES {

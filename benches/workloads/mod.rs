@@ -212,10 +212,13 @@ impl Default for ExtendBatch {
 /// W3, extend: a batch of 64 fresh prompts, request `i` of `512 + (i * 7919 mod 3585)`
 /// tokens (512..=4096), through `init_next_round_input` + `prepare_for_extend` +
 /// `alloc_for_extend`, prefix cache off. Building the requests and releasing them afterwards
-/// are outside the measured part.
+/// are outside the measured part; each batch reuses the previous one's `out_cache_loc` storage
+/// (`ScheduleBatch::with_buffer`), as a serving loop would.
 pub struct ExtendBatch {
     cache: KvCache<PagedAllocator>,
     prompts: Vec<Vec<u32>>,
+    /// The `out_cache_loc` storage handed from each released batch to the next one.
+    out_buffer: Vec<KvSlot>,
 }
 
 impl ExtendBatch {
@@ -234,6 +237,7 @@ impl ExtendBatch {
         ExtendBatch {
             cache: KvCache::new(allocator, rows, TreeCache::Disabled).expect("page sizes agree"),
             prompts,
+            out_buffer: Vec::new(),
         }
     }
 
@@ -256,17 +260,17 @@ impl ExtendBatch {
         for req in &mut reqs {
             init_next_round_input(req, &mut self.cache, usize::MAX).expect("match");
         }
-        alloc_for_extend(
-            prepare_for_extend(ScheduleBatch::new(reqs)),
-            &mut self.cache,
-        )
-        .unwrap_or_else(|failure| panic!("extend: {}", failure.error))
+        let batch = ScheduleBatch::with_buffer(reqs, std::mem::take(&mut self.out_buffer));
+        alloc_for_extend(prepare_for_extend(batch), &mut self.cache)
+            .unwrap_or_else(|failure| panic!("extend: {}", failure.error))
     }
 
     /// Releases a batch from [`ExtendBatch::extend`] (not measured).
     pub fn release(&mut self, batch: ScheduleBatch) {
         self.cache.free_group_begin().expect("no open group");
-        for mut req in batch.into_reqs() {
+        let (reqs, out_buffer) = batch.into_parts();
+        self.out_buffer = out_buffer;
+        for mut req in reqs {
             release_kv_cache(&mut req, &mut self.cache, false).expect("release");
         }
         self.cache.free_group_end().expect("the group is open");

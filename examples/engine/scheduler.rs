@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use kvown::alloc::{AsPageAllocator, KvAllocator, ceil_align};
+use kvown::alloc::{AsPageAllocator, KvAllocator, KvSlot, ceil_align};
 use kvown::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, alloc_for_spec_decode, check_decode_mem,
     commit_spec_tokens, new_tokens_required_next_decode, prepare_for_decode, prepare_for_extend,
@@ -77,6 +77,8 @@ pub struct Engine<'a, A> {
     waiting: VecDeque<Req>,
     chunked: Option<Req>,
     running: ScheduleBatch,
+    /// The `out_cache_loc` storage handed from each extend batch to the next.
+    extend_buffer: Vec<KvSlot>,
     step_ns: u64,
     /// The run's counters.
     pub stats: Stats,
@@ -103,6 +105,7 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
             waiting: VecDeque::new(),
             chunked: None,
             running: ScheduleBatch::new(Vec::new()),
+            extend_buffer: Vec::new(),
             step_ns: 0,
             stats: Stats::default(),
         }
@@ -246,7 +249,7 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
         if admitted.is_empty() {
             return Ok(());
         }
-        let batch = ScheduleBatch::new(admitted);
+        let batch = ScheduleBatch::with_buffer(admitted, std::mem::take(&mut self.extend_buffer));
         let batch = timed(&mut self.step_ns, || {
             alloc_for_extend(prepare_for_extend(batch), &mut self.cache)
                 .map_err(|failure| failure.error)
@@ -265,7 +268,9 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
         }
         self.stats.tokens_prefilled += stores.len() as u64;
         self.kv.store(&stores)?;
-        for mut req in batch.into_reqs() {
+        let (reqs, buffer) = batch.into_parts();
+        self.extend_buffer = buffer;
+        for mut req in reqs {
             if req.kv().kv_committed_len() < req.fill_ids().len() {
                 timed(&mut self.step_ns, || {
                     cache_unfinished_req(&mut req, &mut self.cache)

@@ -305,3 +305,35 @@ fn out_positions_give_each_new_slot_its_row_position() {
     }
     cache.check(&reqs).unwrap();
 }
+
+#[test]
+fn a_recycled_out_cache_loc_buffer_keeps_its_storage_and_none_of_its_slots() {
+    let mut cache = cache(256, 4, false);
+    let first = extend(vec![Req::new(1, (0..40).collect())], &mut cache);
+    let (reqs, buffer) = first.into_parts();
+    assert_eq!(
+        buffer.len(),
+        40,
+        "into_parts hands back the last out_cache_loc"
+    );
+    let capacity = buffer.capacity();
+    let mut second = vec![Req::new(2, (100..110).collect())];
+    init_next_round_input(&mut second[0], &mut cache, usize::MAX).unwrap();
+    let batch = ScheduleBatch::with_buffer(second, buffer);
+    assert!(
+        batch.out_cache_loc().is_empty(),
+        "the old slots are dropped"
+    );
+    let batch = alloc_for_extend(prepare_for_extend(batch), &mut cache)
+        .map_err(|f| f.error)
+        .unwrap();
+    assert_eq!(batch.out_cache_loc().len(), 10);
+    let (more, buffer) = batch.into_parts();
+    assert_eq!(buffer.capacity(), capacity, "no new allocation");
+    release_all(
+        ScheduleBatch::new(reqs.into_iter().chain(more).collect()),
+        &mut cache,
+        false,
+    );
+    assert_eq!(cache.available_size(), cache.allocator().capacity());
+}

@@ -176,9 +176,27 @@ impl ScheduleBatch<Ready> {
         self.reqs.extract_if(.., |req| finished(req)).collect()
     }
 
+    /// A ready batch of `reqs` whose `out_cache_loc` keeps `buffer`'s storage (its contents are
+    /// dropped): pass the buffer of a batch you are done with ([`ScheduleBatch::into_parts`]),
+    /// so that an extend of many tokens does not allocate a fresh `out_cache_loc`, which for a
+    /// large batch means fresh pages from the kernel and their page faults, on every step.
+    pub fn with_buffer(reqs: Vec<Req>, mut buffer: Vec<KvSlot>) -> Self {
+        buffer.clear();
+        ScheduleBatch {
+            out_cache_loc: buffer,
+            ..Self::new(reqs)
+        }
+    }
+
     /// The requests, consuming the batch.
     pub fn into_reqs(self) -> Vec<Req> {
         self.reqs
+    }
+
+    /// The requests and the `out_cache_loc` storage (for [`ScheduleBatch::with_buffer`]),
+    /// consuming the batch.
+    pub fn into_parts(self) -> (Vec<Req>, Vec<KvSlot>) {
+        (self.reqs, self.out_cache_loc)
     }
 }
 
