@@ -16,8 +16,8 @@ use std::sync::Arc;
 use emulator::{EmulatedAllocator, EmulatedKvPool};
 use kvown_cuda::kernels::WORD_BYTES;
 use kvown_cuda::{
-    CudaDevice, CudaError, CudaKvPool, CudaPagedAllocator, KvPlanner, PageCopy, kv_bytes,
-    kv_data_from_bytes,
+    CudaDevice, CudaError, CudaKvPool, CudaPagedAllocator, DeviceAllocOps, KvPlanner, PageCopy,
+    kv_bytes, kv_data_from_bytes,
 };
 use kvown_runtime::alloc::{
     AllocError, DecodeShape, ExtendShape, Fifo, KvAllocator, KvSlot, Lifo, PageAllocator, PageId,
@@ -40,99 +40,55 @@ fn or_skip<T>(result: Result<T, impl std::fmt::Display>) -> Option<T> {
     }
 }
 
-/// A device allocator under test: the CUDA one, or its kernels emulated on the host.
-trait DeviceAllocator {
-    fn alloc_extend(
-        &mut self,
-        reqs: &[ExtendShape],
-        rows: &[u32],
-    ) -> Result<Vec<KvSlot>, CudaError>;
-    fn alloc_decode(
-        &mut self,
-        reqs: &[DecodeShape],
-        rows: &[u32],
-    ) -> Result<Vec<KvSlot>, CudaError>;
-    fn free(&mut self, slots: &[KvSlot]) -> Result<(), CudaError>;
-    fn write_row(&mut self, row: u32, start: usize, slots: &[KvSlot]) -> Result<(), CudaError>;
-    fn read_row(&mut self, row: u32, len: usize) -> Result<Vec<KvSlot>, CudaError>;
-    fn free_list(&mut self) -> Result<Vec<PageId>, CudaError>;
-    fn available_size(&self) -> usize;
+/// A device allocator under test, the CUDA one or its kernels emulated on the host: the device
+/// half a `MirroredAllocator` drives, plus the slot-list free (`CudaPagedAllocator::free`) that
+/// the differential scenarios compare with the CPU allocator's `free`.
+trait DeviceAllocator: DeviceAllocOps {
+    fn free_slots(&mut self, slots: &[KvSlot]) -> Result<(), CudaError>;
 }
 
-/// The CUDA allocator, with its slots copied back for comparison.
-struct Gpu<R: ReuseOrder> {
-    allocator: CudaPagedAllocator<R>,
-    device: Arc<CudaDevice>,
-}
-
-impl<R: ReuseOrder> DeviceAllocator for Gpu<R> {
-    fn alloc_extend(
-        &mut self,
-        reqs: &[ExtendShape],
-        rows: &[u32],
-    ) -> Result<Vec<KvSlot>, CudaError> {
-        self.allocator
-            .alloc_extend(reqs, rows)
-            .and_then(|slots| slots.to_host(&self.device))
-    }
-
-    fn alloc_decode(
-        &mut self,
-        reqs: &[DecodeShape],
-        rows: &[u32],
-    ) -> Result<Vec<KvSlot>, CudaError> {
-        self.allocator
-            .alloc_decode(reqs, rows)
-            .and_then(|slots| slots.to_host(&self.device))
-    }
-
-    fn free(&mut self, slots: &[KvSlot]) -> Result<(), CudaError> {
-        self.allocator.free(slots)
-    }
-
-    fn write_row(&mut self, row: u32, start: usize, slots: &[KvSlot]) -> Result<(), CudaError> {
-        self.allocator.write_row(row, start, slots)
-    }
-
-    fn read_row(&mut self, row: u32, len: usize) -> Result<Vec<KvSlot>, CudaError> {
-        self.allocator.read_row(row, len)
-    }
-
-    fn free_list(&mut self) -> Result<Vec<PageId>, CudaError> {
-        self.allocator.free_list()
-    }
-
-    fn available_size(&self) -> usize {
-        self.allocator.available_size()
+impl<R: ReuseOrder> DeviceAllocator for CudaPagedAllocator<R> {
+    fn free_slots(&mut self, slots: &[KvSlot]) -> Result<(), CudaError> {
+        self.free(slots)
     }
 }
 
-/// Builds the device allocator under test (`size` slots, pages of `page_size`, a table of
-/// `ROWS x ROW_LEN`) in reuse order `R`, or `None`, with a skip notice, where it cannot run.
+impl<R: ReuseOrder> DeviceAllocator for EmulatedAllocator<R> {
+    fn free_slots(&mut self, slots: &[KvSlot]) -> Result<(), CudaError> {
+        self.free(slots)
+    }
+}
+
+/// Builds device allocators of `size` slots in pages of `page_size` with a table of `rows` rows
+/// of `row_len`, in reuse order `R`, or `None`, with a skip notice, where they cannot run.
 trait MakeDevice {
-    fn make<R: ReuseOrder + 'static>(
+    type Device<R: ReuseOrder>: DeviceAllocator<Order = R>;
+    fn make<R: ReuseOrder>(
         &self,
         size: usize,
         page_size: usize,
-    ) -> Option<Box<dyn DeviceAllocator>>;
+        rows: usize,
+        row_len: usize,
+    ) -> Option<Self::Device<R>>;
 }
 
 /// The real device.
 struct OnGpu(Arc<CudaDevice>);
 
 impl MakeDevice for OnGpu {
-    fn make<R: ReuseOrder + 'static>(
+    type Device<R: ReuseOrder> = CudaPagedAllocator<R>;
+
+    fn make<R: ReuseOrder>(
         &self,
         size: usize,
         page_size: usize,
-    ) -> Option<Box<dyn DeviceAllocator>> {
-        let allocator =
-            CudaPagedAllocator::<R>::new(self.0.clone(), size, page_size, ROWS, ROW_LEN)
-                .expect("device allocator");
-        Some(Box::new(Gpu {
-            allocator,
-            device: self.0.clone(),
-        }))
+        rows: usize,
+        row_len: usize,
+    ) -> Option<CudaPagedAllocator<R>> {
+        Some(
+            CudaPagedAllocator::new(self.0.clone(), size, page_size, rows, row_len)
+                .expect("device allocator"),
+        )
     }
 }
 
@@ -140,13 +96,16 @@ impl MakeDevice for OnGpu {
 struct OnHost;
 
 impl MakeDevice for OnHost {
-    fn make<R: ReuseOrder + 'static>(
+    type Device<R: ReuseOrder> = EmulatedAllocator<R>;
+
+    fn make<R: ReuseOrder>(
         &self,
         size: usize,
         page_size: usize,
-    ) -> Option<Box<dyn DeviceAllocator>> {
-        let emulated = or_skip(EmulatedAllocator::<R>::new(size, page_size, ROWS, ROW_LEN))?;
-        Some(Box::new(emulated))
+        rows: usize,
+        row_len: usize,
+    ) -> Option<EmulatedAllocator<R>> {
+        or_skip(EmulatedAllocator::new(size, page_size, rows, row_len))
     }
 }
 
@@ -197,7 +156,7 @@ fn same(
 }
 
 fn run_allocator<R: ReuseOrder>(
-    gpu: &mut dyn DeviceAllocator,
+    gpu: &mut impl DeviceAllocator<Order = R>,
     mut cpu: PageAllocator<R>,
     page_size: usize,
     seed: u64,
@@ -227,7 +186,7 @@ fn run_allocator<R: ReuseOrder>(
                         if whole_from < entry.len() {
                             let tail = entry.split_off(whole_from);
                             cpu.free(&tail).unwrap();
-                            gpu.free(&tail).unwrap();
+                            gpu.free_slots(&tail).unwrap();
                         }
                         entry.truncate(keep);
                         entry
@@ -251,7 +210,9 @@ fn run_allocator<R: ReuseOrder>(
                 }
                 let mut out = Vec::new();
                 let cpu_result = cpu.alloc_extend(&shapes, &mut out).map(|()| out);
-                let gpu_result = gpu.alloc_extend(&shapes, &rows);
+                let gpu_result = gpu
+                    .alloc_extend(&shapes, &rows)
+                    .and_then(|slots| gpu.slots_to_host(&slots));
                 match same(cpu_result, gpu_result, &what) {
                     Some(out) => {
                         extends += 1;
@@ -286,7 +247,9 @@ fn run_allocator<R: ReuseOrder>(
                 let rows: Vec<u32> = batch.iter().map(|&i| live[i].row).collect();
                 let mut out = Vec::new();
                 let cpu_result = cpu.alloc_decode(&shapes, &mut out).map(|()| out);
-                let gpu_result = gpu.alloc_decode(&shapes, &rows);
+                let gpu_result = gpu
+                    .alloc_decode(&shapes, &rows)
+                    .and_then(|slots| gpu.slots_to_host(&slots));
                 match same(cpu_result, gpu_result, &what) {
                     Some(out) => {
                         decodes += 1;
@@ -313,7 +276,7 @@ fn run_allocator<R: ReuseOrder>(
                         cached.push(done.slots);
                     } else {
                         cpu.free(&done.slots).unwrap();
-                        gpu.free(&done.slots).unwrap();
+                        gpu.free_slots(&done.slots).unwrap();
                     }
                 }
                 free_rows.push(done.row);
@@ -337,21 +300,21 @@ fn allocator_scenarios(make: &impl MakeDevice, seeds: std::ops::RangeInclusive<u
         for page_size in [16, 64] {
             let size = page_size * (40 + 20 * seed as usize);
             let cpu = PagedAllocator::new(size, page_size, false).unwrap();
-            let Some(mut device) = make.make::<Lifo>(size, page_size) else {
+            let Some(mut device) = make.make::<Lifo>(size, page_size, ROWS, ROW_LEN) else {
                 return;
             };
-            run_allocator::<Lifo>(&mut *device, cpu, page_size, seed, steps);
+            run_allocator::<Lifo>(&mut device, cpu, page_size, seed, steps);
         }
         let cpu = PagedAllocator::new(900, 1, false).unwrap();
-        let Some(mut device) = make.make::<Lifo>(900, 1) else {
+        let Some(mut device) = make.make::<Lifo>(900, 1, ROWS, ROW_LEN) else {
             return;
         };
-        run_allocator::<Lifo>(&mut *device, cpu, 1, seed, steps);
+        run_allocator::<Lifo>(&mut device, cpu, 1, seed, steps);
         let cpu = TokenAllocator::new(900, false).unwrap();
-        let Some(mut device) = make.make::<Fifo>(900, 1) else {
+        let Some(mut device) = make.make::<Fifo>(900, 1, ROWS, ROW_LEN) else {
             return;
         };
-        run_allocator::<Fifo>(&mut *device, cpu, 1, seed, steps);
+        run_allocator::<Fifo>(&mut device, cpu, 1, seed, steps);
     }
 }
 
@@ -369,7 +332,7 @@ fn emulated_kernels_match_cpu_on_random_batches() {
 /// Exactly all four pages fits; one token more does not; a refusal changes nothing.
 fn out_of_memory_edges(make: &impl MakeDevice) {
     let page_size = 16;
-    let Some(mut device) = make.make::<Lifo>(4 * page_size, page_size) else {
+    let Some(mut device) = make.make::<Lifo>(4 * page_size, page_size, ROWS, ROW_LEN) else {
         return;
     };
     let mut cpu = PagedAllocator::new(4 * page_size, page_size, false).unwrap();
@@ -385,7 +348,9 @@ fn out_of_memory_edges(make: &impl MakeDevice) {
         }];
         let mut out = Vec::new();
         let cpu_result = cpu.alloc_extend(&shape, &mut out).map(|()| out);
-        let device_result = device.alloc_extend(&shape, &[0]);
+        let device_result = device
+            .alloc_extend(&shape, &[0])
+            .and_then(|slots| device.slots_to_host(&slots));
         assert_eq!(
             same(cpu_result, device_result, "oom edge").is_some(),
             fits,

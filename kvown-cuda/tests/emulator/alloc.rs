@@ -1,8 +1,11 @@
 //! [`EmulatedAllocator`]: the device allocator with the `alloc.cu` kernels compiled as host C++
 //! (`alloc_driver.cpp`), driven through [`AllocPlanner`]: the same plans the CUDA allocator
-//! launches, run on the CPU.
+//! launches, run on the CPU. It implements the library's [`DeviceAllocOps`], so the tests drive
+//! it exactly as they drive `CudaPagedAllocator`.
 
-use kvown_cuda::{ALLOC_BLOCK, AllocPlan, AllocPlanner, CudaError, FreePlan};
+use std::cell::RefCell;
+
+use kvown_cuda::{ALLOC_BLOCK, AllocPlan, AllocPlanner, CudaError, DeviceAllocOps, FreePlan};
 use kvown_runtime::alloc::{DecodeShape, ExtendShape, KvSlot, PageId, ReuseOrder};
 
 use super::{Driver, Process};
@@ -20,8 +23,8 @@ fn buffer(values: &[u32]) -> String {
 }
 
 /// Sends `command` and parses the buffer the driver answers with.
-fn send_buffer(process: &mut Process, command: &str) -> Vec<u32> {
-    let line = process.send(command);
+fn send_buffer(process: &RefCell<Process>, command: &str) -> Vec<u32> {
+    let line = process.borrow_mut().send(command);
     let mut words = line
         .split_whitespace()
         .map(|w| w.parse::<u32>().expect("u32"));
@@ -31,10 +34,11 @@ fn send_buffer(process: &mut Process, command: &str) -> Vec<u32> {
     buffer
 }
 
-/// The device allocator with its kernels emulated on the host.
+/// The device allocator with its kernels emulated on the host. The driver process sits in a
+/// `RefCell` so that read-backs work through `&self`, as on the device.
 pub struct EmulatedAllocator<R: ReuseOrder> {
     planner: AllocPlanner<R>,
-    process: Process,
+    process: RefCell<Process>,
 }
 
 impl<R: ReuseOrder> EmulatedAllocator<R> {
@@ -48,13 +52,15 @@ impl<R: ReuseOrder> EmulatedAllocator<R> {
         let mut process = DRIVER.start()?;
         let planner = AllocPlanner::new(size, page_size, rows, row_len).expect("a valid pool");
         process.send_ok(&format!("init {} {}", planner.num_pages(), rows * row_len));
-        Ok(EmulatedAllocator { planner, process })
+        Ok(EmulatedAllocator {
+            planner,
+            process: RefCell::new(process),
+        })
     }
 
-    /// Puts distinct `pages` on the free list in the order given, as
-    /// `CudaPagedAllocator::free_pages` does.
-    pub fn free_pages(&mut self, pages: &[PageId]) -> Result<(), CudaError> {
-        let plan = self.planner.plan_free_pages(pages)?;
+    /// Frees the pages holding `slots`, as `CudaPagedAllocator::free` does.
+    pub fn free(&mut self, slots: &[KvSlot]) -> Result<(), CudaError> {
+        let plan = self.planner.plan_free(slots)?;
         self.launch_free(plan);
         Ok(())
     }
@@ -65,7 +71,7 @@ impl<R: ReuseOrder> EmulatedAllocator<R> {
             return;
         };
         let blocks = plan.pages.len().div_ceil(ALLOC_BLOCK as usize);
-        self.process.send_ok(&format!(
+        self.process.get_mut().send_ok(&format!(
             "free_pages_write {blocks} {ALLOC_BLOCK} {} {} {}",
             self.planner.num_pages(),
             plan.first,
@@ -89,13 +95,36 @@ impl<R: ReuseOrder> EmulatedAllocator<R> {
             plan.out_len,
             self.planner.page_size(),
         );
-        let out = send_buffer(&mut self.process, &command);
+        let out = send_buffer(&self.process, &command);
         self.planner.commit(&plan);
         out
     }
 }
 
-impl<R: ReuseOrder> crate::DeviceAllocator for EmulatedAllocator<R> {
+impl<R: ReuseOrder> DeviceAllocOps for EmulatedAllocator<R> {
+    type Order = R;
+    type Slots = Vec<KvSlot>;
+
+    fn page_size(&self) -> usize {
+        self.planner.page_size()
+    }
+
+    fn num_pages(&self) -> usize {
+        self.planner.num_pages()
+    }
+
+    fn available_size(&self) -> usize {
+        self.planner.available_size()
+    }
+
+    fn rows(&self) -> usize {
+        self.planner.rows()
+    }
+
+    fn row_len(&self) -> usize {
+        self.planner.row_len()
+    }
+
     fn alloc_extend(
         &mut self,
         reqs: &[ExtendShape],
@@ -114,8 +143,8 @@ impl<R: ReuseOrder> crate::DeviceAllocator for EmulatedAllocator<R> {
         Ok(self.launch_alloc("alloc_decode", plan))
     }
 
-    fn free(&mut self, slots: &[KvSlot]) -> Result<(), CudaError> {
-        let plan = self.planner.plan_free(slots)?;
+    fn free_pages(&mut self, pages: &[PageId]) -> Result<(), CudaError> {
+        let plan = self.planner.plan_free_pages(pages)?;
         self.launch_free(plan);
         Ok(())
     }
@@ -124,26 +153,25 @@ impl<R: ReuseOrder> crate::DeviceAllocator for EmulatedAllocator<R> {
         self.planner.check_row(0, row, start + slots.len())?;
         let base = row as usize * self.planner.row_len();
         self.process
+            .get_mut()
             .send_ok(&format!("write {} {}", base + start, buffer(slots)));
         Ok(())
     }
 
-    fn read_row(&mut self, row: u32, len: usize) -> Result<Vec<KvSlot>, CudaError> {
-        self.planner.check_row(0, row, len)?;
-        let base = row as usize * self.planner.row_len();
-        Ok(send_buffer(
-            &mut self.process,
-            &format!("read {base} {len}"),
-        ))
-    }
-
-    fn free_list(&mut self) -> Result<Vec<PageId>, CudaError> {
-        let ring = send_buffer(&mut self.process, "ring");
+    fn free_list(&self) -> Result<Vec<PageId>, CudaError> {
+        let ring = send_buffer(&self.process, "ring");
         let (head, len) = (self.planner.free_head(), self.planner.free_len());
         Ok((0..len).map(|k| ring[(head + k) % ring.len()]).collect())
     }
 
-    fn available_size(&self) -> usize {
-        self.planner.available_size()
+    fn read_row(&self, row: u32, len: usize) -> Result<Vec<KvSlot>, CudaError> {
+        self.planner.check_row(0, row, len)?;
+        let base = row as usize * self.planner.row_len();
+        Ok(send_buffer(&self.process, &format!("read {base} {len}")))
+    }
+
+    /// The emulator's `out_cache_loc` is already on the host.
+    fn slots_to_host(&self, slots: &Vec<KvSlot>) -> Result<Vec<KvSlot>, CudaError> {
+        Ok(slots.clone())
     }
 }

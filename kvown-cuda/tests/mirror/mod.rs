@@ -10,12 +10,7 @@
 //! last device `out_cache_loc` must equal the host's, and the invariant checker must pass; a
 //! refused allocation must leave the host and the whole device table exactly as they were.
 
-use std::cell::RefCell;
-use std::sync::Arc;
-
-use kvown_cuda::{
-    CudaDevice, CudaError, CudaPagedAllocator, DeviceAllocOps, MirrorError, MirroredAllocator,
-};
+use kvown_cuda::{DeviceAllocOps, MirrorError, MirroredAllocator};
 use kvown_runtime::alloc::{
     DecodeShape, ExtendShape, KvAllocator, KvSlot, Lifo, PageAllocator, PageId, PagedAllocator,
     ReuseOrder, TokenAllocator,
@@ -32,143 +27,12 @@ use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
 use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
 
-use super::emulator::EmulatedAllocator;
-use super::{DeviceAllocator, Rng, device, skip_notice};
+use super::{MakeDevice, OnGpu, OnHost, Rng, device};
 
 /// Request rows of the table (row 0, padding, comes on top).
 const ROWS: usize = 8;
 /// Positions per request row.
 const WIDTH: usize = 192;
-
-/// The emulated kernels as a device half, behind a `RefCell` so that the test can read them back
-/// through the `&` that `KvCache::allocator` gives.
-struct Emulated<R: ReuseOrder> {
-    emulator: RefCell<EmulatedAllocator<R>>,
-    page_size: usize,
-    num_pages: usize,
-    rows: usize,
-    row_len: usize,
-}
-
-impl<R: ReuseOrder> DeviceAllocOps for Emulated<R> {
-    type Order = R;
-    type Slots = Vec<KvSlot>;
-
-    fn page_size(&self) -> usize {
-        self.page_size
-    }
-
-    fn num_pages(&self) -> usize {
-        self.num_pages
-    }
-
-    fn available_size(&self) -> usize {
-        self.emulator.borrow().available_size()
-    }
-
-    fn rows(&self) -> usize {
-        self.rows
-    }
-
-    fn row_len(&self) -> usize {
-        self.row_len
-    }
-
-    fn alloc_extend(
-        &mut self,
-        reqs: &[ExtendShape],
-        rows: &[u32],
-    ) -> Result<Vec<KvSlot>, CudaError> {
-        self.emulator.get_mut().alloc_extend(reqs, rows)
-    }
-
-    fn alloc_decode(
-        &mut self,
-        reqs: &[DecodeShape],
-        rows: &[u32],
-    ) -> Result<Vec<KvSlot>, CudaError> {
-        self.emulator.get_mut().alloc_decode(reqs, rows)
-    }
-
-    fn free_pages(&mut self, pages: &[PageId]) -> Result<(), CudaError> {
-        self.emulator.get_mut().free_pages(pages)
-    }
-
-    fn write_row(&mut self, row: u32, start: usize, slots: &[KvSlot]) -> Result<(), CudaError> {
-        self.emulator.get_mut().write_row(row, start, slots)
-    }
-
-    fn free_list(&self) -> Result<Vec<PageId>, CudaError> {
-        self.emulator.borrow_mut().free_list()
-    }
-
-    fn read_row(&self, row: u32, len: usize) -> Result<Vec<KvSlot>, CudaError> {
-        self.emulator.borrow_mut().read_row(row, len)
-    }
-
-    fn slots_to_host(&self, slots: &Vec<KvSlot>) -> Result<Vec<KvSlot>, CudaError> {
-        Ok(slots.clone())
-    }
-}
-
-/// Builds device halves of `size` slots in pages of `page_size` with a table of `rows` rows of
-/// `row_len`, or `None`, with a skip notice, where they cannot run.
-trait Halves {
-    type Half<R: ReuseOrder>: DeviceAllocOps<Order = R>;
-    fn make<R: ReuseOrder>(
-        &self,
-        size: usize,
-        page_size: usize,
-        rows: usize,
-        row_len: usize,
-    ) -> Option<Self::Half<R>>;
-}
-
-/// The allocation kernels compiled as host C++.
-struct OnEmulator;
-
-impl Halves for OnEmulator {
-    type Half<R: ReuseOrder> = Emulated<R>;
-
-    fn make<R: ReuseOrder>(
-        &self,
-        size: usize,
-        page_size: usize,
-        rows: usize,
-        row_len: usize,
-    ) -> Option<Emulated<R>> {
-        match EmulatedAllocator::new(size, page_size, rows, row_len) {
-            Ok(emulator) => Some(Emulated {
-                emulator: RefCell::new(emulator),
-                page_size,
-                num_pages: size / page_size,
-                rows,
-                row_len,
-            }),
-            Err(reason) => {
-                skip_notice(&format!("skipped: {reason}"));
-                None
-            }
-        }
-    }
-}
-
-/// The real device.
-struct OnCuda(Arc<CudaDevice>);
-
-impl Halves for OnCuda {
-    type Half<R: ReuseOrder> = CudaPagedAllocator<R>;
-
-    fn make<R: ReuseOrder>(
-        &self,
-        size: usize,
-        page_size: usize,
-        rows: usize,
-        row_len: usize,
-    ) -> Option<CudaPagedAllocator<R>> {
-        Some(CudaPagedAllocator::new(self.0.clone(), size, page_size, rows, row_len).unwrap())
-    }
-}
 
 /// One scenario: the pool, the reuse order, the prefix cache, plain or speculative decode.
 #[derive(Debug, Clone, Copy)]
@@ -609,7 +473,7 @@ impl<D: DeviceAllocOps> Sim<D> {
 
 /// Every scenario: page sizes 1 (LIFO and FIFO), 16 and 64, prefix cache on and off, plain and
 /// speculative decode.
-fn scenarios(halves: &impl Halves, seeds: std::ops::RangeInclusive<u64>, steps: usize) {
+fn scenarios(halves: &impl MakeDevice, seeds: std::ops::RangeInclusive<u64>, steps: usize) {
     let mut total = Counts::default();
     for seed in seeds {
         for (page_size, pages, fifo) in [
@@ -660,7 +524,7 @@ fn scenarios(halves: &impl Halves, seeds: std::ops::RangeInclusive<u64>, steps: 
     }
 }
 
-fn run_scenario(halves: &impl Halves, cfg: Cfg, steps: usize) -> Option<Counts> {
+fn run_scenario(halves: &impl MakeDevice, cfg: Cfg, steps: usize) -> Option<Counts> {
     let size = cfg.pages * cfg.page_size;
     if cfg.fifo {
         let half = halves.make(size, 1, ROWS + 1, WIDTH)?;
@@ -675,13 +539,13 @@ fn run_scenario(halves: &impl Halves, cfg: Cfg, steps: usize) -> Option<Counts> 
 
 #[test]
 fn emulated_mirror_follows_the_host_through_the_batch_flow() {
-    scenarios(&OnEmulator, 1..=2, 150);
+    scenarios(&OnHost, 1..=2, 150);
 }
 
 #[test]
 fn gpu_mirror_follows_the_host_through_the_batch_flow() {
     let Some(device) = device() else { return };
-    scenarios(&OnCuda(device), 1..=3, 200);
+    scenarios(&OnGpu(device), 1..=3, 200);
 }
 
 /// A mirror outside a cache against its host: free lists, the last `out_cache_loc`, and row 1
@@ -706,7 +570,7 @@ fn assert_follows<D: DeviceAllocOps>(mirror: &MirroredAllocator<D>, out: &[KvSlo
 /// The calls the batch flow does not make: a plain `alloc` (an extend with no row), an extend
 /// and a decode without rows, and frees in the host's three orders: segments in row order
 /// (unsorted), a free group (sorted at its end) and a plain free (sorted).
-fn rowless_calls_follow_the_host(halves: &impl Halves) {
+fn rowless_calls_follow_the_host(halves: &impl MakeDevice) {
     let page_size = 4;
     let table = ReqToTokenPool::new(2, 16).unwrap();
     let Some(half) = halves.make::<Lifo>(64, page_size, 3, 16) else {
@@ -749,20 +613,20 @@ fn rowless_calls_follow_the_host(halves: &impl Halves) {
 
 #[test]
 fn emulated_rowless_calls_follow_the_host() {
-    rowless_calls_follow_the_host(&OnEmulator);
+    rowless_calls_follow_the_host(&OnHost);
 }
 
 #[test]
 fn gpu_rowless_calls_follow_the_host() {
     let Some(device) = device() else { return };
-    rowless_calls_follow_the_host(&OnCuda(device));
+    rowless_calls_follow_the_host(&OnGpu(device));
 }
 
 /// A mirror is refused, with the reason, where the device half could not follow the host.
 #[test]
 fn mirror_refuses_what_it_cannot_follow() {
     let table = ReqToTokenPool::new(ROWS, WIDTH).unwrap();
-    let half = || OnEmulator.make::<Lifo>(64, 4, ROWS + 1, WIDTH);
+    let half = || OnHost.make::<Lifo>(64, 4, ROWS + 1, WIDTH);
     let Some(fresh) = half() else { return };
     let need_sort = PagedAllocator::new(64, 4, true).unwrap();
     assert!(matches!(
@@ -823,7 +687,7 @@ fn mirror_refuses_what_it_cannot_follow() {
 #[test]
 fn rows_outside_the_device_table_panic_before_anything_changes() {
     let table = ReqToTokenPool::new(ROWS, WIDTH).unwrap();
-    let Some(half) = OnEmulator.make::<Lifo>(64, 4, ROWS + 1, WIDTH) else {
+    let Some(half) = OnHost.make::<Lifo>(64, 4, ROWS + 1, WIDTH) else {
         return;
     };
     let host = PagedAllocator::new(64, 4, false).unwrap();
@@ -847,7 +711,7 @@ fn rows_outside_the_device_table_panic_before_anything_changes() {
 #[test]
 fn verify_reports_a_row_that_differs() {
     let mut table = ReqToTokenPool::new(ROWS, WIDTH).unwrap();
-    let Some(half) = OnEmulator.make::<Lifo>(64, 4, ROWS + 1, WIDTH) else {
+    let Some(half) = OnHost.make::<Lifo>(64, 4, ROWS + 1, WIDTH) else {
         return;
     };
     let host = PagedAllocator::new(64, 4, false).unwrap();
