@@ -1,5 +1,5 @@
 //! Property tests: random interleavings of alloc / alloc_extend / alloc_decode / free /
-//! free_segment(s) / free_page_ids / free groups over page sizes 1, 4 and 16, with and without need_sort,
+//! free_segment(s) / free_page_ids / free groups over page sizes 1, 3, 4 and 16, with and without need_sort,
 //! checked after every step against a model of who holds which pages and against a
 //! position-wise reference of the extend and decode rules.
 
@@ -352,6 +352,12 @@ proptest! {
     #[test]
     fn paged_allocator_interleavings_page_size_1((pages, need_sort, ops) in scenario(1)) {
         run(PagedAllocator::new(pages, 1, need_sort).unwrap(), ops)?;
+    }
+
+    /// A page size that is not a power of two: the allocator's division-based arithmetic.
+    #[test]
+    fn paged_allocator_interleavings_page_size_3((pages, need_sort, ops) in scenario(3)) {
+        run(PagedAllocator::new(pages * 3, 3, need_sort).unwrap(), ops)?;
     }
 
     #[test]

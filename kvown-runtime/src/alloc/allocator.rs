@@ -4,8 +4,8 @@
 use std::marker::PhantomData;
 
 use super::free_list::FreeList;
-use super::geometry::PageGeometry;
-use super::shapes::{check_decode, check_extend, fill_extend, scan_decode};
+use super::geometry::{PageGeometry, Specialised};
+use super::shapes::{DecodeFill, check_decode, check_extend, fill_decode, fill_extend};
 use super::{
     AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PageState, ReuseOrder,
 };
@@ -209,6 +209,33 @@ impl<R: ReuseOrder> PageAllocator<R> {
         Ok(())
     }
 
+    /// The rare outcomes of `alloc_decode`'s pass, which left `out` as it was: the first
+    /// invalid request's typed error, out of memory, or, in `need_sort` mode, a merge of the
+    /// release list and the pass again.
+    #[cold]
+    #[inline(never)]
+    fn alloc_decode_slow(
+        &mut self,
+        reqs: &[DecodeShape],
+        fill: DecodeFill,
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), AllocError> {
+        if !fill.valid {
+            for (request, shape) in reqs.iter().enumerate() {
+                check_decode(
+                    self.geometry,
+                    &self.state,
+                    request,
+                    shape.seq_len,
+                    shape.last_loc,
+                )?;
+            }
+            unreachable!("fill_decode rejected a batch that check_decode accepts")
+        }
+        self.merge_or_oom(fill.new_pages)?;
+        self.alloc_decode(reqs, out)
+    }
+
     /// Makes `pages` free pages available at the head of the free list, merging the release
     /// list first when that is what it takes; otherwise reports out of memory.
     #[inline(always)]
@@ -310,8 +337,9 @@ impl<R: ReuseOrder> PageAllocator<R> {
         while chunk_start < slots.len() {
             let chunk_end = (chunk_start + chunk_len).min(slots.len());
             let page = self.mark_pending(slots[chunk_start])?;
-            let rest = &slots[chunk_start + 1..chunk_end];
-            if !all_in_page(geometry, rest, page)
+            // The whole chunk, first slot included (trivially in `page`): a whole page of
+            // slots is then whole octets for `all_in_page`.
+            if !all_in_page(geometry, &slots[chunk_start..chunk_end], page)
                 && let Some(offset) =
                     (chunk_start + 1..chunk_end).find(|&i| geometry.page_of(slots[i]) != page)
             {
@@ -414,14 +442,20 @@ impl<R: ReuseOrder> PageAllocator<R> {
 }
 
 /// Whether every slot of `slots` lies in `page` (a page of this allocator, so its slots fit
-/// in `u32`): a `u32` range test folded without early exit, which LLVM vectorises.
+/// in `u32`): a `u32` range test folded without early exit, eight slots at a time so that LLVM
+/// vectorises it whatever the length (a run of 15 slots would otherwise go one by one).
 #[inline]
 fn all_in_page(geometry: PageGeometry, slots: &[KvSlot], page: usize) -> bool {
     let first = geometry.first_slot(page as PageId);
     let page_size = geometry.page_size() as KvSlot;
-    !slots.iter().fold(false, |outside, &slot| {
-        outside | (slot.wrapping_sub(first) >= page_size)
-    })
+    let outside = |slot: KvSlot| slot.wrapping_sub(first) >= page_size;
+    let (octets, rest) = slots.as_chunks::<8>();
+    let octets_outside = octets.iter().fold(false, |any, octet| {
+        any | octet.iter().fold(false, |any, &slot| any | outside(slot))
+    });
+    !rest
+        .iter()
+        .fold(octets_outside, |any, &slot| any | outside(slot))
 }
 
 impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
@@ -494,39 +528,19 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
         reqs: &[DecodeShape],
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
-        let geometry = self.geometry;
-        let new_pages = match scan_decode(geometry, &self.state, reqs) {
-            Some(new_pages) => new_pages,
-            None => {
-                // Some request is invalid: find the first one, with its typed error.
-                for (request, shape) in reqs.iter().enumerate() {
-                    check_decode(
-                        geometry,
-                        &self.state,
-                        request,
-                        shape.seq_len,
-                        shape.last_loc,
-                    )?;
-                }
-                unreachable!("scan_decode rejected a batch that check_decode accepts")
-            }
-        };
-        self.ensure_free(new_pages)?;
         let start = out.len();
-        out.resize(start + reqs.len(), 0);
-        let state = &mut self.state;
-        let mut pages = self.free.take_front(new_pages);
-        for (slot, shape) in out[start..].iter_mut().zip(reqs) {
-            *slot = if geometry.offset(shape.seq_len - 1) == 0
-                && let Some(page) = pages.next()
-            {
-                state[page as usize] = PageState::Held;
-                geometry.first_slot(page)
-            } else {
-                shape.last_loc + 1
-            };
+        let fill = match self.geometry.specialised() {
+            Specialised::PowerOfTwo(math) => fill_decode(math, &self.state, &self.free, reqs, out),
+            Specialised::AnySize(math) => fill_decode(math, &self.state, &self.free, reqs, out),
+        };
+        if fill.valid && fill.new_pages <= self.free.free_len() {
+            for page in self.free.take_front(fill.new_pages) {
+                self.state[page as usize] = PageState::Held;
+            }
+            return Ok(());
         }
-        Ok(())
+        out.truncate(start);
+        self.alloc_decode_slow(reqs, fill, out)
     }
 
     #[inline]

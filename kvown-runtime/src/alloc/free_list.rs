@@ -75,6 +75,16 @@ impl FreeList {
         (0..n).map_while(move |_| pages.pop_front())
     }
 
+    /// The `index`-th page of the free list (0 is the head), if the list is that long.
+    #[inline]
+    pub(crate) fn peek(&self, index: usize) -> Option<PageId> {
+        if index < self.free_len() {
+            self.pages.get(index).copied()
+        } else {
+            None
+        }
+    }
+
     /// Removes and returns the head of the free list (`free_len >= 1`).
     #[inline]
     pub(crate) fn pop_front(&mut self) -> PageId {

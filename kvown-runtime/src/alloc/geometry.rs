@@ -69,3 +69,83 @@ impl PageGeometry {
         page * self.page_size as KvSlot
     }
 }
+
+/// Page arithmetic with the kind of page size fixed at compile time, for the hot loops: code
+/// generic over it is compiled once with shifts and masks ([`PowerOfTwo`]) and once with
+/// division ([`AnySize`]), so no iteration tests which one applies.
+pub(crate) trait PageMath: Copy {
+    /// The page that holds `slot`.
+    fn page_of(self, slot: KvSlot) -> usize;
+    /// `n % page_size`.
+    fn offset(self, n: usize) -> usize;
+    /// The first slot of `page`.
+    fn first_slot(self, page: PageId) -> KvSlot;
+}
+
+/// [`PageMath`] for a power-of-two page size.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PowerOfTwo {
+    shift: u32,
+}
+
+/// [`PageMath`] for any page size.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AnySize {
+    page_size: usize,
+}
+
+/// The [`PageMath`] that fits one geometry.
+pub(crate) enum Specialised {
+    /// The page size is a power of two.
+    PowerOfTwo(PowerOfTwo),
+    /// Any other page size.
+    AnySize(AnySize),
+}
+
+impl PageGeometry {
+    /// The specialised arithmetic for this page size.
+    #[inline]
+    pub(crate) fn specialised(self) -> Specialised {
+        if self.power_of_two {
+            Specialised::PowerOfTwo(PowerOfTwo { shift: self.shift })
+        } else {
+            Specialised::AnySize(AnySize {
+                page_size: self.page_size,
+            })
+        }
+    }
+}
+
+impl PageMath for PowerOfTwo {
+    #[inline(always)]
+    fn page_of(self, slot: KvSlot) -> usize {
+        (slot >> self.shift) as usize
+    }
+
+    #[inline(always)]
+    fn offset(self, n: usize) -> usize {
+        n & ((1 << self.shift) - 1)
+    }
+
+    #[inline(always)]
+    fn first_slot(self, page: PageId) -> KvSlot {
+        page << self.shift
+    }
+}
+
+impl PageMath for AnySize {
+    #[inline(always)]
+    fn page_of(self, slot: KvSlot) -> usize {
+        slot as usize / self.page_size
+    }
+
+    #[inline(always)]
+    fn offset(self, n: usize) -> usize {
+        n % self.page_size
+    }
+
+    #[inline(always)]
+    fn first_slot(self, page: PageId) -> KvSlot {
+        page * self.page_size as KvSlot
+    }
+}

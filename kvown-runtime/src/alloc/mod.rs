@@ -85,7 +85,7 @@ pub struct ExtendShape {
 }
 
 /// One request's share of a batched decode allocation: exactly one new token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DecodeShape {
     /// Length after the new token (the post-step length, as in sglang).
     pub seq_len: usize,

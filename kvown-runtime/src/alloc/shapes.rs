@@ -1,7 +1,8 @@
 //! The batched extend and decode rules (sglang `alloc_extend_kernel` / `alloc_decode_kernel`)
 //! as CPU code: per-request validation with page counts, and the slot writers.
 
-use super::geometry::PageGeometry;
+use super::free_list::FreeList;
+use super::geometry::{PageGeometry, PageMath};
 use super::{AllocError, DecodeShape, ExtendShape, KvSlot, PageId, PageState};
 
 /// Whether `slot` lies in an allocated page.
@@ -71,26 +72,49 @@ pub(crate) fn check_decode(
     Ok(geometry.offset(stored) == 0)
 }
 
-/// The whole decode batch's validation in one branch-light pass: `Some(new pages)` when
-/// every request passes [`check_decode`], `None` when some request fails it (the caller then
-/// finds the first failure with [`check_decode`] for its typed error).
+/// What [`fill_decode`] found: whether every request passed [`check_decode`], and how many
+/// new pages the batch opens.
+pub(crate) struct DecodeFill {
+    /// Every request is valid.
+    pub(crate) valid: bool,
+    /// Requests whose new token opens a page.
+    pub(crate) new_pages: usize,
+}
+
+/// The whole decode rule in one branch-light pass: validates every request as
+/// [`check_decode`] does and appends its slot to `out` (the next slot of its page, or the first
+/// slot of the next page of `free` when the token opens one). Takes nothing: the caller keeps
+/// `out` and claims the first `new_pages` pages of `free` only when the batch is valid and
+/// `free` has that many; otherwise it truncates `out` back (the slots written for missing pages
+/// are 0).
 #[inline]
-pub(crate) fn scan_decode(
-    geometry: PageGeometry,
+pub(crate) fn fill_decode<M: PageMath>(
+    math: M,
     state: &[PageState],
+    free: &FreeList,
     reqs: &[DecodeShape],
-) -> Option<usize> {
-    let mut bad = false;
+    out: &mut Vec<KvSlot>,
+) -> DecodeFill {
+    let start = out.len();
+    out.resize(start + reqs.len(), 0);
+    let mut valid = true;
     let mut new_pages = 0usize;
-    for shape in reqs {
+    for (slot, shape) in out[start..].iter_mut().zip(reqs) {
         let stored = shape.seq_len.wrapping_sub(1);
         let last_loc = shape.last_loc;
-        let held = state.get(geometry.page_of(last_loc)) == Some(&PageState::Held);
-        let aligned = geometry.offset(last_loc as usize + 1) == geometry.offset(stored);
-        bad |= (shape.seq_len < 2) | !held | !aligned;
-        new_pages += usize::from(geometry.offset(stored) == 0);
+        let held = state.get(math.page_of(last_loc)) == Some(&PageState::Held);
+        let offset = math.offset(stored);
+        let aligned = math.offset(last_loc as usize + 1) == offset;
+        valid &= (shape.seq_len >= 2) & held & aligned;
+        *slot = if offset == 0 {
+            let page = free.peek(new_pages);
+            new_pages += 1;
+            page.map_or(0, |page| math.first_slot(page))
+        } else {
+            last_loc + 1
+        };
     }
-    (!bad).then_some(new_pages)
+    DecodeFill { valid, new_pages }
 }
 
 /// `last_loc` must be a slot of an allocated page at the page offset `prefix_len` implies.

@@ -77,8 +77,9 @@ pub fn alloc_for_decode<A: KvAllocator>(
 
 /// One decode shape per request: post-step length and the slot of the last stored token.
 /// Returns how many of the new tokens open a page (all of them for page size 1): the pages the
-/// step takes. Not generic over the allocator, so it is compiled (and the table reads inlined)
-/// here.
+/// step takes. One branch-light pass for the valid batch; the first invalid request's typed
+/// error comes from [`first_decode_error`]. Not generic over the allocator, so it is compiled
+/// (and the table reads inlined) here.
 fn decode_shapes(
     reqs: &[Req],
     table: &ReqToTokenPool,
@@ -87,28 +88,57 @@ fn decode_shapes(
 ) -> Result<usize, KvError> {
     let width = table.max_context_len();
     let page_mask = page_size.is_power_of_two().then(|| page_size - 1);
+    let mut valid = true;
     let mut opening = 0;
-    for req in reqs {
+    shapes.resize(reqs.len(), DecodeShape::default());
+    for (shape, req) in shapes.iter_mut().zip(reqs) {
         let kv = req.kv();
-        let row = req.held_row()?;
         let seq_len = kv.kv_allocated_len();
-        if seq_len == 0 || seq_len >= width {
-            return Err(KvError::RowTooShort {
-                rid: req.rid(),
-                needed: seq_len + 1,
-                width,
-            });
-        }
-        let last_loc = table.row(row)?[seq_len - 1];
-        shapes.push(DecodeShape {
+        // The new token goes to position `seq_len`, which must exist: `1 <= seq_len < width`.
+        let last_loc = match kv.req_pool_idx() {
+            Some(row) if seq_len.wrapping_sub(1) < width.saturating_sub(1) => {
+                table.slot(row, seq_len - 1)
+            }
+            _ => None,
+        };
+        valid &= last_loc.is_some();
+        *shape = DecodeShape {
             seq_len: seq_len + 1,
-            last_loc,
-        });
-        // The new token goes to position `seq_len`; a mask, not a division, for powers of two.
+            last_loc: last_loc.unwrap_or(0),
+        };
+        // A mask, not a division, for powers of two.
         opening += usize::from(match page_mask {
             Some(mask) => seq_len & mask == 0,
             None => seq_len % page_size == 0,
         });
     }
+    if !valid {
+        return Err(first_decode_error(reqs, table));
+    }
     Ok(opening)
+}
+
+/// The typed error of the first request `decode_shapes` rejects.
+#[cold]
+#[inline(never)]
+fn first_decode_error(reqs: &[Req], table: &ReqToTokenPool) -> KvError {
+    let width = table.max_context_len();
+    for req in reqs {
+        let seq_len = req.kv().kv_allocated_len();
+        let row = match req.held_row() {
+            Ok(row) => row,
+            Err(error) => return error,
+        };
+        if seq_len == 0 || seq_len >= width {
+            return KvError::RowTooShort {
+                rid: req.rid(),
+                needed: seq_len + 1,
+                width,
+            };
+        }
+        if let Err(error) = table.row(row) {
+            return error.into();
+        }
+    }
+    unreachable!("decode_shapes rejected a batch whose every request is valid")
 }

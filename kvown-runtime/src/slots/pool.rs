@@ -114,6 +114,17 @@ impl ReqToTokenPool {
         Ok(&self.table[start..start + self.max_context_len])
     }
 
+    /// The slot at `position` of `row`, or `None` when either is out of range (one bounds check:
+    /// the per-token read of the decode step).
+    #[inline]
+    pub(crate) fn slot(&self, row: ReqRow, position: usize) -> Option<KvSlot> {
+        if position >= self.max_context_len {
+            return None;
+        }
+        let index = row.checked_mul(self.max_context_len)? + position;
+        self.table.get(index).copied()
+    }
+
     /// The slots of a held `row`, writable.
     pub fn row_mut(&mut self, row: ReqRow) -> Result<&mut [KvSlot], SlotError> {
         self.check_writable(row)?;
