@@ -473,15 +473,15 @@ impl<D: DeviceAllocOps> KvAllocator for MirroredAllocator<D> {
         Ok(())
     }
 
-    fn alloc_decode_rows(
-        &mut self,
-        reqs: &[DecodeShape],
-        rows: impl Iterator<Item = ReqRow>,
-        out: &mut Vec<KvSlot>,
-    ) -> Result<(), AllocError> {
-        self.set_rows(rows, reqs.len());
-        self.host.alloc_decode(reqs, out)?;
-        self.replay_decode(reqs);
+    fn alloc_decode_rows<I>(&mut self, reqs: I, out: &mut Vec<KvSlot>) -> Result<(), AllocError>
+    where
+        I: ExactSizeIterator<Item = (DecodeShape, ReqRow)> + Clone,
+    {
+        let count = reqs.len();
+        self.set_rows(reqs.clone().map(|(_, row)| row), count);
+        let shapes: Vec<DecodeShape> = reqs.map(|(shape, _)| shape).collect();
+        self.host.alloc_decode(&shapes, out)?;
+        self.replay_decode(&shapes);
         Ok(())
     }
 

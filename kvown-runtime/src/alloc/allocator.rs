@@ -9,6 +9,7 @@ use super::shapes::{DecodeFill, check_decode, check_extend, fill_decode, fill_ex
 use super::{
     AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PageState, ReuseOrder,
 };
+use crate::slots::ReqRow;
 
 /// A page allocator over pages `1..=num_pages` of `page_size` slots; page 0 is padding.
 ///
@@ -209,12 +210,40 @@ impl<R: ReuseOrder> PageAllocator<R> {
         Ok(())
     }
 
-    /// The rare outcomes of `alloc_decode`'s pass, which left `out` as it was: the first
+    /// The batched decode of `alloc_decode` and `alloc_decode_rows`: one pass validates the
+    /// batch and writes its slots; its pages are claimed only when it is valid and fits.
+    #[inline]
+    fn decode_batch(
+        &mut self,
+        reqs: impl ExactSizeIterator<Item = DecodeShape> + Clone,
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), AllocError> {
+        let start = out.len();
+        let fill = match self.geometry.specialised() {
+            Specialised::PowerOfTwo(math) => {
+                fill_decode(math, &self.state, &self.free, reqs.clone(), out)
+            }
+            Specialised::AnySize(math) => {
+                fill_decode(math, &self.state, &self.free, reqs.clone(), out)
+            }
+        };
+        if fill.valid && fill.new_pages <= self.free.free_len() {
+            for page in self.free.take_front(fill.new_pages) {
+                self.state[page as usize] = PageState::Held;
+            }
+            return Ok(());
+        }
+        out.truncate(start);
+        let shapes: Vec<DecodeShape> = reqs.collect();
+        self.decode_batch_slow(&shapes, fill, out)
+    }
+
+    /// The rare outcomes of `decode_batch`'s pass, which left `out` as it was: the first
     /// invalid request's typed error, out of memory, or, in `need_sort` mode, a merge of the
     /// release list and the pass again.
     #[cold]
     #[inline(never)]
-    fn alloc_decode_slow(
+    fn decode_batch_slow(
         &mut self,
         reqs: &[DecodeShape],
         fill: DecodeFill,
@@ -233,7 +262,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
             unreachable!("fill_decode rejected a batch that check_decode accepts")
         }
         self.merge_or_oom(fill.new_pages)?;
-        self.alloc_decode(reqs, out)
+        self.decode_batch(reqs.iter().copied(), out)
     }
 
     /// Makes `pages` free pages available at the head of the free list, merging the release
@@ -528,19 +557,15 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
         reqs: &[DecodeShape],
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
-        let start = out.len();
-        let fill = match self.geometry.specialised() {
-            Specialised::PowerOfTwo(math) => fill_decode(math, &self.state, &self.free, reqs, out),
-            Specialised::AnySize(math) => fill_decode(math, &self.state, &self.free, reqs, out),
-        };
-        if fill.valid && fill.new_pages <= self.free.free_len() {
-            for page in self.free.take_front(fill.new_pages) {
-                self.state[page as usize] = PageState::Held;
-            }
-            return Ok(());
-        }
-        out.truncate(start);
-        self.alloc_decode_slow(reqs, fill, out)
+        self.decode_batch(reqs.iter().copied(), out)
+    }
+
+    #[inline]
+    fn alloc_decode_rows<I>(&mut self, reqs: I, out: &mut Vec<KvSlot>) -> Result<(), AllocError>
+    where
+        I: ExactSizeIterator<Item = (DecodeShape, ReqRow)> + Clone,
+    {
+        self.decode_batch(reqs.map(|(shape, _)| shape), out)
     }
 
     #[inline]

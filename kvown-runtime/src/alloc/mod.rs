@@ -85,7 +85,7 @@ pub struct ExtendShape {
 }
 
 /// One request's share of a batched decode allocation: exactly one new token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodeShape {
     /// Length after the new token (the post-step length, as in sglang).
     pub seq_len: usize,
@@ -156,20 +156,20 @@ pub trait KvAllocator {
         self.alloc_extend(reqs, out)
     }
 
-    /// [`KvAllocator::alloc_decode`] for requests whose request-to-token rows are known: the
-    /// `i`-th row of `rows` is the row of `reqs[i]`, which gets the new slot at position
-    /// `seq_len - 1`. The default ignores `rows`, as [`KvAllocator::alloc_extend_rows`] does.
-    fn alloc_decode_rows(
-        &mut self,
-        reqs: &[DecodeShape],
-        rows: impl Iterator<Item = ReqRow>,
-        out: &mut Vec<KvSlot>,
-    ) -> Result<(), AllocError>
+    /// [`KvAllocator::alloc_decode`] for a batch given as `(shape, row)` pairs, read as the
+    /// allocation goes (the batch flow derives them from its requests, so no shape list is
+    /// built): request `i` gets its new slot at position `seq_len - 1` of its request-to-token
+    /// row. The iterator is cloned when the allocator needs a second look (an error, a merge).
+    /// The default collects the shapes and calls [`KvAllocator::alloc_decode`]; an allocator
+    /// that keeps a copy of the table, such as a device mirror, writes its copy in the same
+    /// step.
+    fn alloc_decode_rows<I>(&mut self, reqs: I, out: &mut Vec<KvSlot>) -> Result<(), AllocError>
     where
         Self: Sized,
+        I: ExactSizeIterator<Item = (DecodeShape, ReqRow)> + Clone,
     {
-        let _ = rows;
-        self.alloc_decode(reqs, out)
+        let shapes: Vec<DecodeShape> = reqs.map(|(shape, _)| shape).collect();
+        self.alloc_decode(&shapes, out)
     }
 
     /// Tells the allocator that the batch flow wrote `slots` to positions

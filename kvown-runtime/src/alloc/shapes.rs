@@ -92,7 +92,7 @@ pub(crate) fn fill_decode<M: PageMath>(
     math: M,
     state: &[PageState],
     free: &FreeList,
-    reqs: &[DecodeShape],
+    reqs: impl ExactSizeIterator<Item = DecodeShape>,
     out: &mut Vec<KvSlot>,
 ) -> DecodeFill {
     let start = out.len();

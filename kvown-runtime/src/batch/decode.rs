@@ -7,10 +7,11 @@ use crate::alloc::{DecodeShape, KvAllocator};
 use crate::cache::KvCache;
 use crate::error::KvError;
 use crate::request::Req;
-use crate::slots::ReqToTokenPool;
+use crate::slots::{ReqRow, ReqToTokenPool};
 
-/// Ticks each request's decode clock and fixes its next position (`kv_allocated_len`), reading
-/// the slot of its last token from the request-to-token table. Owns `decode_batch_idx`.
+/// Ticks each request's decode clock after checking that its next position
+/// (`kv_allocated_len`) exists in its row, and counts the pages the step takes. Owns
+/// `decode_batch_idx`.
 ///
 /// Fails (changing nothing) when a request holds no KV or its row is full.
 #[owner]
@@ -18,13 +19,7 @@ pub fn prepare_for_decode<A: KvAllocator>(
     mut batch: ScheduleBatch<Ready>,
     cache: &KvCache<A>,
 ) -> Result<ScheduleBatch<DecodePrepared>, (ScheduleBatch<Ready>, KvError)> {
-    let mut shapes = Vec::with_capacity(batch.reqs.len());
-    let opening = match decode_shapes(
-        &batch.reqs,
-        &cache.req_to_token,
-        cache.page_size(),
-        &mut shapes,
-    ) {
+    let opening = match count_opening_pages(&batch.reqs, &cache.req_to_token, cache.page_size()) {
         Ok(opening) => opening,
         Err(error) => return Err((batch, error)),
     };
@@ -32,16 +27,13 @@ pub fn prepare_for_decode<A: KvAllocator>(
         *req.kv_mut().decode_batch_idx_mut(owner) += 1;
     }
     let tokens_needed = opening * cache.page_size();
-    Ok(batch.into_state(DecodePrepared {
-        shapes,
-        tokens_needed,
-    }))
+    Ok(batch.into_state(DecodePrepared { tokens_needed }))
 }
 
 /// Allocates one slot per request (a new page only when the new token opens one), writes it
 /// at the request's old length in its row, and settles `kv_allocated_len += 1` and
-/// `kv_committed_len += 1` (sglang #37085). The allocator is told the rows
-/// ([`KvAllocator::alloc_decode_rows`]). Transactional like `alloc_for_extend`.
+/// `kv_committed_len += 1` (sglang #37085). The allocator reads each request's shape and row
+/// as it goes ([`KvAllocator::alloc_decode_rows`]). Transactional like `alloc_for_extend`.
 #[owner]
 pub fn alloc_for_decode<A: KvAllocator>(
     mut batch: ScheduleBatch<DecodePrepared>,
@@ -51,15 +43,11 @@ pub fn alloc_for_decode<A: KvAllocator>(
         return Err(batch.fail(error));
     }
     batch.out_cache_loc.clear();
-    let rows = batch.reqs.iter().map(|req| {
-        req.kv()
-            .req_pool_idx()
-            .expect("checked by prepare_for_decode")
-    });
-    if let Err(error) =
-        cache
-            .allocator
-            .alloc_decode_rows(&batch.state.shapes, rows, &mut batch.out_cache_loc)
+    let table = &cache.req_to_token;
+    let shapes = batch.reqs.iter().map(|req| decode_shape(req, table));
+    if let Err(error) = cache
+        .allocator
+        .alloc_decode_rows(shapes, &mut batch.out_cache_loc)
     {
         return Err(batch.fail(error.into()));
     }
@@ -75,37 +63,42 @@ pub fn alloc_for_decode<A: KvAllocator>(
     Ok(batch.into_state(Ready))
 }
 
-/// One decode shape per request: post-step length and the slot of the last stored token.
-/// Returns how many of the new tokens open a page (all of them for page size 1): the pages the
-/// step takes. One branch-light pass for the valid batch; the first invalid request's typed
-/// error comes from [`first_decode_error`]. Not generic over the allocator, so it is compiled
-/// (and the table reads inlined) here.
-fn decode_shapes(
+/// A prepared request's decode shape (post-step length, slot of its last stored token) and
+/// row. `prepare_for_decode` checked both exist; were that broken, the shape names the
+/// padding slot, which no allocator accepts as a stored token (a typed error, not a panic).
+#[inline]
+fn decode_shape(req: &Req, table: &ReqToTokenPool) -> (DecodeShape, ReqRow) {
+    let kv = req.kv();
+    let row = kv.req_pool_idx().unwrap_or(0);
+    let seq_len = kv.kv_allocated_len();
+    let last_loc = table.slot(row, seq_len.wrapping_sub(1)).unwrap_or(0);
+    let shape = DecodeShape {
+        seq_len: seq_len + 1,
+        last_loc,
+    };
+    (shape, row)
+}
+
+/// Checks in one branch-light pass that every request holds a row whose next position
+/// exists, and returns how many of the new tokens open a page (all of them for page size 1):
+/// the pages the step takes. The first invalid request's typed error comes from
+/// [`first_decode_error`].
+fn count_opening_pages(
     reqs: &[Req],
     table: &ReqToTokenPool,
     page_size: usize,
-    shapes: &mut Vec<DecodeShape>,
 ) -> Result<usize, KvError> {
     let width = table.max_context_len();
+    let rows = table.size();
     let page_mask = page_size.is_power_of_two().then(|| page_size - 1);
     let mut valid = true;
     let mut opening = 0;
-    shapes.resize(reqs.len(), DecodeShape::default());
-    for (shape, req) in shapes.iter_mut().zip(reqs) {
+    for req in reqs {
         let kv = req.kv();
         let seq_len = kv.kv_allocated_len();
         // The new token goes to position `seq_len`, which must exist: `1 <= seq_len < width`.
-        let last_loc = match kv.req_pool_idx() {
-            Some(row) if seq_len.wrapping_sub(1) < width.saturating_sub(1) => {
-                table.slot(row, seq_len - 1)
-            }
-            _ => None,
-        };
-        valid &= last_loc.is_some();
-        *shape = DecodeShape {
-            seq_len: seq_len + 1,
-            last_loc: last_loc.unwrap_or(0),
-        };
+        let fits = seq_len.wrapping_sub(1) < width.saturating_sub(1);
+        valid &= kv.req_pool_idx().is_some_and(|row| row <= rows) & fits;
         // A mask, not a division, for powers of two.
         opening += usize::from(match page_mask {
             Some(mask) => seq_len & mask == 0,
@@ -118,7 +111,7 @@ fn decode_shapes(
     Ok(opening)
 }
 
-/// The typed error of the first request `decode_shapes` rejects.
+/// The typed error of the first request `count_opening_pages` rejects.
 #[cold]
 #[inline(never)]
 fn first_decode_error(reqs: &[Req], table: &ReqToTokenPool) -> KvError {
@@ -140,5 +133,5 @@ fn first_decode_error(reqs: &[Req], table: &ReqToTokenPool) -> KvError {
             return error.into();
         }
     }
-    unreachable!("decode_shapes rejected a batch whose every request is valid")
+    unreachable!("count_opening_pages rejected a batch whose every request is valid")
 }

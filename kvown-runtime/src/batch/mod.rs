@@ -23,7 +23,7 @@ pub use spec::{alloc_for_spec_decode, commit_spec_tokens, prepare_for_spec_decod
 
 use std::ops::Range;
 
-use crate::alloc::{DecodeShape, ExtendShape, KvSlot};
+use crate::alloc::{ExtendShape, KvSlot};
 use crate::error::KvError;
 use crate::request::Req;
 
@@ -40,7 +40,6 @@ pub struct ExtendPrepared {
 /// State after `prepare_for_decode`: one new token per request, requests are hidden.
 #[derive(Debug)]
 pub struct DecodePrepared {
-    shapes: Vec<DecodeShape>,
     /// Slots the step takes: a page for each new token that opens one.
     tokens_needed: usize,
 }
