@@ -337,3 +337,36 @@ fn a_recycled_out_cache_loc_buffer_keeps_its_storage_and_none_of_its_slots() {
     );
     assert_eq!(cache.available_size(), cache.allocator().capacity());
 }
+
+/// `take_if` keeps both orders and calls the predicate once per request in order, whether it
+/// takes a few requests (one bulk move each) or many (one pass).
+#[test]
+fn take_if_keeps_batch_order_for_few_and_many_finished() {
+    for finished_every in [7, 2] {
+        let reqs: Vec<Req> = (0..40).map(|rid| Req::new(rid, vec![1, 2, 3])).collect();
+        let mut batch = ScheduleBatch::new(reqs);
+        let mut seen = Vec::new();
+        let taken = batch.take_if(|req| {
+            seen.push(req.rid());
+            req.rid() % finished_every == 0
+        });
+        let rids = |reqs: &[Req]| reqs.iter().map(Req::rid).collect::<Vec<_>>();
+        assert_eq!(
+            seen,
+            (0..40).collect::<Vec<_>>(),
+            "one call per request, in order"
+        );
+        assert_eq!(
+            rids(&taken),
+            (0..40)
+                .filter(|rid| rid % finished_every == 0)
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(
+            rids(batch.reqs()),
+            (0..40)
+                .filter(|rid| rid % finished_every != 0)
+                .collect::<Vec<_>>()
+        );
+    }
+}

@@ -170,9 +170,32 @@ impl ScheduleBatch<Ready> {
 
     /// Removes and returns the requests for which `finished` is true, keeping the order of
     /// the rest (sglang `filter_batch`; it frees nothing and clears `out_cache_loc`).
+    ///
+    /// `finished` is called once per request, in order. A few finished requests (the usual
+    /// step) are taken out one by one, each with one bulk move of the requests behind it; many
+    /// are taken in one pass that moves each kept request on its own.
     pub fn take_if(&mut self, mut finished: impl FnMut(&Req) -> bool) -> Vec<Req> {
+        /// Above this many, one bulk move per finished request costs more than one pass.
+        const BULK_MOVES_UP_TO: usize = 8;
         self.forget_out_cache_loc();
-        self.reqs.extract_if(.., |req| finished(req)).collect()
+        let hits: Vec<usize> = (0..self.reqs.len())
+            .filter(|&i| finished(&self.reqs[i]))
+            .collect();
+        if hits.len() > BULK_MOVES_UP_TO {
+            let mut index = 0;
+            let mut next_hit = hits.iter().copied().peekable();
+            return self
+                .reqs
+                .extract_if(.., |_| {
+                    let hit = next_hit.next_if_eq(&index).is_some();
+                    index += 1;
+                    hit
+                })
+                .collect();
+        }
+        let mut taken: Vec<Req> = hits.iter().rev().map(|&i| self.reqs.remove(i)).collect();
+        taken.reverse();
+        taken
     }
 
     /// A ready batch of `reqs` whose `out_cache_loc` keeps `buffer`'s storage (its contents are
