@@ -471,20 +471,14 @@ impl<R: ReuseOrder> PageAllocator<R> {
 }
 
 /// Whether every slot of `slots` lies in `page` (a page of this allocator, so its slots fit
-/// in `u32`): a `u32` range test folded without early exit, eight slots at a time so that LLVM
-/// vectorises it whatever the length (a run of 15 slots would otherwise go one by one).
+/// in `u32`): a `u32` range test folded without early exit, which LLVM vectorises.
 #[inline]
 fn all_in_page(geometry: PageGeometry, slots: &[KvSlot], page: usize) -> bool {
     let first = geometry.first_slot(page as PageId);
     let page_size = geometry.page_size() as KvSlot;
-    let outside = |slot: KvSlot| slot.wrapping_sub(first) >= page_size;
-    let (octets, rest) = slots.as_chunks::<8>();
-    let octets_outside = octets.iter().fold(false, |any, octet| {
-        any | octet.iter().fold(false, |any, &slot| any | outside(slot))
-    });
-    !rest
-        .iter()
-        .fold(octets_outside, |any, &slot| any | outside(slot))
+    !slots.iter().fold(false, |outside, &slot| {
+        outside | (slot.wrapping_sub(first) >= page_size)
+    })
 }
 
 impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
