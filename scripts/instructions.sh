@@ -4,6 +4,9 @@
 # machine. Each workload runs twice under callgrind (`--repeats 1` and `--repeats 2`); the
 # difference is exactly one measurement (2^20 pages for W1_k1, 2,000 steps for W2 and W2c),
 # so setup and warm-up cancel out. Needs valgrind; takes about half a minute.
+# Caveat: callgrind counts every iteration of a `rep movsb` (glibc's large memmove) as one
+# instruction, so a change that swaps many small copies for one bulk move can count higher
+# while running faster; read such a change with the timings too.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
