@@ -367,7 +367,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
             let chunk_end = (chunk_start + chunk_len).min(slots.len());
             let page = self.mark_pending(slots[chunk_start])?;
             // The whole chunk, first slot included (trivially in `page`): a whole page of
-            // slots is then whole octets for `all_in_page`.
+            // slots vectorises without a remainder.
             if !all_in_page(geometry, &slots[chunk_start..chunk_end], page)
                 && let Some(offset) =
                     (chunk_start + 1..chunk_end).find(|&i| geometry.page_of(slots[i]) != page)
