@@ -21,8 +21,8 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 use kvown_runtime::alloc::{
-    AllocError, AsPageAllocator, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageAllocator,
-    PageId, ReuseOrder,
+    AllocError, AsPageAllocator, DecodeRow, DecodeShape, ExtendShape, KvAllocator, KvSlot,
+    PageAllocator, PageId, ReuseOrder,
 };
 use kvown_runtime::slots::{ReqRow, ReqToTokenPool};
 
@@ -473,14 +473,18 @@ impl<D: DeviceAllocOps> KvAllocator for MirroredAllocator<D> {
         Ok(())
     }
 
-    fn alloc_decode_rows<I>(&mut self, reqs: I, out: &mut Vec<KvSlot>) -> Result<(), AllocError>
+    fn alloc_decode_table<I>(
+        &mut self,
+        reqs: I,
+        table: &mut ReqToTokenPool,
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), AllocError>
     where
-        I: ExactSizeIterator<Item = (DecodeShape, ReqRow)> + Clone,
+        I: ExactSizeIterator<Item = DecodeRow> + DoubleEndedIterator + Clone,
     {
-        let count = reqs.len();
-        self.set_rows(reqs.clone().map(|(_, row)| row), count);
-        let shapes: Vec<DecodeShape> = reqs.map(|(shape, _)| shape).collect();
-        self.host.alloc_decode(&shapes, out)?;
+        let shapes = DecodeRow::read_shapes(reqs.clone(), table)?;
+        self.set_rows(reqs.clone().map(|req| req.row), shapes.len());
+        self.host.alloc_decode_table(reqs, table, out)?;
         self.replay_decode(&shapes);
         Ok(())
     }

@@ -5,11 +5,15 @@ use std::marker::PhantomData;
 
 use super::free_list::FreeList;
 use super::geometry::{PageGeometry, Specialised};
-use super::shapes::{DecodeFill, check_decode, check_extend, fill_decode, fill_extend};
-use super::{
-    AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PageState, ReuseOrder,
+use super::shapes::{
+    DecodeFill, DecodeScratch, check_decode, check_extend, fill_decode, fill_decode_table,
+    fill_extend, undo_decode_table,
 };
-use crate::slots::ReqRow;
+use super::{
+    AllocError, DecodeRow, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PageState,
+    ReuseOrder,
+};
+use crate::slots::ReqToTokenPool;
 
 /// A page allocator over pages `1..=num_pages` of `page_size` slots; page 0 is padding.
 ///
@@ -31,6 +35,8 @@ pub struct PageAllocator<R: ReuseOrder> {
     /// Pages deferred by the open free group. Outside a group it is empty between calls and
     /// serves as the scratch list of the free call in progress.
     deferred: Vec<PageId>,
+    /// Scratch of the decode by rows, kept so that a step allocates nothing.
+    decode_scratch: DecodeScratch,
     in_free_group: bool,
     order: PhantomData<R>,
 }
@@ -62,6 +68,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
             state,
             free: FreeList::full(num_pages),
             deferred: Vec::with_capacity(num_pages),
+            decode_scratch: DecodeScratch::default(),
             in_free_group: false,
             order: PhantomData,
         })
@@ -118,12 +125,15 @@ impl<R: ReuseOrder> PageAllocator<R> {
     }
 
     /// Bytes of bookkeeping this allocator holds: the struct, one state byte per page, and the
-    /// free/release ring and the deferred list with 4 bytes per page each (9 bytes per page).
+    /// free/release ring and the deferred list with 4 bytes per page each (9 bytes per page),
+    /// plus the decode scratch (4 bytes per request of the largest decode batch given by rows,
+    /// and per row of the largest table).
     pub fn bookkeeping_bytes(&self) -> usize {
         std::mem::size_of::<Self>()
             + self.state.capacity() * std::mem::size_of::<PageState>()
             + self.free.capacity() * std::mem::size_of::<PageId>()
             + self.deferred.capacity() * std::mem::size_of::<PageId>()
+            + self.decode_scratch.bytes()
     }
 
     /// Every page free again (`[1, …, num_pages]`), release list empty, no open group.
@@ -210,7 +220,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
         Ok(())
     }
 
-    /// The batched decode of `alloc_decode` and `alloc_decode_rows`: one pass validates the
+    /// The batched decode of `alloc_decode`: one pass validates the
     /// batch and writes its slots; its pages are claimed only when it is valid and fits.
     #[inline]
     fn decode_batch(
@@ -227,15 +237,79 @@ impl<R: ReuseOrder> PageAllocator<R> {
                 fill_decode(math, &self.state, &self.free, reqs.clone(), out)
             }
         };
-        if fill.valid && fill.new_pages <= self.free.free_len() {
-            for page in self.free.take_front(fill.new_pages) {
-                self.state[page as usize] = PageState::Held;
-            }
+        if self.claim_decode_pages(&fill) {
             return Ok(());
         }
         out.truncate(start);
         let shapes: Vec<DecodeShape> = reqs.collect();
         self.decode_batch_slow(&shapes, fill, out)
+    }
+
+    /// `decode_batch` for requests given by rows, reading and writing `table` in the same
+    /// pass ([`KvAllocator::alloc_decode_table`]).
+    #[inline]
+    fn decode_table<I>(
+        &mut self,
+        reqs: I,
+        table: &mut ReqToTokenPool,
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), AllocError>
+    where
+        I: ExactSizeIterator<Item = DecodeRow> + DoubleEndedIterator + Clone,
+    {
+        let start = out.len();
+        let (state, free, scratch) = (&self.state, &self.free, &mut self.decode_scratch);
+        let entries = table.entries_mut();
+        let fill = match self.geometry.specialised() {
+            Specialised::PowerOfTwo(math) => {
+                fill_decode_table(math, state, free, reqs.clone(), entries, out, scratch)
+            }
+            Specialised::AnySize(math) => {
+                fill_decode_table(math, state, free, reqs.clone(), entries, out, scratch)
+            }
+        };
+        if self.claim_decode_pages(&fill) {
+            return Ok(());
+        }
+        undo_decode_table(reqs.clone(), table.entries_mut(), &self.decode_scratch);
+        out.truncate(start);
+        self.decode_table_slow(reqs, table, fill, out)
+    }
+
+    /// Claims the pages a decode pass peeked when the batch is valid and fits; `false`, changing
+    /// nothing, otherwise.
+    #[inline]
+    fn claim_decode_pages(&mut self, fill: &DecodeFill) -> bool {
+        if !fill.valid || fill.new_pages > self.free.free_len() {
+            return false;
+        }
+        for page in self.free.take_front(fill.new_pages) {
+            self.state[page as usize] = PageState::Held;
+        }
+        true
+    }
+
+    /// The rare outcomes of `decode_table`'s pass, which left `table` and `out` as they were:
+    /// the first invalid request's typed error, or what `decode_batch_slow` makes of its
+    /// shapes, or a merge of the release list and the pass again.
+    #[cold]
+    #[inline(never)]
+    fn decode_table_slow<I>(
+        &mut self,
+        reqs: I,
+        table: &mut ReqToTokenPool,
+        fill: DecodeFill,
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), AllocError>
+    where
+        I: ExactSizeIterator<Item = DecodeRow> + DoubleEndedIterator + Clone,
+    {
+        if !fill.valid {
+            let shapes = DecodeRow::read_shapes(reqs, table)?;
+            return self.decode_batch_slow(&shapes, fill, out);
+        }
+        self.merge_or_oom(fill.new_pages)?;
+        self.decode_table(reqs, table, out)
     }
 
     /// The rare outcomes of `decode_batch`'s pass, which left `out` as it was: the first
@@ -555,11 +629,16 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
     }
 
     #[inline]
-    fn alloc_decode_rows<I>(&mut self, reqs: I, out: &mut Vec<KvSlot>) -> Result<(), AllocError>
+    fn alloc_decode_table<I>(
+        &mut self,
+        reqs: I,
+        table: &mut ReqToTokenPool,
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), AllocError>
     where
-        I: ExactSizeIterator<Item = (DecodeShape, ReqRow)> + Clone,
+        I: ExactSizeIterator<Item = DecodeRow> + DoubleEndedIterator + Clone,
     {
-        self.decode_batch(reqs.map(|(shape, _)| shape), out)
+        self.decode_table(reqs, table, out)
     }
 
     #[inline]

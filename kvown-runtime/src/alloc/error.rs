@@ -154,6 +154,43 @@ pub enum AllocError {
         /// Its post-step sequence length.
         seq_len: usize,
     },
+    /// A [`DecodeRow`](super::DecodeRow) whose row no request holds.
+    #[error(
+        "request {request}: row {row} is not held in the request-to-token table; decode a \
+         request by the row its extend assigned"
+    )]
+    DecodeRowNotHeld {
+        /// Index of the request in the batch.
+        request: usize,
+        /// The row.
+        row: usize,
+    },
+    /// A [`DecodeRow`](super::DecodeRow) with no stored token, or no room for the new one.
+    #[error(
+        "request {request}: cannot decode after {len} stored tokens: a decode needs \
+         1 <= len < {width} (a stored token, and room in the row for the new one)"
+    )]
+    DecodePositionOutOfRange {
+        /// Index of the request in the batch.
+        request: usize,
+        /// Tokens stored in the row before the step.
+        len: usize,
+        /// Positions per row of the table.
+        width: usize,
+    },
+    /// A decode batch given by rows names one row twice.
+    #[error(
+        "request {request}: row {row} was already named by request {first} of this decode \
+         batch; each request decodes one token per step"
+    )]
+    DecodeRowRepeated {
+        /// Index of the second request naming the row.
+        request: usize,
+        /// The row.
+        row: usize,
+        /// Index of the first request naming it.
+        first: usize,
+    },
     /// `free_group_begin` while a group is open (sglang silently drops the deferred frees).
     #[error(
         "free_group_begin inside an open free group ({deferred_pages} pages deferred); call free_group_end first"

@@ -53,7 +53,7 @@ pub use paged::PagedAllocator;
 pub use reuse::{Fifo, Lifo, ReuseOrder};
 pub use token::TokenAllocator;
 
-use crate::slots::ReqRow;
+use crate::slots::{ReqRow, ReqToTokenPool};
 
 /// Index of one KV slot (a row of the per-layer K/V buffers). Slot 0 is padding.
 pub type KvSlot = u32;
@@ -91,6 +91,16 @@ pub struct DecodeShape {
     pub seq_len: usize,
     /// Slot of the last stored token (position `seq_len - 2`).
     pub last_loc: KvSlot,
+}
+
+/// One request of a decode step, by its place in the request-to-token table: its new token
+/// goes to position `len` of `row`, after its last stored token at `len - 1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeRow {
+    /// The request's row.
+    pub row: ReqRow,
+    /// Tokens stored in the row before the step (`kv_allocated_len`); at least 1.
+    pub len: usize,
 }
 
 /// The allocator interface the batch flow, the radix cache and the backends share.
@@ -156,20 +166,34 @@ pub trait KvAllocator {
         self.alloc_extend(reqs, out)
     }
 
-    /// [`KvAllocator::alloc_decode`] for a batch given as `(shape, row)` pairs, read as the
-    /// allocation goes (the batch flow derives them from its requests, so no shape list is
-    /// built): request `i` gets its new slot at position `seq_len - 1` of its request-to-token
-    /// row. The iterator is cloned when the allocator needs a second look (an error, a merge).
-    /// The default collects the shapes and calls [`KvAllocator::alloc_decode`]; an allocator
-    /// that keeps a copy of the table, such as a device mirror, writes its copy in the same
-    /// step.
-    fn alloc_decode_rows<I>(&mut self, reqs: I, out: &mut Vec<KvSlot>) -> Result<(), AllocError>
+    /// [`KvAllocator::alloc_decode`] for requests given by their rows, writing the
+    /// request-to-token table too: request `i` of `reqs` gets its new slot at position `len` of
+    /// its row, and `out[i]` is that slot. Its shape comes from the table (the last stored
+    /// token's slot at `len - 1`); each row may appear once ([`DecodeRow::read_shapes`] names
+    /// the errors). All or nothing: on error neither `table` nor `out` changed.
+    /// The iterator is cloned when the allocator needs a second look (an error, a merge).
+    ///
+    /// The default reads the shapes, calls [`KvAllocator::alloc_decode`] and writes the
+    /// table; an allocator may fuse the three (the paged allocator reads and writes each row
+    /// once), and one that keeps a copy of the table, such as a device mirror, writes its copy
+    /// in the same step.
+    fn alloc_decode_table<I>(
+        &mut self,
+        reqs: I,
+        table: &mut ReqToTokenPool,
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), AllocError>
     where
         Self: Sized,
-        I: ExactSizeIterator<Item = (DecodeShape, ReqRow)> + Clone,
+        I: ExactSizeIterator<Item = DecodeRow> + DoubleEndedIterator + Clone,
     {
-        let shapes: Vec<DecodeShape> = reqs.map(|(shape, _)| shape).collect();
-        self.alloc_decode(&shapes, out)
+        let shapes = DecodeRow::read_shapes(reqs.clone(), table)?;
+        let start = out.len();
+        self.alloc_decode(&shapes, out)?;
+        for (req, &slot) in reqs.zip(&out[start..]) {
+            table.set_held(req.row, req.len, slot);
+        }
+        Ok(())
     }
 
     /// Tells the allocator that the batch flow wrote `slots` to positions

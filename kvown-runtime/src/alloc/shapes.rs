@@ -3,12 +3,65 @@
 
 use super::free_list::FreeList;
 use super::geometry::{PageGeometry, PageMath};
-use super::{AllocError, DecodeShape, ExtendShape, KvSlot, PageId, PageState};
+use super::{AllocError, DecodeRow, DecodeShape, ExtendShape, KvSlot, PageId, PageState};
+use crate::slots::{ReqToTokenPool, TableEntries};
 
 /// Whether `slot` lies in an allocated page.
 #[inline]
 fn is_held(state: &[PageState], geometry: PageGeometry, slot: KvSlot) -> bool {
     state.get(geometry.page_of(slot)) == Some(&PageState::Held)
+}
+
+impl DecodeRow {
+    /// The shapes of a decode batch given by rows, read from `table`; the first request that
+    /// [`DecodeRow::shape`] rejects, or that names a row named before
+    /// ([`AllocError::DecodeRowRepeated`]), is the error.
+    pub fn read_shapes(
+        reqs: impl IntoIterator<Item = DecodeRow>,
+        table: &ReqToTokenPool,
+    ) -> Result<Vec<DecodeShape>, AllocError> {
+        let mut first_request = vec![None; table.size() + 1];
+        reqs.into_iter()
+            .enumerate()
+            .map(|(request, req)| {
+                let shape = req.shape(table, request)?;
+                // `shape` checked that the row is held, so it is in the table.
+                match first_request[req.row].replace(request) {
+                    Some(first) => Err(AllocError::DecodeRowRepeated {
+                        request,
+                        row: req.row,
+                        first,
+                    }),
+                    None => Ok(shape),
+                }
+            })
+            .collect()
+    }
+
+    /// This request's decode shape, read from `table` (the slot at position `len - 1` of its
+    /// row), as request `request` of a batch: [`AllocError::DecodeRowNotHeld`] when no
+    /// request holds the row, [`AllocError::DecodePositionOutOfRange`] when `len` is not in
+    /// `1..width`.
+    pub fn shape(self, table: &ReqToTokenPool, request: usize) -> Result<DecodeShape, AllocError> {
+        if !table.is_held(self.row) {
+            return Err(AllocError::DecodeRowNotHeld {
+                request,
+                row: self.row,
+            });
+        }
+        let width = table.max_context_len();
+        match table.slot(self.row, self.len.wrapping_sub(1)) {
+            Some(last_loc) if self.len < width => Ok(DecodeShape {
+                seq_len: self.len + 1,
+                last_loc,
+            }),
+            _ => Err(AllocError::DecodePositionOutOfRange {
+                request,
+                len: self.len,
+                width,
+            }),
+        }
+    }
 }
 
 impl ExtendShape {
@@ -81,6 +134,44 @@ pub(crate) struct DecodeFill {
     pub(crate) new_pages: usize,
 }
 
+impl Default for DecodeFill {
+    fn default() -> Self {
+        DecodeFill {
+            valid: true,
+            new_pages: 0,
+        }
+    }
+}
+
+impl DecodeFill {
+    /// The decode rule for one request with `stored` tokens whose last one is at `last_loc`
+    /// (`well_formed`: its shape passed the checks that need no page state): folds its
+    /// validity into `valid` and returns its new slot, the first slot of the next page of
+    /// `free` (0 when `free` is short) when the token opens one.
+    #[inline(always)]
+    fn next_slot<M: PageMath>(
+        &mut self,
+        math: M,
+        state: &[PageState],
+        free: &FreeList,
+        stored: usize,
+        last_loc: KvSlot,
+        well_formed: bool,
+    ) -> KvSlot {
+        let held = state.get(math.page_of(last_loc)) == Some(&PageState::Held);
+        let offset = math.offset(stored);
+        let aligned = math.offset(last_loc as usize + 1) == offset;
+        self.valid &= well_formed & held & aligned;
+        if offset == 0 {
+            let page = free.peek(self.new_pages);
+            self.new_pages += 1;
+            page.map_or(0, |page| math.first_slot(page))
+        } else {
+            last_loc + 1
+        }
+    }
+}
+
 /// The whole decode rule in one branch-light pass: validates every request as
 /// [`check_decode`] does and appends its slot to `out` (the next slot of its page, or the first
 /// slot of the next page of `free` when the token opens one). Takes nothing: the caller keeps
@@ -97,24 +188,125 @@ pub(crate) fn fill_decode<M: PageMath>(
 ) -> DecodeFill {
     let start = out.len();
     out.resize(start + reqs.len(), 0);
-    let mut valid = true;
-    let mut new_pages = 0usize;
+    let mut fill = DecodeFill::default();
     for (slot, shape) in out[start..].iter_mut().zip(reqs) {
         let stored = shape.seq_len.wrapping_sub(1);
-        let last_loc = shape.last_loc;
-        let held = state.get(math.page_of(last_loc)) == Some(&PageState::Held);
-        let offset = math.offset(stored);
-        let aligned = math.offset(last_loc as usize + 1) == offset;
-        valid &= (shape.seq_len >= 2) & held & aligned;
-        *slot = if offset == 0 {
-            let page = free.peek(new_pages);
-            new_pages += 1;
-            page.map_or(0, |page| math.first_slot(page))
-        } else {
-            last_loc + 1
-        };
+        *slot = fill.next_slot(
+            math,
+            state,
+            free,
+            stored,
+            shape.last_loc,
+            shape.seq_len >= 2,
+        );
     }
-    DecodeFill { valid, new_pages }
+    fill
+}
+
+/// The scratch of [`fill_decode_table`], kept by the allocator between calls so that a decode
+/// step allocates nothing. Not state: two scratches always compare equal.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct DecodeScratch {
+    /// The entry each request's new slot replaced (0 for a request the pass did not write).
+    undo: Vec<KvSlot>,
+    /// `marks[row] == epoch`: the pass in progress has met `row`.
+    marks: Vec<u32>,
+    /// The tag of the pass in progress.
+    epoch: u32,
+}
+
+impl PartialEq for DecodeScratch {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for DecodeScratch {}
+
+impl DecodeScratch {
+    /// Bytes held.
+    pub(crate) fn bytes(&self) -> usize {
+        (self.undo.capacity() + self.marks.capacity()) * 4
+    }
+
+    /// Ready for a pass over `requests` requests of a table of `rows` rows (row 0 included).
+    fn begin(&mut self, requests: usize, rows: usize) {
+        self.undo.clear();
+        self.undo.resize(requests, 0);
+        if self.marks.len() < rows {
+            self.marks.resize(rows, 0);
+        }
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            self.marks.fill(0);
+            self.epoch = 1;
+        }
+    }
+}
+
+/// [`fill_decode`] for requests given by their rows: reads each request's last slot from
+/// `table` and writes its new slot there in the same visit of the row. A row met twice makes
+/// the batch invalid (requests decode one token each, and the second would read what the first
+/// wrote). Each overwritten entry goes to `scratch`, so that [`undo_decode_table`] can put the
+/// table back when the batch is invalid or does not fit.
+#[inline]
+pub(crate) fn fill_decode_table<M: PageMath>(
+    math: M,
+    state: &[PageState],
+    free: &FreeList,
+    reqs: impl ExactSizeIterator<Item = DecodeRow>,
+    mut table: TableEntries<'_>,
+    out: &mut Vec<KvSlot>,
+    scratch: &mut DecodeScratch,
+) -> DecodeFill {
+    let start = out.len();
+    out.resize(start + reqs.len(), 0);
+    scratch.begin(reqs.len(), table.held.len());
+    let DecodeScratch { undo, marks, epoch } = scratch;
+    let mut fill = DecodeFill::default();
+    for ((slot, saved), req) in out[start..].iter_mut().zip(undo.iter_mut()).zip(reqs) {
+        let first_visit = marks
+            .get_mut(req.row)
+            .is_some_and(|mark| std::mem::replace(mark, *epoch) != *epoch);
+        let (last_loc, next) = match table.decode_entries(req) {
+            Some([last_loc, next]) => (*last_loc, Some(next)),
+            None => (0, None),
+        };
+        let well_formed = first_visit & next.is_some();
+        *slot = fill.next_slot(math, state, free, req.len, last_loc, well_formed);
+        if let Some(next) = next {
+            *saved = std::mem::replace(next, *slot);
+        }
+    }
+    fill
+}
+
+/// Puts back the entries [`fill_decode_table`] overwrote, last request first.
+#[cold]
+pub(crate) fn undo_decode_table(
+    reqs: impl DoubleEndedIterator<Item = DecodeRow> + ExactSizeIterator,
+    mut table: TableEntries<'_>,
+    scratch: &DecodeScratch,
+) {
+    for (req, &saved) in reqs.zip(&scratch.undo).rev() {
+        if let Some([_, next]) = table.decode_entries(req) {
+            *next = saved;
+        }
+    }
+}
+
+impl TableEntries<'_> {
+    /// The entries at positions `len - 1` (the last stored token) and `len` (the new one) of
+    /// `req`'s row, or `None` when the row is not held or `len` is not in `1..width`.
+    #[inline]
+    fn decode_entries(&mut self, req: DecodeRow) -> Option<&mut [KvSlot; 2]> {
+        let held = self.held.get(req.row) == Some(&true);
+        if !held || req.len.wrapping_sub(1) >= self.width.saturating_sub(1) {
+            return None;
+        }
+        let index = req.row * self.width + req.len;
+        self.entries.get_mut(index - 1..=index)?.try_into().ok()
+    }
 }
 
 /// `last_loc` must be a slot of an allocated page at the page offset `prefix_len` implies.

@@ -3,11 +3,11 @@
 use kvown_macros::owner;
 
 use super::{AllocFailure, DecodePrepared, LastAllocation, Ready, ScheduleBatch};
-use crate::alloc::{DecodeShape, KvAllocator};
+use crate::alloc::{DecodeRow, KvAllocator};
 use crate::cache::KvCache;
 use crate::error::KvError;
 use crate::request::Req;
-use crate::slots::{ReqRow, ReqToTokenPool};
+use crate::slots::ReqToTokenPool;
 
 /// Ticks each request's decode clock after checking that its next position
 /// (`kv_allocated_len`) exists in its row, and counts the pages the step takes. Owns
@@ -32,8 +32,9 @@ pub fn prepare_for_decode<A: KvAllocator>(
 
 /// Allocates one slot per request (a new page only when the new token opens one), writes it
 /// at the request's old length in its row, and settles `kv_allocated_len += 1` and
-/// `kv_committed_len += 1` (sglang #37085). The allocator reads each request's shape and row
-/// as it goes ([`KvAllocator::alloc_decode_rows`]). Transactional like `alloc_for_extend`.
+/// `kv_committed_len += 1` (sglang #37085). The allocator reads each request's last slot from
+/// its row and writes the new one as it goes ([`KvAllocator::alloc_decode_table`]).
+/// Transactional like `alloc_for_extend`.
 #[owner]
 pub fn alloc_for_decode<A: KvAllocator>(
     mut batch: ScheduleBatch<DecodePrepared>,
@@ -43,40 +44,25 @@ pub fn alloc_for_decode<A: KvAllocator>(
         return Err(batch.fail(error));
     }
     batch.out_cache_loc.clear();
-    let table = &cache.req_to_token;
-    let shapes = batch.reqs.iter().map(|req| decode_shape(req, table));
-    if let Err(error) = cache
-        .allocator
-        .alloc_decode_rows(shapes, &mut batch.out_cache_loc)
+    let rows = batch.reqs.iter().map(|req| DecodeRow {
+        // Row 0 is never held: a request without a row fails as an invalid row.
+        row: req.kv().req_pool_idx().unwrap_or(0),
+        len: req.kv().kv_allocated_len(),
+    });
+    if let Err(error) =
+        cache
+            .allocator
+            .alloc_decode_table(rows, &mut cache.req_to_token, &mut batch.out_cache_loc)
     {
         return Err(batch.fail(error.into()));
     }
-    let table = &mut cache.req_to_token;
-    for (req, &slot) in batch.reqs.iter_mut().zip(&batch.out_cache_loc) {
+    for req in &mut batch.reqs {
         let kv = req.kv_mut();
-        let row = kv.req_pool_idx().expect("checked by prepare_for_decode");
-        table.set_held(row, kv.kv_allocated_len(), slot);
         *kv.kv_allocated_len_mut(owner) += 1;
         *kv.kv_committed_len_mut(owner) += 1;
     }
     batch.last_allocation = LastAllocation::Decode;
     Ok(batch.into_state(Ready))
-}
-
-/// A prepared request's decode shape (post-step length, slot of its last stored token) and
-/// row. `prepare_for_decode` checked both exist; were that broken, the shape names the
-/// padding slot, which no allocator accepts as a stored token (a typed error, not a panic).
-#[inline]
-fn decode_shape(req: &Req, table: &ReqToTokenPool) -> (DecodeShape, ReqRow) {
-    let kv = req.kv();
-    let row = kv.req_pool_idx().unwrap_or(0);
-    let seq_len = kv.kv_allocated_len();
-    let last_loc = table.slot(row, seq_len.wrapping_sub(1)).unwrap_or(0);
-    let shape = DecodeShape {
-        seq_len: seq_len + 1,
-        last_loc,
-    };
-    (shape, row)
 }
 
 /// Checks in one branch-light pass that every request holds a row whose next position

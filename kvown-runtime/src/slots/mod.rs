@@ -7,4 +7,5 @@ mod error;
 mod pool;
 
 pub use error::SlotError;
+pub(crate) use pool::TableEntries;
 pub use pool::{ReqRow, ReqToTokenPool};

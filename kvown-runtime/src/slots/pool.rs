@@ -23,6 +23,17 @@ pub struct ReqToTokenPool {
     req_generation: Vec<u64>,
 }
 
+/// The entries of a [`ReqToTokenPool`] (row `r`, position `p` at `r * width + p`) and its
+/// held-row flags, borrowed for one pass.
+pub(crate) struct TableEntries<'a> {
+    /// Every row's slots, row after row.
+    pub(crate) entries: &'a mut [KvSlot],
+    /// `held[r]`: row `r` belongs to a request.
+    pub(crate) held: &'a [bool],
+    /// Positions per row.
+    pub(crate) width: usize,
+}
+
 impl ReqToTokenPool {
     /// A pool of `size` request rows of `max_context_len` positions, all free: `[1, …, size]`.
     pub fn new(size: usize, max_context_len: usize) -> Result<Self, SlotError> {
@@ -130,6 +141,17 @@ impl ReqToTokenPool {
         self.check_writable(row)?;
         let start = row * self.max_context_len;
         Ok(&mut self.table[start..start + self.max_context_len])
+    }
+
+    /// The table's entries and which rows are held, for a pass that reads and writes many rows
+    /// (the fused decode step).
+    #[inline]
+    pub(crate) fn entries_mut(&mut self) -> TableEntries<'_> {
+        TableEntries {
+            entries: &mut self.table,
+            held: &self.held,
+            width: self.max_context_len,
+        }
     }
 
     /// Writes `slot` at `position` of `row`, which the caller knows is held (only the slice

@@ -1,0 +1,368 @@
+//! `KvAllocator::alloc_decode_table`: the paged allocator's fused pass (each row's last slot
+//! read and its new slot written in one visit) against the trait's default (shapes read from
+//! the table, `alloc_decode`, then the table write), on random tables and batches with invalid
+//! requests mixed in; and the transactional guarantee: on error the table, the allocator and
+//! `out` are exactly as before.
+
+mod common;
+
+use kvown_runtime::alloc::{
+    AllocError, DecodeRow, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PagedAllocator,
+    TokenAllocator,
+};
+use kvown_runtime::slots::{ReqRow, ReqToTokenPool};
+use proptest::prelude::*;
+
+/// An allocator whose `alloc_decode_table` is the trait's default: everything else delegates.
+#[derive(Debug, Clone, PartialEq)]
+struct Composed<A>(A);
+
+impl<A: KvAllocator> KvAllocator for Composed<A> {
+    fn page_size(&self) -> usize {
+        self.0.page_size()
+    }
+    fn capacity(&self) -> usize {
+        self.0.capacity()
+    }
+    fn available_size(&self) -> usize {
+        self.0.available_size()
+    }
+    fn alloc(&mut self, num_tokens: usize, out: &mut Vec<KvSlot>) -> Result<(), AllocError> {
+        self.0.alloc(num_tokens, out)
+    }
+    fn alloc_extend(
+        &mut self,
+        reqs: &[ExtendShape],
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), AllocError> {
+        self.0.alloc_extend(reqs, out)
+    }
+    fn alloc_decode(
+        &mut self,
+        reqs: &[DecodeShape],
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), AllocError> {
+        self.0.alloc_decode(reqs, out)
+    }
+    fn free(&mut self, slots: &[KvSlot]) -> Result<(), AllocError> {
+        self.0.free(slots)
+    }
+    fn free_segment(&mut self, slots: &[KvSlot], start_pos: usize) -> Result<(), AllocError> {
+        self.0.free_segment(slots, start_pos)
+    }
+    fn free_segments(&mut self, segments: &[(&[KvSlot], usize)]) -> Result<(), AllocError> {
+        self.0.free_segments(segments)
+    }
+    fn free_page_ids(&mut self, pages: &[PageId]) -> Result<(), AllocError> {
+        self.0.free_page_ids(pages)
+    }
+    fn free_group_begin(&mut self) -> Result<(), AllocError> {
+        self.0.free_group_begin()
+    }
+    fn free_group_end(&mut self) -> Result<(), AllocError> {
+        self.0.free_group_end()
+    }
+}
+
+/// Table rows in every scenario (the pool hands out the last `HELD_ROWS`: rows 1 and 2 stay
+/// free, rows 9 and up do not exist).
+const TABLE_ROWS: usize = 8;
+const HELD_ROWS: usize = 6;
+
+/// A table of `TABLE_ROWS` rows of `width` positions whose held rows start at `lens`
+/// (extended from 0 in one batch when the pool has room, else left empty), and the lengths
+/// indexed by row.
+fn setup<A: KvAllocator>(
+    allocator: &mut A,
+    width: usize,
+    lens: &[usize],
+) -> (ReqToTokenPool, Vec<usize>) {
+    let mut table = ReqToTokenPool::new(TABLE_ROWS, width).unwrap();
+    let rows = table.alloc(HELD_ROWS).unwrap();
+    let mut row_lens = vec![0; TABLE_ROWS + 1];
+    for (&row, &len) in rows.iter().zip(lens) {
+        let mut out = Vec::new();
+        let shape = ExtendShape {
+            prefix_len: 0,
+            seq_len: len,
+            last_loc: None,
+        };
+        if allocator.alloc_extend(&[shape], &mut out).is_ok() {
+            table.write(row, 0, &out).unwrap();
+            row_lens[row] = len;
+        }
+    }
+    (table, row_lens)
+}
+
+/// One decode request: `pick` names a row (0, free rows and rows past the table included),
+/// `tweak` mostly keeps its true length and sometimes breaks it (0 stored tokens, one
+/// position too far, the full width).
+fn decode_row(pick: usize, tweak: u8, lens: &[usize], width: usize) -> DecodeRow {
+    let len = lens.get(pick).copied().unwrap_or(1);
+    let len = match tweak {
+        0 => 0,
+        1 => len + 1,
+        2 => width,
+        _ => len,
+    };
+    DecodeRow { row: pick, len }
+}
+
+/// Runs `steps` decode batches through the fused allocator and the composed one side by side.
+fn run<A>(fused: A, width: usize, lens: Vec<usize>, steps: Steps) -> Result<(), TestCaseError>
+where
+    A: KvAllocator + Clone + PartialEq + std::fmt::Debug,
+{
+    let mut fused = fused;
+    let (mut table, mut row_lens) = setup(&mut fused, width, &lens);
+    let mut composed = Composed(fused.clone());
+    let mut composed_table = table.clone();
+    for batch in steps {
+        let reqs: Vec<DecodeRow> = batch
+            .iter()
+            .map(|&(pick, tweak)| decode_row(pick, tweak, &row_lens, width))
+            .collect();
+        let (table_before, fused_before) = (table.clone(), fused.clone());
+        let mut out = vec![7];
+        let result = fused.alloc_decode_table(reqs.iter().copied(), &mut table, &mut out);
+        let mut composed_out = vec![7];
+        let composed_result = composed.alloc_decode_table(
+            reqs.iter().copied(),
+            &mut composed_table,
+            &mut composed_out,
+        );
+        prop_assert_eq!(&result, &composed_result);
+        prop_assert_eq!(&out, &composed_out);
+        prop_assert_eq!(&table, &composed_table);
+        prop_assert_eq!(&fused, &composed.0);
+        match result {
+            Ok(()) => {
+                prop_assert_eq!(out.len(), 1 + reqs.len());
+                for (req, &slot) in reqs.iter().zip(&out[1..]) {
+                    let row = table.row(req.row).unwrap();
+                    let last = row[req.len - 1];
+                    let page_size = fused.page_size() as KvSlot;
+                    let opens_page = req.len % fused.page_size() == 0;
+                    prop_assert!(
+                        opens_page || slot == last + 1,
+                        "{req:?}: {slot} after {last}"
+                    );
+                    prop_assert!(!opens_page || slot % page_size == 0, "{req:?}: {slot}");
+                }
+                // Duplicates name one row once: its length grows by one.
+                let mut rows: Vec<ReqRow> = reqs.iter().map(|req| req.row).collect();
+                rows.sort_unstable();
+                rows.dedup();
+                for row in rows {
+                    row_lens[row] += 1;
+                }
+            }
+            Err(error) => {
+                prop_assert_eq!(&table, &table_before, "{}", error);
+                prop_assert_eq!(&fused, &fused_before, "{}", error);
+                prop_assert_eq!(&out, &vec![7]);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Decode batches of `(pick, tweak)` requests ([`decode_row`]).
+type Steps = Vec<Vec<(usize, u8)>>;
+
+/// Pool pages, `need_sort`, the held rows' starting lengths, and the batches.
+fn scenario(page_size: usize) -> impl Strategy<Value = (usize, bool, Vec<usize>, Steps)> {
+    let width = 4 * page_size + 2;
+    (
+        3usize..24,
+        any::<bool>(),
+        prop::collection::vec(0..width, HELD_ROWS),
+        prop::collection::vec(
+            prop::collection::vec((0usize..TABLE_ROWS + 3, 0u8..24), 1..8),
+            1..12,
+        ),
+    )
+}
+
+proptest! {
+    #![proptest_config(common::proptest_config())]
+
+    #[test]
+    fn fused_decode_matches_the_default_page_size_1((pages, need_sort, lens, steps) in scenario(1)) {
+        run(TokenAllocator::new(pages, need_sort).unwrap(), 6, lens, steps)?;
+    }
+
+    #[test]
+    fn fused_decode_matches_the_default_page_size_3((pages, need_sort, lens, steps) in scenario(3)) {
+        run(PagedAllocator::new(pages * 3, 3, need_sort).unwrap(), 14, lens, steps)?;
+    }
+
+    #[test]
+    fn fused_decode_matches_the_default_page_size_16((pages, need_sort, lens, steps) in scenario(16)) {
+        run(PagedAllocator::new(pages * 16, 16, need_sort).unwrap(), 66, lens, steps)?;
+    }
+}
+
+/// A pool of 4 pages of 4 slots, a table of 4 rows of 8 positions; row 4 holds 3 tokens
+/// (page 1), row 3 holds 4 (page 2, full).
+fn small() -> (PagedAllocator, ReqToTokenPool) {
+    let mut allocator = PagedAllocator::new(16, 4, false).unwrap();
+    let mut table = ReqToTokenPool::new(4, 8).unwrap();
+    assert_eq!(table.alloc(2).unwrap(), [3, 4]);
+    let mut out = Vec::new();
+    let shape = |seq_len| ExtendShape {
+        prefix_len: 0,
+        seq_len,
+        last_loc: None,
+    };
+    allocator
+        .alloc_extend(&[shape(3), shape(4)], &mut out)
+        .unwrap();
+    table.write(4, 0, &out[..3]).unwrap();
+    table.write(3, 0, &out[3..]).unwrap();
+    (allocator, table)
+}
+
+#[test]
+fn a_decode_by_rows_writes_each_new_slot_after_the_last() {
+    let (mut allocator, mut table) = small();
+    let mut out = Vec::new();
+    let reqs = [DecodeRow { row: 4, len: 3 }, DecodeRow { row: 3, len: 4 }];
+    allocator
+        .alloc_decode_table(reqs.into_iter(), &mut table, &mut out)
+        .unwrap();
+    // Row 4 continues page 1 (slots 4..7); row 3 opens page 3, the next free page.
+    assert_eq!(out, [7, 12]);
+    assert_eq!(table.row(4).unwrap()[..4], [4, 5, 6, 7]);
+    assert_eq!(table.row(3).unwrap()[..5], [8, 9, 10, 11, 12]);
+    assert_eq!(allocator.available_size(), 4);
+    allocator.check().unwrap();
+}
+
+#[test]
+fn an_invalid_request_names_itself_and_changes_nothing() {
+    let not_held = |row| AllocError::DecodeRowNotHeld { request: 1, row };
+    let out_of_range = |len| AllocError::DecodePositionOutOfRange {
+        request: 1,
+        len,
+        width: 8,
+    };
+    let cases = [
+        (DecodeRow { row: 2, len: 1 }, not_held(2), "row 2 is free"),
+        (
+            DecodeRow { row: 9, len: 1 },
+            not_held(9),
+            "row 9 is past the table",
+        ),
+        (
+            DecodeRow { row: 4, len: 0 },
+            out_of_range(0),
+            "no stored token",
+        ),
+        (DecodeRow { row: 4, len: 8 }, out_of_range(8), "no room"),
+    ];
+    for (bad, expected, why) in cases {
+        let (mut allocator, mut table) = small();
+        let (allocator_before, table_before) = (allocator.clone(), table.clone());
+        let mut out = vec![1];
+        let reqs = [DecodeRow { row: 3, len: 4 }, bad];
+        let error = allocator
+            .alloc_decode_table(reqs.into_iter(), &mut table, &mut out)
+            .unwrap_err();
+        assert_eq!(error, expected, "{why}");
+        assert_eq!(allocator, allocator_before, "{why}");
+        assert_eq!(table, table_before, "{why}");
+        assert_eq!(out, [1], "{why}");
+    }
+}
+
+#[test]
+fn a_length_past_the_stored_tokens_reads_an_unallocated_last_slot() {
+    let (mut allocator, mut table) = small();
+    let table_before = table.clone();
+    // Row 4 holds 3 tokens: position 3 was never written (slot 0, the padding page).
+    let reqs = [DecodeRow { row: 4, len: 4 }];
+    let error = allocator
+        .alloc_decode_table(reqs.into_iter(), &mut table, &mut Vec::new())
+        .unwrap_err();
+    assert_eq!(
+        error,
+        AllocError::LastLocNotAllocated {
+            request: 0,
+            last_loc: 0
+        }
+    );
+    assert_eq!(table, table_before);
+}
+
+#[test]
+fn out_of_memory_puts_back_every_entry_it_wrote() {
+    let (mut allocator, mut table) = small();
+    // Fill the pool: pages 3 and 4 go to a raw allocation.
+    allocator.alloc(8, &mut Vec::new()).unwrap();
+    let (allocator_before, table_before) = (allocator.clone(), table.clone());
+    // Row 4 continues its page (its entry is written first), row 3 needs a new page: none.
+    let reqs = [DecodeRow { row: 4, len: 3 }, DecodeRow { row: 3, len: 4 }];
+    let error = allocator
+        .alloc_decode_table(reqs.into_iter(), &mut table, &mut Vec::new())
+        .unwrap_err();
+    assert_eq!(
+        error,
+        AllocError::OutOfMemory {
+            requested: 4,
+            available: 0
+        }
+    );
+    assert_eq!(allocator, allocator_before);
+    assert_eq!(table, table_before);
+}
+
+#[test]
+fn need_sort_merges_the_release_list_when_the_free_list_is_short() {
+    let mut allocator = PagedAllocator::new(16, 4, true).unwrap();
+    let mut table = ReqToTokenPool::new(1, 8).unwrap();
+    let row = table.alloc(1).unwrap()[0];
+    let mut out = Vec::new();
+    allocator.alloc(16, &mut out).unwrap();
+    table.write(row, 0, &out[..4]).unwrap();
+    // Pages 2..4 go to the release list; the free list is empty.
+    allocator.free(&out[4..]).unwrap();
+    let mut decoded = Vec::new();
+    allocator
+        .alloc_decode_table(
+            [DecodeRow { row, len: 4 }].into_iter(),
+            &mut table,
+            &mut decoded,
+        )
+        .unwrap();
+    // The merge sorts the released pages: page 2 comes first.
+    assert_eq!(decoded, [8]);
+    assert_eq!(table.row(row).unwrap()[4], 8);
+    allocator.check().unwrap();
+}
+
+#[test]
+fn a_row_named_twice_is_refused_before_anything_changes() {
+    let (mut allocator, mut table) = small();
+    let (allocator_before, table_before) = (allocator.clone(), table.clone());
+    // The second request would read the slot the first one writes.
+    let reqs = [
+        DecodeRow { row: 4, len: 3 },
+        DecodeRow { row: 3, len: 4 },
+        DecodeRow { row: 4, len: 4 },
+    ];
+    let error = allocator
+        .alloc_decode_table(reqs.into_iter(), &mut table, &mut Vec::new())
+        .unwrap_err();
+    assert_eq!(
+        error,
+        AllocError::DecodeRowRepeated {
+            request: 2,
+            row: 4,
+            first: 0
+        }
+    );
+    assert_eq!(allocator, allocator_before);
+    assert_eq!(table, table_before);
+}
