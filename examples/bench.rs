@@ -1,6 +1,7 @@
-//! `cargo run --release --example bench [-- [--json] [--only NAME]...]`: the allocator workloads of
-//! `benches/README.md` as a table (median, min and max over repeats) or as JSON, plus the
-//! bookkeeping memory per page. The criterion benches (`cargo bench`) run the same workloads.
+//! `cargo run --release --example bench [-- [--json] [--only NAME]... [--phases]]`: the allocator
+//! workloads of `benches/README.md` as a table (median, min and max over repeats) or as JSON,
+//! plus the bookkeeping memory per page, and with `--phases` the split of a W2 / W2c step into
+//! its parts. The criterion benches (`cargo bench`) run the same workloads.
 
 #[path = "../benches/workloads/guarded.rs"]
 mod guarded;
@@ -16,7 +17,7 @@ use serde::Serialize;
 use guarded::{
     guarded_batch, guarded_vs_plain_checksums, guarded_write_loop, plain_batch, plain_write_loop,
 };
-use workloads::{DecodeLoop, ExtendBatch, PoolChurn};
+use workloads::{DecodeLoop, ExtendBatch, Phase, PhaseTimes, PoolChurn};
 
 /// Runs the allocator workloads and prints their figures.
 #[derive(Debug, Parser)]
@@ -31,6 +32,10 @@ struct Args {
     /// Run only these workloads (e.g. `--only W1_k1 --only W2`); all of them when absent.
     #[arg(long, value_name = "NAME", value_parser = WORKLOADS)]
     only: Vec<String>,
+    /// Also time the parts of a W2 / W2c step, in separate runs (one clock read per part, so
+    /// the parts add up to a little more than the untimed step).
+    #[arg(long)]
+    phases: bool,
 }
 
 /// The timed workloads, in the order they run.
@@ -59,10 +64,20 @@ struct Workload {
     max: f64,
 }
 
+/// One part of a decode step: median time per step over the repeats.
+#[derive(Debug, Serialize)]
+struct PhaseFigure {
+    workload: &'static str,
+    phase: &'static str,
+    us_per_step: f64,
+}
+
 #[derive(Debug, Serialize)]
 struct Report {
     machine: Machine,
     workloads: Vec<Workload>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    phases: Vec<PhaseFigure>,
 }
 
 fn machine() -> Machine {
@@ -125,8 +140,10 @@ fn pool_churn(pages: usize, repeats: usize) -> Workload {
     })
 }
 
+/// Steps per W2 / W2c measurement (and of warm-up).
+const STEPS: usize = 2000;
+
 fn decode_steps(name: &str, radix: bool, repeats: usize) -> (Workload, DecodeLoop) {
-    const STEPS: usize = 2000;
     let mut decode = DecodeLoop::new(radix);
     for _ in 0..STEPS {
         decode.step();
@@ -142,6 +159,39 @@ fn decode_steps(name: &str, radix: bool, repeats: usize) -> (Workload, DecodeLoo
         panic!("{name}: invariant violated after the run: {violation}");
     }
     (workload, decode)
+}
+
+/// The median time per step of each part of a W2 (`radix` off) or W2c step.
+fn decode_phases(workload: &'static str, radix: bool, repeats: usize) -> Vec<PhaseFigure> {
+    let mut decode = DecodeLoop::new(radix);
+    for _ in 0..STEPS {
+        decode.step();
+    }
+    let runs: Vec<Vec<f64>> = (0..repeats.max(1))
+        .map(|_| {
+            let mut clock = PhaseTimes::start();
+            for _ in 0..STEPS {
+                black_box(&mut decode).step_timed(&mut clock);
+            }
+            clock
+                .totals()
+                .map(|(_, total)| total.as_nanos() as f64 / 1e3 / STEPS as f64)
+                .collect()
+        })
+        .collect();
+    Phase::ALL
+        .iter()
+        .enumerate()
+        .map(|(index, phase)| {
+            let mut values: Vec<f64> = runs.iter().map(|run| run[index]).collect();
+            values.sort_by(f64::total_cmp);
+            PhaseFigure {
+                workload,
+                phase: phase.name(),
+                us_per_step: values[values.len() / 2],
+            }
+        })
+        .collect()
 }
 
 fn extend(repeats: usize) -> Workload {
@@ -236,9 +286,18 @@ fn main() {
                 .expect("W2c runs with the prefix cache"),
         ));
     }
+    let mut phases = Vec::new();
+    if args.phases {
+        for (name, radix) in [("W2", false), ("W2c", true)] {
+            if selected(name) {
+                phases.extend(decode_phases(name, radix, repeats));
+            }
+        }
+    }
     let report = Report {
         machine: machine(),
         workloads,
+        phases,
     };
     if args.json {
         println!(
@@ -260,5 +319,25 @@ fn main() {
             "{:<22} {:>14.3} {:>14.3} {:>14.3}  {}",
             w.name, w.median, w.min, w.max, w.unit
         );
+    }
+    print_phases(&report.phases);
+}
+
+/// The phase split of each decode workload: median us per step and share of the timed step.
+fn print_phases(phases: &[PhaseFigure]) {
+    for chunk in phases.chunk_by(|a, b| a.workload == b.workload) {
+        let total: f64 = chunk.iter().map(|figure| figure.us_per_step).sum();
+        println!(
+            "\n{} step by phase (timed runs, {total:.3} us/step in all)",
+            chunk[0].workload
+        );
+        for figure in chunk {
+            println!(
+                "  {:<20} {:>8.3} us/step {:>6.1}%",
+                figure.phase,
+                figure.us_per_step,
+                100.0 * figure.us_per_step / total
+            );
+        }
     }
 }

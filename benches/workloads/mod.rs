@@ -4,6 +4,8 @@
 //! Every workload panics with the kvown error when a call that must succeed fails: a benchmark
 //! that silently measures an error path is worse than none.
 
+use std::time::{Duration, Instant};
+
 use kvown::alloc::{KvAllocator, KvSlot, PagedAllocator};
 use kvown::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, prepare_for_decode, prepare_for_extend,
@@ -74,6 +76,97 @@ impl PoolChurn {
     /// Bytes of allocator bookkeeping per page of the pool.
     pub fn bookkeeping_bytes_per_page(&self) -> f64 {
         self.allocator.bookkeeping_bytes() as f64 / Self::POOL_PAGES as f64
+    }
+}
+
+/// The parts of a decode step ([`DecodeLoop::step_timed`]), in the order they run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Finding the finished requests and taking them out of the batch.
+    TakeFinished,
+    /// `release_kv_cache` of each finished request, in one free group.
+    Release,
+    /// Building the replacements and extending them (`init_next_round_input`,
+    /// `prepare_for_extend`, `alloc_for_extend`, page registration with W2c).
+    Replacements,
+    /// Pushing one output token to every request: the sampler's work, not the allocator's.
+    TokenAppend,
+    /// `prepare_for_decode`.
+    PrepareDecode,
+    /// `alloc_for_decode` (with W2c, the eviction of the shortfall when the pool is short).
+    AllocDecode,
+    /// W2c: `cache_unfinished_req` for every request whose last page just filled.
+    RegisterPages,
+}
+
+#[allow(dead_code, reason = "used by examples/bench.rs, not by benches/allocator.rs")]
+impl Phase {
+    /// Every phase, in step order.
+    pub const ALL: [Phase; 7] = [
+        Phase::TakeFinished,
+        Phase::Release,
+        Phase::Replacements,
+        Phase::TokenAppend,
+        Phase::PrepareDecode,
+        Phase::AllocDecode,
+        Phase::RegisterPages,
+    ];
+
+    /// The phase's name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::TakeFinished => "take finished",
+            Phase::Release => "release",
+            Phase::Replacements => "replacements",
+            Phase::TokenAppend => "token append",
+            Phase::PrepareDecode => "prepare_for_decode",
+            Phase::AllocDecode => "alloc_for_decode",
+            Phase::RegisterPages => "register pages",
+        }
+    }
+}
+
+/// Told by [`DecodeLoop::step_timed`] when each phase of a step ends. `()` ignores it (the
+/// untimed step).
+pub trait PhaseClock {
+    /// `phase` just ended (phases a step skips end too, empty).
+    fn end(&mut self, phase: Phase);
+}
+
+impl PhaseClock for () {
+    #[inline(always)]
+    fn end(&mut self, _: Phase) {}
+}
+
+/// Wall time per phase, summed over the steps it timed (one clock read per phase).
+#[allow(dead_code, reason = "used by examples/bench.rs, not by benches/allocator.rs")]
+#[derive(Debug)]
+pub struct PhaseTimes {
+    last: Instant,
+    totals: [Duration; Phase::ALL.len()],
+}
+
+#[allow(dead_code, reason = "used by examples/bench.rs, not by benches/allocator.rs")]
+impl PhaseTimes {
+    /// Starts timing now.
+    pub fn start() -> Self {
+        PhaseTimes {
+            last: Instant::now(),
+            totals: [Duration::ZERO; Phase::ALL.len()],
+        }
+    }
+
+    /// The time summed for each phase, in [`Phase::ALL`] order.
+    pub fn totals(&self) -> impl Iterator<Item = (Phase, Duration)> + '_ {
+        Phase::ALL.into_iter().zip(self.totals)
+    }
+}
+
+impl PhaseClock for PhaseTimes {
+    fn end(&mut self, phase: Phase) {
+        let now = Instant::now();
+        self.totals[phase as usize] += now - self.last;
+        self.last = now;
     }
 }
 
@@ -150,15 +243,27 @@ impl DecodeLoop {
     /// One decode step, replacements included.
     #[inline]
     pub fn step(&mut self) {
+        self.step_timed(&mut ());
+    }
+
+    /// [`DecodeLoop::step`], telling `clock` when each [`Phase`] ends.
+    #[inline]
+    pub fn step_timed(&mut self, clock: &mut impl PhaseClock) {
         let mut running = self.running.take().expect("the running batch is home");
         let done = |req: &Req| req.kv().kv_committed_len() >= Self::FINISH_LEN;
-        if running.reqs().iter().any(done) {
+        if !running.reqs().iter().any(done) {
+            clock.end(Phase::TakeFinished);
+            clock.end(Phase::Release);
+            clock.end(Phase::Replacements);
+        } else {
             let mut finished = running.take_if(done);
+            clock.end(Phase::TakeFinished);
             self.cache.free_group_begin().expect("no open group");
             for req in &mut finished {
                 release_kv_cache(req, &mut self.cache, true).expect("release");
             }
             self.cache.free_group_end().expect("the group is open");
+            clock.end(Phase::Release);
             let replacements = finished
                 .iter()
                 .map(|_| {
@@ -170,15 +275,19 @@ impl DecodeLoop {
             self.running = Some(running);
             self.admit(replacements);
             running = self.running.take().expect("the running batch is home");
+            clock.end(Phase::Replacements);
         }
         for req in running.reqs_mut() {
             let position = req.fill_ids().len();
             req.push_output(token(req.rid(), position));
         }
+        clock.end(Phase::TokenAppend);
         let prepared = prepare_for_decode(running, &self.cache)
             .unwrap_or_else(|(_, error)| panic!("prepare_for_decode: {error}"));
+        clock.end(Phase::PrepareDecode);
         let mut running = alloc_for_decode(prepared, &mut self.cache)
             .unwrap_or_else(|failure| panic!("alloc_for_decode: {}", failure.error));
+        clock.end(Phase::AllocDecode);
         if self.radix {
             for req in running.reqs_mut() {
                 if req.kv().kv_committed_len() % PAGE_SIZE == 0 {
@@ -186,6 +295,7 @@ impl DecodeLoop {
                 }
             }
         }
+        clock.end(Phase::RegisterPages);
         self.running = Some(running);
     }
 

@@ -64,7 +64,10 @@ impl ReqKvInfo {
 }
 
 /// One request as the scheduler sees it: its tokens, its KV record and its prefix-cache lock.
-#[derive(Debug, Clone)]
+///
+/// Not `Clone`: a request that holds KV owns its request-to-token row and its lock in the
+/// prefix cache, and a copy would decode into the same row and release both twice.
+#[derive(Debug)]
 pub struct Req {
     rid: u64,
     /// Prompt followed by the outputs so far.

@@ -204,38 +204,6 @@ fn decode_writes_the_old_length_and_opens_pages_only_at_boundaries() {
     empty_out(cache);
 }
 
-// A request cloned while it holds KV shares its row with the original: decoding both in one
-// batch would hand the second the slot the first just wrote. The allocator refuses the batch
-// and nothing changes.
-#[test]
-fn a_cloned_request_in_the_same_decode_batch_is_refused() {
-    let mut cache = cache(256, 4, false);
-    let batch = extend(vec![Req::new(0, tokens(0, 6))], &mut cache);
-    let mut reqs = batch.into_reqs();
-    reqs.push(reqs[0].clone());
-    for req in &mut reqs {
-        req.push_output(1);
-    }
-    let before = state(&cache);
-    let prepared = prepare_for_decode(ScheduleBatch::new(reqs), &cache)
-        .map_err(|(_, e)| e)
-        .unwrap();
-    let failure = alloc_for_decode(prepared, &mut cache).unwrap_err();
-    assert!(
-        failure
-            .error
-            .to_string()
-            .contains("already named by request 0"),
-        "{}",
-        failure.error
-    );
-    assert_eq!(state(&cache), before);
-    let mut reqs = failure.batch.cancel().into_reqs();
-    assert_eq!(ladder(&reqs[1]), (0, 6, 6));
-    release_kv_cache(&mut reqs[0], &mut cache, false).unwrap();
-    empty_out(cache);
-}
-
 // §9.15: release frees [protected, ceil_align(allocated)) minus what the tree took over.
 #[test]
 fn release_frees_the_owned_range_minus_the_tree_take() {
