@@ -33,13 +33,17 @@ impl RadixCache {
     /// Moves one lock from `from` to `to`: the same as `inc_lock_ref(to)` then
     /// `dec_lock_ref(from)`, but touching only the nodes below their deepest common ancestor.
     ///
-    /// Cost: O(nodes between the two and their common ancestor); O(1) when `to` is `from` or its
-    /// child, as after registering one more page.
+    /// Cost: O(nodes between the two and their common ancestor); O(1) when `to` is `from` (as
+    /// after registering one more page in the caller's own leaf) or its child.
     ///
     /// # Errors
     /// As [`RadixCache::dec_lock_ref`] on `from`, or an unknown `to`; nothing changes.
     pub fn move_lock(&mut self, from: NodeId, to: NodeId) -> Result<(), RadixError> {
         self.ensure_unlockable(from)?;
+        if from == to {
+            // Registering a page in the caller's own leaf: the lock stays where it is.
+            return Ok(());
+        }
         self.ensure_live(to)?;
         let common = self.common_ancestor(from, to);
         self.lock_path(to, common);
