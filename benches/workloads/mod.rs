@@ -99,7 +99,10 @@ pub enum Phase {
     RegisterPages,
 }
 
-#[allow(dead_code, reason = "used by examples/bench.rs, not by benches/allocator.rs")]
+#[allow(
+    dead_code,
+    reason = "used by examples/bench.rs, not by benches/allocator.rs"
+)]
 impl Phase {
     /// Every phase, in step order.
     pub const ALL: [Phase; 7] = [
@@ -139,14 +142,20 @@ impl PhaseClock for () {
 }
 
 /// Wall time per phase, summed over the steps it timed (one clock read per phase).
-#[allow(dead_code, reason = "used by examples/bench.rs, not by benches/allocator.rs")]
+#[allow(
+    dead_code,
+    reason = "used by examples/bench.rs, not by benches/allocator.rs"
+)]
 #[derive(Debug)]
 pub struct PhaseTimes {
     last: Instant,
     totals: [Duration; Phase::ALL.len()],
 }
 
-#[allow(dead_code, reason = "used by examples/bench.rs, not by benches/allocator.rs")]
+#[allow(
+    dead_code,
+    reason = "used by examples/bench.rs, not by benches/allocator.rs"
+)]
 impl PhaseTimes {
     /// Starts timing now.
     pub fn start() -> Self {
