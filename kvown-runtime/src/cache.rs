@@ -1,10 +1,37 @@
 //! [`KvCache`]: the slot allocator, the request-to-token table and the prefix cache of one KV
 //! pool, bundled so the batch flow can keep them consistent.
 
+use std::fmt;
+use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::alloc::{KvAllocator, KvSlot, ceil_align};
 use crate::error::KvError;
 use crate::radix::RadixCache;
-use crate::slots::ReqToTokenPool;
+use crate::request::Req;
+use crate::slots::{ReqRow, ReqToTokenPool};
+
+/// Names one [`KvCache`] for the life of the process. A request records the cache it matched
+/// or got its row in ([`ReqKvInfo::kv_cache`](crate::request::ReqKvInfo::kv_cache)), and every
+/// batch-flow call refuses a request recorded for another cache: its row, slots and prefix lock
+/// mean something only there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CacheId(NonZeroU64);
+
+impl CacheId {
+    /// A name no other cache of this process has.
+    fn next() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        CacheId(NonZeroU64::new(id).expect("2^64 caches are never created"))
+    }
+}
+
+impl fmt::Display for CacheId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
 
 /// The prefix cache in front of the allocator (sglang `tree_cache`).
 #[derive(Debug)]
@@ -47,9 +74,17 @@ impl TreeCache {
 /// operation [`KvCache::check`](crate::check) passes for the requests that hold KV.
 #[derive(Debug)]
 pub struct KvCache<A> {
+    id: CacheId,
     pub(crate) allocator: A,
     pub(crate) req_to_token: ReqToTokenPool,
     pub(crate) tree: TreeCache,
+}
+
+impl<A> KvCache<A> {
+    /// This cache's name in requests' records.
+    pub fn id(&self) -> CacheId {
+        self.id
+    }
 }
 
 impl<A: KvAllocator> KvCache<A> {
@@ -68,10 +103,30 @@ impl<A: KvAllocator> KvCache<A> {
             });
         }
         Ok(KvCache {
+            id: CacheId::next(),
             allocator,
             req_to_token,
             tree,
         })
+    }
+
+    /// Fails with [`KvError::OtherCache`] when `req` is recorded for another cache (a request
+    /// recorded for none, a fresh one, passes).
+    pub(crate) fn ensure_own(&self, req: &Req) -> Result<(), KvError> {
+        match req.kv().kv_cache() {
+            Some(bound) if bound != self.id => Err(KvError::OtherCache {
+                rid: req.rid(),
+                bound,
+                used: self.id,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The row `req` holds in this cache: [`KvCache::ensure_own`], then [`Req::held_row`].
+    pub(crate) fn held_row(&self, req: &Req) -> Result<ReqRow, KvError> {
+        self.ensure_own(req)?;
+        req.held_row()
     }
 
     /// The slot allocator (read-only: slots move only through the batch flow).

@@ -2,7 +2,7 @@
 //! identity `free + cached (evictable + locked) + request-owned == capacity`.
 
 use crate::alloc::{AsPageAllocator, InvariantViolation, KvAllocator, KvSlot, ceil_align};
-use crate::cache::KvCache;
+use crate::cache::{CacheId, KvCache};
 use crate::radix::RadixError;
 use crate::request::Req;
 
@@ -29,6 +29,17 @@ pub enum Violation {
     /// The check ran inside a free group, where frees are deferred and counts are in flux.
     #[error("checked inside an open free group; end the group first")]
     OpenFreeGroup,
+    /// A request holds a row of this cache's table but its record names another cache (or
+    /// none), or names this cache while it holds nothing here.
+    #[error("request {rid}: holds a row: {holds_row}, but its record names cache {recorded:?}")]
+    CacheRecord {
+        /// The request.
+        rid: u64,
+        /// Whether it holds a row.
+        holds_row: bool,
+        /// The cache its record names.
+        recorded: Option<CacheId>,
+    },
     /// `0 <= protected <= committed <= allocated <= width` does not hold.
     #[error(
         "request {rid}: ladder broken: protected {protected}, committed {committed}, allocated \
@@ -136,6 +147,17 @@ impl<A: AsPageAllocator> KvCache<A> {
         let mut request_owned = 0;
         for req in reqs {
             let kv = req.kv();
+            let recorded = kv.kv_cache();
+            // A row means a record of this cache; a record of another cache means no row here.
+            if (kv.holds_kv() && recorded != Some(self.id()))
+                || recorded.is_some_and(|id| id != self.id())
+            {
+                return Err(Violation::CacheRecord {
+                    rid: req.rid(),
+                    holds_row: kv.holds_kv(),
+                    recorded,
+                });
+            }
             let Some(row) = kv.req_pool_idx() else {
                 continue;
             };

@@ -1,6 +1,7 @@
 //! [`KvError`]: why a batch-flow call was rejected. Every variant leaves the state unchanged.
 
 use crate::alloc::AllocError;
+use crate::cache::CacheId;
 use crate::radix::RadixError;
 use crate::slots::SlotError;
 
@@ -58,6 +59,30 @@ pub enum KvError {
     AlreadyHeld {
         /// The request.
         rid: u64,
+    },
+    /// The request holds a prefix lock, a row or slots in another cache.
+    #[error(
+        "request {rid} holds KV in cache {bound}, not in cache {used}: a request's row, slots \
+         and prefix lock belong to the cache that gave them until it is released there"
+    )]
+    OtherCache {
+        /// The request.
+        rid: u64,
+        /// The cache it holds KV in.
+        bound: CacheId,
+        /// The cache it was passed with.
+        used: CacheId,
+    },
+    /// A batch prepared with one cache was passed to `alloc_for_*` with another.
+    #[error(
+        "the batch was prepared for cache {prepared} but allocated in cache {used}; prepare \
+         and allocate a batch with the same cache"
+    )]
+    PreparedForOtherCache {
+        /// The cache `prepare_for_*` checked the batch against.
+        prepared: CacheId,
+        /// The cache passed to `alloc_for_*`.
+        used: CacheId,
     },
     /// A speculative commit would make committed exceed allocated.
     #[error(

@@ -4,6 +4,7 @@
 use kvown_macros::guarded;
 
 use crate::alloc::KvSlot;
+use crate::cache::CacheId;
 use crate::error::KvError;
 use crate::radix::TreePos;
 use crate::slots::ReqRow;
@@ -53,6 +54,15 @@ pub struct ReqKvInfo {
         crate::batch::reset_for_retract
     )]
     decode_batch_idx: u64,
+    /// The cache whose prefix lock, row and slots this request holds, from its match (or its
+    /// first extend) to its release; `None` while it holds nothing anywhere.
+    #[owned_by(
+        crate::tree_cache::init_next_round_input,
+        crate::batch::alloc_for_extend,
+        crate::batch::release_kv_cache,
+        read = copy
+    )]
+    kv_cache: Option<CacheId>,
 }
 
 impl ReqKvInfo {

@@ -21,6 +21,7 @@ pub fn init_next_round_input<A: KvAllocator>(
     cache: &mut KvCache<A>,
     max_extend: usize,
 ) -> Result<(), KvError> {
+    cache.ensure_own(req)?;
     if !req.kv().holds_kv() {
         let max_prefix = req.fill_ids().len() - 1;
         let mut prefix_indices = std::mem::take(&mut req.prefix_indices);
@@ -37,7 +38,9 @@ pub fn init_next_round_input<A: KvAllocator>(
         };
         req.prefix_indices = prefix_indices;
         req.last_node = matched;
-        req.kv_mut().set_cache_protected_len(owner, matched.len);
+        let kv = req.kv_mut();
+        kv.set_cache_protected_len(owner, matched.len);
+        kv.set_kv_cache(owner, Some(cache.id()));
     }
     let fill_len = req.fill_ids().len();
     req.extend_end = fill_len.min(req.prefix_len().saturating_add(max_extend.max(1)));
@@ -57,12 +60,13 @@ pub fn cache_unfinished_req<A: KvAllocator>(
     req: &mut Req,
     cache: &mut KvCache<A>,
 ) -> Result<(), KvError> {
-    let row = req.held_row()?;
+    let row = cache.held_row(req)?;
     let committed = req.kv().kv_committed_len();
     let KvCache {
         allocator,
         req_to_token,
         tree,
+        ..
     } = cache;
     if let TreeCache::Radix(tree) = tree {
         let protected = req.kv().cache_protected_len();
@@ -108,6 +112,7 @@ pub(crate) fn cache_finished_req<A: KvAllocator>(
         allocator,
         req_to_token,
         tree,
+        ..
     } = cache;
     let slots = &req_to_token.row(row)?[..committed];
     match tree {

@@ -42,6 +42,9 @@ const EXPECTED: &[(&str, &str, &str, u32)] = &[
         1,
     ),
     ("ReqKvInfo", "decode_batch_idx", "reset_for_retract", 1),
+    ("ReqKvInfo", "kv_cache", "init_next_round_input", 1),
+    ("ReqKvInfo", "kv_cache", "alloc_for_extend", 1),
+    ("ReqKvInfo", "kv_cache", "release_kv_cache", 2),
 ];
 
 #[test]

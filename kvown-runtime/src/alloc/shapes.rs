@@ -226,7 +226,8 @@ impl Eq for DecodeScratch {}
 impl DecodeScratch {
     /// Bytes held.
     pub(crate) fn bytes(&self) -> usize {
-        (self.undo.capacity() + self.marks.capacity()) * 4
+        self.undo.capacity() * std::mem::size_of::<KvSlot>()
+            + self.marks.capacity() * std::mem::size_of::<u32>()
     }
 
     /// Ready for a pass over `requests` requests of a table of `rows` rows (row 0 included).

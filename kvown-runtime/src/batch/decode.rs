@@ -7,19 +7,19 @@ use crate::alloc::{DecodeRow, KvAllocator};
 use crate::cache::KvCache;
 use crate::error::KvError;
 use crate::request::Req;
-use crate::slots::ReqToTokenPool;
 
 /// Ticks each request's decode clock after checking that its next position
 /// (`kv_allocated_len`) exists in its row, and counts the pages the step takes. Owns
 /// `decode_batch_idx`.
 ///
-/// Fails (changing nothing) when a request holds no KV or its row is full.
+/// Fails (changing nothing) when a request holds no KV, holds it in another cache, or its row
+/// is full.
 #[owner]
 pub fn prepare_for_decode<A: KvAllocator>(
     mut batch: ScheduleBatch<Ready>,
     cache: &KvCache<A>,
 ) -> Result<ScheduleBatch<DecodePrepared>, (ScheduleBatch<Ready>, KvError)> {
-    let opening = match count_opening_pages(&batch.reqs, &cache.req_to_token, cache.page_size()) {
+    let opening = match count_opening_pages(&batch.reqs, cache) {
         Ok(opening) => opening,
         Err(error) => return Err((batch, error)),
     };
@@ -27,19 +27,30 @@ pub fn prepare_for_decode<A: KvAllocator>(
         *req.kv_mut().decode_batch_idx_mut(owner) += 1;
     }
     let tokens_needed = opening * cache.page_size();
-    Ok(batch.into_state(DecodePrepared { tokens_needed }))
+    Ok(batch.into_state(DecodePrepared {
+        tokens_needed,
+        cache: cache.id(),
+    }))
 }
 
 /// Allocates one slot per request (a new page only when the new token opens one), writes it
 /// at the request's old length in its row, and settles `kv_allocated_len += 1` and
 /// `kv_committed_len += 1` (sglang #37085). The allocator reads each request's last slot from
 /// its row and writes the new one as it goes ([`KvAllocator::alloc_decode_table`]).
-/// Transactional like `alloc_for_extend`.
+/// Transactional like `alloc_for_extend`; a batch prepared with another cache fails with
+/// [`KvError::PreparedForOtherCache`].
 #[owner]
 pub fn alloc_for_decode<A: KvAllocator>(
     mut batch: ScheduleBatch<DecodePrepared>,
     cache: &mut KvCache<A>,
 ) -> Result<ScheduleBatch<Ready>, AllocFailure<DecodePrepared>> {
+    if batch.state.cache != cache.id() {
+        let error = KvError::PreparedForOtherCache {
+            prepared: batch.state.cache,
+            used: cache.id(),
+        };
+        return Err(batch.fail(error));
+    }
     if let Err(error) = cache.reserve(batch.state.tokens_needed) {
         return Err(batch.fail(error));
     }
@@ -65,15 +76,14 @@ pub fn alloc_for_decode<A: KvAllocator>(
     Ok(batch.into_state(Ready))
 }
 
-/// Checks in one branch-light pass that every request holds a row whose next position
-/// exists, and returns how many of the new tokens open a page (all of them for page size 1):
-/// the pages the step takes. The first invalid request's typed error comes from
+/// Checks in one branch-light pass that every request holds a row of this cache whose next
+/// position exists, and returns how many of the new tokens open a page (all of them for page
+/// size 1): the pages the step takes. The first invalid request's typed error comes from
 /// [`first_decode_error`].
-fn count_opening_pages(
-    reqs: &[Req],
-    table: &ReqToTokenPool,
-    page_size: usize,
-) -> Result<usize, KvError> {
+fn count_opening_pages<A: KvAllocator>(reqs: &[Req], cache: &KvCache<A>) -> Result<usize, KvError> {
+    let table = &cache.req_to_token;
+    let page_size = cache.page_size();
+    let own = Some(cache.id());
     let width = table.max_context_len();
     let rows = table.size();
     let page_mask = page_size.is_power_of_two().then(|| page_size - 1);
@@ -84,7 +94,7 @@ fn count_opening_pages(
         let seq_len = kv.kv_allocated_len();
         // The new token goes to position `seq_len`, which must exist: `1 <= seq_len < width`.
         let fits = seq_len.wrapping_sub(1) < width.saturating_sub(1);
-        valid &= kv.req_pool_idx().is_some_and(|row| row <= rows) & fits;
+        valid &= kv.req_pool_idx().is_some_and(|row| row <= rows) & fits & (kv.kv_cache() == own);
         // A mask, not a division, for powers of two.
         opening += usize::from(match page_mask {
             Some(mask) => seq_len & mask == 0,
@@ -92,7 +102,7 @@ fn count_opening_pages(
         });
     }
     if !valid {
-        return Err(first_decode_error(reqs, table));
+        return Err(first_decode_error(reqs, cache));
     }
     Ok(opening)
 }
@@ -100,11 +110,12 @@ fn count_opening_pages(
 /// The typed error of the first request `count_opening_pages` rejects.
 #[cold]
 #[inline(never)]
-fn first_decode_error(reqs: &[Req], table: &ReqToTokenPool) -> KvError {
+fn first_decode_error<A: KvAllocator>(reqs: &[Req], cache: &KvCache<A>) -> KvError {
+    let table = &cache.req_to_token;
     let width = table.max_context_len();
     for req in reqs {
         let seq_len = req.kv().kv_allocated_len();
-        let row = match req.held_row() {
+        let row = match cache.held_row(req) {
             Ok(row) => row,
             Err(error) => return error,
         };

@@ -40,7 +40,7 @@ pub fn prepare_for_extend(mut batch: ScheduleBatch<Ready>) -> ScheduleBatch<Exte
 /// follow.
 ///
 /// Transactional: on error nothing was evicted, taken or written, and the prepared batch is
-/// handed back.
+/// handed back. A request holding KV in another cache fails with [`KvError::OtherCache`].
 #[owner]
 pub fn alloc_for_extend<A: KvAllocator>(
     mut batch: ScheduleBatch<ExtendPrepared>,
@@ -50,6 +50,9 @@ pub fn alloc_for_extend<A: KvAllocator>(
     let mut rows_needed = 0;
     let mut tokens_needed = 0;
     for (req, shape) in batch.reqs.iter().zip(&mut batch.state.shapes) {
+        if let Err(error) = cache.ensure_own(req) {
+            return Err(batch.fail(error));
+        }
         if let Some(row) = req.kv().req_pool_idx() {
             shape.last_loc = match shape.prefix_len {
                 0 => None,
@@ -119,7 +122,9 @@ pub fn alloc_for_extend<A: KvAllocator>(
     {
         let fresh = !req.kv().holds_kv();
         if fresh {
-            req.kv_mut().set_req_pool_idx(owner, Some(row));
+            let kv = req.kv_mut();
+            kv.set_req_pool_idx(owner, Some(row));
+            kv.set_kv_cache(owner, Some(cache.id()));
         }
         let extend_len = shape.seq_len - shape.prefix_len;
         let table = cache

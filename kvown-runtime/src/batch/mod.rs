@@ -24,6 +24,7 @@ pub use spec::{alloc_for_spec_decode, commit_spec_tokens, prepare_for_spec_decod
 use std::ops::Range;
 
 use crate::alloc::{ExtendShape, KvSlot};
+use crate::cache::CacheId;
 use crate::error::KvError;
 use crate::request::Req;
 
@@ -31,7 +32,8 @@ use crate::request::Req;
 #[derive(Debug, Default)]
 pub struct Ready;
 
-/// State after `prepare_for_extend`: the extend shapes are fixed, requests are hidden.
+/// State after `prepare_for_extend`: the extend shapes are fixed, requests are hidden. (It
+/// takes no cache: `alloc_for_extend` checks each request's cache.)
 #[derive(Debug)]
 pub struct ExtendPrepared {
     shapes: Vec<ExtendShape>,
@@ -42,6 +44,8 @@ pub struct ExtendPrepared {
 pub struct DecodePrepared {
     /// Slots the step takes: a page for each new token that opens one.
     tokens_needed: usize,
+    /// The cache the batch was checked against.
+    cache: CacheId,
 }
 
 /// State after `prepare_for_spec_decode`: each request's reservation target, requests hidden.
@@ -49,6 +53,8 @@ pub struct DecodePrepared {
 pub struct SpecPrepared {
     /// `prefix_len` = current allocated length, `seq_len` = reservation target.
     shapes: Vec<ExtendShape>,
+    /// The cache the batch was checked against.
+    cache: CacheId,
 }
 
 /// Which allocation filled a batch's `out_cache_loc`.

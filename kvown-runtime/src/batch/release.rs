@@ -15,13 +15,15 @@ use crate::tree_cache::cache_finished_req;
 /// is reset to zero with no row. Owns that reset.
 ///
 /// A request that matched a prefix but was never allocated only drops its lock. A request
-/// holding neither fails with [`KvError::NotHeld`] (double release), changing nothing.
+/// holding neither fails with [`KvError::NotHeld`] (double release), and one holding KV in
+/// another cache with [`KvError::OtherCache`], changing nothing.
 #[owner]
 pub fn release_kv_cache<A: KvAllocator>(
     req: &mut Req,
     cache: &mut KvCache<A>,
     is_insert: bool,
 ) -> Result<(), KvError> {
+    cache.ensure_own(req)?;
     let Some(row) = req.kv().req_pool_idx() else {
         if req.last_node == TreePos::ROOT {
             return Err(KvError::NotHeld { rid: req.rid() });
@@ -31,7 +33,9 @@ pub fn release_kv_cache<A: KvAllocator>(
         }
         req.last_node = TreePos::ROOT;
         req.prefix_indices.clear();
-        req.kv_mut().set_cache_protected_len(owner, 0);
+        let kv = req.kv_mut();
+        kv.set_cache_protected_len(owner, 0);
+        kv.set_kv_cache(owner, None);
         return Ok(());
     };
     cache_finished_req(req, cache, is_insert)?;
@@ -51,6 +55,7 @@ pub fn release_kv_cache<A: KvAllocator>(
     kv.set_cache_protected_len(owner, 0);
     kv.set_kv_committed_len(owner, 0);
     kv.set_kv_allocated_len(owner, 0);
+    kv.set_kv_cache(owner, None);
     Ok(())
 }
 

@@ -60,12 +60,17 @@ pub struct RetractOutcome {
 /// with the fewest outputs goes first, the longest prompt first among equals; at least one is
 /// retracted (when the batch has two or more) and at least one kept, unless the last one alone
 /// does not fit, when it is aborted. A batch of one is never retracted: it is kept or aborted.
-/// Retracted KV is released without inserting it into the prefix cache.
+/// Retracted KV is released without inserting it into the prefix cache. A request holding KV
+/// in another cache fails the call with [`KvError::OtherCache`] before anything is released.
 pub fn retract_decode<A: KvAllocator>(
     batch: &mut ScheduleBatch<Ready>,
     cache: &mut KvCache<A>,
     spec_reserve: Option<usize>,
 ) -> Result<RetractOutcome, KvError> {
+    // Before anything is released: a request of another cache fails the call, changing nothing.
+    for req in &batch.reqs {
+        cache.ensure_own(req)?;
+    }
     let mut order: Vec<usize> = (0..batch.reqs.len()).collect();
     order.sort_by_key(|&i| {
         let req = &batch.reqs[i];

@@ -23,7 +23,7 @@ pub fn prepare_for_spec_decode<A: KvAllocator>(
     let mut shapes = Vec::with_capacity(batch.reqs.len());
     for req in &batch.reqs {
         let kv = req.kv();
-        let row = match req.held_row() {
+        let row = match cache.held_row(req) {
             Ok(row) => row,
             Err(error) => return Err((batch, error)),
         };
@@ -50,19 +50,30 @@ pub fn prepare_for_spec_decode<A: KvAllocator>(
     for req in &mut batch.reqs {
         *req.kv_mut().decode_batch_idx_mut(owner) += 1;
     }
-    Ok(batch.into_state(SpecPrepared { shapes }))
+    Ok(batch.into_state(SpecPrepared {
+        shapes,
+        cache: cache.id(),
+    }))
 }
 
 /// Tops each request's allocation up to its reservation target: slots for `[allocated,
 /// target)` written into its row, `kv_allocated_len = target`. Leaves `kv_committed_len`
 /// alone and `out_cache_loc` empty (draft and verify read their slots from the table). The
 /// allocator is told the rows ([`KvAllocator::alloc_extend_rows`]). Transactional like
-/// `alloc_for_extend`.
+/// `alloc_for_extend`; a batch prepared with another cache fails with
+/// [`KvError::PreparedForOtherCache`].
 #[owner]
 pub fn alloc_for_spec_decode<A: KvAllocator>(
     mut batch: ScheduleBatch<SpecPrepared>,
     cache: &mut KvCache<A>,
 ) -> Result<ScheduleBatch<Ready>, AllocFailure<SpecPrepared>> {
+    if batch.state.cache != cache.id() {
+        let error = KvError::PreparedForOtherCache {
+            prepared: batch.state.cache,
+            used: cache.id(),
+        };
+        return Err(batch.fail(error));
+    }
     let tokens_needed = batch
         .state
         .shapes

@@ -125,8 +125,8 @@ impl ReqToTokenPool {
         Ok(&self.table[start..start + self.max_context_len])
     }
 
-    /// The slot at `position` of `row`, or `None` when either is out of range (one bounds check:
-    /// the per-token read of the decode step).
+    /// The slot at `position` of `row`, or `None` when either is out of range (one bounds
+    /// check).
     #[inline]
     pub(crate) fn slot(&self, row: ReqRow, position: usize) -> Option<KvSlot> {
         if position >= self.max_context_len {
@@ -155,7 +155,7 @@ impl ReqToTokenPool {
     }
 
     /// Writes `slot` at `position` of `row`, which the caller knows is held (only the slice
-    /// bounds are checked): the per-token write of the decode step.
+    /// bounds are checked).
     #[inline]
     pub(crate) fn set_held(&mut self, row: ReqRow, position: usize, slot: KvSlot) {
         debug_assert!(self.check_writable(row).is_ok(), "row {row} is not held");
