@@ -3,7 +3,7 @@
 
 use crate::alloc::{AsPageAllocator, InvariantViolation, KvAllocator, KvSlot, ceil_align};
 use crate::cache::{CacheId, KvCache};
-use crate::radix::RadixError;
+use crate::radix::{RadixError, TreePos};
 use crate::request::Req;
 
 /// Who holds a page.
@@ -29,14 +29,16 @@ pub enum Violation {
     /// The check ran inside a free group, where frees are deferred and counts are in flux.
     #[error("checked inside an open free group; end the group first")]
     OpenFreeGroup,
-    /// A request holds a row of this cache's table but its record names another cache (or
-    /// none), or names this cache while it holds nothing here.
-    #[error("request {rid}: holds a row: {holds_row}, but its record names cache {recorded:?}")]
+    /// A request's record of the cache it holds KV in is wrong: it holds a row or a prefix
+    /// lock but does not name this cache, or names a cache while it holds nothing.
+    #[error(
+        "request {rid}: holds a row or a prefix lock: {holds}, but its record names cache {recorded:?}"
+    )]
     CacheRecord {
         /// The request.
         rid: u64,
-        /// Whether it holds a row.
-        holds_row: bool,
+        /// Whether it holds a row or a prefix lock.
+        holds: bool,
         /// The cache its record names.
         recorded: Option<CacheId>,
     },
@@ -147,14 +149,14 @@ impl<A: AsPageAllocator> KvCache<A> {
         let mut request_owned = 0;
         for req in reqs {
             let kv = req.kv();
+            // A row or a prefix lock (only ever of this cache) goes with a record naming this
+            // cache, and nothing held with no record.
+            let holds = kv.holds_kv() || req.last_node() != TreePos::ROOT;
             let recorded = kv.kv_cache();
-            // A row means a record of this cache; a record of another cache means no row here.
-            if (kv.holds_kv() && recorded != Some(self.id()))
-                || recorded.is_some_and(|id| id != self.id())
-            {
+            if recorded != holds.then(|| self.id()) {
                 return Err(Violation::CacheRecord {
                     rid: req.rid(),
-                    holds_row: kv.holds_kv(),
+                    holds,
                     recorded,
                 });
             }

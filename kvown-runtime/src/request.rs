@@ -54,8 +54,9 @@ pub struct ReqKvInfo {
         crate::batch::reset_for_retract
     )]
     decode_batch_idx: u64,
-    /// The cache whose prefix lock, row and slots this request holds, from its match (or its
-    /// first extend) to its release; `None` while it holds nothing anywhere.
+    /// The cache whose prefix lock, row and slots this request holds, from the match that
+    /// locked a prefix (or the extend that gave it a row) to its release; `None` while it holds
+    /// none of them.
     #[owned_by(
         crate::tree_cache::init_next_round_input,
         crate::batch::alloc_for_extend,

@@ -40,7 +40,8 @@ pub fn init_next_round_input<A: KvAllocator>(
         req.last_node = matched;
         let kv = req.kv_mut();
         kv.set_cache_protected_len(owner, matched.len);
-        kv.set_kv_cache(owner, Some(cache.id()));
+        // Bound to this cache while it holds the lock of a matched prefix.
+        kv.set_kv_cache(owner, (matched.len > 0).then(|| cache.id()));
     }
     let fill_len = req.fill_ids().len();
     req.extend_end = fill_len.min(req.prefix_len().saturating_add(max_extend.max(1)));

@@ -159,11 +159,32 @@ fn a_chunked_prefill_cannot_continue_in_another_cache() {
 }
 
 #[test]
+fn a_request_that_matched_nothing_holds_nothing_and_stays_unbound() {
+    let mut a = cache();
+    let mut req = Req::new(1, vec![1, 2, 3, 4, 5]);
+    init_next_round_input(&mut req, &mut a, usize::MAX).unwrap();
+    assert_eq!(req.kv().kv_cache(), None);
+    // Free to go to another cache.
+    let mut b = cache();
+    let batch = alloc_for_extend(prepare_for_extend(ScheduleBatch::new(vec![req])), &mut b)
+        .map_err(|failure| failure.error)
+        .unwrap();
+    assert_eq!(batch.reqs()[0].kv().kv_cache(), Some(b.id()));
+    b.check(batch.reqs()).unwrap();
+    a.check(std::iter::empty()).unwrap();
+}
+
+#[test]
 fn a_matched_request_is_bound_before_it_holds_a_row() {
     let mut a = cache();
     let mut b = cache();
-    let mut req = Req::new(1, vec![1, 2, 3, 4, 5]);
+    // Request 2 finishes in `a` and leaves its pages cached; request 1 shares its prefix.
+    let mut batch = running(&mut a, 2, 9);
+    let mut done = batch.take_if(|_| true).pop().unwrap();
+    release_kv_cache(&mut done, &mut a, true).unwrap();
+    let mut req = Req::new(1, (2000..2009).collect());
     init_next_round_input(&mut req, &mut a, usize::MAX).unwrap();
+    assert_eq!(req.prefix_len(), 8, "two cached pages matched and locked");
     assert_eq!(req.kv().kv_cache(), Some(a.id()));
     let failure =
         alloc_for_extend(prepare_for_extend(ScheduleBatch::new(vec![req])), &mut b).unwrap_err();
@@ -191,7 +212,7 @@ fn the_checker_reports_a_request_of_another_cache() {
         violation,
         Violation::CacheRecord {
             rid: 1,
-            holds_row: true,
+            holds: true,
             recorded: Some(a.id())
         }
     );
