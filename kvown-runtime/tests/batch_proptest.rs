@@ -1,7 +1,8 @@
 //! Stateful property test of the batch flow: random interleavings of admission (shared
 //! prefixes, chunked prefill, re-admission of retracted requests), decode (checked with
 //! retraction, or unchecked to induce OOM), speculative reserve/commit, finish, abort, grouped
-//! release, eviction, match-then-drop and oversized admissions, over page sizes 1, 4 and 16 with
+//! release, eviction, match-then-drop, oversized admissions and requests passed to another
+//! cache, over page sizes 1, 4 and 16 with
 //! the radix cache on and off. The invariant checker runs after every step, every failed
 //! allocation must leave the state exactly unchanged, and at the end releasing everything and
 //! evicting the whole cache gives the pool back in full.
@@ -95,6 +96,12 @@ enum Op {
     MatchDrop {
         req: NewReq,
     },
+    /// A running (or chunking) request passed to every batch-flow call of a second cache: each
+    /// refuses it and neither cache changes.
+    OtherCache {
+        pick: usize,
+        chunking: bool,
+    },
 }
 
 fn new_req() -> impl Strategy<Value = NewReq> {
@@ -128,6 +135,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => prop::collection::vec(any::<usize>(), 1..4).prop_map(|picks| Op::FinishGroup { picks }),
         1 => (0usize..400).prop_map(|tokens| Op::Evict { tokens }),
         1 => new_req().prop_map(|req| Op::MatchDrop { req }),
+        1 => (any::<usize>(), any::<bool>()).prop_map(|(pick, chunking)| Op::OtherCache { pick, chunking }),
     ]
 }
 
@@ -209,6 +217,8 @@ impl ReqState {
 struct Sim<R: ReuseOrder> {
     cfg: Cfg,
     cache: KvCache<PageAllocator<R>>,
+    /// A second cache of the same shape that no request of the simulation belongs to.
+    other: KvCache<PageAllocator<R>>,
     running: ScheduleBatch,
     chunking: Vec<Req>,
     waiting: Vec<Req>,
@@ -226,8 +236,11 @@ where
             TreeCache::Disabled
         };
         let pool = ReqToTokenPool::new(cfg.rows, WIDTH).unwrap();
+        let other_tree = TreeCache::Radix(RadixCache::new(cfg.page_size));
+        let other = KvCache::new(allocator.clone(), pool.clone(), other_tree).unwrap();
         Sim {
             cache: KvCache::new(allocator, pool, tree).unwrap(),
+            other,
             cfg,
             running: ScheduleBatch::new(Vec::new()),
             chunking: Vec::new(),
@@ -694,6 +707,64 @@ where
         self.check_with(std::slice::from_ref(&req));
     }
 
+    fn other_cache(&mut self, pick: usize, chunking: bool) {
+        let from_chunking = chunking && !self.chunking.is_empty();
+        let mut req = if from_chunking {
+            let index = pick % self.chunking.len();
+            self.chunking.remove(index)
+        } else {
+            match self.take_running(pick) {
+                Some(req) => req,
+                None => return,
+            }
+        };
+        let before = self.snapshot(std::slice::from_ref(&req));
+        let other_state = |other: &KvCache<PageAllocator<R>>| {
+            (
+                other.allocator().clone(),
+                other.req_to_token().clone(),
+                format!("{:?}", other.tree()),
+            )
+        };
+        let other_before = other_state(&self.other);
+        let expected = KvError::OtherCache {
+            rid: req.rid(),
+            bound: self.cache.id(),
+            used: self.other.id(),
+        };
+        let other = &mut self.other;
+        assert_eq!(
+            release_kv_cache(&mut req, other, true),
+            Err(expected.clone())
+        );
+        assert_eq!(cache_unfinished_req(&mut req, other), Err(expected.clone()));
+        assert_eq!(
+            init_next_round_input(&mut req, other, usize::MAX),
+            Err(expected.clone())
+        );
+        let (batch, error) = prepare_for_decode(ScheduleBatch::new(vec![req]), other).unwrap_err();
+        assert_eq!(error, expected);
+        let failure = alloc_for_extend(prepare_for_extend(batch), other).unwrap_err();
+        assert_eq!(failure.error, expected);
+        let req = failure.batch.cancel().into_reqs().pop().unwrap();
+        assert_eq!(other_state(&self.other), other_before);
+        // The cancelled extend kept its clock tick; nothing else moved.
+        let after = self.snapshot(std::slice::from_ref(&req));
+        let mut expected_reqs = before.reqs;
+        let last = expected_reqs.pop().expect("the request is in the snapshot");
+        expected_reqs.push(last.ticked(true));
+        assert_eq!(after.reqs, expected_reqs);
+        assert_eq!(
+            (after.allocator, after.req_to_token, after.tree),
+            (before.allocator, before.req_to_token, before.tree)
+        );
+        if from_chunking {
+            self.chunking.push(req);
+        } else {
+            self.running.extend_reqs([req]);
+        }
+    }
+
     fn retract(&mut self) {
         let reserve = self.cfg.reserve();
         let n = self.running.len();
@@ -1007,6 +1078,7 @@ where
             Op::FinishGroup { picks } => self.finish_group(picks),
             Op::Evict { tokens } => self.evict(*tokens),
             Op::MatchDrop { req } => self.match_drop(req),
+            Op::OtherCache { pick, chunking } => self.other_cache(*pick, *chunking),
         }
         self.check();
     }
