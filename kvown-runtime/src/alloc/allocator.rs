@@ -246,37 +246,6 @@ impl<R: ReuseOrder> PageAllocator<R> {
         self.decode_batch_slow(&shapes, fill, out)
     }
 
-    /// `decode_batch` for requests given by rows, reading and writing `table` in the same
-    /// pass ([`KvAllocator::alloc_decode_table`]).
-    #[inline]
-    fn decode_table<I>(
-        &mut self,
-        reqs: I,
-        table: &mut ReqToTokenPool,
-        out: &mut Vec<KvSlot>,
-    ) -> Result<(), AllocError>
-    where
-        I: ExactSizeIterator<Item = DecodeRow> + DoubleEndedIterator + Clone,
-    {
-        let start = out.len();
-        let (state, free, scratch) = (&self.state, &self.free, &mut self.decode_scratch);
-        let entries = table.entries_mut();
-        let fill = match self.geometry.specialised() {
-            Specialised::PowerOfTwo(math) => {
-                fill_decode_table(math, state, free, reqs.clone(), entries, out, scratch)
-            }
-            Specialised::AnySize(math) => {
-                fill_decode_table(math, state, free, reqs.clone(), entries, out, scratch)
-            }
-        };
-        if self.claim_decode_pages(&fill) {
-            return Ok(());
-        }
-        undo_decode_table(reqs.clone(), table.entries_mut(), &self.decode_scratch);
-        out.truncate(start);
-        self.decode_table_slow(reqs, table, fill, out)
-    }
-
     /// Claims the pages a decode pass peeked when the batch is valid and fits; `false`, changing
     /// nothing, otherwise.
     #[inline]
@@ -290,8 +259,8 @@ impl<R: ReuseOrder> PageAllocator<R> {
         true
     }
 
-    /// The rare outcomes of `decode_table`'s pass, which left `table` and `out` as they were:
-    /// the first invalid request's typed error, or what `decode_batch_slow` makes of its
+    /// The rare outcomes of `alloc_decode_table`'s pass, which left `table` and `out` as they
+    /// were: the first invalid request's typed error, or what `decode_batch_slow` makes of its
     /// shapes, or a merge of the release list and the pass again.
     #[cold]
     #[inline(never)]
@@ -310,7 +279,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
             return self.decode_batch_slow(&shapes, fill, out);
         }
         self.merge_or_oom(fill.new_pages)?;
-        self.decode_table(reqs, table, out)
+        self.alloc_decode_table(reqs, table, out)
     }
 
     /// The rare outcomes of `decode_batch`'s pass, which left `out` as it was: the first
@@ -629,6 +598,9 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
         self.decode_batch(reqs.iter().copied(), out)
     }
 
+    /// One pass reads each request's last slot, validates it and writes its new slot into the
+    /// table; its pages are claimed only when the batch is valid and fits, and otherwise the
+    /// overwritten entries are put back.
     #[inline]
     fn alloc_decode_table<I>(
         &mut self,
@@ -639,7 +611,23 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
     where
         I: ExactSizeIterator<Item = DecodeRow> + DoubleEndedIterator + Clone,
     {
-        self.decode_table(reqs, table, out)
+        let start = out.len();
+        let (state, free, scratch) = (&self.state, &self.free, &mut self.decode_scratch);
+        let entries = table.entries_mut();
+        let fill = match self.geometry.specialised() {
+            Specialised::PowerOfTwo(math) => {
+                fill_decode_table(math, state, free, reqs.clone(), entries, out, scratch)
+            }
+            Specialised::AnySize(math) => {
+                fill_decode_table(math, state, free, reqs.clone(), entries, out, scratch)
+            }
+        };
+        if self.claim_decode_pages(&fill) {
+            return Ok(());
+        }
+        undo_decode_table(reqs.clone(), table.entries_mut(), &self.decode_scratch);
+        out.truncate(start);
+        self.decode_table_slow(reqs, table, fill, out)
     }
 
     #[inline]
