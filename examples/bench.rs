@@ -5,6 +5,8 @@
 
 #[path = "../benches/workloads/guarded.rs"]
 mod guarded;
+#[path = "../benches/workloads/reference.rs"]
+mod reference;
 #[path = "../benches/workloads/mod.rs"]
 mod workloads;
 
@@ -17,6 +19,7 @@ use serde::Serialize;
 use guarded::{
     guarded_batch, guarded_vs_plain_checksums, guarded_write_loop, plain_batch, plain_write_loop,
 };
+use reference::DenseDecode;
 use workloads::{DecodeLoop, ExtendBatch, Phase, PhaseTimes, PoolChurn};
 
 /// Runs the allocator workloads and prints their figures.
@@ -38,8 +41,8 @@ struct Args {
     phases: bool,
 }
 
-/// The timed workloads, in the order they run.
-const WORKLOADS: [&str; 7] = [
+/// The timed workloads, in the order they run; `ref_*` are reference loops, not kvown.
+const WORKLOADS: [&str; 9] = [
     "W1_k1",
     "W1_k32",
     "W1_k1024",
@@ -47,6 +50,8 @@ const WORKLOADS: [&str; 7] = [
     "W2c",
     "W3",
     "guarded_vs_plain",
+    "ref_dense_decode",
+    "ref_dense_decode_append",
 ];
 
 #[derive(Debug, Serialize)]
@@ -161,6 +166,21 @@ fn decode_steps(name: &str, radix: bool, repeats: usize) -> (Workload, DecodeLoo
     (workload, decode)
 }
 
+/// A reference loop of `reference.rs` (not kvown), timed as W2 is.
+fn dense_decode(name: &str, append: bool, repeats: usize) -> Workload {
+    let mut dense = DenseDecode::new(append);
+    for _ in 0..STEPS {
+        dense.step();
+    }
+    repeat(name, "us/step", repeats, || {
+        let start = Instant::now();
+        for _ in 0..STEPS {
+            black_box(&mut dense).step();
+        }
+        start.elapsed().as_nanos() as f64 / 1e3 / STEPS as f64
+    })
+}
+
 /// The median time per step of each part of a W2 (`radix` off) or W2c step.
 fn decode_phases(workload: &'static str, radix: bool, repeats: usize) -> Vec<PhaseFigure> {
     let mut decode = DecodeLoop::new(radix);
@@ -271,6 +291,14 @@ fn main() {
     }
     if selected("guarded_vs_plain") {
         workloads.push(guarded_vs_plain(repeats));
+    }
+    for (name, append) in [
+        ("ref_dense_decode", false),
+        ("ref_dense_decode_append", true),
+    ] {
+        if selected(name) {
+            workloads.push(dense_decode(name, append, repeats));
+        }
     }
     workloads.push(figure(
         "allocator_bookkeeping",

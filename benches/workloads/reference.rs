@@ -1,0 +1,98 @@
+//! Reference loops that are not kvown: the W2 decode rule alone, over dense arrays, as a floor
+//! for what a W2 step can cost on the machine at hand (`benches/README.md`, "Notes on the
+//! misses"). No validation, no typed errors, no per-request records, no prefix cache.
+
+use crate::workloads::{DecodeLoop, PAGE_SIZE};
+
+/// 256 requests decoding one token per step, lengths and rows in dense vectors, the same
+/// `257 x 2,048` request-to-token table as W2, pages from a free stack. A request that reaches
+/// 2,048 tokens gives back the pages past its first 512 tokens and restarts at 512 (a
+/// replacement that reuses the prompt's pages: no extend is modelled). With `append`, each step
+/// also pushes one token per request into that request's own token vector, as W2's harness
+/// does.
+pub struct DenseDecode {
+    lens: Vec<u32>,
+    rows: Vec<u32>,
+    table: Vec<u32>,
+    free_pages: Vec<u32>,
+    out: Vec<u32>,
+    tokens: Option<Vec<Vec<u32>>>,
+}
+
+impl DenseDecode {
+    const WIDTH: usize = DecodeLoop::FINISH_LEN;
+
+    /// The loop with W2's starting lengths, every request's prefix written in the table.
+    pub fn new(append: bool) -> Self {
+        let running = DecodeLoop::RUNNING;
+        let lens: Vec<u32> = (0..running)
+            .map(|i| (DecodeLoop::REPLACEMENT_LEN + (i * 7919) % 1536) as u32)
+            .collect();
+        let rows: Vec<u32> = (1..=running as u32).collect();
+        let mut table = vec![0; (running + 1) * Self::WIDTH];
+        let pages_per_row = Self::WIDTH / PAGE_SIZE;
+        // Row r's positions live in pages r * pages_per_row ..: the first slot of page p is
+        // p * PAGE_SIZE. Pages past every row's reach form the free stack.
+        for (&row, &len) in rows.iter().zip(&lens) {
+            let base = row as usize * Self::WIDTH;
+            for position in 0..len as usize {
+                let page = row as usize * pages_per_row + position / PAGE_SIZE;
+                table[base + position] = (page * PAGE_SIZE + position % PAGE_SIZE) as u32;
+            }
+        }
+        let first_free = (running + 1) * pages_per_row;
+        let free_pages = (first_free as u32..(first_free + running * pages_per_row) as u32)
+            .rev()
+            .collect();
+        let tokens = append.then(|| {
+            lens.iter()
+                .map(|&len| {
+                    let mut tokens = Vec::with_capacity(Self::WIDTH);
+                    tokens.extend(0..len);
+                    tokens
+                })
+                .collect()
+        });
+        DenseDecode {
+            lens,
+            rows,
+            table,
+            free_pages,
+            out: vec![0; running],
+            tokens,
+        }
+    }
+
+    /// One step: one new slot per request, written to its row and to `out`.
+    #[inline]
+    pub fn step(&mut self) {
+        let page_size = PAGE_SIZE as u32;
+        for i in 0..self.lens.len() {
+            let len = self.lens[i] as usize;
+            let base = self.rows[i] as usize * Self::WIDTH;
+            let slot = if len.is_multiple_of(PAGE_SIZE) {
+                self.free_pages.pop().expect("a page per opening token") * page_size
+            } else {
+                self.table[base + len - 1] + 1
+            };
+            self.table[base + len] = slot;
+            self.out[i] = slot;
+            self.lens[i] += 1;
+            if let Some(tokens) = &mut self.tokens {
+                tokens[i].push(slot);
+            }
+            if len + 1 == Self::WIDTH {
+                let kept = DecodeLoop::REPLACEMENT_LEN;
+                for position in (kept..Self::WIDTH).step_by(PAGE_SIZE) {
+                    self.free_pages
+                        .push(self.table[base + position] / page_size);
+                }
+                self.lens[i] = kept as u32;
+                if let Some(tokens) = &mut self.tokens {
+                    tokens[i].truncate(kept);
+                }
+            }
+        }
+        std::hint::black_box(&self.out);
+    }
+}
