@@ -148,18 +148,23 @@ fn pool_churn(pages: usize, repeats: usize) -> Workload {
 /// Steps per W2 / W2c measurement (and of warm-up).
 const STEPS: usize = 2000;
 
-fn decode_steps(name: &str, radix: bool, repeats: usize) -> (Workload, DecodeLoop) {
-    let mut decode = DecodeLoop::new(radix);
+/// `STEPS` steps of warm-up, then `repeats` measurements of `STEPS` steps each, in us/step.
+fn per_step(name: &str, repeats: usize, mut step: impl FnMut()) -> Workload {
     for _ in 0..STEPS {
-        decode.step();
+        step();
     }
-    let workload = repeat(name, "us/step", repeats, || {
+    repeat(name, "us/step", repeats, || {
         let start = Instant::now();
         for _ in 0..STEPS {
-            black_box(&mut decode).step();
+            step();
         }
         start.elapsed().as_nanos() as f64 / 1e3 / STEPS as f64
-    });
+    })
+}
+
+fn decode_steps(name: &str, radix: bool, repeats: usize) -> (Workload, DecodeLoop) {
+    let mut decode = DecodeLoop::new(radix);
+    let workload = per_step(name, repeats, || black_box(&mut decode).step());
     if let Err(violation) = decode.check() {
         panic!("{name}: invariant violated after the run: {violation}");
     }
@@ -169,16 +174,7 @@ fn decode_steps(name: &str, radix: bool, repeats: usize) -> (Workload, DecodeLoo
 /// A reference loop of `reference.rs` (not kvown), timed as W2 is.
 fn dense_decode(name: &str, append: bool, repeats: usize) -> Workload {
     let mut dense = DenseDecode::new(append);
-    for _ in 0..STEPS {
-        dense.step();
-    }
-    repeat(name, "us/step", repeats, || {
-        let start = Instant::now();
-        for _ in 0..STEPS {
-            black_box(&mut dense).step();
-        }
-        start.elapsed().as_nanos() as f64 / 1e3 / STEPS as f64
-    })
+    per_step(name, repeats, || black_box(&mut dense).step())
 }
 
 /// The median time per step of each part of a W2 (`radix` off) or W2c step.
