@@ -7,11 +7,11 @@ use super::free_list::FreeList;
 use super::geometry::{PageGeometry, Specialised};
 use super::shapes::{
     DecodeFill, DecodeScratch, check_decode, check_extend, fill_decode, fill_decode_table,
-    fill_extend, undo_decode_table,
+    fill_extend, fill_trusted_decode, undo_decode_table,
 };
 use super::{
     AllocError, DecodeRow, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PageState,
-    ReuseOrder,
+    ReuseOrder, TrustedDecodeRows,
 };
 use crate::slots::ReqToTokenPool;
 
@@ -257,6 +257,38 @@ impl<R: ReuseOrder> PageAllocator<R> {
             self.state[page as usize] = PageState::Held;
         }
         true
+    }
+
+    /// Panics unless `batch` keeps the promise of [`TrustedDecodeRows`]: the checks of
+    /// `alloc_decode_table` (rows held, once each, lengths in range, last slots in held pages at
+    /// their offsets) pass, and `new_pages` of the tokens open a page. A failure is a bug of the
+    /// batch flow.
+    #[cold]
+    #[inline(never)]
+    fn verify_trusted<I>(&self, batch: &TrustedDecodeRows<I>, table: &ReqToTokenPool)
+    where
+        I: ExactSizeIterator<Item = DecodeRow> + DoubleEndedIterator + Clone,
+    {
+        let shapes = DecodeRow::read_shapes(batch.rows(), table)
+            .unwrap_or_else(|error| panic!("a trusted decode batch fails its checks: {error}"));
+        let mut opening = 0;
+        for (request, shape) in shapes.iter().enumerate() {
+            match check_decode(
+                self.geometry,
+                &self.state,
+                request,
+                shape.seq_len,
+                shape.last_loc,
+            ) {
+                Ok(opens) => opening += usize::from(opens),
+                Err(error) => panic!("a trusted decode batch fails its checks: {error}"),
+            }
+        }
+        assert_eq!(
+            opening,
+            batch.new_pages(),
+            "a trusted decode batch declared the wrong number of new pages"
+        );
     }
 
     /// The rare outcomes of `alloc_decode_table`'s pass, which left `table` and `out` as they
@@ -628,6 +660,43 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
         undo_decode_table(reqs.clone(), table.entries_mut(), &self.decode_scratch);
         out.truncate(start);
         self.decode_table_slow(reqs, table, fill, out)
+    }
+
+    /// Takes the batch's pages first (the only failure), then writes every request's slot in
+    /// one pass that reads and writes each row once and checks nothing but the table's bounds.
+    /// Debug builds verify the batch against the table and the page states first.
+    #[inline]
+    fn alloc_decode_trusted<I>(
+        &mut self,
+        batch: TrustedDecodeRows<I>,
+        table: &mut ReqToTokenPool,
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), AllocError>
+    where
+        I: ExactSizeIterator<Item = DecodeRow> + DoubleEndedIterator + Clone,
+    {
+        if cfg!(debug_assertions) {
+            self.verify_trusted(&batch, table);
+        }
+        let new_pages = batch.new_pages();
+        self.ensure_free(new_pages)?;
+        let (free, entries) = (&self.free, table.entries_mut());
+        let opened = match self.geometry.specialised() {
+            Specialised::PowerOfTwo(math) => {
+                fill_trusted_decode(math, free, batch.rows(), entries, out)
+            }
+            Specialised::AnySize(math) => {
+                fill_trusted_decode(math, free, batch.rows(), entries, out)
+            }
+        };
+        assert_eq!(
+            opened, new_pages,
+            "a trusted decode batch opened another number of pages than it declared"
+        );
+        for page in self.free.take_front(new_pages) {
+            self.state[page as usize] = PageState::Held;
+        }
+        Ok(())
     }
 
     #[inline]

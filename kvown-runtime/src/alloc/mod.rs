@@ -45,6 +45,8 @@ mod paged;
 mod reuse;
 mod shapes;
 mod token;
+#[cfg(test)]
+mod trusted_tests;
 
 pub use allocator::PageAllocator;
 pub use error::{AllocError, InvariantViolation};
@@ -101,6 +103,38 @@ pub struct DecodeRow {
     pub row: ReqRow,
     /// Tokens stored in the row before the step (`kv_allocated_len`); at least 1.
     pub len: usize,
+}
+
+/// A decode batch given by rows that a [`KvCache`](crate::cache::KvCache)'s batch flow has
+/// already checked (`prepare_for_decode`): every row is held by exactly one request of the
+/// batch, each `len` is that request's allocated length, in `1..width`, and `new_pages` of the
+/// new tokens open a page. Only this crate builds one, so an allocator may trust it and skip the
+/// per-request checks of [`KvAllocator::alloc_decode_table`]
+/// ([`KvAllocator::alloc_decode_trusted`]).
+#[derive(Debug, Clone)]
+pub struct TrustedDecodeRows<I> {
+    rows: I,
+    new_pages: usize,
+}
+
+impl<I> TrustedDecodeRows<I>
+where
+    I: ExactSizeIterator<Item = DecodeRow> + DoubleEndedIterator + Clone,
+{
+    /// Wraps rows the caller has checked as the type promises.
+    pub(crate) fn new(rows: I, new_pages: usize) -> Self {
+        TrustedDecodeRows { rows, new_pages }
+    }
+
+    /// The requests, in batch order.
+    pub fn rows(&self) -> I {
+        self.rows.clone()
+    }
+
+    /// How many of the new tokens open a page: the pages the step takes.
+    pub fn new_pages(&self) -> usize {
+        self.new_pages
+    }
 }
 
 /// The allocator interface the batch flow, the radix cache and the backends share.
@@ -194,6 +228,24 @@ pub trait KvAllocator {
             table.set_held(req.row, req.len, slot);
         }
         Ok(())
+    }
+
+    /// [`KvAllocator::alloc_decode_table`] for a batch the batch flow has checked: the result
+    /// is the same, and the only error is out of memory (nothing changed). The paged allocator
+    /// skips the per-request checks the batch already passed (and the undo log they need),
+    /// verifying them only in debug builds. The default calls
+    /// [`KvAllocator::alloc_decode_table`].
+    fn alloc_decode_trusted<I>(
+        &mut self,
+        batch: TrustedDecodeRows<I>,
+        table: &mut ReqToTokenPool,
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), AllocError>
+    where
+        Self: Sized,
+        I: ExactSizeIterator<Item = DecodeRow> + DoubleEndedIterator + Clone,
+    {
+        self.alloc_decode_table(batch.rows, table, out)
     }
 
     /// Tells the allocator that the batch flow wrote `slots` to positions

@@ -282,6 +282,37 @@ pub(crate) fn fill_decode_table<M: PageMath>(
     fill
 }
 
+/// The decode rule for a batch the batch flow checked ([`super::TrustedDecodeRows`]): reads
+/// each request's last slot from `table`, writes its new slot there and to `out` (the next slot
+/// of its page, or the first slot of the next page of `free` when the token opens one, 0 when
+/// `free` is short), and returns how many pages it opened. Checks nothing but the bounds of
+/// `table`; takes nothing from `free`.
+#[inline]
+pub(crate) fn fill_trusted_decode<M: PageMath>(
+    math: M,
+    free: &FreeList,
+    reqs: impl ExactSizeIterator<Item = DecodeRow>,
+    table: TableEntries<'_>,
+    out: &mut Vec<KvSlot>,
+) -> usize {
+    let start = out.len();
+    out.resize(start + reqs.len(), 0);
+    let TableEntries { entries, width, .. } = table;
+    let mut new_pages = 0;
+    for (slot, req) in out[start..].iter_mut().zip(reqs) {
+        let position = req.row * width + req.len;
+        *slot = if math.offset(req.len) == 0 {
+            let page = free.peek(new_pages);
+            new_pages += 1;
+            page.map_or(0, |page| math.first_slot(page))
+        } else {
+            entries[position - 1] + 1
+        };
+        entries[position] = *slot;
+    }
+    new_pages
+}
+
 /// Puts back the entries [`fill_decode_table`] overwrote, last request first.
 #[cold]
 pub(crate) fn undo_decode_table(

@@ -3,7 +3,7 @@
 use kvown_macros::owner;
 
 use super::{AllocFailure, DecodePrepared, LastAllocation, Ready, ScheduleBatch};
-use crate::alloc::{DecodeRow, KvAllocator};
+use crate::alloc::{DecodeRow, KvAllocator, TrustedDecodeRows};
 use crate::cache::KvCache;
 use crate::error::KvError;
 use crate::request::Req;
@@ -26,9 +26,8 @@ pub fn prepare_for_decode<A: KvAllocator>(
     for req in &mut batch.reqs {
         *req.kv_mut().decode_batch_idx_mut(owner) += 1;
     }
-    let tokens_needed = opening * cache.page_size();
     Ok(batch.into_state(DecodePrepared {
-        tokens_needed,
+        new_pages: opening,
         cache: cache.id(),
     }))
 }
@@ -36,9 +35,9 @@ pub fn prepare_for_decode<A: KvAllocator>(
 /// Allocates one slot per request (a new page only when the new token opens one), writes it
 /// at the request's old length in its row, and settles `kv_allocated_len += 1` and
 /// `kv_committed_len += 1` (sglang #37085). The allocator reads each request's last slot from
-/// its row and writes the new one as it goes ([`KvAllocator::alloc_decode_table`]).
-/// Transactional like `alloc_for_extend`; a batch prepared with another cache fails with
-/// [`KvError::PreparedForOtherCache`].
+/// its row and writes the new one as it goes; it trusts what `prepare_for_decode` checked
+/// ([`KvAllocator::alloc_decode_trusted`]). Transactional like `alloc_for_extend`; a batch
+/// prepared with another cache fails with [`KvError::PreparedForOtherCache`].
 #[owner]
 pub fn alloc_for_decode<A: KvAllocator>(
     mut batch: ScheduleBatch<DecodePrepared>,
@@ -51,20 +50,23 @@ pub fn alloc_for_decode<A: KvAllocator>(
         };
         return Err(batch.fail(error));
     }
-    if let Err(error) = cache.reserve(batch.state.tokens_needed) {
+    let new_pages = batch.state.new_pages;
+    if let Err(error) = cache.reserve(new_pages * cache.page_size()) {
         return Err(batch.fail(error));
     }
     batch.out_cache_loc.clear();
+    // `prepare_for_decode` checked every request: it holds a row of this cache (its own: a
+    // request is not `Clone`), and its next position exists. The batch stayed sealed since.
     let rows = batch.reqs.iter().map(|req| DecodeRow {
-        // Row 0 is never held: a request without a row fails as an invalid row.
         row: req.kv().req_pool_idx().unwrap_or(0),
         len: req.kv().kv_allocated_len(),
     });
-    if let Err(error) =
-        cache
-            .allocator
-            .alloc_decode_table(rows, &mut cache.req_to_token, &mut batch.out_cache_loc)
-    {
+    let rows = TrustedDecodeRows::new(rows, new_pages);
+    if let Err(error) = cache.allocator.alloc_decode_trusted(
+        rows,
+        &mut cache.req_to_token,
+        &mut batch.out_cache_loc,
+    ) {
         return Err(batch.fail(error.into()));
     }
     for req in &mut batch.reqs {

@@ -42,8 +42,8 @@ pub struct ExtendPrepared {
 /// State after `prepare_for_decode`: one new token per request, requests are hidden.
 #[derive(Debug)]
 pub struct DecodePrepared {
-    /// Slots the step takes: a page for each new token that opens one.
-    tokens_needed: usize,
+    /// Pages the step takes: one for each new token that opens a page.
+    new_pages: usize,
     /// The cache the batch was checked against.
     cache: CacheId,
 }
