@@ -494,6 +494,71 @@ fn retraction_keeps_one_and_aborts_the_last_when_it_cannot_fit() {
     empty_out(cache);
 }
 
+// A request that holds no KV fails the retraction before anything is released: the batch
+// keeps every request in its order and the cache is untouched (it used to be released first,
+// failing half-way and dropping the rest of the batch with their KV).
+#[test]
+fn retraction_refuses_a_request_without_kv_and_changes_nothing() {
+    let page_size = 4;
+    let mut cache = cache(32, page_size, false);
+    let mut batch = extend(
+        vec![Req::new(1, tokens(0, 16)), Req::new(2, tokens(100, 12))],
+        &mut cache,
+    );
+    let filler = extend(vec![Req::new(9, tokens(900, 4))], &mut cache);
+    assert_eq!(cache.available_size(), 0);
+    // No outputs and the longest prompt: the first to retract.
+    batch.extend_reqs([Req::new(3, tokens(200, 20))]);
+    let before = state(&cache);
+    let error = retract_decode(&mut batch, &mut cache, None).unwrap_err();
+    assert!(matches!(error, KvError::NotHeld { rid: 3 }), "{error}");
+    let rids: Vec<u64> = batch.reqs().iter().map(Req::rid).collect();
+    assert_eq!(rids, [1, 2, 3]);
+    assert_eq!(state(&cache), before);
+    assert_eq!(ladder(&batch.reqs()[0]), (0, 16, 16));
+
+    let mut all: Vec<Req> = batch.take_if(|req| req.kv().holds_kv());
+    all.extend(filler.into_reqs());
+    cache.check(&all).unwrap();
+    for req in &mut all {
+        release_kv_cache(req, &mut cache, false).unwrap();
+    }
+    empty_out(cache);
+}
+
+// A retraction that removes requests clears the batch's `out_cache_loc` (it described the
+// requests before); one that removes none keeps it.
+#[test]
+fn retraction_clears_out_cache_loc_only_when_it_removes_requests() {
+    let page_size = 4;
+    let mut cache = cache(40, page_size, false);
+    let mut batch = extend(
+        vec![Req::new(1, tokens(0, 15)), Req::new(2, tokens(100, 15))],
+        &mut cache,
+    );
+    batch = decode(batch, &mut cache);
+    assert_eq!(batch.out_cache_loc().len(), 2);
+    // A batch of two always gives one up.
+    let outcome = retract_decode(&mut batch, &mut cache, None).unwrap();
+    assert_eq!(outcome.retracted.len(), 1);
+    assert!(batch.out_cache_loc().is_empty());
+    assert_eq!(batch.out_positions().count(), 0);
+    // A lone request that fits is kept, and so is its `out_cache_loc`.
+    batch = decode(batch, &mut cache);
+    let out = batch.out_cache_loc().to_vec();
+    assert_eq!(out.len(), 1);
+    let outcome = retract_decode(&mut batch, &mut cache, None).unwrap();
+    assert!(outcome.retracted.is_empty() && outcome.aborted.is_empty());
+    assert_eq!(batch.out_cache_loc(), out);
+
+    let mut all = batch.into_reqs();
+    cache.check(&all).unwrap();
+    for req in &mut all {
+        release_kv_cache(req, &mut cache, false).unwrap();
+    }
+    empty_out(cache);
+}
+
 // §9.19: the reservation never shrinks; zero need allocates nothing but still applies the max;
 // row[cur:nxt] is filled in request order.
 #[test]

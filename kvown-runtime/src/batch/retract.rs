@@ -60,16 +60,20 @@ pub struct RetractOutcome {
 /// with the fewest outputs goes first, the longest prompt first among equals; at least one is
 /// retracted (when the batch has two or more) and at least one kept, unless the last one alone
 /// does not fit, when it is aborted. A batch of one is never retracted: it is kept or aborted.
-/// Retracted KV is released without inserting it into the prefix cache. A request holding KV
-/// in another cache fails the call with [`KvError::OtherCache`] before anything is released.
+/// Retracted KV is released without inserting it into the prefix cache.
+///
+/// Every request must hold KV in this cache: one that holds none fails the call with
+/// [`KvError::NotHeld`], one of another cache with [`KvError::OtherCache`], before anything is
+/// released. An error after that is a broken invariant (a bug); the call then returns every
+/// request to the batch, in its order, those it had released holding no KV, and drops none.
 pub fn retract_decode<A: KvAllocator>(
     batch: &mut ScheduleBatch<Ready>,
     cache: &mut KvCache<A>,
     spec_reserve: Option<usize>,
 ) -> Result<RetractOutcome, KvError> {
-    // Before anything is released: a request of another cache fails the call, changing nothing.
+    // Before anything is released: a request that holds no KV here fails the call.
     for req in &batch.reqs {
-        cache.ensure_own(req)?;
+        cache.held_row(req)?;
     }
     let mut order: Vec<usize> = (0..batch.reqs.len()).collect();
     order.sort_by_key(|&i| {
@@ -79,26 +83,54 @@ pub fn retract_decode<A: KvAllocator>(
             req.origin_input_ids().len(),
         )
     });
-    let mut outcome = RetractOutcome::default();
     let mut pool: Vec<Option<Req>> = batch.reqs.drain(..).map(Some).collect();
+    let mut outcome = RetractOutcome::default();
+    let result = retract_in_order(&mut pool, order, &mut outcome, cache, spec_reserve);
+    batch.reqs = pool.into_iter().flatten().collect();
+    if !(outcome.retracted.is_empty() && outcome.aborted.is_empty()) {
+        // The batch changed: its `out_cache_loc` no longer describes it.
+        batch.forget_out_cache_loc();
+    }
+    if let Err(error) = result {
+        batch.reqs.append(&mut outcome.retracted);
+        batch.reqs.append(&mut outcome.aborted);
+        return Err(error);
+    }
+    Ok(outcome)
+}
+
+/// The releases of [`retract_decode`]: takes requests out of `pool` (indexed as the batch was)
+/// in retraction order, the last of `order` first, into `outcome`.
+fn retract_in_order<A: KvAllocator>(
+    pool: &mut [Option<Req>],
+    mut order: Vec<usize>,
+    outcome: &mut RetractOutcome,
+    cache: &mut KvCache<A>,
+    spec_reserve: Option<usize>,
+) -> Result<(), KvError> {
     // Always keep one: a lone request is never retracted, only aborted below if it does not fit.
     while order.len() > 1 {
         let index = order.pop().expect("more than one index is left");
         let mut req = pool[index].take().expect("each index is popped once");
-        release_kv_cache(&mut req, cache, false)?;
-        reset_for_retract(&mut req)?;
+        let released =
+            release_kv_cache(&mut req, cache, false).and_then(|()| reset_for_retract(&mut req));
         outcome.retracted.push(req);
+        released?;
         let left = order.iter().filter_map(|&i| pool[i].as_ref());
         if check_decode_mem(left, cache, spec_reserve)? {
-            break;
+            return Ok(());
         }
     }
-    let mut remaining: Vec<Req> = pool.into_iter().flatten().collect();
-    if remaining.len() == 1 && !check_decode_mem(&remaining, cache, spec_reserve)? {
-        let mut req = remaining.pop().expect("one request is left");
-        release_kv_cache(&mut req, cache, false)?;
-        outcome.aborted.push(req);
+    if let [index] = order[..] {
+        let last = pool[index]
+            .as_ref()
+            .expect("the kept request is in the pool");
+        if !check_decode_mem([last], cache, spec_reserve)? {
+            let mut req = pool[index].take().expect("the kept request is in the pool");
+            let released = release_kv_cache(&mut req, cache, false);
+            outcome.aborted.push(req);
+            released?;
+        }
     }
-    batch.reqs = remaining;
-    Ok(outcome)
+    Ok(())
 }
