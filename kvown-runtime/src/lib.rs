@@ -11,6 +11,10 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+// Lets the unit tests include shared test helpers written against the public paths.
+#[cfg(test)]
+extern crate self as kvown_runtime;
+
 pub mod alloc;
 pub mod batch;
 pub mod cache;

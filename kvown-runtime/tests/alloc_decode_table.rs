@@ -5,7 +5,10 @@
 //! `out` are exactly as before.
 
 mod common;
+#[path = "common/held_rows.rs"]
+mod held_rows;
 
+use held_rows::held_rows;
 use kvown_runtime::alloc::{
     AllocError, DecodeRow, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PagedAllocator,
     TokenAllocator,
@@ -69,32 +72,6 @@ impl<A: KvAllocator> KvAllocator for Composed<A> {
 const TABLE_ROWS: usize = 8;
 const HELD_ROWS: usize = 6;
 
-/// A table of `TABLE_ROWS` rows of `width` positions whose held rows start at `lens`
-/// (extended from 0 in one batch when the pool has room, else left empty), and the lengths
-/// indexed by row.
-fn setup<A: KvAllocator>(
-    allocator: &mut A,
-    width: usize,
-    lens: &[usize],
-) -> (ReqToTokenPool, Vec<usize>) {
-    let mut table = ReqToTokenPool::new(TABLE_ROWS, width).unwrap();
-    let rows = table.alloc(HELD_ROWS).unwrap();
-    let mut row_lens = vec![0; TABLE_ROWS + 1];
-    for (&row, &len) in rows.iter().zip(lens) {
-        let mut out = Vec::new();
-        let shape = ExtendShape {
-            prefix_len: 0,
-            seq_len: len,
-            last_loc: None,
-        };
-        if allocator.alloc_extend(&[shape], &mut out).is_ok() {
-            table.write(row, 0, &out).unwrap();
-            row_lens[row] = len;
-        }
-    }
-    (table, row_lens)
-}
-
 /// One decode request: `pick` names a row (0, free rows and rows past the table included),
 /// `tweak` mostly keeps its true length and sometimes breaks it (0 stored tokens, one
 /// position too far, the full width).
@@ -115,7 +92,7 @@ where
     A: KvAllocator + Clone + PartialEq + std::fmt::Debug,
 {
     let mut fused = fused;
-    let (mut table, mut row_lens) = setup(&mut fused, width, &lens);
+    let (mut table, mut row_lens) = held_rows(&mut fused, TABLE_ROWS, width, &lens);
     let mut composed = Composed(fused.clone());
     let mut composed_table = table.clone();
     for batch in steps {

@@ -111,6 +111,16 @@ fn empty_out(mut cache: Cache) {
     assert_eq!(cache.available_size(), capacity);
 }
 
+/// Checks `cache` with every request that holds KV in it (`all`), releases them, and
+/// [`empty_out`]s it.
+fn release_all_and_empty_out(mut all: Vec<Req>, mut cache: Cache) {
+    cache.check(&all).unwrap();
+    for req in &mut all {
+        release_kv_cache(req, &mut cache, false).unwrap();
+    }
+    empty_out(cache);
+}
+
 // §9.12: row[0:prefix] == prefix slots, row[prefix:seq] == the request's out_cache_loc segment.
 #[test]
 fn extend_writes_prefix_then_new_slots_into_the_row() {
@@ -487,11 +497,7 @@ fn retraction_keeps_one_and_aborts_the_last_when_it_cannot_fit() {
     assert!(!aborted.kv().holds_kv());
     assert_eq!(aborted.retraction_count, 0);
     assert!(batch.is_empty());
-    cache.check(filler.reqs()).unwrap();
-    for mut req in filler.into_reqs() {
-        release_kv_cache(&mut req, &mut cache, false).unwrap();
-    }
-    empty_out(cache);
+    release_all_and_empty_out(filler.into_reqs(), cache);
 }
 
 // A request that holds no KV fails the retraction before anything is released: the batch
@@ -519,11 +525,7 @@ fn retraction_refuses_a_request_without_kv_and_changes_nothing() {
 
     let mut all: Vec<Req> = batch.take_if(|req| req.kv().holds_kv());
     all.extend(filler.into_reqs());
-    cache.check(&all).unwrap();
-    for req in &mut all {
-        release_kv_cache(req, &mut cache, false).unwrap();
-    }
-    empty_out(cache);
+    release_all_and_empty_out(all, cache);
 }
 
 // A retraction that removes requests clears the batch's `out_cache_loc` (it described the
@@ -551,12 +553,7 @@ fn retraction_clears_out_cache_loc_only_when_it_removes_requests() {
     assert!(outcome.retracted.is_empty() && outcome.aborted.is_empty());
     assert_eq!(batch.out_cache_loc(), out);
 
-    let mut all = batch.into_reqs();
-    cache.check(&all).unwrap();
-    for req in &mut all {
-        release_kv_cache(req, &mut cache, false).unwrap();
-    }
-    empty_out(cache);
+    release_all_and_empty_out(batch.into_reqs(), cache);
 }
 
 // §9.19: the reservation never shrinks; zero need allocates nothing but still applies the max;

@@ -4,41 +4,17 @@
 //! sizes 1, 3 and 16, with and without `need_sort`, out of memory included. Debug builds reject
 //! a batch that breaks the promise. (A unit test: only this crate can build the trusted batch.)
 
+#[path = "../../tests/common/held_rows.rs"]
+mod held_rows;
+
+use held_rows::held_rows;
 use proptest::prelude::*;
 
-use super::{
-    DecodeRow, ExtendShape, KvAllocator, KvSlot, PagedAllocator, TokenAllocator, TrustedDecodeRows,
-};
+use super::{DecodeRow, KvAllocator, KvSlot, PagedAllocator, TokenAllocator, TrustedDecodeRows};
 use crate::slots::ReqToTokenPool;
 
 /// Rows of the table; every one is held.
 const ROWS: usize = 6;
-
-/// A table of `ROWS` held rows of `width` positions, row `r` extended from 0 to `lens[r - 1]`
-/// tokens while the pool has room (a row it has no room for stays at 0 and never decodes).
-/// Returns the table and each row's length, indexed by row.
-fn setup<A: KvAllocator>(
-    allocator: &mut A,
-    width: usize,
-    lens: &[usize],
-) -> (ReqToTokenPool, Vec<usize>) {
-    let mut table = ReqToTokenPool::new(ROWS, width).unwrap();
-    let rows = table.alloc(ROWS).unwrap();
-    let mut row_lens = vec![0; ROWS + 1];
-    for (&row, &len) in rows.iter().zip(lens) {
-        let mut out = Vec::new();
-        let shape = ExtendShape {
-            prefix_len: 0,
-            seq_len: len,
-            last_loc: None,
-        };
-        if allocator.alloc_extend(&[shape], &mut out).is_ok() {
-            table.write(row, 0, &out).unwrap();
-            row_lens[row] = len;
-        }
-    }
-    (table, row_lens)
-}
 
 /// Runs each batch (an order of the rows; rows that cannot decode are left out) through the
 /// trusted and the checked path side by side.
@@ -52,7 +28,7 @@ where
     A: KvAllocator + Clone + PartialEq + std::fmt::Debug,
 {
     let mut trusted = allocator;
-    let (mut table, mut row_lens) = setup(&mut trusted, width, lens);
+    let (mut table, mut row_lens) = held_rows(&mut trusted, ROWS, width, lens);
     let mut checked = trusted.clone();
     let mut checked_table = table.clone();
     for order in batches {
@@ -138,7 +114,7 @@ proptest! {
 /// pages 1 and 2, ...), and the trusted batch of rows `rows` at length 3.
 fn small(rows: &[usize]) -> (PagedAllocator, ReqToTokenPool, Vec<DecodeRow>) {
     let mut allocator = PagedAllocator::new(32, 4, false).unwrap();
-    let (table, _) = setup(&mut allocator, 8, &[3; ROWS]);
+    let (table, _) = held_rows(&mut allocator, ROWS, 8, &[3; ROWS]);
     let reqs = rows.iter().map(|&row| DecodeRow { row, len: 3 }).collect();
     (allocator, table, reqs)
 }
