@@ -110,8 +110,9 @@ pub struct DecodeRow {
 /// batch, each `len` is that request's allocated length, in `1..width`, and `new_pages` of the
 /// new tokens open a page. Only this crate builds one, so an allocator may trust it and skip the
 /// per-request checks of [`KvAllocator::alloc_decode_table`]
-/// ([`KvAllocator::alloc_decode_trusted`]).
-#[derive(Debug, Clone)]
+/// ([`KvAllocator::alloc_decode_trusted`]). Not `Clone`: one batch is allocated once (an
+/// allocator that wraps another passes it on).
+#[derive(Debug)]
 pub struct TrustedDecodeRows<I> {
     rows: I,
     new_pages: usize,
