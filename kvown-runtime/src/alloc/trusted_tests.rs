@@ -4,6 +4,8 @@
 //! sizes 1, 3 and 16, with and without `need_sort`, out of memory included. Debug builds reject
 //! a batch that breaks the promise. (A unit test: only this crate can build the trusted batch.)
 
+#[path = "../../tests/common/mod.rs"]
+mod common;
 #[path = "../../tests/common/held_rows.rs"]
 mod held_rows;
 
@@ -86,7 +88,7 @@ fn scenario(width: usize) -> impl Strategy<Value = (usize, bool, Vec<usize>, Vec
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(96))]
+    #![proptest_config(common::proptest_config())]
 
     #[test]
     fn trusted_decode_matches_the_checked_path_page_size_1(
