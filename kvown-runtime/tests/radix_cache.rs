@@ -299,6 +299,53 @@ fn insert_from_extends_the_callers_leaf_in_place() {
     }
 }
 
+// The in-place extension of the caller's own leaf checks the key and the new slots as the
+// general path does: a bad call fails with the same error and changes nothing.
+#[test]
+fn extending_the_callers_leaf_refuses_bad_arguments_without_changing_anything() {
+    let ps = 4;
+    let mut alloc = allocator(ps, 32);
+    let mut cache = RadixCache::new(ps);
+    let k = key(ps, 2, 0);
+    let row = alloc_slots(&mut alloc, 2 * ps);
+    let node = cache.insert(&k, &row).unwrap().last_node;
+    cache.inc_lock_ref(node).unwrap();
+    let pos = TreePos { node, len: k.len() };
+    let mut longer = k.clone();
+    longer.extend(key(ps, 1, 100));
+    let mut slots = row.clone();
+    slots.extend(alloc_slots(&mut alloc, ps));
+    let mut broken = slots.clone();
+    broken.swap(2 * ps + 1, 2 * ps + 2);
+    let shifted: Vec<KvSlot> = slots.iter().map(|&slot| slot + 1).collect();
+    let refused = [
+        cache.insert_from(pos, &longer[..2 * ps + 1], &slots[..2 * ps + 1]),
+        cache.insert_from(pos, &longer, &slots[..2 * ps]),
+        cache.insert_from(pos, &longer, &broken),
+        cache.insert_from(pos, &longer, &shifted),
+    ];
+    assert!(matches!(refused[0], Err(RadixError::UnalignedKey { .. })));
+    assert!(matches!(refused[1], Err(RadixError::LengthMismatch { .. })));
+    assert!(matches!(
+        refused[2],
+        Err(RadixError::BrokenPage { position: 9, .. })
+    ));
+    assert!(matches!(
+        refused[3],
+        Err(RadixError::MisalignedPage { position: 8, .. })
+    ));
+    assert_eq!(cache.total_size(), k.len());
+    assert_eq!(cache.protected_size(), k.len());
+    assert_eq!(cache.match_prefix(&longer).len, k.len());
+    cache.check().unwrap();
+
+    let outcome = cache.insert_from(pos, &longer, &slots).unwrap();
+    assert_eq!((outcome.prefix_len, outcome.last_node), (k.len(), node));
+    assert_eq!(matched_slots(&mut cache, &longer), slots);
+    assert_eq!(cache.protected_size(), longer.len());
+    cache.check().unwrap();
+}
+
 #[test]
 fn insert_from_a_stale_hint_splits_and_branches() {
     let ps = 4;

@@ -35,6 +35,9 @@ impl RadixCache {
         key: &[u32],
         slots: &[KvSlot],
     ) -> Result<InsertOutcome, RadixError> {
+        if key.len() > from.len && self.is_own_leaf_end(from) {
+            return self.extend_own_leaf(from, key, slots);
+        }
         let page_size = self.page_size;
         let mut node = self.validate_insert(from, key, slots)?;
         let now = self.tick();
@@ -89,6 +92,39 @@ impl RadixCache {
         })
     }
 
+    /// Whether `from` is the end of a live leaf whose only lock is the caller's: the case that
+    /// [`RadixCache::insert_from`] extends in place, and the common one when a request
+    /// registers its pages as they fill.
+    fn is_own_leaf_end(&self, from: TreePos) -> bool {
+        from.node != NodeId::ROOT && self.arena.is_live(from.node) && {
+            let entry = &self.arena[from.node];
+            entry.child_count == 0 && entry.lock_ref == 1 && entry.end(self.page_size) == from.len
+        }
+    }
+
+    /// [`RadixCache::insert_from`] when [`RadixCache::is_own_leaf_end`] holds and the key goes
+    /// past `from.len`: the checks of the key and of the new slots, then the suffix appended to
+    /// the leaf (the general path's outcome, without its walk and its checks of a hint that is
+    /// known to be good).
+    fn extend_own_leaf(
+        &mut self,
+        from: TreePos,
+        key: &[u32],
+        slots: &[KvSlot],
+    ) -> Result<InsertOutcome, RadixError> {
+        self.validate_key(key, slots)?;
+        if self.page_size > 1 {
+            validate_pages(&slots[from.len..], from.len, self.page_size)?;
+        }
+        let now = self.tick();
+        self.extend_leaf(from.node, from.len, key, slots);
+        self.stamp(from.node, now);
+        Ok(InsertOutcome {
+            prefix_len: from.len,
+            last_node: from.node,
+        })
+    }
+
     /// Checks an insert's arguments; returns the node on whose key `from.len` lies.
     fn validate_insert(
         &self,
@@ -96,6 +132,31 @@ impl RadixCache {
         key: &[u32],
         slots: &[KvSlot],
     ) -> Result<NodeId, RadixError> {
+        let page_size = self.page_size;
+        self.validate_key(key, slots)?;
+        self.ensure_live(from.node)?;
+        if self.arena[from.node].lock_ref == 0 {
+            return Err(RadixError::HintNotLocked { node: from.node });
+        }
+        if from.len > key.len() {
+            return Err(RadixError::HintOutOfRange {
+                node: from.node,
+                len: from.len,
+                node_end: self.arena[from.node].end(page_size),
+                key_len: key.len(),
+                page_size,
+            });
+        }
+        let node = self.node_at(from)?;
+        if page_size > 1 {
+            validate_pages(&slots[from.len..], from.len, page_size)?;
+        }
+        Ok(node)
+    }
+
+    /// Checks what an insert's key and slots must be wherever it starts: whole pages, no longer
+    /// than a `u32` position can count, one slot per token.
+    fn validate_key(&self, key: &[u32], slots: &[KvSlot]) -> Result<(), RadixError> {
         let page_size = self.page_size;
         if !key.len().is_multiple_of(page_size) {
             return Err(RadixError::UnalignedKey {
@@ -115,24 +176,7 @@ impl RadixCache {
                 slots: slots.len(),
             });
         }
-        self.ensure_live(from.node)?;
-        if self.arena[from.node].lock_ref == 0 {
-            return Err(RadixError::HintNotLocked { node: from.node });
-        }
-        if from.len > key.len() {
-            return Err(RadixError::HintOutOfRange {
-                node: from.node,
-                len: from.len,
-                node_end: self.arena[from.node].end(page_size),
-                key_len: key.len(),
-                page_size,
-            });
-        }
-        let node = self.node_at(from)?;
-        if page_size > 1 {
-            validate_pages(&slots[from.len..], from.len, page_size)?;
-        }
-        Ok(node)
+        Ok(())
     }
 
     /// Adds `key[pos..]` with its slots as a new unlocked leaf under `parent`.
