@@ -64,8 +64,9 @@ pub struct RetractOutcome {
 ///
 /// Every request must hold KV in this cache: one that holds none fails the call with
 /// [`KvError::NotHeld`], one of another cache with [`KvError::OtherCache`], before anything is
-/// released. An error after that is a broken invariant (a bug); the call then returns every
-/// request to the batch, in its order, those it had released holding no KV, and drops none.
+/// released. An error after that is a broken invariant (a bug); the call then drops no request:
+/// the batch gets back those it had not released, in their order, followed by those it had
+/// (which hold no KV).
 pub fn retract_decode<A: KvAllocator>(
     batch: &mut ScheduleBatch<Ready>,
     cache: &mut KvCache<A>,
