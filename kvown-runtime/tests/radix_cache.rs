@@ -299,6 +299,37 @@ fn insert_from_extends_the_callers_leaf_in_place() {
     }
 }
 
+// A leaf extended in place keeps spare key capacity only while it is locked: once its last
+// lock goes, the tree costs what the same key inserted in one call costs.
+#[test]
+fn a_grown_leaf_gives_its_spare_capacity_back_when_unlocked() {
+    for ps in PAGE_SIZES {
+        let mut alloc = allocator(ps, 32);
+        let mut grown = RadixCache::new(ps);
+        let mut k = key(ps, 1, 0);
+        let mut row = alloc_slots(&mut alloc, ps);
+        let node = grown.insert(&k, &row).unwrap().last_node;
+        grown.inc_lock_ref(node).unwrap();
+        for page in 0..4u32 {
+            let at = TreePos { node, len: k.len() };
+            k.extend(key(ps, 1, 100 + page * 50));
+            row.extend(alloc_slots(&mut alloc, ps));
+            assert_eq!(grown.insert_from(at, &k, &row).unwrap().last_node, node);
+        }
+        let while_locked = grown.bookkeeping_bytes();
+        grown.dec_lock_ref(node).unwrap();
+        let mut at_once = RadixCache::new(ps);
+        at_once.insert(&k, &row).unwrap();
+        assert_eq!(
+            grown.bookkeeping_bytes(),
+            at_once.bookkeeping_bytes(),
+            "page size {ps}"
+        );
+        assert!(while_locked > grown.bookkeeping_bytes(), "page size {ps}");
+        grown.check().unwrap();
+    }
+}
+
 // The in-place extension of the caller's own leaf checks the key and the new slots as the
 // general path does: a bad call fails with the same error and changes nothing.
 #[test]

@@ -206,10 +206,10 @@ impl RadixCache {
         let data = &mut self.arena[node].data;
         let needed = (key.len() - pos) / page_size * (page_size + 1);
         if data.capacity() - data.len() < needed {
-            // Grow by at least 1/2: appends stay amortized O(1), each token copied about twice,
-            // and the spare stays under half the 68 bytes a page of the key takes (W2c ends at
-            // 23 bytes of bookkeeping per cached page; 1/4 gave 15, at 4% of W2c's time).
-            data.reserve_exact(needed.max(data.len() / 2));
+            // Double: appends stay amortized O(1), each token copied about once. The spare is
+            // given back when the last lock on the leaf goes (`unlock_path`), so only leaves
+            // that are still growing carry it.
+            data.reserve_exact(needed.max(data.len()));
         }
         append_pages(data, &key[pos..], &slots[pos..], page_size);
         self.add_tokens(node, key.len() - pos);

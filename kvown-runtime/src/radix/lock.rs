@@ -85,6 +85,8 @@ impl RadixCache {
                 let tokens = entry.len(self.page_size);
                 self.protected_size -= tokens;
                 self.evictable_size += tokens;
+                // Only a locked node is extended in place: its spare key capacity goes back.
+                entry.data.shrink_to_fit();
             }
             let parent = entry.parent;
             self.refresh_leaf_status(node);
