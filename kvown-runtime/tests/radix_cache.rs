@@ -41,6 +41,23 @@ fn insert_fresh(cache: &mut RadixCache, alloc: &mut PagedAllocator, key: &[u32])
     slots
 }
 
+/// A fresh leaf of `pages` pages (tokens from `base`, fresh slots) locked once, as a request
+/// holds its own leaf: its key, its slots, and its end.
+fn locked_leaf(
+    cache: &mut RadixCache,
+    alloc: &mut PagedAllocator,
+    pages: usize,
+    base: u32,
+) -> (Vec<u32>, Vec<KvSlot>, TreePos) {
+    let ps = cache.page_size();
+    let k = key(ps, pages, base);
+    let row = alloc_slots(alloc, pages * ps);
+    let node = cache.insert(&k, &row).unwrap().last_node;
+    cache.inc_lock_ref(node).unwrap();
+    let end = TreePos { node, len: k.len() };
+    (k, row, end)
+}
+
 #[test]
 fn match_page_aligns_and_splits() {
     for ps in PAGE_SIZES {
@@ -264,20 +281,14 @@ fn insert_from_extends_the_callers_leaf_in_place() {
     for ps in PAGE_SIZES {
         let mut alloc = allocator(ps, 32);
         let mut cache = RadixCache::new(ps);
-        let mut k = key(ps, 2, 0);
-        let mut row = alloc_slots(&mut alloc, 2 * ps);
-        let first = cache.insert(&k, &row).unwrap();
-        cache.inc_lock_ref(first.last_node).unwrap();
-        let mut pos = TreePos {
-            node: first.last_node,
-            len: k.len(),
-        };
+        let (mut k, mut row, mut pos) = locked_leaf(&mut cache, &mut alloc, 2, 0);
+        let first = pos.node;
         for page in 0..3u32 {
             k.extend(key(ps, 1, 500 + page * 50));
             row.extend(alloc_slots(&mut alloc, ps));
             let outcome = cache.insert_from(pos, &k, &row).unwrap();
             assert_eq!(outcome.prefix_len, pos.len);
-            assert_eq!(outcome.last_node, first.last_node, "extended in place");
+            assert_eq!(outcome.last_node, first, "extended in place");
             pos.len = k.len();
             assert_eq!(cache.protected_size(), k.len());
             cache.check().unwrap();
@@ -306,10 +317,7 @@ fn a_grown_leaf_gives_its_spare_capacity_back_when_unlocked() {
     for ps in PAGE_SIZES {
         let mut alloc = allocator(ps, 32);
         let mut grown = RadixCache::new(ps);
-        let mut k = key(ps, 1, 0);
-        let mut row = alloc_slots(&mut alloc, ps);
-        let node = grown.insert(&k, &row).unwrap().last_node;
-        grown.inc_lock_ref(node).unwrap();
+        let (mut k, mut row, TreePos { node, .. }) = locked_leaf(&mut grown, &mut alloc, 1, 0);
         for page in 0..4u32 {
             let at = TreePos { node, len: k.len() };
             k.extend(key(ps, 1, 100 + page * 50));
@@ -337,11 +345,7 @@ fn extending_the_callers_leaf_refuses_bad_arguments_without_changing_anything() 
     let ps = 4;
     let mut alloc = allocator(ps, 32);
     let mut cache = RadixCache::new(ps);
-    let k = key(ps, 2, 0);
-    let row = alloc_slots(&mut alloc, 2 * ps);
-    let node = cache.insert(&k, &row).unwrap().last_node;
-    cache.inc_lock_ref(node).unwrap();
-    let pos = TreePos { node, len: k.len() };
+    let (k, row, pos) = locked_leaf(&mut cache, &mut alloc, 2, 0);
     let mut longer = k.clone();
     longer.extend(key(ps, 1, 100));
     let mut slots = row.clone();
@@ -371,7 +375,7 @@ fn extending_the_callers_leaf_refuses_bad_arguments_without_changing_anything() 
     cache.check().unwrap();
 
     let outcome = cache.insert_from(pos, &longer, &slots).unwrap();
-    assert_eq!((outcome.prefix_len, outcome.last_node), (k.len(), node));
+    assert_eq!((outcome.prefix_len, outcome.last_node), (k.len(), pos.node));
     assert_eq!(matched_slots(&mut cache, &longer), slots);
     assert_eq!(cache.protected_size(), longer.len());
     cache.check().unwrap();
