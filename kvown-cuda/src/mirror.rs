@@ -480,7 +480,7 @@ impl<D: DeviceAllocOps> KvAllocator for MirroredAllocator<D> {
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError>
     where
-        I: ExactSizeIterator<Item = DecodeRow> + DoubleEndedIterator + Clone,
+        I: ExactSizeIterator<Item = DecodeRow> + Clone,
     {
         let shapes = DecodeRow::read_shapes(reqs.clone(), table)?;
         self.set_rows(reqs.clone().map(|req| req.row), shapes.len());

@@ -6,8 +6,7 @@ use std::marker::PhantomData;
 use super::free_list::FreeList;
 use super::geometry::{PageGeometry, Specialised};
 use super::shapes::{
-    DecodeFill, DecodeScratch, check_decode, check_extend, fill_decode, fill_decode_table,
-    fill_extend, fill_trusted_decode, undo_decode_table,
+    DecodeFill, check_decode, check_extend, fill_decode, fill_extend, fill_trusted_decode,
 };
 use super::{
     AllocError, DecodeRow, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PageState,
@@ -35,9 +34,6 @@ pub struct PageAllocator<R: ReuseOrder> {
     /// Pages deferred by the open free group. Outside a group it is empty between calls and
     /// serves as the scratch list of the free call in progress.
     deferred: Vec<PageId>,
-    /// Scratch of the decode by rows, kept so that a step allocates nothing. Boxed: held inline,
-    /// its 52 bytes made W1's one-page paths about 2% slower (field layout; same instructions).
-    decode_scratch: Box<DecodeScratch>,
     in_free_group: bool,
     order: PhantomData<R>,
 }
@@ -69,7 +65,6 @@ impl<R: ReuseOrder> PageAllocator<R> {
             state,
             free: FreeList::full(num_pages),
             deferred: Vec::with_capacity(num_pages),
-            decode_scratch: Box::default(),
             in_free_group: false,
             order: PhantomData,
         })
@@ -126,15 +121,12 @@ impl<R: ReuseOrder> PageAllocator<R> {
     }
 
     /// Bytes of bookkeeping this allocator holds: the struct, one state byte per page, and the
-    /// free/release ring and the deferred list with 4 bytes per page each (9 bytes per page),
-    /// plus the decode scratch (4 bytes per request of the largest decode batch given by rows,
-    /// and per row of the largest table).
+    /// free/release ring and the deferred list with 4 bytes per page each (9 bytes per page).
     pub fn bookkeeping_bytes(&self) -> usize {
         std::mem::size_of::<Self>()
             + self.state.capacity() * std::mem::size_of::<PageState>()
             + self.free.capacity() * std::mem::size_of::<PageId>()
             + self.deferred.capacity() * std::mem::size_of::<PageId>()
-            + self.decode_scratch.bytes()
     }
 
     /// Every page free again (`[1, …, num_pages]`), release list empty, no open group.
@@ -267,7 +259,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
     #[inline(never)]
     fn verify_trusted<I>(&self, batch: &TrustedDecodeRows<I>, table: &ReqToTokenPool)
     where
-        I: ExactSizeIterator<Item = DecodeRow> + DoubleEndedIterator + Clone,
+        I: ExactSizeIterator<Item = DecodeRow> + Clone,
     {
         let shapes = DecodeRow::read_shapes(batch.rows(), table)
             .unwrap_or_else(|error| panic!("a trusted decode batch fails its checks: {error}"));
@@ -289,29 +281,6 @@ impl<R: ReuseOrder> PageAllocator<R> {
             batch.new_pages(),
             "a trusted decode batch declared the wrong number of new pages"
         );
-    }
-
-    /// The rare outcomes of `alloc_decode_table`'s pass, which left `table` and `out` as they
-    /// were: the first invalid request's typed error, or what `decode_batch_slow` makes of its
-    /// shapes, or a merge of the release list and the pass again.
-    #[cold]
-    #[inline(never)]
-    fn decode_table_slow<I>(
-        &mut self,
-        reqs: I,
-        table: &mut ReqToTokenPool,
-        fill: DecodeFill,
-        out: &mut Vec<KvSlot>,
-    ) -> Result<(), AllocError>
-    where
-        I: ExactSizeIterator<Item = DecodeRow> + DoubleEndedIterator + Clone,
-    {
-        if !fill.valid {
-            let shapes = DecodeRow::read_shapes(reqs, table)?;
-            return self.decode_batch_slow(&shapes, fill, out);
-        }
-        self.merge_or_oom(fill.new_pages)?;
-        self.alloc_decode_table(reqs, table, out)
     }
 
     /// The rare outcomes of `decode_batch`'s pass, which left `out` as it was: the first
@@ -630,38 +599,6 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
         self.decode_batch(reqs.iter().copied(), out)
     }
 
-    /// One pass reads each request's last slot, validates it and writes its new slot into the
-    /// table; its pages are claimed only when the batch is valid and fits, and otherwise the
-    /// overwritten entries are put back.
-    #[inline]
-    fn alloc_decode_table<I>(
-        &mut self,
-        reqs: I,
-        table: &mut ReqToTokenPool,
-        out: &mut Vec<KvSlot>,
-    ) -> Result<(), AllocError>
-    where
-        I: ExactSizeIterator<Item = DecodeRow> + DoubleEndedIterator + Clone,
-    {
-        let start = out.len();
-        let (state, free, scratch) = (&self.state, &self.free, &mut self.decode_scratch);
-        let entries = table.entries_mut();
-        let fill = match self.geometry.specialised() {
-            Specialised::PowerOfTwo(math) => {
-                fill_decode_table(math, state, free, reqs.clone(), entries, out, scratch)
-            }
-            Specialised::AnySize(math) => {
-                fill_decode_table(math, state, free, reqs.clone(), entries, out, scratch)
-            }
-        };
-        if self.claim_decode_pages(&fill) {
-            return Ok(());
-        }
-        undo_decode_table(reqs.clone(), table.entries_mut(), &self.decode_scratch);
-        out.truncate(start);
-        self.decode_table_slow(reqs, table, fill, out)
-    }
-
     /// Takes the batch's pages first (the only failure), then writes every request's slot in
     /// one pass that reads and writes each row once and checks nothing but the table's bounds.
     /// Debug builds verify the batch against the table and the page states first.
@@ -673,7 +610,7 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError>
     where
-        I: ExactSizeIterator<Item = DecodeRow> + DoubleEndedIterator + Clone,
+        I: ExactSizeIterator<Item = DecodeRow> + Clone,
     {
         if cfg!(debug_assertions) {
             self.verify_trusted(&batch, table);

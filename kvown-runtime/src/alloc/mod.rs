@@ -120,7 +120,7 @@ pub struct TrustedDecodeRows<I> {
 
 impl<I> TrustedDecodeRows<I>
 where
-    I: ExactSizeIterator<Item = DecodeRow> + DoubleEndedIterator + Clone,
+    I: ExactSizeIterator<Item = DecodeRow> + Clone,
 {
     /// Wraps rows the caller has checked as the type promises.
     pub(crate) fn new(rows: I, new_pages: usize) -> Self {
@@ -206,12 +206,12 @@ pub trait KvAllocator {
     /// its row, and `out[i]` is that slot. Its shape comes from the table (the last stored
     /// token's slot at `len - 1`); each row may appear once ([`DecodeRow::read_shapes`] names
     /// the errors). All or nothing: on error neither `table` nor `out` changed.
-    /// The iterator is cloned when the allocator needs a second look (an error, a merge).
+    /// The iterator is cloned when the allocator needs a second look.
     ///
     /// The default reads the shapes, calls [`KvAllocator::alloc_decode`] and writes the
-    /// table; an allocator may fuse the three (the paged allocator reads and writes each row
-    /// once), and one that keeps a copy of the table, such as a device mirror, writes its copy
-    /// in the same step.
+    /// table; an allocator that keeps a copy of the table, such as a device mirror, writes its
+    /// copy in the same step. (The batch flow calls [`KvAllocator::alloc_decode_trusted`], where
+    /// the paged allocator reads and writes each row once.)
     fn alloc_decode_table<I>(
         &mut self,
         reqs: I,
@@ -220,7 +220,7 @@ pub trait KvAllocator {
     ) -> Result<(), AllocError>
     where
         Self: Sized,
-        I: ExactSizeIterator<Item = DecodeRow> + DoubleEndedIterator + Clone,
+        I: ExactSizeIterator<Item = DecodeRow> + Clone,
     {
         let shapes = DecodeRow::read_shapes(reqs.clone(), table)?;
         let start = out.len();
@@ -244,7 +244,7 @@ pub trait KvAllocator {
     ) -> Result<(), AllocError>
     where
         Self: Sized,
-        I: ExactSizeIterator<Item = DecodeRow> + DoubleEndedIterator + Clone,
+        I: ExactSizeIterator<Item = DecodeRow> + Clone,
     {
         self.alloc_decode_table(batch.rows, table, out)
     }

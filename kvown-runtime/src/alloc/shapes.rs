@@ -203,85 +203,6 @@ pub(crate) fn fill_decode<M: PageMath>(
     fill
 }
 
-/// The scratch of [`fill_decode_table`], kept by the allocator between calls so that a decode
-/// step allocates nothing. Not state: two scratches always compare equal.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct DecodeScratch {
-    /// The entry each request's new slot replaced (0 for a request the pass did not write).
-    undo: Vec<KvSlot>,
-    /// `marks[row] == epoch`: the pass in progress has met `row`.
-    marks: Vec<u32>,
-    /// The tag of the pass in progress.
-    epoch: u32,
-}
-
-impl PartialEq for DecodeScratch {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl Eq for DecodeScratch {}
-
-impl DecodeScratch {
-    /// Bytes held.
-    pub(crate) fn bytes(&self) -> usize {
-        self.undo.capacity() * std::mem::size_of::<KvSlot>()
-            + self.marks.capacity() * std::mem::size_of::<u32>()
-    }
-
-    /// Ready for a pass over `requests` requests of a table of `rows` rows (row 0 included).
-    fn begin(&mut self, requests: usize, rows: usize) {
-        self.undo.clear();
-        self.undo.resize(requests, 0);
-        if self.marks.len() < rows {
-            self.marks.resize(rows, 0);
-        }
-        self.epoch = self.epoch.wrapping_add(1);
-        if self.epoch == 0 {
-            self.marks.fill(0);
-            self.epoch = 1;
-        }
-    }
-}
-
-/// [`fill_decode`] for requests given by their rows: reads each request's last slot from
-/// `table` and writes its new slot there in the same visit of the row. A row met twice makes
-/// the batch invalid (requests decode one token each, and the second would read what the first
-/// wrote). Each overwritten entry goes to `scratch`, so that [`undo_decode_table`] can put the
-/// table back when the batch is invalid or does not fit.
-#[inline]
-pub(crate) fn fill_decode_table<M: PageMath>(
-    math: M,
-    state: &[PageState],
-    free: &FreeList,
-    reqs: impl ExactSizeIterator<Item = DecodeRow>,
-    mut table: TableEntries<'_>,
-    out: &mut Vec<KvSlot>,
-    scratch: &mut DecodeScratch,
-) -> DecodeFill {
-    let start = out.len();
-    out.resize(start + reqs.len(), 0);
-    scratch.begin(reqs.len(), table.held.len());
-    let DecodeScratch { undo, marks, epoch } = scratch;
-    let mut fill = DecodeFill::default();
-    for ((slot, saved), req) in out[start..].iter_mut().zip(undo.iter_mut()).zip(reqs) {
-        let first_visit = marks
-            .get_mut(req.row)
-            .is_some_and(|mark| std::mem::replace(mark, *epoch) != *epoch);
-        let (last_loc, next) = match table.decode_entries(req) {
-            Some([last_loc, next]) => (*last_loc, Some(next)),
-            None => (0, None),
-        };
-        let well_formed = first_visit & next.is_some();
-        *slot = fill.next_slot(math, state, free, req.len, last_loc, well_formed);
-        if let Some(next) = next {
-            *saved = std::mem::replace(next, *slot);
-        }
-    }
-    fill
-}
-
 /// The decode rule for a batch the batch flow checked ([`super::TrustedDecodeRows`]): reads
 /// each request's last slot from `table`, writes its new slot there and to `out` (the next slot
 /// of its page, or the first slot of the next page of `free` when the token opens one, 0 when
@@ -297,7 +218,7 @@ pub(crate) fn fill_trusted_decode<M: PageMath>(
 ) -> usize {
     let start = out.len();
     out.resize(start + reqs.len(), 0);
-    let TableEntries { entries, width, .. } = table;
+    let TableEntries { entries, width } = table;
     let mut new_pages = 0;
     for (slot, req) in out[start..].iter_mut().zip(reqs) {
         let position = req.row * width + req.len;
@@ -311,34 +232,6 @@ pub(crate) fn fill_trusted_decode<M: PageMath>(
         entries[position] = *slot;
     }
     new_pages
-}
-
-/// Puts back the entries [`fill_decode_table`] overwrote, last request first.
-#[cold]
-pub(crate) fn undo_decode_table(
-    reqs: impl DoubleEndedIterator<Item = DecodeRow> + ExactSizeIterator,
-    mut table: TableEntries<'_>,
-    scratch: &DecodeScratch,
-) {
-    for (req, &saved) in reqs.zip(&scratch.undo).rev() {
-        if let Some([_, next]) = table.decode_entries(req) {
-            *next = saved;
-        }
-    }
-}
-
-impl TableEntries<'_> {
-    /// The entries at positions `len - 1` (the last stored token) and `len` (the new one) of
-    /// `req`'s row, or `None` when the row is not held or `len` is not in `1..width`.
-    #[inline]
-    fn decode_entries(&mut self, req: DecodeRow) -> Option<&mut [KvSlot; 2]> {
-        let held = self.held.get(req.row) == Some(&true);
-        if !held || req.len.wrapping_sub(1) >= self.width.saturating_sub(1) {
-            return None;
-        }
-        let index = req.row * self.width + req.len;
-        self.entries.get_mut(index - 1..=index)?.try_into().ok()
-    }
 }
 
 /// `last_loc` must be a slot of an allocated page at the page offset `prefix_len` implies.

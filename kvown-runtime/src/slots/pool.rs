@@ -23,13 +23,11 @@ pub struct ReqToTokenPool {
     req_generation: Vec<u64>,
 }
 
-/// The entries of a [`ReqToTokenPool`] (row `r`, position `p` at `r * width + p`) and its
-/// held-row flags, borrowed for one pass.
+/// The entries of a [`ReqToTokenPool`] (row `r`, position `p` at `r * width + p`), borrowed
+/// for one pass.
 pub(crate) struct TableEntries<'a> {
     /// Every row's slots, row after row.
     pub(crate) entries: &'a mut [KvSlot],
-    /// `held[r]`: row `r` belongs to a request.
-    pub(crate) held: &'a [bool],
     /// Positions per row.
     pub(crate) width: usize,
 }
@@ -143,13 +141,12 @@ impl ReqToTokenPool {
         Ok(&mut self.table[start..start + self.max_context_len])
     }
 
-    /// The table's entries and which rows are held, for a pass that reads and writes many rows
-    /// (the fused decode step).
+    /// The table's entries, for a pass that reads and writes many rows (the trusted decode
+    /// step).
     #[inline]
     pub(crate) fn entries_mut(&mut self) -> TableEntries<'_> {
         TableEntries {
             entries: &mut self.table,
-            held: &self.held,
             width: self.max_context_len,
         }
     }
