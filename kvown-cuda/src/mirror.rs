@@ -300,6 +300,12 @@ impl<D: DeviceAllocOps> MirroredAllocator<D> {
         }
     }
 
+    /// Sets `self.rows` to `count` requests without a row: the replay writes `out_cache_loc` only.
+    fn set_no_rows(&mut self, count: usize) {
+        self.rows.clear();
+        self.rows.resize(count, NO_ROW);
+    }
+
     /// Replays a batched extend the host has applied, for the rows in `self.rows`.
     fn replay_extend(&mut self, reqs: &[ExtendShape]) {
         let out = replayed("alloc_extend", self.device.alloc_extend(reqs, &self.rows));
@@ -403,8 +409,7 @@ impl<D: DeviceAllocOps> KvAllocator for MirroredAllocator<D> {
     /// Whole pages, as an extend from 0 of a request with no row ([`NO_ROW`]).
     fn alloc(&mut self, num_tokens: usize, out: &mut Vec<KvSlot>) -> Result<(), AllocError> {
         self.host.alloc(num_tokens, out)?;
-        self.rows.clear();
-        self.rows.push(NO_ROW);
+        self.set_no_rows(1);
         self.replay_extend(&[ExtendShape {
             prefix_len: 0,
             seq_len: num_tokens,
@@ -419,8 +424,7 @@ impl<D: DeviceAllocOps> KvAllocator for MirroredAllocator<D> {
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
         self.host.alloc_extend(reqs, out)?;
-        self.rows.clear();
-        self.rows.resize(reqs.len(), NO_ROW);
+        self.set_no_rows(reqs.len());
         self.replay_extend(reqs);
         Ok(())
     }
@@ -431,8 +435,7 @@ impl<D: DeviceAllocOps> KvAllocator for MirroredAllocator<D> {
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
         self.host.alloc_decode(reqs, out)?;
-        self.rows.clear();
-        self.rows.resize(reqs.len(), NO_ROW);
+        self.set_no_rows(reqs.len());
         self.replay_decode(reqs);
         Ok(())
     }
