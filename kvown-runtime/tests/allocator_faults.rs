@@ -1,0 +1,225 @@
+//! Error paths that only a misbehaving allocator reaches. `FaultyAllocator` delegates to a
+//! `PagedAllocator` but, once armed, refuses every free after a given number of successful
+//! ones, as an allocator whose bookkeeping disagrees with the batch flow's would. A call that
+//! fails this way must drop no request, and the accounting identity must still hold over the
+//! requests it hands back.
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+use kvown_runtime::alloc::{
+    AllocError, AsPageAllocator, DecodeShape, ExtendShape, KvAllocator, KvSlot, Lifo,
+    PageAllocator, PageId, PagedAllocator,
+};
+use kvown_runtime::batch::{
+    ScheduleBatch, alloc_for_extend, prepare_for_extend, release_kv_cache, retract_decode,
+};
+use kvown_runtime::cache::{KvCache, TreeCache};
+use kvown_runtime::error::KvError;
+use kvown_runtime::request::Req;
+use kvown_runtime::slots::ReqToTokenPool;
+use kvown_runtime::tree_cache::init_next_round_input;
+
+/// How many more frees succeed; `None` when the fault is not armed.
+type FreesLeft = Rc<Cell<Option<usize>>>;
+
+/// A `PagedAllocator` whose frees fail once an armed budget is spent.
+struct FaultyAllocator {
+    inner: PagedAllocator,
+    frees_left: FreesLeft,
+}
+
+impl FaultyAllocator {
+    /// Passes the free on while the budget lasts; otherwise refuses it, changing nothing.
+    fn free_with(
+        &mut self,
+        first: Option<KvSlot>,
+        free: impl FnOnce(&mut PagedAllocator) -> Result<(), AllocError>,
+    ) -> Result<(), AllocError> {
+        match self.frees_left.get() {
+            Some(0) => {
+                let slot = first.unwrap_or(0);
+                Err(AllocError::NotAllocated {
+                    slot,
+                    page: slot / self.inner.page_size() as KvSlot,
+                })
+            }
+            left => {
+                free(&mut self.inner)?;
+                self.frees_left.set(left.map(|n| n - 1));
+                Ok(())
+            }
+        }
+    }
+}
+
+impl KvAllocator for FaultyAllocator {
+    fn page_size(&self) -> usize {
+        self.inner.page_size()
+    }
+
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+
+    fn available_size(&self) -> usize {
+        self.inner.available_size()
+    }
+
+    fn alloc(&mut self, num_tokens: usize, out: &mut Vec<KvSlot>) -> Result<(), AllocError> {
+        self.inner.alloc(num_tokens, out)
+    }
+
+    fn alloc_extend(
+        &mut self,
+        reqs: &[ExtendShape],
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), AllocError> {
+        self.inner.alloc_extend(reqs, out)
+    }
+
+    fn alloc_decode(
+        &mut self,
+        reqs: &[DecodeShape],
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), AllocError> {
+        self.inner.alloc_decode(reqs, out)
+    }
+
+    fn free(&mut self, slots: &[KvSlot]) -> Result<(), AllocError> {
+        self.free_with(slots.first().copied(), |inner| inner.free(slots))
+    }
+
+    fn free_segment(&mut self, slots: &[KvSlot], start_pos: usize) -> Result<(), AllocError> {
+        self.free_with(slots.first().copied(), |inner| {
+            inner.free_segment(slots, start_pos)
+        })
+    }
+
+    fn free_segments(&mut self, segments: &[(&[KvSlot], usize)]) -> Result<(), AllocError> {
+        let first = segments
+            .iter()
+            .find_map(|(slots, _)| slots.first().copied());
+        self.free_with(first, |inner| inner.free_segments(segments))
+    }
+
+    fn free_page_ids(&mut self, pages: &[PageId]) -> Result<(), AllocError> {
+        let first = pages
+            .first()
+            .map(|&page| page * self.inner.page_size() as KvSlot);
+        self.free_with(first, |inner| inner.free_page_ids(pages))
+    }
+
+    fn free_group_begin(&mut self) -> Result<(), AllocError> {
+        self.inner.free_group_begin()
+    }
+
+    fn free_group_end(&mut self) -> Result<(), AllocError> {
+        self.inner.free_group_end()
+    }
+}
+
+/// The checker reads the wrapped allocator, the state that every free passed on changed.
+impl AsPageAllocator for FaultyAllocator {
+    type Order = Lifo;
+
+    fn page_allocator(&self) -> &PageAllocator<Lifo> {
+        &self.inner
+    }
+}
+
+/// A cache of `pool_tokens` slots in pages of 4, no prefix cache, with the fault's handle.
+fn faulty_cache(pool_tokens: usize) -> (KvCache<FaultyAllocator>, FreesLeft) {
+    let frees_left = FreesLeft::default();
+    let allocator = FaultyAllocator {
+        inner: PagedAllocator::new(pool_tokens, 4, false).unwrap(),
+        frees_left: Rc::clone(&frees_left),
+    };
+    let rows = ReqToTokenPool::new(8, 64).unwrap();
+    let cache = KvCache::new(allocator, rows, TreeCache::Disabled).unwrap();
+    (cache, frees_left)
+}
+
+/// Extends `count` requests of 8 tokens each (two whole pages), rids `1..=count`.
+fn extend_eight_token_requests(count: u64, cache: &mut KvCache<FaultyAllocator>) -> ScheduleBatch {
+    let mut reqs: Vec<Req> = (1..=count)
+        .map(|rid| Req::new(rid, (0..8).map(|t| t as u32 + 100 * rid as u32).collect()))
+        .collect();
+    for req in &mut reqs {
+        init_next_round_input(req, cache, usize::MAX).unwrap();
+    }
+    alloc_for_extend(prepare_for_extend(ScheduleBatch::new(reqs)), cache)
+        .map_err(|failure| failure.error)
+        .unwrap()
+}
+
+/// Releases every request that still holds KV, then checks that the pool is whole.
+fn release_all_and_check_whole(reqs: &mut [Req], cache: &mut KvCache<FaultyAllocator>) {
+    for req in reqs.iter_mut().filter(|req| req.kv().holds_kv()) {
+        release_kv_cache(req, cache, false).unwrap();
+    }
+    cache.check(&*reqs).unwrap();
+    assert_eq!(cache.available_size(), cache.allocator().capacity());
+}
+
+#[test]
+fn a_release_refused_by_the_allocator_changes_nothing() {
+    let (mut cache, frees_left) = faulty_cache(64);
+    let batch = extend_eight_token_requests(1, &mut cache);
+    let mut reqs = batch.into_reqs();
+    let available = cache.available_size();
+    let record = reqs[0].kv().clone();
+
+    frees_left.set(Some(0));
+    let error = release_kv_cache(&mut reqs[0], &mut cache, false).unwrap_err();
+    assert!(
+        matches!(error, KvError::Alloc(AllocError::NotAllocated { .. })),
+        "{error}"
+    );
+    assert_eq!(reqs[0].kv(), &record, "the request still holds its KV");
+    assert_eq!(cache.available_size(), available);
+    cache.check(&reqs).unwrap();
+
+    frees_left.set(None);
+    release_all_and_check_whole(&mut reqs, &mut cache);
+}
+
+#[test]
+fn a_retraction_whose_second_release_fails_hands_every_request_back() {
+    // Four requests of two pages fill the 8-page pool; with one more token each, every one
+    // opens a page next step (4 pages needed, none free): retracting rid 4 frees two pages (3
+    // still needed), so rid 3 is next, and its release is the one the allocator refuses.
+    let (mut cache, frees_left) = faulty_cache(32);
+    let mut batch = extend_eight_token_requests(4, &mut cache);
+    assert_eq!(cache.available_size(), 0);
+    for req in batch.reqs_mut() {
+        req.push_output(7);
+    }
+    assert!(!batch.out_cache_loc().is_empty());
+
+    frees_left.set(Some(1));
+    let error = retract_decode(&mut batch, &mut cache, None).unwrap_err();
+    assert!(
+        matches!(error, KvError::Alloc(AllocError::NotAllocated { .. })),
+        "{error}"
+    );
+
+    // Not released, in batch order; then taken out for release, in release order.
+    let rids: Vec<u64> = batch.reqs().iter().map(Req::rid).collect();
+    assert_eq!(rids, [1, 2, 4, 3]);
+    let holds: Vec<bool> = batch.reqs().iter().map(|req| req.kv().holds_kv()).collect();
+    assert_eq!(holds, [true, true, false, true], "only rid 4 was released");
+    let retracted = &batch.reqs()[2];
+    assert!(retracted.is_retracted && retracted.retraction_count == 1);
+    assert!(
+        !batch.reqs()[3].is_retracted,
+        "the refused release left rid 3 as it was"
+    );
+    assert!(batch.out_cache_loc().is_empty(), "the batch changed");
+    assert_eq!(cache.available_size(), 8, "rid 4's two pages are free");
+    cache.check(batch.reqs()).unwrap();
+
+    frees_left.set(None);
+    let mut reqs = batch.into_reqs();
+    release_all_and_check_whole(&mut reqs, &mut cache);
+}
