@@ -5,7 +5,7 @@ use std::fmt;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::alloc::{KvAllocator, KvSlot, ceil_align};
+use crate::alloc::{KvAllocator, ceil_align};
 use crate::error::KvError;
 use crate::radix::RadixCache;
 use crate::request::Req;
@@ -202,15 +202,5 @@ impl<A: KvAllocator> KvCache<A> {
     pub(crate) fn pages_span(&self, start: usize, end: usize) -> usize {
         let page_size = self.page_size();
         ceil_align(end, page_size) - ceil_align(start, page_size)
-    }
-
-    /// Copies row `row` positions `[start, end)` into `out`.
-    pub(crate) fn row_slots(
-        &self,
-        row: usize,
-        start: usize,
-        end: usize,
-    ) -> Result<Vec<KvSlot>, KvError> {
-        Ok(self.req_to_token.row(row)?[start..end].to_vec())
     }
 }

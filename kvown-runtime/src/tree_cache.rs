@@ -3,7 +3,7 @@
 
 use kvown_macros::owner;
 
-use crate::alloc::{KvAllocator, floor_align};
+use crate::alloc::{KvAllocator, ceil_align, floor_align};
 use crate::cache::{KvCache, TreeCache};
 use crate::error::KvError;
 use crate::radix::TreePos;
@@ -98,9 +98,12 @@ pub fn cache_unfinished_req<A: KvAllocator>(
     Ok(())
 }
 
-/// The tree's part of releasing a finished request's committed KV `[0, committed)`: insert it
-/// (when `is_insert`) and free the request's duplicates and unaligned tail, or free all of
-/// `[protected, committed)`; then drop the request's lock. Over-allocation is the caller's.
+/// The KV part of releasing a request that holds a row: the prefix cache takes `[0, committed)`
+/// (when `is_insert`) and the request's duplicates, its unaligned tail and its over-allocation
+/// `[ceil_align(committed), allocated)` are freed, or all of `[protected, allocated)` is freed;
+/// then the request's lock is dropped. Every free of the release is one all-or-nothing
+/// allocator call, so an allocator that refuses it leaves the request's slots where they were
+/// (and, without insertion, the whole cache as it was).
 pub(crate) fn cache_finished_req<A: KvAllocator>(
     req: &Req,
     cache: &mut KvCache<A>,
@@ -108,6 +111,7 @@ pub(crate) fn cache_finished_req<A: KvAllocator>(
 ) -> Result<(), KvError> {
     let row = req.held_row()?;
     let committed = req.kv().kv_committed_len();
+    let allocated = req.kv().kv_allocated_len();
     let protected = req.kv().cache_protected_len();
     let KvCache {
         allocator,
@@ -115,7 +119,10 @@ pub(crate) fn cache_finished_req<A: KvAllocator>(
         tree,
         ..
     } = cache;
-    let slots = &req_to_token.row(row)?[..committed];
+    let row_slots = &req_to_token.row(row)?[..allocated];
+    let over_start = ceil_align(committed, allocator.page_size()).min(allocated);
+    let over = (&row_slots[over_start..], over_start);
+    let slots = &row_slots[..committed];
     match tree {
         TreeCache::Radix(tree) => {
             let token_count = committed.min(req.fill_ids().len());
@@ -129,10 +136,13 @@ pub(crate) fn cache_finished_req<A: KvAllocator>(
             allocator.free_segments(&[
                 (&slots[protected..freed_end], protected),
                 (&slots[key_len..], key_len),
+                over,
             ])?;
             tree.dec_lock_ref(req.last_node.node)?;
         }
-        TreeCache::Disabled => allocator.free_segment(&slots[protected..], protected)?,
+        TreeCache::Disabled => {
+            allocator.free_segments(&[(&slots[protected..], protected), over])?;
+        }
     }
     Ok(())
 }

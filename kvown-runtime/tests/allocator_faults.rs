@@ -12,7 +12,8 @@ use kvown_runtime::alloc::{
     PageAllocator, PageId, PagedAllocator,
 };
 use kvown_runtime::batch::{
-    ScheduleBatch, alloc_for_extend, prepare_for_extend, release_kv_cache, retract_decode,
+    ScheduleBatch, alloc_for_extend, alloc_for_spec_decode, commit_spec_tokens, prepare_for_extend,
+    prepare_for_spec_decode, release_kv_cache, retract_decode,
 };
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::error::KvError;
@@ -182,6 +183,41 @@ fn a_release_refused_by_the_allocator_changes_nothing() {
 
     frees_left.set(None);
     release_all_and_check_whole(&mut reqs, &mut cache);
+}
+
+#[test]
+fn a_refused_release_of_a_speculative_over_allocation_changes_nothing() {
+    // Committed 9 of 16 allocated: the release frees [0, 9) and the over-allocation [12, 16)
+    // in one call, so a refusal cannot free the first part and keep the second.
+    let (mut cache, frees_left) = faulty_cache(64);
+    let batch = extend_eight_token_requests(1, &mut cache);
+    let prepared = prepare_for_spec_decode(batch, &cache, 6)
+        .map_err(|(_, error)| error)
+        .unwrap();
+    let mut batch = alloc_for_spec_decode(prepared, &mut cache)
+        .map_err(|failure| failure.error)
+        .unwrap();
+    commit_spec_tokens(&mut batch, &[1]).unwrap();
+    let mut reqs = batch.into_reqs();
+    let kv = reqs[0].kv();
+    assert_eq!((kv.kv_committed_len(), kv.kv_allocated_len()), (9, 16));
+    let (available, record) = (cache.available_size(), kv.clone());
+
+    frees_left.set(Some(0));
+    release_kv_cache(&mut reqs[0], &mut cache, false).unwrap_err();
+    assert_eq!(reqs[0].kv(), &record);
+    assert_eq!(
+        cache.available_size(),
+        available,
+        "no page of the request was freed"
+    );
+    cache.check(&reqs).unwrap();
+
+    // One free is all the release needs: a budget of one releases everything.
+    frees_left.set(Some(1));
+    release_kv_cache(&mut reqs[0], &mut cache, false).unwrap();
+    cache.check(&reqs).unwrap();
+    assert_eq!(cache.available_size(), cache.allocator().capacity());
 }
 
 #[test]

@@ -2,7 +2,7 @@
 
 use kvown_macros::owner;
 
-use crate::alloc::{KvAllocator, ceil_align};
+use crate::alloc::KvAllocator;
 use crate::cache::{KvCache, TreeCache};
 use crate::error::KvError;
 use crate::radix::TreePos;
@@ -39,13 +39,6 @@ pub fn release_kv_cache<A: KvAllocator>(
         return Ok(());
     };
     cache_finished_req(req, cache, is_insert)?;
-    let committed = req.kv().kv_committed_len();
-    let allocated = req.kv().kv_allocated_len();
-    let over_start = ceil_align(committed, cache.page_size());
-    if over_start < allocated {
-        let over = cache.row_slots(row, over_start, allocated)?;
-        cache.allocator.free_segment(&over, over_start)?;
-    }
     cache.req_to_token.free(row)?;
     req.last_node = TreePos::ROOT;
     req.prefix_indices.clear();
