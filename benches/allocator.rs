@@ -19,6 +19,9 @@ fn pool_churn(c: &mut Criterion) {
         group.bench_function(format!("k{pages}"), |b| {
             b.iter(|| black_box(&mut churn).cycle())
         });
+        group.bench_function(format!("page_ids_k{pages}"), |b| {
+            b.iter(|| black_box(&mut churn).cycle_page_ids())
+        });
     }
     group.finish();
     let bytes = PoolChurn::new(1).bookkeeping_bytes_per_page();

@@ -42,10 +42,13 @@ struct Args {
 }
 
 /// The timed workloads, in the order they run; `ref_*` are reference loops, not kvown.
-const WORKLOADS: [&str; 9] = [
+const WORKLOADS: [&str; 12] = [
     "W1_k1",
     "W1_k32",
     "W1_k1024",
+    "W1p_k1",
+    "W1p_k32",
+    "W1p_k1024",
     "W2",
     "W2c",
     "W3",
@@ -130,16 +133,23 @@ fn figure(name: &str, unit: &'static str, value: f64) -> Workload {
     }
 }
 
-fn pool_churn(pages: usize, repeats: usize) -> Workload {
+/// W1 (`cycle` = [`PoolChurn::cycle`]) or W1p ([`PoolChurn::cycle_page_ids`]) with `pages`
+/// pages per cycle.
+fn pool_churn(
+    name: &str,
+    pages: usize,
+    cycle: impl Fn(&mut PoolChurn),
+    repeats: usize,
+) -> Workload {
     let mut churn = PoolChurn::new(pages);
     let cycles = (1 << 20) / pages;
     for _ in 0..cycles / 8 {
-        churn.cycle();
+        cycle(&mut churn);
     }
-    repeat(&format!("W1_k{pages}"), "ns/page", repeats, || {
+    repeat(name, "ns/page", repeats, || {
         let start = Instant::now();
         for _ in 0..cycles {
-            black_box(&mut churn).cycle();
+            cycle(black_box(&mut churn));
         }
         start.elapsed().as_nanos() as f64 / (cycles * churn.pages()) as f64
     })
@@ -270,8 +280,15 @@ fn main() {
     let selected = |name: &str| args.only.is_empty() || args.only.iter().any(|only| only == name);
     let mut workloads = Vec::new();
     for pages in [1, 32, 1024] {
-        if selected(&format!("W1_k{pages}")) {
-            workloads.push(pool_churn(pages, repeats));
+        let name = format!("W1_k{pages}");
+        if selected(&name) {
+            workloads.push(pool_churn(&name, pages, PoolChurn::cycle, repeats));
+        }
+    }
+    for pages in [1, 32, 1024] {
+        let name = format!("W1p_k{pages}");
+        if selected(&name) {
+            workloads.push(pool_churn(&name, pages, PoolChurn::cycle_page_ids, repeats));
         }
     }
     if selected("W2") {

@@ -34,11 +34,13 @@ fn prompt(rid: u64, len: usize, capacity: usize) -> Vec<u32> {
 }
 
 /// W1, pool churn: a 65,536-page allocator; one cycle allocates `k` pages in one call and
-/// frees them page by page, last allocated first.
+/// frees them page by page, last allocated first: as slots (`W1_k*`) or as page ids
+/// (`W1p_k*`).
 pub struct PoolChurn {
     allocator: PagedAllocator,
     pages: usize,
-    out: Vec<KvSlot>,
+    /// The cycle's slots or page ids (both `u32`).
+    out: Vec<u32>,
 }
 
 impl PoolChurn {
@@ -61,7 +63,8 @@ impl PoolChurn {
         self.pages
     }
 
-    /// One cycle: allocate `k` pages, free them in reverse.
+    /// One `W1_k*` cycle: `alloc` of `k × 16` slots, then `free` of each page's 16 slots, last
+    /// page first.
     #[inline]
     pub fn cycle(&mut self) {
         self.out.clear();
@@ -70,6 +73,21 @@ impl PoolChurn {
             .expect("the pool has room");
         for page in self.out.chunks_exact(PAGE_SIZE).rev() {
             self.allocator.free(page).expect("the page is held");
+        }
+    }
+
+    /// One `W1p_k*` cycle: `alloc_page_ids` of `k` pages, then `free_page_ids` of each page id,
+    /// last page first.
+    #[inline]
+    pub fn cycle_page_ids(&mut self) {
+        self.out.clear();
+        self.allocator
+            .alloc_page_ids(self.pages, &mut self.out)
+            .expect("the pool has room");
+        for page in self.out.iter().rev() {
+            self.allocator
+                .free_page_ids(std::slice::from_ref(page))
+                .expect("the page is held");
         }
     }
 

@@ -1,5 +1,6 @@
-//! Property tests: random interleavings of alloc / alloc_extend / alloc_decode / free /
-//! free_segment(s) / free_page_ids / free groups over page sizes 1, 3, 4 and 16, with and without need_sort,
+//! Property tests: random interleavings of alloc / alloc_page_ids / alloc_extend / alloc_decode
+//! / free / free_segment(s) / free_page_ids (several pages, or one at a time) / free groups over
+//! page sizes 1, 3, 4 and 16, with and without need_sort,
 //! checked after every step against a model of who holds which pages and against a
 //! position-wise reference of the extend and decode rules.
 
@@ -16,11 +17,13 @@ use proptest::prelude::*;
 #[derive(Debug, Clone)]
 enum Op {
     Alloc(usize),
+    AllocPages(usize),
     Extend(Vec<(usize, usize)>),
     Decode(Vec<usize>),
     FreeRow(usize),
     FreeRaw(usize),
     FreeRawPages(usize),
+    FreeRawPageByPage(usize),
     Truncate(usize, usize),
     FreeSplit(usize, usize),
     Begin,
@@ -30,11 +33,13 @@ enum Op {
 fn op(page_size: usize) -> impl Strategy<Value = Op> {
     prop_oneof![
         (0usize..4).prop_map(Op::Alloc),
+        (0usize..4).prop_map(Op::AllocPages),
         prop::collection::vec((0usize..10, 0..3 * page_size + 2), 1..5).prop_map(Op::Extend),
         prop::collection::vec(0usize..10, 1..6).prop_map(Op::Decode),
         (0usize..10).prop_map(Op::FreeRow),
         (0usize..10).prop_map(Op::FreeRaw),
         (0usize..10).prop_map(Op::FreeRawPages),
+        (0usize..10).prop_map(Op::FreeRawPageByPage),
         (0usize..10, 0usize..64).prop_map(|(r, c)| Op::Truncate(r, c)),
         (0usize..10, 0usize..64).prop_map(|(r, c)| Op::FreeSplit(r, c)),
         Just(Op::Begin),
@@ -137,6 +142,31 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
                     }
                     Err(e) => {
                         prop_assert!(pages > available_pages, "{e}");
+                        prop_assert_eq!(&allocator, &before);
+                    }
+                }
+            }
+            Op::AllocPages(pages) => {
+                let mut out = vec![0];
+                let free = next_free(&allocator, pages);
+                match allocator.alloc_page_ids(pages, &mut out) {
+                    Ok(()) => {
+                        prop_assert_eq!(&out[1..], &free[..pages]);
+                        let slots = out[1..]
+                            .iter()
+                            .flat_map(|&p| {
+                                let first = p * page_size as KvSlot;
+                                first..first + page_size as KvSlot
+                            })
+                            .collect();
+                        model.raw.push(slots);
+                    }
+                    Err(e) => {
+                        prop_assert!(
+                            matches!(e, AllocError::OutOfMemory { .. }) && pages > available_pages,
+                            "{e}"
+                        );
+                        prop_assert_eq!(&out, &vec![0]);
                         prop_assert_eq!(&allocator, &before);
                     }
                 }
@@ -254,6 +284,20 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
                 allocator.free_page_ids(&pages).unwrap();
                 model.freed(pages.len());
             }
+            Op::FreeRawPageByPage(pick) if pick < model.raw.len() => {
+                // Last page first, as W1 frees: each call names one page.
+                let raw = model.raw.swap_remove(pick);
+                for page in raw.chunks(page_size).rev() {
+                    let page = page[0] / page_size as KvSlot;
+                    allocator.free_page_ids(&[page]).unwrap();
+                    let again = allocator.free_page_ids(&[page]);
+                    prop_assert!(
+                        matches!(again, Err(AllocError::DoubleFree { .. })),
+                        "{again:?}"
+                    );
+                }
+                model.freed(raw.len() / page_size);
+            }
             Op::Truncate(pick, cut) if pick < model.rows.len() => {
                 let row = &mut model.rows[pick];
                 let cut = cut % (row.len() + 1) / page_size * page_size;
@@ -300,6 +344,7 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
             Op::FreeRow(_)
             | Op::FreeRaw(_)
             | Op::FreeRawPages(_)
+            | Op::FreeRawPageByPage(_)
             | Op::Truncate(..)
             | Op::FreeSplit(..) => {}
         }

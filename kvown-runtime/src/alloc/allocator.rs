@@ -449,6 +449,15 @@ impl<R: ReuseOrder> PageAllocator<R> {
         if self.state.get(page) != Some(&PageState::Held) || !all_in_page(geometry, slots, page) {
             return false;
         }
+        self.free_held_page(page);
+        true
+    }
+
+    /// Returns the held `page` to the free (or release) list outside a free group, where the
+    /// general path would put it (a sort of one page is the identity).
+    #[inline(always)]
+    fn free_held_page(&mut self, page: usize) {
+        debug_assert!(!self.in_free_group && self.state[page] == PageState::Held);
         let page_id = [page as PageId];
         if self.need_sort {
             self.state[page] = PageState::Released;
@@ -461,7 +470,24 @@ impl<R: ReuseOrder> PageAllocator<R> {
                 self.free.append(&page_id);
             }
         }
-        true
+    }
+
+    /// The general path of `free_page_ids`: every page checked and marked, then released (or
+    /// deferred inside a group) as one update; on error nothing changes.
+    #[inline(never)]
+    fn free_page_ids_checked(&mut self, pages: &[PageId]) -> Result<(), AllocError> {
+        let start = self.deferred.len();
+        let result = pages.iter().try_for_each(|&page| {
+            if page == 0 || page as usize > self.num_pages {
+                return Err(AllocError::PageOutOfRange {
+                    page,
+                    num_pages: self.num_pages,
+                });
+            }
+            self.mark_page(page as usize, self.geometry.first_slot(page))
+                .map(drop)
+        });
+        self.finish_free(start, result, false)
     }
 
     /// Finishes a free call whose pages are `deferred[start..]`: undoes them on error, defers
@@ -568,6 +594,21 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
         Ok(())
     }
 
+    #[inline]
+    fn alloc_page_ids(
+        &mut self,
+        num_pages: usize,
+        out: &mut Vec<PageId>,
+    ) -> Result<(), AllocError> {
+        self.ensure_free(num_pages)?;
+        out.reserve(num_pages);
+        for page in self.free.take_front(num_pages) {
+            self.state[page as usize] = PageState::Held;
+            out.push(page);
+        }
+        Ok(())
+    }
+
     fn alloc_extend(
         &mut self,
         reqs: &[ExtendShape],
@@ -660,19 +701,17 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
         self.finish_free(start, result, false)
     }
 
+    #[inline]
     fn free_page_ids(&mut self, pages: &[PageId]) -> Result<(), AllocError> {
-        let start = self.deferred.len();
-        let result = pages.iter().try_for_each(|&page| {
-            if page == 0 || page as usize > self.num_pages {
-                return Err(AllocError::PageOutOfRange {
-                    page,
-                    num_pages: self.num_pages,
-                });
-            }
-            self.mark_page(page as usize, self.geometry.first_slot(page))
-                .map(drop)
-        });
-        self.finish_free(start, result, false)
+        // Fast path: one held page outside a group (page 0 is `Reserved`, so never `Held`).
+        if let [page] = *pages
+            && !self.in_free_group
+            && self.state.get(page as usize) == Some(&PageState::Held)
+        {
+            self.free_held_page(page as usize);
+            return Ok(());
+        }
+        self.free_page_ids_checked(pages)
     }
 
     fn free_group_begin(&mut self) -> Result<(), AllocError> {

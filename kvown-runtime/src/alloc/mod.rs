@@ -183,6 +183,38 @@ pub trait KvAllocator {
     /// group is open.
     fn free_group_end(&mut self) -> Result<(), AllocError>;
 
+    /// Allocates `num_pages` whole pages, in free-list order, and appends their ids to `out`:
+    /// [`KvAllocator::alloc`] at page granularity (page `p` backs slots
+    /// `p * page_size .. (p + 1) * page_size`), for callers that keep page ids, as a block
+    /// table or the prefix cache does. [`KvAllocator::free_page_ids`] gives them back. On error
+    /// (out of memory) nothing is taken and `out` is untouched.
+    ///
+    /// The default allocates the slots with [`KvAllocator::alloc`] and keeps each page's first
+    /// one, so an allocator that mirrors `alloc` mirrors this too.
+    fn alloc_page_ids(
+        &mut self,
+        num_pages: usize,
+        out: &mut Vec<PageId>,
+    ) -> Result<(), AllocError> {
+        let page_size = self.page_size();
+        let num_tokens =
+            num_pages
+                .checked_mul(page_size)
+                .ok_or_else(|| AllocError::OutOfMemory {
+                    requested: usize::MAX,
+                    available: self.available_size(),
+                })?;
+        let mut slots = Vec::with_capacity(num_tokens);
+        self.alloc(num_tokens, &mut slots)?;
+        out.extend(
+            slots
+                .iter()
+                .step_by(page_size)
+                .map(|&slot| slot / page_size as KvSlot),
+        );
+        Ok(())
+    }
+
     /// [`KvAllocator::alloc_extend`] for requests whose request-to-token rows are known: the
     /// `i`-th row of `rows` is the row of `reqs[i]`, which gets the new slots at positions
     /// `[prefix_len, seq_len)` (the batch flow writes the host table itself). An allocator

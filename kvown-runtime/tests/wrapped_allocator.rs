@@ -1,8 +1,9 @@
-//! Error paths that only a misbehaving allocator reaches. `FaultyAllocator` delegates to a
-//! `PagedAllocator` but, once armed, refuses every free after a given number of successful
-//! ones, as an allocator whose bookkeeping disagrees with the batch flow's would. A call that
-//! fails this way must drop no request, and the accounting identity must still hold over the
-//! requests it hands back.
+//! A `KvAllocator` that wraps a `PagedAllocator`, as a backend does: the trait's provided
+//! methods over it, and the error paths that only a misbehaving allocator reaches.
+//! `FaultyAllocator` delegates every call but, once armed, refuses every free after a given
+//! number of successful ones, as an allocator whose bookkeeping disagrees with the batch
+//! flow's would. A call that fails this way must drop no request, and the accounting identity
+//! must still hold over the requests it hands back.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -24,7 +25,8 @@ use kvown_runtime::tree_cache::init_next_round_input;
 /// How many more frees succeed; `None` when the fault is not armed.
 type FreesLeft = Rc<Cell<Option<usize>>>;
 
-/// A `PagedAllocator` whose frees fail once an armed budget is spent.
+/// A `PagedAllocator` whose frees fail once an armed budget is spent; it overrides no provided
+/// method of the trait.
 struct FaultyAllocator {
     inner: PagedAllocator,
     frees_left: FreesLeft,
@@ -258,4 +260,25 @@ fn a_retraction_whose_second_release_fails_hands_every_request_back() {
     frees_left.set(None);
     let mut reqs = batch.into_reqs();
     release_all_and_check_whole(&mut reqs, &mut cache);
+}
+
+#[test]
+fn the_provided_alloc_page_ids_hands_out_what_the_paged_allocators_own_does() {
+    let mut wrapped = FaultyAllocator {
+        inner: PagedAllocator::new(64, 4, false).unwrap(),
+        frees_left: FreesLeft::default(),
+    };
+    let mut own = PagedAllocator::new(64, 4, false).unwrap();
+    for num_pages in [1, 3, 0, 5] {
+        let (mut by_default, mut by_own) = (vec![99], vec![99]);
+        wrapped.alloc_page_ids(num_pages, &mut by_default).unwrap();
+        own.alloc_page_ids(num_pages, &mut by_own).unwrap();
+        assert_eq!(by_default, by_own);
+        assert_eq!(wrapped.inner, own);
+    }
+    let mut out = vec![99];
+    let error = wrapped.alloc_page_ids(usize::MAX, &mut out).unwrap_err();
+    assert!(matches!(error, AllocError::OutOfMemory { .. }), "{error}");
+    assert_eq!(out, [99]);
+    assert_eq!(wrapped.inner, own);
 }
