@@ -568,8 +568,9 @@ fn assert_follows<D: DeviceAllocOps>(mirror: &MirroredAllocator<D>, out: &[KvSlo
 }
 
 /// The calls the batch flow does not make: a plain `alloc` (an extend with no row), an extend
-/// and a decode without rows, and frees in the host's three orders: segments in row order
-/// (unsorted), a free group (sorted at its end) and a plain free (sorted).
+/// and a decode without rows, frees in the host's three orders: segments in row order
+/// (unsorted), a free group (sorted at its end) and a plain free (sorted), and an allocation
+/// and a free by page ids.
 fn rowless_calls_follow_the_host(halves: &impl MakeDevice) {
     let page_size = 4;
     let table = ReqToTokenPool::new(2, 16).unwrap();
@@ -608,6 +609,16 @@ fn rowless_calls_follow_the_host(halves: &impl MakeDevice) {
     assert_follows(&mirror, &decoded, "free group");
     mirror.free(&whole[4..8]).unwrap();
     assert_follows(&mirror, &decoded, "free");
+    // Page ids: the provided method allocates through `alloc`, which the mirror follows.
+    let mut pages = Vec::new();
+    mirror.alloc_page_ids(2, &mut pages).unwrap();
+    let slots: Vec<KvSlot> = pages
+        .iter()
+        .flat_map(|&page| page * page_size as KvSlot..(page + 1) * page_size as KvSlot)
+        .collect();
+    assert_follows(&mirror, &slots, "alloc_page_ids");
+    mirror.free_page_ids(&pages).unwrap();
+    assert_follows(&mirror, &slots, "free_page_ids");
     assert_eq!(mirror.available_size(), 64);
 }
 
