@@ -34,6 +34,14 @@
 //! allocator.free(&[12, 13, 14, 15]).unwrap();
 //! assert!(allocator.free(&[12]).is_err());
 //! assert_eq!(allocator.available_size(), (16 - 2) * 4);
+//!
+//! // Whole pages by id, for callers that keep page ids (a block table, the prefix cache).
+//! // Freed page 3 went back to the head of the free list (LIFO), so it is handed out first.
+//! let mut pages = Vec::new();
+//! allocator.alloc_page_ids(2, &mut pages).unwrap();
+//! assert_eq!(pages, [3, 4]);
+//! allocator.free_page_ids(&pages).unwrap();
+//! assert_eq!(allocator.available_size(), (16 - 2) * 4);
 //! ```
 
 mod allocator;
