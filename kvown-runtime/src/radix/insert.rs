@@ -29,6 +29,7 @@ impl RadixCache {
     /// # Errors
     /// Refuses (changing nothing) unaligned or overlong keys, `slots` of another length or not
     /// in whole pages, an unknown or unlocked `from.node`, and a `from.len` off its path.
+    #[inline]
     pub fn insert_from(
         &mut self,
         from: TreePos,
@@ -38,6 +39,19 @@ impl RadixCache {
         if key.len() > from.len && self.is_own_leaf_end(from) {
             return self.extend_own_leaf(from, key, slots);
         }
+        self.insert_walk(from, key, slots)
+    }
+
+    /// [`RadixCache::insert_from`] in general: checks the arguments, then walks down from
+    /// `from` comparing pages, splitting a node or adding or extending a leaf where the key
+    /// leaves the tree.
+    #[inline(never)]
+    fn insert_walk(
+        &mut self,
+        from: TreePos,
+        key: &[u32],
+        slots: &[KvSlot],
+    ) -> Result<InsertOutcome, RadixError> {
         let page_size = self.page_size;
         let mut node = self.validate_insert(from, key, slots)?;
         let now = self.tick();
@@ -95,6 +109,7 @@ impl RadixCache {
     /// Whether `from` is the end of a live leaf whose only lock is the caller's: the case that
     /// [`RadixCache::insert_from`] extends in place, and the common one when a request
     /// registers its pages as they fill.
+    #[inline]
     fn is_own_leaf_end(&self, from: TreePos) -> bool {
         from.node != NodeId::ROOT && self.arena.is_live(from.node) && {
             let entry = &self.arena[from.node];
@@ -106,6 +121,7 @@ impl RadixCache {
     /// past `from.len`: the checks of the key and of the new slots, then the suffix appended to
     /// the leaf (the general path's outcome, without its walk and its checks of a hint that is
     /// known to be good).
+    #[inline]
     fn extend_own_leaf(
         &mut self,
         from: TreePos,
@@ -227,40 +243,56 @@ fn append_pages(data: &mut Vec<u32>, key: &[u32], slots: &[KvSlot], page_size: u
     }
 }
 
-/// Checks that `slots` (starting at key position `start`, page-aligned) are whole pages.
+/// Checks that `slots` (starting at key position `start`, page-aligned) are whole pages: each
+/// page's slots are the run `first, first + 1, …` of a page-aligned `first`. One branch-free
+/// pass per page (vectorised); the offending slot is looked for only when a page fails.
+#[inline]
 fn validate_pages(slots: &[KvSlot], start: usize, page_size: usize) -> Result<(), RadixError> {
+    let mut broken = false;
+    for page_slots in slots.chunks_exact(page_size) {
+        let first = page_slots[0];
+        let expected = (0..page_size as u32).map(|offset| first.wrapping_add(offset));
+        let differs = page_slots
+            .iter()
+            .zip(expected)
+            .fold(0, |differs, (&found, expected)| {
+                differs | (found ^ expected)
+            });
+        broken |= differs != 0 || !(first as usize).is_multiple_of(page_size);
+    }
+    if broken {
+        return Err(first_broken_page(slots, start, page_size));
+    }
+    Ok(())
+}
+
+/// The error [`validate_pages`] reports: the first page that is misaligned or not a run.
+#[cold]
+#[inline(never)]
+fn first_broken_page(slots: &[KvSlot], start: usize, page_size: usize) -> RadixError {
     for (page, page_slots) in slots.chunks_exact(page_size).enumerate() {
         let position = start + page * page_size;
         let first = page_slots[0];
         if !(first as usize).is_multiple_of(page_size) {
-            return Err(RadixError::MisalignedPage {
+            return RadixError::MisalignedPage {
                 position,
                 slot: first,
                 page_size,
-            });
+            };
         }
-        // The page's run `first, first + 1, …` checked in one branch-free pass (vectorised);
-        // the offending slot is looked for only when the check fails.
         let expected = (0..page_size as u32).map(|offset| first.wrapping_add(offset));
-        let differs = page_slots
+        if let Some((offset, (&found, expected))) = page_slots
             .iter()
-            .zip(expected.clone())
-            .fold(0, |differs, (&found, expected)| {
-                differs | (found ^ expected)
-            });
-        if differs != 0
-            && let Some((offset, (&found, expected))) = page_slots
-                .iter()
-                .zip(expected)
-                .enumerate()
-                .find(|(_, (found, expected))| **found != *expected)
+            .zip(expected)
+            .enumerate()
+            .find(|(_, (found, expected))| **found != *expected)
         {
-            return Err(RadixError::BrokenPage {
+            return RadixError::BrokenPage {
                 position: position + offset,
                 found,
                 expected,
-            });
+            };
         }
     }
-    Ok(())
+    unreachable!("validate_pages found a broken page that first_broken_page does not")
 }
