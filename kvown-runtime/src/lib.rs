@@ -12,9 +12,10 @@
 //! # A request's life
 //!
 //! Admit a request (match its prompt against the prefix cache), extend it, decode a few
-//! tokens, release it into the prefix cache, and let a second request reuse its pages. Every
-//! batch-flow call either succeeds or fails changing nothing, and [`cache::KvCache::check`]
-//! verifies the accounting identity and every request's ladder at any point.
+//! tokens, release it into the prefix cache, and let a second request reuse its pages. A
+//! batch-flow call refused for bad input or lack of memory changes nothing, and
+//! [`cache::KvCache::check`] verifies the accounting identity and every request's ladder at any
+//! point.
 //!
 //! ```
 //! use kvown_runtime::alloc::{KvAllocator, PagedAllocator};

@@ -79,6 +79,17 @@ impl Model {
     }
 }
 
+/// Every slot of `pages`, page by page.
+fn page_slots(pages: &[PageId], page_size: usize) -> Vec<KvSlot> {
+    pages
+        .iter()
+        .flat_map(|&page| {
+            let first = page * page_size as KvSlot;
+            first..first + page_size as KvSlot
+        })
+        .collect()
+}
+
 /// The head of the free list the next allocation of `needed` pages reads (merged when short).
 fn next_free<R: ReuseOrder>(allocator: &PageAllocator<R>, needed: usize) -> Vec<PageId> {
     let free: Vec<PageId> = allocator.free_pages().collect();
@@ -130,14 +141,7 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
                 let free = next_free(&allocator, pages);
                 match allocator.alloc(pages * page_size, &mut out) {
                     Ok(()) => {
-                        let expected: Vec<KvSlot> = free[..pages]
-                            .iter()
-                            .flat_map(|&p| {
-                                let first = p * page_size as KvSlot;
-                                first..first + page_size as KvSlot
-                            })
-                            .collect();
-                        prop_assert_eq!(&out, &expected);
+                        prop_assert_eq!(&out, &page_slots(&free[..pages], page_size));
                         model.raw.push(out);
                     }
                     Err(e) => {
@@ -152,14 +156,7 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
                 match allocator.alloc_page_ids(pages, &mut out) {
                     Ok(()) => {
                         prop_assert_eq!(&out[1..], &free[..pages]);
-                        let slots = out[1..]
-                            .iter()
-                            .flat_map(|&p| {
-                                let first = p * page_size as KvSlot;
-                                first..first + page_size as KvSlot
-                            })
-                            .collect();
-                        model.raw.push(slots);
+                        model.raw.push(page_slots(&out[1..], page_size));
                     }
                     Err(e) => {
                         prop_assert!(
