@@ -13,9 +13,11 @@
 //!
 //! Admit a request (match its prompt against the prefix cache), extend it, decode a few
 //! tokens, release it into the prefix cache, and let a second request reuse its pages. A
-//! batch-flow call refused for bad input or lack of memory changes nothing, and
-//! [`cache::KvCache::check`] verifies the accounting identity and every request's ladder at any
-//! point.
+//! batch-flow call that fails leaves the requests, their rows and the prefix cache as they were,
+//! whether it was refused for bad input, for lack of memory, or by an allocator that refused a
+//! free (the one exception, [`batch::retract_decode`], releases request by request and says
+//! what it hands back; an eviction made to find room stays made). [`cache::KvCache::check`]
+//! verifies the accounting identity and every request's ladder at any point.
 //!
 //! ```
 //! use kvown_runtime::alloc::{KvAllocator, PagedAllocator};

@@ -54,6 +54,10 @@ pub fn init_next_round_input<A: KvAllocator>(
 /// request's own; the next chunk continues from its row, `row[0..committed]`. The rewritten
 /// part of the row is reported to the allocator ([`KvAllocator::row_written`]).
 ///
+/// All or nothing: the insert is planned and its arguments checked before anything changes,
+/// and the duplicates are freed before the tree takes the rest, so a refused call (bad input,
+/// or an allocator refusing the free) leaves the request, its row and the cache as they were.
+///
 /// Cost: O(tokens committed since the last call + tree path below the request's lock), so
 /// registering each page as it fills costs O(page size) per page.
 #[owner]
@@ -72,13 +76,19 @@ pub fn cache_unfinished_req<A: KvAllocator>(
     if let TreeCache::Radix(tree) = tree {
         let protected = req.kv().cache_protected_len();
         let key_len = floor_align(committed, allocator.page_size());
+        let key = &req.fill_ids()[..key_len];
         let slots = &req_to_token.row(row)?[..key_len];
-        let outcome = tree.insert_from(req.last_node, &req.fill_ids()[..key_len], slots)?;
-        let duplicated = outcome.prefix_len;
+        let plan = tree.plan_insert(req.last_node, key, slots)?;
+        let duplicated = plan.prefix_len();
         if duplicated > protected {
-            // Another request cached `[protected, duplicated)` first: free ours and point the
-            // row at the tree's. Past `duplicated` the tree took this request's own slots.
+            // Another request cached `[protected, duplicated)` first: ours are duplicates,
+            // freed before the tree changes (a refused free leaves everything as it was).
             allocator.free_segment(&slots[protected..duplicated], protected)?;
+        }
+        // Past `duplicated` the tree takes this request's own slots.
+        let outcome = tree.apply_insert(plan, key, slots);
+        if duplicated > protected {
+            // Point the row at the tree's slots.
             let cached = TreePos {
                 node: outcome.last_node,
                 len: duplicated,
@@ -102,8 +112,8 @@ pub fn cache_unfinished_req<A: KvAllocator>(
 /// (when `is_insert`) and the request's duplicates, its unaligned tail and its over-allocation
 /// `[ceil_align(committed), allocated)` are freed, or all of `[protected, allocated)` is freed;
 /// then the request's lock is dropped. Every free of the release is one all-or-nothing
-/// allocator call, so an allocator that refuses it leaves the request's slots where they were
-/// (and, without insertion, the whole cache as it was).
+/// allocator call made before the tree changes, so an allocator that refuses it leaves the
+/// whole cache as it was.
 pub(crate) fn cache_finished_req<A: KvAllocator>(
     req: &Req,
     cache: &mut KvCache<A>,
@@ -127,17 +137,24 @@ pub(crate) fn cache_finished_req<A: KvAllocator>(
         TreeCache::Radix(tree) => {
             let token_count = committed.min(req.fill_ids().len());
             let key_len = floor_align(token_count, allocator.page_size());
-            let freed_end = if is_insert {
-                tree.insert_from(req.last_node, &req.fill_ids()[..key_len], &slots[..key_len])?
-                    .prefix_len
+            let key = &req.fill_ids()[..key_len];
+            // Everything that can fail comes before the tree changes: the insert is planned
+            // (read-only), the lock checked, then the one free, then the insert and unlock.
+            let plan = if is_insert {
+                Some(tree.plan_insert(req.last_node, key, &slots[..key_len])?)
             } else {
-                key_len
+                None
             };
+            tree.ensure_unlockable(req.last_node.node)?;
+            let freed_end = plan.map_or(key_len, |plan| plan.prefix_len());
             allocator.free_segments(&[
                 (&slots[protected..freed_end], protected),
                 (&slots[key_len..], key_len),
                 over,
             ])?;
+            if let Some(plan) = plan {
+                tree.apply_insert(plan, key, &slots[..key_len]);
+            }
             tree.dec_lock_ref(req.last_node.node)?;
         }
         TreeCache::Disabled => {

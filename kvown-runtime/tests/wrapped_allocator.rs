@@ -2,8 +2,8 @@
 //! methods over it, and the error paths that only a misbehaving allocator reaches.
 //! `FaultyAllocator` delegates every call but, once armed, refuses every free after a given
 //! number of successful ones, as an allocator whose bookkeeping disagrees with the batch
-//! flow's would. A call that fails this way must drop no request, and the accounting identity
-//! must still hold over the requests it hands back.
+//! flow's would. A call that fails this way must drop no request, leave the prefix cache as it
+//! was, and the accounting identity must still hold over the requests it hands back.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -18,9 +18,10 @@ use kvown_runtime::batch::{
 };
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::error::KvError;
+use kvown_runtime::radix::RadixCache;
 use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
-use kvown_runtime::tree_cache::init_next_round_input;
+use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
 
 /// How many more frees succeed; `None` when the fault is not armed.
 type FreesLeft = Rc<Cell<Option<usize>>>;
@@ -133,21 +134,24 @@ impl AsPageAllocator for FaultyAllocator {
 
 /// A cache of `pool_tokens` slots in pages of 4, no prefix cache, with the fault's handle.
 fn faulty_cache(pool_tokens: usize) -> (KvCache<FaultyAllocator>, FreesLeft) {
+    faulty_cache_with(pool_tokens, TreeCache::Disabled)
+}
+
+/// [`faulty_cache`] with `tree` as its prefix cache.
+fn faulty_cache_with(pool_tokens: usize, tree: TreeCache) -> (KvCache<FaultyAllocator>, FreesLeft) {
     let frees_left = FreesLeft::default();
     let allocator = FaultyAllocator {
         inner: PagedAllocator::new(pool_tokens, 4, false).unwrap(),
         frees_left: Rc::clone(&frees_left),
     };
     let rows = ReqToTokenPool::new(8, 64).unwrap();
-    let cache = KvCache::new(allocator, rows, TreeCache::Disabled).unwrap();
+    let cache = KvCache::new(allocator, rows, tree).unwrap();
     (cache, frees_left)
 }
 
-/// Extends `count` requests of 8 tokens each (two whole pages), rids `1..=count`.
-fn extend_eight_token_requests(count: u64, cache: &mut KvCache<FaultyAllocator>) -> ScheduleBatch {
-    let mut reqs: Vec<Req> = (1..=count)
-        .map(|rid| Req::new(rid, (0..8).map(|t| t as u32 + 100 * rid as u32).collect()))
-        .collect();
+/// Matches and extends `reqs` in one batch.
+fn extend(reqs: Vec<Req>, cache: &mut KvCache<FaultyAllocator>) -> ScheduleBatch {
+    let mut reqs = reqs;
     for req in &mut reqs {
         init_next_round_input(req, cache, usize::MAX).unwrap();
     }
@@ -156,13 +160,70 @@ fn extend_eight_token_requests(count: u64, cache: &mut KvCache<FaultyAllocator>)
         .unwrap()
 }
 
-/// Releases every request that still holds KV, then checks that the pool is whole.
+/// Extends `count` requests of 8 tokens each (two whole pages), rids `1..=count`.
+fn extend_eight_token_requests(count: u64, cache: &mut KvCache<FaultyAllocator>) -> ScheduleBatch {
+    let reqs = (1..=count)
+        .map(|rid| Req::new(rid, (0..8).map(|t| t as u32 + 100 * rid as u32).collect()))
+        .collect();
+    extend(reqs, cache)
+}
+
+/// Releases every request that still holds KV, evicts the prefix cache, then checks that the
+/// pool is whole.
 fn release_all_and_check_whole(reqs: &mut [Req], cache: &mut KvCache<FaultyAllocator>) {
     for req in reqs.iter_mut().filter(|req| req.kv().holds_kv()) {
         release_kv_cache(req, cache, false).unwrap();
     }
     cache.check(&*reqs).unwrap();
-    assert_eq!(cache.available_size(), cache.allocator().capacity());
+    let capacity = cache.allocator().capacity();
+    cache.evict_shortfall(capacity).unwrap();
+    assert_eq!(cache.available_size(), capacity);
+}
+
+/// Everything a refused call must leave as it was: the request's record and row, the wrapped
+/// allocator, and the prefix cache's sizes and pages.
+#[derive(Debug, PartialEq)]
+struct Snapshot {
+    record: kvown_runtime::request::ReqKvInfo,
+    row: Vec<KvSlot>,
+    allocator: PagedAllocator,
+    tree_sizes: (usize, usize, usize),
+    cached_pages: Vec<PageId>,
+}
+
+impl Snapshot {
+    fn take(req: &Req, cache: &KvCache<FaultyAllocator>) -> Snapshot {
+        let row = req.held_row().unwrap();
+        let tree = cache.tree().radix().expect("a radix cache");
+        let mut cached_pages: Vec<PageId> = tree.cached_pages().collect();
+        cached_pages.sort_unstable();
+        Snapshot {
+            record: req.kv().clone(),
+            row: cache.req_to_token().row(row).unwrap().to_vec(),
+            allocator: cache.allocator().inner.clone(),
+            tree_sizes: (
+                tree.total_size(),
+                tree.evictable_size(),
+                tree.protected_size(),
+            ),
+            cached_pages,
+        }
+    }
+}
+
+/// Two requests extended in one batch (so neither matches the other), pages of 4: rid 1 with
+/// 8 tokens, rid 2 with the same 8 and 4 more. Rid 1's pages are registered in the prefix
+/// cache; rid 2's first two pages are then duplicates of them.
+fn shared_prefix_pair(cache: &mut KvCache<FaultyAllocator>) -> Vec<Req> {
+    let prompt: Vec<u32> = (0..12).map(|t| t + 500).collect();
+    let reqs = vec![
+        Req::new(1, prompt[..8].to_vec()),
+        Req::new(2, prompt.clone()),
+    ];
+    let mut reqs = extend(reqs, cache).into_reqs();
+    cache_unfinished_req(&mut reqs[0], cache).unwrap();
+    cache.check(&reqs).unwrap();
+    reqs
 }
 
 #[test]
@@ -281,4 +342,60 @@ fn the_provided_alloc_page_ids_hands_out_what_the_paged_allocators_own_does() {
     assert!(matches!(error, AllocError::OutOfMemory { .. }), "{error}");
     assert_eq!(out, [99]);
     assert_eq!(wrapped.inner, own);
+}
+
+#[test]
+fn a_refused_free_of_registered_duplicates_leaves_the_request_and_the_tree_as_they_were() {
+    // Registering rid 2 inserts [0, 12): [0, 8) is cached already, so rid 2's slots there are
+    // duplicates to free, and the tree would take its third page. The allocator refuses that
+    // free: the tree must not have taken the page either.
+    let (mut cache, frees_left) = faulty_cache_with(64, TreeCache::Radix(RadixCache::new(4)));
+    let mut reqs = shared_prefix_pair(&mut cache);
+    let before = Snapshot::take(&reqs[1], &cache);
+    assert_eq!(before.tree_sizes.0, 8, "rid 1's two pages are cached");
+
+    frees_left.set(Some(0));
+    let error = cache_unfinished_req(&mut reqs[1], &mut cache).unwrap_err();
+    assert!(
+        matches!(error, KvError::Alloc(AllocError::NotAllocated { .. })),
+        "{error}"
+    );
+    assert_eq!(Snapshot::take(&reqs[1], &cache), before);
+    cache.check(&reqs).unwrap();
+
+    // Allowed one free, the same call goes through: rid 2's row points at rid 1's pages and
+    // the tree holds all three.
+    frees_left.set(Some(1));
+    cache_unfinished_req(&mut reqs[1], &mut cache).unwrap();
+    let row_of =
+        |req: &Req| cache.req_to_token().row(req.held_row().unwrap()).unwrap()[..8].to_vec();
+    assert_eq!(row_of(&reqs[1]), row_of(&reqs[0]));
+    assert_eq!(reqs[1].kv().cache_protected_len(), 12);
+    assert_eq!(cache.tree().radix().unwrap().total_size(), 12);
+    cache.check(&reqs).unwrap();
+
+    frees_left.set(None);
+    release_all_and_check_whole(&mut reqs, &mut cache);
+}
+
+#[test]
+fn a_refused_release_with_insertion_leaves_the_request_and_the_tree_as_they_were() {
+    let (mut cache, frees_left) = faulty_cache_with(64, TreeCache::Radix(RadixCache::new(4)));
+    let mut reqs = shared_prefix_pair(&mut cache);
+    let before = Snapshot::take(&reqs[1], &cache);
+
+    frees_left.set(Some(0));
+    release_kv_cache(&mut reqs[1], &mut cache, true).unwrap_err();
+    assert_eq!(Snapshot::take(&reqs[1], &cache), before);
+    cache.check(&reqs).unwrap();
+
+    // One free is all the release needs: rid 2's duplicates go back, its third page stays cached.
+    frees_left.set(Some(1));
+    release_kv_cache(&mut reqs[1], &mut cache, true).unwrap();
+    assert!(!reqs[1].kv().holds_kv());
+    assert_eq!(cache.tree().radix().unwrap().total_size(), 12);
+    cache.check(&reqs).unwrap();
+
+    frees_left.set(None);
+    release_all_and_check_whole(&mut reqs, &mut cache);
 }

@@ -4,6 +4,42 @@ use super::node::{Node, NodeId};
 use super::{InsertOutcome, RadixCache, RadixError, TreePos};
 use crate::alloc::KvSlot;
 
+/// Where an insert leaves the tree and what it does there, found by
+/// [`RadixCache::plan_insert`] without changing anything and carried out by
+/// [`RadixCache::apply_insert`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a plan changes nothing until it is applied"]
+pub(crate) struct InsertPlan {
+    /// Tokens of the key already cached: the outcome's `prefix_len`.
+    prefix_len: usize,
+    /// The node the step acts on.
+    node: NodeId,
+    step: InsertStep,
+}
+
+impl InsertPlan {
+    /// Tokens of the key already cached ([`InsertOutcome::prefix_len`]).
+    pub(crate) fn prefix_len(self) -> usize {
+        self.prefix_len
+    }
+}
+
+/// What an insert does where the key leaves the tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InsertStep {
+    /// The whole key is cached and ends where `node` ends.
+    Cached,
+    /// `node` ends at `prefix_len`, is a leaf and holds only the caller's lock: the suffix is
+    /// appended to it.
+    ExtendLeaf,
+    /// `node` ends at `prefix_len` and has no child for the key's next page: the suffix becomes
+    /// a new leaf under it.
+    AddLeaf,
+    /// The key ends or leaves the tree inside `node`: it is split at `prefix_len`, and the
+    /// suffix (if any) becomes a new leaf under the upper part.
+    Split,
+}
+
 impl RadixCache {
     /// Inserts `key` (page-aligned) with `slots` (one per key token, whole pages) from the root.
     /// Same as [`RadixCache::insert_from`] with [`TreePos::ROOT`].
@@ -36,28 +72,52 @@ impl RadixCache {
         key: &[u32],
         slots: &[KvSlot],
     ) -> Result<InsertOutcome, RadixError> {
-        if key.len() > from.len && self.is_own_leaf_end(from) {
-            return self.extend_own_leaf(from, key, slots);
-        }
-        self.insert_walk(from, key, slots)
+        let plan = self.plan_insert(from, key, slots)?;
+        Ok(self.apply_insert(plan, key, slots))
     }
 
-    /// [`RadixCache::insert_from`] in general: checks the arguments, then walks down from
-    /// `from` comparing pages, splitting a node or adding or extending a leaf where the key
-    /// leaves the tree.
-    #[inline(never)]
-    fn insert_walk(
-        &mut self,
+    /// The checks and the walk of [`RadixCache::insert_from`], changing nothing: where the key
+    /// leaves the tree and how much of it is cached ([`InsertPlan::prefix_len`]). A caller that
+    /// must free its duplicates before the tree takes its slots (so that a refused free leaves
+    /// everything as it was) plans, frees, then applies the plan with the same `key` and
+    /// `slots`, changing the tree in between in no way.
+    #[inline(always)]
+    pub(crate) fn plan_insert(
+        &self,
         from: TreePos,
         key: &[u32],
         slots: &[KvSlot],
-    ) -> Result<InsertOutcome, RadixError> {
+    ) -> Result<InsertPlan, RadixError> {
+        if key.len() > from.len && self.is_own_leaf_end(from) {
+            // The common case of registering pages as they fill: no walk, and the hint is
+            // known to be good.
+            self.validate_key(key, slots)?;
+            if self.page_size > 1 {
+                validate_pages(&slots[from.len..], from.len, self.page_size)?;
+            }
+            return Ok(InsertPlan {
+                prefix_len: from.len,
+                node: from.node,
+                step: InsertStep::ExtendLeaf,
+            });
+        }
+        self.plan_walk(from, key, slots)
+    }
+
+    /// [`RadixCache::plan_insert`] in general: checks the arguments, then walks down from
+    /// `from` comparing pages to the node where the key leaves the tree or ends.
+    #[inline(never)]
+    fn plan_walk(
+        &self,
+        from: TreePos,
+        key: &[u32],
+        slots: &[KvSlot],
+    ) -> Result<InsertPlan, RadixError> {
         let page_size = self.page_size;
         let mut node = self.validate_insert(from, key, slots)?;
-        let now = self.tick();
         let mut pos = from.len;
         let mut extend_in_place = node == from.node;
-        loop {
+        let step = loop {
             let entry = &self.arena[node];
             let node_end = entry.end(page_size);
             if pos < node_end {
@@ -70,15 +130,11 @@ impl RadixCache {
                     continue;
                 }
                 if pos < node_end {
-                    node = self.split(node, pos);
-                    if pos < key.len() {
-                        node = self.add_leaf(node, pos, key, slots, now);
-                    }
-                    break;
+                    break InsertStep::Split;
                 }
             }
             if pos == key.len() {
-                break;
+                break InsertStep::Cached;
             }
             let entry = &self.arena[node];
             if extend_in_place
@@ -86,24 +142,53 @@ impl RadixCache {
                 && entry.child_count == 0
                 && entry.lock_ref == 1
             {
-                self.extend_leaf(node, pos, key, slots);
-                break;
+                break InsertStep::ExtendLeaf;
             }
             extend_in_place = false;
             let first_page = &key[pos..pos + page_size];
             match self.children.find(&self.arena, page_size, node, first_page) {
                 Some(child) => node = child,
-                None => {
+                None => break InsertStep::AddLeaf,
+            }
+        };
+        Ok(InsertPlan {
+            prefix_len: pos,
+            node,
+            step,
+        })
+    }
+
+    /// Carries out `plan`, made by [`RadixCache::plan_insert`] for this `key` and `slots` with
+    /// no change to the tree since: it cannot fail.
+    #[inline(always)]
+    pub(crate) fn apply_insert(
+        &mut self,
+        plan: InsertPlan,
+        key: &[u32],
+        slots: &[KvSlot],
+    ) -> InsertOutcome {
+        let InsertPlan {
+            prefix_len: pos,
+            mut node,
+            step,
+        } = plan;
+        let now = self.tick();
+        match step {
+            InsertStep::Cached => {}
+            InsertStep::ExtendLeaf => self.extend_leaf(node, pos, key, slots),
+            InsertStep::AddLeaf => node = self.add_leaf(node, pos, key, slots, now),
+            InsertStep::Split => {
+                node = self.split(node, pos);
+                if pos < key.len() {
                     node = self.add_leaf(node, pos, key, slots, now);
-                    break;
                 }
             }
         }
         self.stamp(node, now);
-        Ok(InsertOutcome {
+        InsertOutcome {
             prefix_len: pos,
             last_node: node,
-        })
+        }
     }
 
     /// Whether `from` is the end of a live leaf whose only lock is the caller's: the case that
@@ -115,30 +200,6 @@ impl RadixCache {
             let entry = &self.arena[from.node];
             entry.child_count == 0 && entry.lock_ref == 1 && entry.end(self.page_size) == from.len
         }
-    }
-
-    /// [`RadixCache::insert_from`] when [`RadixCache::is_own_leaf_end`] holds and the key goes
-    /// past `from.len`: the checks of the key and of the new slots, then the suffix appended to
-    /// the leaf (the general path's outcome, without its walk and its checks of a hint that is
-    /// known to be good).
-    #[inline]
-    fn extend_own_leaf(
-        &mut self,
-        from: TreePos,
-        key: &[u32],
-        slots: &[KvSlot],
-    ) -> Result<InsertOutcome, RadixError> {
-        self.validate_key(key, slots)?;
-        if self.page_size > 1 {
-            validate_pages(&slots[from.len..], from.len, self.page_size)?;
-        }
-        let now = self.tick();
-        self.extend_leaf(from.node, from.len, key, slots);
-        self.stamp(from.node, now);
-        Ok(InsertOutcome {
-            prefix_len: from.len,
-            last_node: from.node,
-        })
     }
 
     /// Checks an insert's arguments; returns the node on whose key `from.len` lies.
@@ -246,7 +307,7 @@ fn append_pages(data: &mut Vec<u32>, key: &[u32], slots: &[KvSlot], page_size: u
 /// Checks that `slots` (starting at key position `start`, page-aligned) are whole pages: each
 /// page's slots are the run `first, first + 1, …` of a page-aligned `first`. One branch-free
 /// pass per page (vectorised); the offending slot is looked for only when a page fails.
-#[inline]
+#[inline(always)]
 fn validate_pages(slots: &[KvSlot], start: usize, page_size: usize) -> Result<(), RadixError> {
     let mut broken = false;
     for page_slots in slots.chunks_exact(page_size) {

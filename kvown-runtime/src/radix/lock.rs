@@ -51,7 +51,9 @@ impl RadixCache {
         Ok(())
     }
 
-    fn ensure_unlockable(&self, node: NodeId) -> Result<(), RadixError> {
+    /// Refuses a `node` that is unknown or holds no lock: the checks of
+    /// [`RadixCache::dec_lock_ref`], changing nothing.
+    pub(crate) fn ensure_unlockable(&self, node: NodeId) -> Result<(), RadixError> {
         self.ensure_live(node)?;
         if self.arena[node].lock_ref == 0 {
             return Err(RadixError::LockUnderflow { node });
