@@ -1,19 +1,21 @@
 //! Stateful property test of the batch flow: random interleavings of admission (shared
 //! prefixes, chunked prefill, re-admission of retracted requests), decode (checked with
 //! retraction, or unchecked to induce OOM), speculative reserve/commit, finish, abort, grouped
-//! release, eviction, match-then-drop, oversized admissions and requests passed to another
-//! cache, over page sizes 1, 4 and 16 with
-//! the radix cache on and off. The invariant checker runs after every step, every failed
-//! allocation must leave the state exactly unchanged, and at the end releasing everything and
-//! evicting the whole cache gives the pool back in full.
+//! release, eviction, match-then-drop, oversized admissions, requests passed to another
+//! cache, and releases and page registrations whose free the allocator refuses, over page
+//! sizes 1, 4 and 16 with the radix cache on and off. The invariant checker runs after every
+//! step, every failed call must leave the state exactly unchanged, and at the end releasing
+//! everything and evicting the whole cache gives the pool back in full.
 
 mod common;
+#[path = "common/refusing.rs"]
+mod refusing;
 
 use std::cmp::Reverse;
 
 use kvown_runtime::alloc::{
-    KvAllocator, KvSlot, PageAllocator, PagedAllocator, ReuseOrder, TokenAllocator, ceil_align,
-    floor_align,
+    AllocError, KvAllocator, KvSlot, PageAllocator, PagedAllocator, ReuseOrder, TokenAllocator,
+    ceil_align, floor_align,
 };
 use kvown_runtime::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, alloc_for_spec_decode, check_decode_mem,
@@ -28,6 +30,7 @@ use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
 use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
 use proptest::prelude::*;
+use refusing::{FreeBudget, RefusingFrees};
 
 /// Positions per request row.
 const WIDTH: usize = 128;
@@ -102,6 +105,22 @@ enum Op {
         pick: usize,
         chunking: bool,
     },
+    /// The allocator refuses every free while a running (or chunking) request is released or
+    /// registers its committed pages: the call fails changing nothing, or needs no free.
+    RefusedFree {
+        pick: usize,
+        chunking: bool,
+        call: RefusedCall,
+    },
+}
+
+/// The call of [`Op::RefusedFree`].
+#[derive(Debug, Clone, Copy)]
+enum RefusedCall {
+    /// `release_kv_cache`, inserting into the prefix cache or not.
+    Release { insert: bool },
+    /// `cache_unfinished_req`.
+    Register,
 }
 
 fn new_req() -> impl Strategy<Value = NewReq> {
@@ -136,6 +155,15 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..400).prop_map(|tokens| Op::Evict { tokens }),
         1 => new_req().prop_map(|req| Op::MatchDrop { req }),
         1 => (any::<usize>(), any::<bool>()).prop_map(|(pick, chunking)| Op::OtherCache { pick, chunking }),
+        1 => (
+            any::<usize>(),
+            any::<bool>(),
+            prop_oneof![
+                any::<bool>().prop_map(|insert| RefusedCall::Release { insert }),
+                Just(RefusedCall::Register),
+            ],
+        )
+            .prop_map(|(pick, chunking, call)| Op::RefusedFree { pick, chunking, call }),
     ]
 }
 
@@ -216,7 +244,9 @@ impl ReqState {
 
 struct Sim<R: ReuseOrder> {
     cfg: Cfg,
-    cache: KvCache<PageAllocator<R>>,
+    cache: KvCache<RefusingFrees<PageAllocator<R>>>,
+    /// Arms the cache's allocator to refuse frees.
+    free_budget: FreeBudget,
     /// A second cache of the same shape that no request of the simulation belongs to.
     other: KvCache<PageAllocator<R>>,
     running: ScheduleBatch,
@@ -238,8 +268,14 @@ where
         let pool = ReqToTokenPool::new(cfg.rows, WIDTH).unwrap();
         let other_tree = TreeCache::Radix(RadixCache::new(cfg.page_size));
         let other = KvCache::new(allocator.clone(), pool.clone(), other_tree).unwrap();
+        let free_budget = FreeBudget::default();
+        let allocator = RefusingFrees {
+            inner: allocator,
+            budget: free_budget.clone(),
+        };
         Sim {
             cache: KvCache::new(allocator, pool, tree).unwrap(),
+            free_budget,
             other,
             cfg,
             running: ScheduleBatch::new(Vec::new()),
@@ -276,7 +312,7 @@ where
 
     fn snapshot(&self, reqs: &[Req]) -> Snapshot<R> {
         Snapshot {
-            allocator: self.cache.allocator().clone(),
+            allocator: self.cache.allocator().inner.clone(),
             req_to_token: self.cache.req_to_token().clone(),
             tree: format!("{:?}", self.cache.tree()),
             reqs: self
@@ -1060,6 +1096,53 @@ where
         }
     }
 
+    fn refused_free(&mut self, pick: usize, chunking: bool, call: RefusedCall) {
+        let from_chunking = chunking && !self.chunking.is_empty();
+        let mut req = if from_chunking {
+            let index = pick % self.chunking.len();
+            self.chunking.remove(index)
+        } else {
+            match self.take_running(pick) {
+                Some(req) => req,
+                None => return,
+            }
+        };
+        let before = self.snapshot(std::slice::from_ref(&req));
+        self.free_budget.set(Some(0));
+        let result = match call {
+            RefusedCall::Release { insert } => release_kv_cache(&mut req, &mut self.cache, insert),
+            RefusedCall::Register => cache_unfinished_req(&mut req, &mut self.cache),
+        };
+        self.free_budget.set(None);
+        match result {
+            Err(KvError::Alloc(AllocError::NotAllocated { .. })) => assert_eq!(
+                self.snapshot(std::slice::from_ref(&req)),
+                before,
+                "a call whose free is refused changes nothing"
+            ),
+            Err(error) => panic!("{call:?} failed with {error} instead of the refused free"),
+            Ok(()) => {
+                // Only a registration without duplicates to free goes through.
+                assert!(
+                    matches!(call, RefusedCall::Register),
+                    "a release always frees"
+                );
+                let kv = req.kv();
+                let registered = if self.cfg.radix {
+                    floor_align(kv.kv_committed_len(), self.ps())
+                } else {
+                    0
+                };
+                assert_eq!(kv.cache_protected_len(), registered);
+            }
+        }
+        if from_chunking {
+            self.chunking.push(req);
+        } else {
+            self.running.extend_reqs([req]);
+        }
+    }
+
     fn apply(&mut self, op: &Op) {
         match op {
             Op::Admit {
@@ -1079,6 +1162,11 @@ where
             Op::Evict { tokens } => self.evict(*tokens),
             Op::MatchDrop { req } => self.match_drop(req),
             Op::OtherCache { pick, chunking } => self.other_cache(*pick, *chunking),
+            Op::RefusedFree {
+                pick,
+                chunking,
+                call,
+            } => self.refused_free(*pick, *chunking, *call),
         }
         self.check();
     }

@@ -1,16 +1,16 @@
 //! A `KvAllocator` that wraps a `PagedAllocator`, as a backend does: the trait's provided
 //! methods over it, and the error paths that only a misbehaving allocator reaches.
-//! `FaultyAllocator` delegates every call but, once armed, refuses every free after a given
+//! `RefusingFrees` passes every call on but, once armed, refuses every free after a given
 //! number of successful ones, as an allocator whose bookkeeping disagrees with the batch
-//! flow's would. A call that fails this way must drop no request, leave the prefix cache as it
-//! was, and the accounting identity must still hold over the requests it hands back.
+//! flow's (or a device that fails) would. A call that fails this way must drop no request,
+//! leave the prefix cache as it was, and the accounting identity must still hold over the
+//! requests it hands back.
 
-use std::cell::Cell;
-use std::rc::Rc;
+#[path = "common/refusing.rs"]
+mod refusing;
 
 use kvown_runtime::alloc::{
-    AllocError, AsPageAllocator, DecodeShape, ExtendShape, KvAllocator, KvSlot, Lifo,
-    PageAllocator, PageId, PagedAllocator,
+    AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PagedAllocator,
 };
 use kvown_runtime::batch::{
     ScheduleBatch, alloc_for_extend, alloc_for_spec_decode, commit_spec_tokens, prepare_for_extend,
@@ -22,56 +22,30 @@ use kvown_runtime::radix::RadixCache;
 use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
 use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
+use refusing::{FreeBudget, RefusingFrees};
 
-/// How many more frees succeed; `None` when the fault is not armed.
-type FreesLeft = Rc<Cell<Option<usize>>>;
+/// The allocator of these tests.
+type FaultyAllocator = RefusingFrees<PagedAllocator>;
 
-/// A `PagedAllocator` whose frees fail once an armed budget is spent; it overrides no provided
-/// method of the trait.
-struct FaultyAllocator {
-    inner: PagedAllocator,
-    frees_left: FreesLeft,
-}
+/// A `PagedAllocator` behind the trait's required methods alone, so that every provided method
+/// runs its default.
+struct DefaultsOnly(PagedAllocator);
 
-impl FaultyAllocator {
-    /// Passes the free on while the budget lasts; otherwise refuses it, changing nothing.
-    fn free_with(
-        &mut self,
-        first: Option<KvSlot>,
-        free: impl FnOnce(&mut PagedAllocator) -> Result<(), AllocError>,
-    ) -> Result<(), AllocError> {
-        match self.frees_left.get() {
-            Some(0) => {
-                let slot = first.unwrap_or(0);
-                Err(AllocError::NotAllocated {
-                    slot,
-                    page: slot / self.inner.page_size() as KvSlot,
-                })
-            }
-            left => {
-                free(&mut self.inner)?;
-                self.frees_left.set(left.map(|n| n - 1));
-                Ok(())
-            }
-        }
-    }
-}
-
-impl KvAllocator for FaultyAllocator {
+impl KvAllocator for DefaultsOnly {
     fn page_size(&self) -> usize {
-        self.inner.page_size()
+        self.0.page_size()
     }
 
     fn capacity(&self) -> usize {
-        self.inner.capacity()
+        self.0.capacity()
     }
 
     fn available_size(&self) -> usize {
-        self.inner.available_size()
+        self.0.available_size()
     }
 
     fn alloc(&mut self, num_tokens: usize, out: &mut Vec<KvSlot>) -> Result<(), AllocError> {
-        self.inner.alloc(num_tokens, out)
+        self.0.alloc(num_tokens, out)
     }
 
     fn alloc_extend(
@@ -79,7 +53,7 @@ impl KvAllocator for FaultyAllocator {
         reqs: &[ExtendShape],
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
-        self.inner.alloc_extend(reqs, out)
+        self.0.alloc_extend(reqs, out)
     }
 
     fn alloc_decode(
@@ -87,62 +61,48 @@ impl KvAllocator for FaultyAllocator {
         reqs: &[DecodeShape],
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
-        self.inner.alloc_decode(reqs, out)
+        self.0.alloc_decode(reqs, out)
     }
 
     fn free(&mut self, slots: &[KvSlot]) -> Result<(), AllocError> {
-        self.free_with(slots.first().copied(), |inner| inner.free(slots))
+        self.0.free(slots)
     }
 
     fn free_segment(&mut self, slots: &[KvSlot], start_pos: usize) -> Result<(), AllocError> {
-        self.free_with(slots.first().copied(), |inner| {
-            inner.free_segment(slots, start_pos)
-        })
+        self.0.free_segment(slots, start_pos)
     }
 
     fn free_segments(&mut self, segments: &[(&[KvSlot], usize)]) -> Result<(), AllocError> {
-        let first = segments
-            .iter()
-            .find_map(|(slots, _)| slots.first().copied());
-        self.free_with(first, |inner| inner.free_segments(segments))
+        self.0.free_segments(segments)
     }
 
     fn free_page_ids(&mut self, pages: &[PageId]) -> Result<(), AllocError> {
-        let first = pages
-            .first()
-            .map(|&page| page * self.inner.page_size() as KvSlot);
-        self.free_with(first, |inner| inner.free_page_ids(pages))
+        self.0.free_page_ids(pages)
     }
 
     fn free_group_begin(&mut self) -> Result<(), AllocError> {
-        self.inner.free_group_begin()
+        self.0.free_group_begin()
     }
 
     fn free_group_end(&mut self) -> Result<(), AllocError> {
-        self.inner.free_group_end()
-    }
-}
-
-/// The checker reads the wrapped allocator, the state that every free passed on changed.
-impl AsPageAllocator for FaultyAllocator {
-    type Order = Lifo;
-
-    fn page_allocator(&self) -> &PageAllocator<Lifo> {
-        &self.inner
+        self.0.free_group_end()
     }
 }
 
 /// A cache of `pool_tokens` slots in pages of 4, no prefix cache, with the fault's handle.
-fn faulty_cache(pool_tokens: usize) -> (KvCache<FaultyAllocator>, FreesLeft) {
+fn faulty_cache(pool_tokens: usize) -> (KvCache<FaultyAllocator>, FreeBudget) {
     faulty_cache_with(pool_tokens, TreeCache::Disabled)
 }
 
 /// [`faulty_cache`] with `tree` as its prefix cache.
-fn faulty_cache_with(pool_tokens: usize, tree: TreeCache) -> (KvCache<FaultyAllocator>, FreesLeft) {
-    let frees_left = FreesLeft::default();
-    let allocator = FaultyAllocator {
+fn faulty_cache_with(
+    pool_tokens: usize,
+    tree: TreeCache,
+) -> (KvCache<FaultyAllocator>, FreeBudget) {
+    let frees_left = FreeBudget::default();
+    let allocator = RefusingFrees {
         inner: PagedAllocator::new(pool_tokens, 4, false).unwrap(),
-        frees_left: Rc::clone(&frees_left),
+        budget: frees_left.clone(),
     };
     let rows = ReqToTokenPool::new(8, 64).unwrap();
     let cache = KvCache::new(allocator, rows, tree).unwrap();
@@ -325,23 +285,20 @@ fn a_retraction_whose_second_release_fails_hands_every_request_back() {
 
 #[test]
 fn the_provided_alloc_page_ids_hands_out_what_the_paged_allocators_own_does() {
-    let mut wrapped = FaultyAllocator {
-        inner: PagedAllocator::new(64, 4, false).unwrap(),
-        frees_left: FreesLeft::default(),
-    };
+    let mut wrapped = DefaultsOnly(PagedAllocator::new(64, 4, false).unwrap());
     let mut own = PagedAllocator::new(64, 4, false).unwrap();
     for num_pages in [1, 3, 0, 5] {
         let (mut by_default, mut by_own) = (vec![99], vec![99]);
         wrapped.alloc_page_ids(num_pages, &mut by_default).unwrap();
         own.alloc_page_ids(num_pages, &mut by_own).unwrap();
         assert_eq!(by_default, by_own);
-        assert_eq!(wrapped.inner, own);
+        assert_eq!(wrapped.0, own);
     }
     let mut out = vec![99];
     let error = wrapped.alloc_page_ids(usize::MAX, &mut out).unwrap_err();
     assert!(matches!(error, AllocError::OutOfMemory { .. }), "{error}");
     assert_eq!(out, [99]);
-    assert_eq!(wrapped.inner, own);
+    assert_eq!(wrapped.0, own);
 }
 
 #[test]
