@@ -2,7 +2,7 @@
 //! methods over it, and the error paths that only a misbehaving allocator reaches.
 //! `RefusingFrees` passes every call on but, once armed, refuses every free after a given
 //! number of successful ones, as an allocator whose bookkeeping disagrees with the batch
-//! flow's (or a device that fails) would. A call that fails this way must drop no request,
+//! flow's (or a backend that reports a device failure) would. A call that fails this way must drop no request,
 //! leave the prefix cache as it was, and the accounting identity must still hold over the
 //! requests it hands back.
 

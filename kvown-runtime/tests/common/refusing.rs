@@ -1,5 +1,6 @@
 //! Allocators that refuse frees on demand, as one whose bookkeeping disagrees with the batch
-//! flow's (or a device that fails) would: the error paths a correct host allocator never takes.
+//! flow's (or a backend that reports a device failure) would: the error paths a correct host
+//! allocator never takes.
 //! Included with `#[path]` by the tests that use it.
 
 use std::cell::Cell;
