@@ -453,6 +453,15 @@ impl<R: ReuseOrder> PageAllocator<R> {
         true
     }
 
+    /// Takes the head of the free list (`ensure_free(1)` made one available) and marks it held:
+    /// one page without an iterator over the free list.
+    #[inline(always)]
+    fn take_one_page(&mut self) -> PageId {
+        let page = self.free.pop_front();
+        self.state[page as usize] = PageState::Held;
+        page
+    }
+
     /// Returns the held `page` to the free (or release) list outside a free group, where the
     /// general path would put it (a sort of one page is the identity).
     #[inline(always)]
@@ -578,10 +587,7 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
         self.ensure_free(pages)?;
         let page_size = geometry.page_size() as KvSlot;
         if pages == 1 {
-            // One page: no iterator over the free list.
-            let page = self.free.pop_front();
-            self.state[page as usize] = PageState::Held;
-            let first = geometry.first_slot(page);
+            let first = geometry.first_slot(self.take_one_page());
             out.extend(first..first + page_size);
             return Ok(());
         }
@@ -601,6 +607,10 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
         out: &mut Vec<PageId>,
     ) -> Result<(), AllocError> {
         self.ensure_free(num_pages)?;
+        if num_pages == 1 {
+            out.push(self.take_one_page());
+            return Ok(());
+        }
         out.reserve(num_pages);
         for page in self.free.take_front(num_pages) {
             self.state[page as usize] = PageState::Held;
