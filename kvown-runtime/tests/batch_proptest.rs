@@ -654,14 +654,28 @@ where
         }
     }
 
-    fn abort(&mut self, pick: usize, chunking: bool) {
-        let req = if chunking && !self.chunking.is_empty() {
+    /// Takes a chunking request (when `chunking` and there is one) or a running one, and says
+    /// which it was.
+    fn take_picked(&mut self, pick: usize, chunking: bool) -> Option<(Req, bool)> {
+        if chunking && !self.chunking.is_empty() {
             let index = pick % self.chunking.len();
-            Some(self.chunking.remove(index))
+            Some((self.chunking.remove(index), true))
         } else {
-            self.take_running(pick)
-        };
-        if let Some(mut req) = req {
+            self.take_running(pick).map(|req| (req, false))
+        }
+    }
+
+    /// Returns a request from [`Sim::take_picked`] to where it came from.
+    fn put_back(&mut self, req: Req, from_chunking: bool) {
+        if from_chunking {
+            self.chunking.push(req);
+        } else {
+            self.running.extend_reqs([req]);
+        }
+    }
+
+    fn abort(&mut self, pick: usize, chunking: bool) {
+        if let Some((mut req, _)) = self.take_picked(pick, chunking) {
             self.finish(&mut req, false);
         }
     }
@@ -744,15 +758,8 @@ where
     }
 
     fn other_cache(&mut self, pick: usize, chunking: bool) {
-        let from_chunking = chunking && !self.chunking.is_empty();
-        let mut req = if from_chunking {
-            let index = pick % self.chunking.len();
-            self.chunking.remove(index)
-        } else {
-            match self.take_running(pick) {
-                Some(req) => req,
-                None => return,
-            }
+        let Some((mut req, from_chunking)) = self.take_picked(pick, chunking) else {
+            return;
         };
         let before = self.snapshot(std::slice::from_ref(&req));
         let other_state = |other: &KvCache<PageAllocator<R>>| {
@@ -794,11 +801,7 @@ where
             (after.allocator, after.req_to_token, after.tree),
             (before.allocator, before.req_to_token, before.tree)
         );
-        if from_chunking {
-            self.chunking.push(req);
-        } else {
-            self.running.extend_reqs([req]);
-        }
+        self.put_back(req, from_chunking);
     }
 
     fn retract(&mut self) {
@@ -1097,15 +1100,8 @@ where
     }
 
     fn refused_free(&mut self, pick: usize, chunking: bool, call: RefusedCall) {
-        let from_chunking = chunking && !self.chunking.is_empty();
-        let mut req = if from_chunking {
-            let index = pick % self.chunking.len();
-            self.chunking.remove(index)
-        } else {
-            match self.take_running(pick) {
-                Some(req) => req,
-                None => return,
-            }
+        let Some((mut req, from_chunking)) = self.take_picked(pick, chunking) else {
+            return;
         };
         let before = self.snapshot(std::slice::from_ref(&req));
         self.free_budget.set(Some(0));
@@ -1136,11 +1132,7 @@ where
                 assert_eq!(kv.cache_protected_len(), registered);
             }
         }
-        if from_chunking {
-            self.chunking.push(req);
-        } else {
-            self.running.extend_reqs([req]);
-        }
+        self.put_back(req, from_chunking);
     }
 
     fn apply(&mut self, op: &Op) {

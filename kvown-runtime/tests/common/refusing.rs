@@ -64,6 +64,19 @@ pub struct RefusingFrees<A> {
     pub budget: FreeBudget,
 }
 
+impl<A: KvAllocator> RefusingFrees<A> {
+    /// Passes a free on to `inner` while the budget lasts ([`FreeBudget::spend`]).
+    fn free_within_budget(
+        &mut self,
+        first: Option<KvSlot>,
+        free: impl FnOnce(&mut A) -> Result<(), AllocError>,
+    ) -> Result<(), AllocError> {
+        let page_size = self.inner.page_size();
+        let inner = &mut self.inner;
+        self.budget.spend(first, page_size, || free(inner))
+    }
+}
+
 impl<A: KvAllocator> KvAllocator for RefusingFrees<A> {
     fn page_size(&self) -> usize {
         self.inner.page_size()
@@ -98,34 +111,24 @@ impl<A: KvAllocator> KvAllocator for RefusingFrees<A> {
     }
 
     fn free(&mut self, slots: &[KvSlot]) -> Result<(), AllocError> {
-        let page_size = self.inner.page_size();
-        let inner = &mut self.inner;
-        self.budget
-            .spend(slots.first().copied(), page_size, || inner.free(slots))
+        self.free_within_budget(slots.first().copied(), |inner| inner.free(slots))
     }
 
     fn free_segment(&mut self, slots: &[KvSlot], start_pos: usize) -> Result<(), AllocError> {
-        let page_size = self.inner.page_size();
-        let inner = &mut self.inner;
-        self.budget.spend(slots.first().copied(), page_size, || {
+        self.free_within_budget(slots.first().copied(), |inner| {
             inner.free_segment(slots, start_pos)
         })
     }
 
     fn free_segments(&mut self, segments: &[(&[KvSlot], usize)]) -> Result<(), AllocError> {
-        let page_size = self.inner.page_size();
-        let inner = &mut self.inner;
-        self.budget.spend(first_slot(segments), page_size, || {
-            inner.free_segments(segments)
-        })
+        self.free_within_budget(first_slot(segments), |inner| inner.free_segments(segments))
     }
 
     fn free_page_ids(&mut self, pages: &[PageId]) -> Result<(), AllocError> {
-        let page_size = self.inner.page_size();
-        let first = pages.first().map(|&page| page * page_size as KvSlot);
-        let inner = &mut self.inner;
-        self.budget
-            .spend(first, page_size, || inner.free_page_ids(pages))
+        let first = pages
+            .first()
+            .map(|&page| page * self.inner.page_size() as KvSlot);
+        self.free_within_budget(first, |inner| inner.free_page_ids(pages))
     }
 
     fn free_group_begin(&mut self) -> Result<(), AllocError> {
