@@ -1,7 +1,7 @@
 //! The invariant checker: the per-request ladder, page ownership, and the global accounting
 //! identity `free + cached (evictable + locked) + request-owned == capacity`.
 
-use crate::alloc::{AsPageAllocator, InvariantViolation, KvAllocator, KvSlot, ceil_align};
+use crate::alloc::{AsPageAllocator, InvariantViolation, KvAllocator, KvSlot, PageId, ceil_align};
 use crate::cache::{CacheId, KvCache};
 use crate::radix::{RadixError, TreePos};
 use crate::request::Req;
@@ -70,6 +70,24 @@ pub enum Violation {
         protected: usize,
         /// Page size.
         page_size: usize,
+    },
+    /// A row is held in the request pool but no request passed to the check holds it: the
+    /// request it was assigned to was dropped (or lost) without `release_kv_cache`, leaking the
+    /// row and its pages.
+    #[error(
+        "row {row} is held in the request pool but no request passed to the check holds it \
+         ({}); {unclaimed_pages} pages are held by no one. A request dropped without \
+         release_kv_cache leaks its row and its pages",
+        match .assigned_to { Some(rid) => format!("it was assigned to request {rid}"), None => "assigned outside the batch flow".to_owned() }
+    )]
+    UnclaimedRow {
+        /// The row.
+        row: usize,
+        /// The request the batch flow assigned it to.
+        assigned_to: Option<u64>,
+        /// Pages the allocator counts as held that neither a request passed to the check nor
+        /// the prefix cache holds.
+        unclaimed_pages: usize,
     },
     /// A request's row is not held in the request pool, or rows are held without a request.
     #[error("{held_rows} rows are held in the request pool but {holding} requests hold KV")]
@@ -145,6 +163,7 @@ impl<A: AsPageAllocator> KvCache<A> {
         }
 
         let width = self.req_to_token.max_context_len();
+        let mut claimed_rows = vec![false; self.req_to_token.size() + 1];
         let mut holding = 0;
         let mut request_owned = 0;
         for req in reqs {
@@ -164,6 +183,9 @@ impl<A: AsPageAllocator> KvCache<A> {
                 continue;
             };
             holding += 1;
+            if let Some(claimed) = claimed_rows.get_mut(row) {
+                *claimed = true;
+            }
             let (protected, committed, allocated) = (
                 kv.cache_protected_len(),
                 kv.kv_committed_len(),
@@ -205,6 +227,20 @@ impl<A: AsPageAllocator> KvCache<A> {
         }
         let held_rows = self.req_to_token.size() - self.req_to_token.available_size();
         if held_rows != holding {
+            let unclaimed_row = (1..claimed_rows.len())
+                .find(|&row| self.req_to_token.is_held(row) && !claimed_rows[row]);
+            if let Some(row) = unclaimed_row {
+                let unclaimed_pages = (1..holders.0.len())
+                    .filter(|&page| {
+                        holders.0[page].is_none() && allocator.is_page_allocated(page as PageId)
+                    })
+                    .count();
+                return Err(Violation::UnclaimedRow {
+                    row,
+                    assigned_to: self.req_to_token.assigned_to(row),
+                    unclaimed_pages,
+                });
+            }
             return Err(Violation::RowCount { held_rows, holding });
         }
         let free = allocator.available_size();

@@ -10,6 +10,7 @@ use kvown_runtime::batch::{
     prepare_for_spec_decode, release_kv_cache, retract_decode,
 };
 use kvown_runtime::cache::{KvCache, TreeCache};
+use kvown_runtime::check::Violation;
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::{RadixCache, TreePos};
 use kvown_runtime::request::Req;
@@ -804,4 +805,76 @@ fn row_too_short_and_not_held_change_nothing() {
         release_kv_cache(&mut req, &mut cache, false).unwrap();
     }
     empty_out(cache);
+}
+
+/// Extends `prompts` (rid, tokens) in one batch and returns the requests.
+fn extend_prompts(cache: &mut Cache, prompts: &[(u64, Vec<u32>)]) -> Vec<Req> {
+    let mut reqs: Vec<Req> = prompts
+        .iter()
+        .map(|(rid, tokens)| Req::new(*rid, tokens.clone()))
+        .collect();
+    for req in &mut reqs {
+        init_next_round_input(req, cache, usize::MAX).unwrap();
+    }
+    alloc_for_extend(prepare_for_extend(ScheduleBatch::new(reqs)), cache)
+        .map_err(|failure| failure.error)
+        .unwrap()
+        .into_reqs()
+}
+
+#[test]
+fn the_checker_names_a_request_dropped_holding_kv() {
+    let mut cache = cache(64, 4, false);
+    let mut reqs = extend_prompts(
+        &mut cache,
+        &[(10, (0..10).collect()), (11, (0..5).collect())],
+    );
+    let leaked = reqs.remove(0);
+    let row = leaked.held_row().unwrap();
+    assert_eq!(cache.req_to_token().assigned_to(row), Some(10));
+    drop(leaked);
+
+    let violation = cache.check(&reqs).unwrap_err();
+    assert_eq!(
+        violation,
+        Violation::UnclaimedRow {
+            row,
+            assigned_to: Some(10),
+            unclaimed_pages: 3,
+        },
+        "rid 10 held a row and ceil(10 / 4) = 3 pages"
+    );
+    let message = violation.to_string();
+    assert!(
+        message.contains("assigned to request 10") && message.contains("release_kv_cache"),
+        "{message}"
+    );
+
+    // Released requests give their assignment back with the row.
+    let kept_row = reqs[0].held_row().unwrap();
+    release_kv_cache(&mut reqs[0], &mut cache, false).unwrap();
+    assert_eq!(cache.req_to_token().assigned_to(kept_row), None);
+}
+
+#[test]
+fn the_checker_counts_only_a_dropped_requests_own_pages_as_unclaimed() {
+    // Rid 1's two pages go to the prefix cache; rid 2 matches them and extends one page of its
+    // own, then is dropped: that page is unclaimed, the cached two are the tree's.
+    let mut cache = cache(64, 4, true);
+    let prompt: Vec<u32> = (0..12).collect();
+    let mut first = extend_prompts(&mut cache, &[(1, prompt[..8].to_vec())]);
+    release_kv_cache(&mut first[0], &mut cache, true).unwrap();
+    let mut second = extend_prompts(&mut cache, &[(2, prompt.clone())]);
+    assert_eq!(second[0].kv().cache_protected_len(), 8);
+    let row = second[0].held_row().unwrap();
+    drop(second.pop());
+
+    assert_eq!(
+        cache.check(std::iter::empty()),
+        Err(Violation::UnclaimedRow {
+            row,
+            assigned_to: Some(2),
+            unclaimed_pages: 1,
+        })
+    );
 }

@@ -122,6 +122,7 @@ pub fn alloc_for_extend<A: KvAllocator>(
     {
         let fresh = !req.kv().holds_kv();
         if fresh {
+            cache.req_to_token.record_assignment(row, req.rid());
             let kv = req.kv_mut();
             kv.set_req_pool_idx(owner, Some(row));
             kv.set_kv_cache(owner, Some(cache.id()));

@@ -20,6 +20,8 @@ pub struct ReqToTokenPool {
     table: Vec<KvSlot>,
     free_rows: Vec<ReqRow>,
     held: Vec<bool>,
+    /// The request each held row was assigned to, when the batch flow recorded it.
+    assigned_to: Vec<Option<u64>>,
     req_generation: Vec<u64>,
 }
 
@@ -47,6 +49,7 @@ impl ReqToTokenPool {
             table: vec![0; entries],
             free_rows: (1..=size).collect(),
             held: vec![false; rows],
+            assigned_to: vec![None; rows],
             req_generation: vec![0; rows],
         })
     }
@@ -74,6 +77,19 @@ impl ReqToTokenPool {
     /// Whether `row` is held by a request (false for row 0 and out-of-range rows).
     pub fn is_held(&self, row: ReqRow) -> bool {
         self.held.get(row).copied().unwrap_or(false)
+    }
+
+    /// The request (by rid) the batch flow assigned the held `row` to; `None` for a free row, an
+    /// out-of-range one, or one taken with [`ReqToTokenPool::alloc`] directly. The invariant
+    /// checker names it when no live request holds the row any more (a leak).
+    pub fn assigned_to(&self, row: ReqRow) -> Option<u64> {
+        self.assigned_to.get(row).copied().flatten()
+    }
+
+    /// Records that the held `row` now belongs to request `rid` (the batch flow's extend).
+    pub(crate) fn record_assignment(&mut self, row: ReqRow, rid: u64) {
+        debug_assert!(self.is_held(row));
+        self.assigned_to[row] = Some(rid);
     }
 
     /// How many times `row` has been assigned since the pool was created or cleared.
@@ -112,6 +128,7 @@ impl ReqToTokenPool {
             return Err(SlotError::DoubleFree { row });
         }
         self.held[row] = false;
+        self.assigned_to[row] = None;
         self.free_rows.push(row);
         Ok(())
     }
@@ -188,6 +205,7 @@ impl ReqToTokenPool {
         self.free_rows.clear();
         self.free_rows.extend(1..=self.size);
         self.held.fill(false);
+        self.assigned_to.fill(None);
         self.req_generation.fill(0);
     }
 
