@@ -3,7 +3,7 @@
 
 use crate::alloc::{AsPageAllocator, InvariantViolation, KvAllocator, KvSlot, PageId, ceil_align};
 use crate::cache::{CacheId, KvCache};
-use crate::radix::{RadixError, TreePos};
+use crate::radix::{NodeId, RadixError, TreePos};
 use crate::request::Req;
 
 /// Who holds a page.
@@ -89,6 +89,22 @@ pub enum Violation {
         /// the prefix cache holds.
         unclaimed_pages: usize,
     },
+    /// A prefix-cache node holds more (or fewer) locks than the requests passed to the check
+    /// hold on it and below it: a request dropped between its match and its release leaks its
+    /// lock, and the locked prefix can never be evicted.
+    #[error(
+        "prefix-cache node {node:?} holds {locks} locks but the requests passed to the check \
+         hold {held} on it and below it; a request dropped between its match and \
+         release_kv_cache leaks its lock, and the prefix stays unevictable"
+    )]
+    LockCount {
+        /// The deepest node whose count is off.
+        node: NodeId,
+        /// Its lock count.
+        locks: usize,
+        /// The locks the requests hold on it and below it.
+        held: usize,
+    },
     /// A request's row is not held in the request pool, or rows are held without a request.
     #[error("{held_rows} rows are held in the request pool but {holding} requests hold KV")]
     RowCount {
@@ -164,6 +180,7 @@ impl<A: AsPageAllocator> KvCache<A> {
 
         let width = self.req_to_token.max_context_len();
         let mut claimed_rows = vec![false; self.req_to_token.size() + 1];
+        let mut lock_holders = Vec::new();
         let mut holding = 0;
         let mut request_owned = 0;
         for req in reqs {
@@ -178,6 +195,9 @@ impl<A: AsPageAllocator> KvCache<A> {
                     holds,
                     recorded,
                 });
+            }
+            if req.last_node() != TreePos::ROOT {
+                lock_holders.push(req.last_node().node);
             }
             let Some(row) = kv.req_pool_idx() else {
                 continue;
@@ -242,6 +262,15 @@ impl<A: AsPageAllocator> KvCache<A> {
                 });
             }
             return Err(Violation::RowCount { held_rows, holding });
+        }
+        if let Some(tree) = self.tree.radix()
+            && let Err(mismatch) = tree.check_lock_holders(lock_holders)
+        {
+            return Err(Violation::LockCount {
+                node: mismatch.node,
+                locks: mismatch.locks,
+                held: mismatch.held,
+            });
         }
         let free = allocator.available_size();
         let capacity = allocator.capacity();

@@ -878,3 +878,39 @@ fn the_checker_counts_only_a_dropped_requests_own_pages_as_unclaimed() {
         })
     );
 }
+
+#[test]
+fn the_checker_finds_the_lock_of_a_request_dropped_after_its_match() {
+    // Rid 2 matches rid 1's cached pages (locking them) and is dropped before its extend: it
+    // holds no row, only the lock, which keeps the prefix unevictable.
+    let mut cache = cache(64, 4, true);
+    let prompt: Vec<u32> = (0..12).collect();
+    let mut first = extend_prompts(&mut cache, &[(1, prompt[..8].to_vec())]);
+    release_kv_cache(&mut first[0], &mut cache, true).unwrap();
+    cache.check(std::iter::empty()).unwrap();
+
+    let mut matched = Req::new(2, prompt.clone());
+    init_next_round_input(&mut matched, &mut cache, usize::MAX).unwrap();
+    let node = matched.last_node().node;
+    cache.check([&matched]).unwrap();
+    drop(matched);
+
+    let violation = cache.check(std::iter::empty()).unwrap_err();
+    assert_eq!(
+        violation,
+        Violation::LockCount {
+            node,
+            locks: 1,
+            held: 0,
+        }
+    );
+    assert!(
+        violation.to_string().contains("release_kv_cache"),
+        "{violation}"
+    );
+    assert_eq!(
+        cache.tree().protected_size(),
+        8,
+        "the leaked lock protects 8 tokens"
+    );
+}

@@ -136,3 +136,48 @@ impl RadixCache {
         expect_eq(root, "total tokens", evictable + protected, self.total_size)
     }
 }
+
+/// A node whose lock count differs from the locks the given holders account for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LockMismatch {
+    /// The deepest such node.
+    pub(crate) node: NodeId,
+    /// Its lock count.
+    pub(crate) locks: usize,
+    /// The holders' locks on it and below it.
+    pub(crate) held: usize,
+}
+
+impl RadixCache {
+    /// Checks that the lock counts are exactly the locks of `holders` (one lock each, on the
+    /// node given, the root ignored): every non-root node's count equals the holders at it or
+    /// below it. Returns the deepest node where they differ.
+    ///
+    /// Cost: O(nodes + holders × depth); for the cache-level checker.
+    pub(crate) fn check_lock_holders(
+        &self,
+        holders: impl IntoIterator<Item = NodeId>,
+    ) -> Result<(), LockMismatch> {
+        let mut held = vec![0usize; self.arena.entries()];
+        for holder in holders {
+            let mut node = holder;
+            while node != NodeId::ROOT && self.arena.is_live(node) {
+                held[node.index()] += 1;
+                node = self.arena[node].parent;
+            }
+        }
+        let mismatch = self
+            .arena
+            .live()
+            .filter(|&(id, node)| id != NodeId::ROOT && node.lock_ref as usize != held[id.index()])
+            .max_by_key(|&(_, node)| node.start());
+        match mismatch {
+            None => Ok(()),
+            Some((node, entry)) => Err(LockMismatch {
+                node,
+                locks: entry.lock_ref as usize,
+                held: held[node.index()],
+            }),
+        }
+    }
+}
