@@ -17,7 +17,9 @@ pub enum Holder {
     Request(u64),
 }
 
-/// A broken invariant. Any of these is a bug in kvown or a misuse of its internals.
+/// A broken invariant: a bug in kvown, a misuse of its internals, or (the leaks
+/// [`Violation::UnclaimedRow`] and [`Violation::LockCount`]) a request dropped while it held KV
+/// or a prefix lock, or left out of the requests passed to the check.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Violation {
     /// The allocator's own check failed.
