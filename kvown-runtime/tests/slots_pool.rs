@@ -148,3 +148,13 @@ fn an_unrepresentable_table_is_rejected() {
         })
     );
 }
+
+#[test]
+fn rows_taken_directly_name_no_request() {
+    // Only the batch flow's extend records whose row it is; out-of-range rows name none either.
+    let mut pool = ReqToTokenPool::new(2, 4).unwrap();
+    let rows = pool.alloc(2).unwrap();
+    assert!(rows.iter().all(|&row| pool.assigned_to(row).is_none()));
+    assert_eq!(pool.assigned_to(0), None);
+    assert_eq!(pool.assigned_to(3), None);
+}
