@@ -370,3 +370,33 @@ fn take_if_keeps_batch_order_for_few_and_many_finished() {
         );
     }
 }
+
+/// The scheduler's state is plain data: a cache, its requests and a batch in any state can be
+/// moved to (or shared with) another thread, as a scheduler thread that owns them needs.
+#[test]
+fn the_scheduler_state_moves_between_threads() {
+    fn send_and_sync<T: Send + Sync>() {}
+    send_and_sync::<KvCache<PagedAllocator>>();
+    send_and_sync::<Req>();
+    send_and_sync::<ScheduleBatch>();
+    send_and_sync::<ScheduleBatch<kvown_runtime::batch::DecodePrepared>>();
+    send_and_sync::<KvError>();
+    send_and_sync::<kvown_runtime::check::Violation>();
+
+    let mut cache = cache(64, 4, true);
+    let batch = extend(vec![Req::new(1, (0..6).collect())], &mut cache);
+    let (cache, batch) = std::thread::spawn(move || {
+        let mut cache = cache;
+        let prepared = prepare_for_decode(batch, &cache)
+            .map_err(|(_, e)| e)
+            .unwrap();
+        let batch = alloc_for_decode(prepared, &mut cache)
+            .map_err(|failure| failure.error)
+            .unwrap();
+        (cache, batch)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(batch.reqs()[0].kv().kv_committed_len(), 7);
+    cache.check(batch.reqs()).unwrap();
+}
