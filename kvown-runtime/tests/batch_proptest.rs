@@ -2,8 +2,9 @@
 //! prefixes, chunked prefill, re-admission of retracted requests), decode (checked with
 //! retraction, or unchecked to induce OOM), speculative reserve/commit, finish, abort, grouped
 //! release, eviction, match-then-drop, oversized admissions, requests passed to another
-//! cache, and releases and page registrations whose free the allocator refuses, over page
-//! sizes 1, 4 and 16 with the radix cache on and off. The invariant checker runs after every
+//! cache, releases and page registrations whose free the allocator refuses, and checks that
+//! leave a request out (as if dropped: the checker must name it), over page sizes 1, 4 and 16
+//! with the radix cache on and off. The invariant checker runs after every
 //! step, every failed call must leave the state exactly unchanged, and at the end releasing
 //! everything and evicting the whole cache gives the pool back in full.
 
@@ -105,6 +106,12 @@ enum Op {
         pick: usize,
         chunking: bool,
     },
+    /// The checker runs with one running (or chunking) request left out, as if it had been
+    /// dropped: it must name that request's row, its assignment and exactly its own pages.
+    OmitFromCheck {
+        pick: usize,
+        chunking: bool,
+    },
     /// The allocator refuses every free while a running (or chunking) request is released or
     /// registers its committed pages: the call fails changing nothing, or needs no free.
     RefusedFree {
@@ -164,6 +171,7 @@ fn op() -> impl Strategy<Value = Op> {
             ],
         )
             .prop_map(|(pick, chunking, call)| Op::RefusedFree { pick, chunking, call }),
+        1 => (any::<usize>(), any::<bool>()).prop_map(|(pick, chunking)| Op::OmitFromCheck { pick, chunking }),
     ]
 }
 
@@ -293,14 +301,17 @@ where
         self.cache.tree().radix().map_or(0, RadixCache::total_size)
     }
 
-    fn check_with(&self, extra: &[Req]) {
-        let all = self
-            .running
+    /// Every request of the simulation: running, chunking and waiting.
+    fn live_reqs(&self) -> impl Iterator<Item = &Req> {
+        self.running
             .reqs()
             .iter()
             .chain(&self.chunking)
             .chain(&self.waiting)
-            .chain(extra);
+    }
+
+    fn check_with(&self, extra: &[Req]) {
+        let all = self.live_reqs().chain(extra);
         if let Err(violation) = self.cache.check(all) {
             panic!("invariant broken: {violation}");
         }
@@ -737,6 +748,16 @@ where
         init_next_round_input(&mut req, &mut self.cache, self.cfg.chunk).unwrap();
         self.check_with(std::slice::from_ref(&req));
         let matched = req.prefix_len();
+        if matched > 0 {
+            // Left out of the check (as if dropped), its lock is found at its node.
+            match self.cache.check(self.live_reqs()) {
+                Err(Violation::LockCount { node, locks, held }) => {
+                    assert_eq!(node, req.last_node().node);
+                    assert_eq!(locks, held + 1, "one lock is unaccounted for");
+                }
+                other => panic!("a left-out lock gave {other:?}"),
+            }
+        }
         let available = self.cache.available_size();
         let result = release_kv_cache(&mut req, &mut self.cache, true);
         if matched == 0 {
@@ -1099,6 +1120,25 @@ where
         }
     }
 
+    fn omit_from_check(&mut self, pick: usize, chunking: bool) {
+        let Some((req, from_chunking)) = self.take_picked(pick, chunking) else {
+            return;
+        };
+        let kv = req.kv();
+        let own_pages =
+            (ceil_align(kv.kv_allocated_len(), self.ps()) - kv.cache_protected_len()) / self.ps();
+        assert_eq!(
+            self.cache.check(self.live_reqs()),
+            Err(Violation::UnclaimedRow {
+                row: req.held_row().unwrap(),
+                assigned_to: Some(req.rid()),
+                unclaimed_pages: own_pages,
+            }),
+            "the checker names the left-out request and exactly its pages"
+        );
+        self.put_back(req, from_chunking);
+    }
+
     fn refused_free(&mut self, pick: usize, chunking: bool, call: RefusedCall) {
         let Some((mut req, from_chunking)) = self.take_picked(pick, chunking) else {
             return;
@@ -1159,6 +1199,7 @@ where
                 chunking,
                 call,
             } => self.refused_free(*pick, *chunking, *call),
+            Op::OmitFromCheck { pick, chunking } => self.omit_from_check(*pick, *chunking),
         }
         self.check();
     }
