@@ -160,6 +160,33 @@ impl<A: AsPageAllocator> KvCache<A> {
     /// which must be all such requests of this cache, against the host allocator's state.
     /// Costs O(pool pages + held positions): for tests, debug runs and `--check` modes, not
     /// for every production step.
+    ///
+    /// A request left out (or dropped without [`release_kv_cache`](crate::batch::release_kv_cache))
+    /// is named with what it leaked:
+    ///
+    /// ```
+    /// use kvown_runtime::alloc::PagedAllocator;
+    /// use kvown_runtime::batch::{ScheduleBatch, alloc_for_extend, prepare_for_extend};
+    /// use kvown_runtime::cache::{KvCache, TreeCache};
+    /// use kvown_runtime::check::Violation;
+    /// use kvown_runtime::request::Req;
+    /// use kvown_runtime::slots::ReqToTokenPool;
+    ///
+    /// let allocator = PagedAllocator::new(64, 4, false)?;
+    /// let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+    /// let prepared = prepare_for_extend(ScheduleBatch::new(vec![Req::new(7, vec![1; 6])]));
+    /// let batch = alloc_for_extend(prepared, &mut cache).map_err(|failure| failure.error)?;
+    /// cache.check(batch.reqs())?;
+    ///
+    /// drop(batch); // request 7 never released: its row and its 2 pages leak
+    /// let leak = cache.check([]).unwrap_err();
+    /// assert!(matches!(
+    ///     leak,
+    ///     Violation::UnclaimedRow { assigned_to: Some(7), unclaimed_pages: 2, .. }
+    /// ));
+    /// println!("{leak}"); // row 4 is held ... (it was assigned to request 7); 2 pages are held by no one. ...
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn check<'a>(&self, reqs: impl IntoIterator<Item = &'a Req>) -> Result<(), Violation> {
         let allocator = self.allocator.page_allocator();
         if allocator.in_free_group() {
