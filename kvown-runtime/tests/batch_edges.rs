@@ -856,15 +856,24 @@ fn the_checker_names_a_request_dropped_holding_kv() {
     assert_eq!(cache.req_to_token().assigned_to(kept_row), None);
 }
 
-#[test]
-fn the_checker_counts_only_a_dropped_requests_own_pages_as_unclaimed() {
-    // Rid 1's two pages go to the prefix cache; rid 2 matches them and extends one page of its
-    // own, then is dropped: that page is unclaimed, the cached two are the tree's.
+/// A radix cache (pages of 4) holding the first 8 tokens of the returned 12-token prompt,
+/// cached by rid 1, which was released; no request holds anything.
+fn cache_with_eight_tokens_cached() -> (Cache, Vec<u32>) {
     let mut cache = cache(64, 4, true);
     let prompt: Vec<u32> = (0..12).collect();
     let mut first = extend_prompts(&mut cache, &[(1, prompt[..8].to_vec())]);
     release_kv_cache(&mut first[0], &mut cache, true).unwrap();
-    let mut second = extend_prompts(&mut cache, &[(2, prompt.clone())]);
+    cache.check(std::iter::empty()).unwrap();
+    assert_eq!(cache.tree().radix().unwrap().total_size(), 8);
+    (cache, prompt)
+}
+
+#[test]
+fn the_checker_counts_only_a_dropped_requests_own_pages_as_unclaimed() {
+    // Rid 1's two pages go to the prefix cache; rid 2 matches them and extends one page of its
+    // own, then is dropped: that page is unclaimed, the cached two are the tree's.
+    let (mut cache, prompt) = cache_with_eight_tokens_cached();
+    let mut second = extend_prompts(&mut cache, &[(2, prompt)]);
     assert_eq!(second[0].kv().cache_protected_len(), 8);
     let row = second[0].held_row().unwrap();
     drop(second.pop());
@@ -883,13 +892,8 @@ fn the_checker_counts_only_a_dropped_requests_own_pages_as_unclaimed() {
 fn the_checker_finds_the_lock_of_a_request_dropped_after_its_match() {
     // Rid 2 matches rid 1's cached pages (locking them) and is dropped before its extend: it
     // holds no row, only the lock, which keeps the prefix unevictable.
-    let mut cache = cache(64, 4, true);
-    let prompt: Vec<u32> = (0..12).collect();
-    let mut first = extend_prompts(&mut cache, &[(1, prompt[..8].to_vec())]);
-    release_kv_cache(&mut first[0], &mut cache, true).unwrap();
-    cache.check(std::iter::empty()).unwrap();
-
-    let mut matched = Req::new(2, prompt.clone());
+    let (mut cache, prompt) = cache_with_eight_tokens_cached();
+    let mut matched = Req::new(2, prompt);
     init_next_round_input(&mut matched, &mut cache, usize::MAX).unwrap();
     let node = matched.last_node().node;
     cache.check([&matched]).unwrap();
