@@ -18,7 +18,7 @@ use kvown_runtime::batch::{
 };
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::error::KvError;
-use kvown_runtime::radix::RadixCache;
+use kvown_runtime::radix::{RadixCache, RadixError};
 use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
 use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
@@ -351,6 +351,46 @@ fn a_refused_release_with_insertion_leaves_the_request_and_the_tree_as_they_were
     release_kv_cache(&mut reqs[1], &mut cache, true).unwrap();
     assert!(!reqs[1].kv().holds_kv());
     assert_eq!(cache.tree().radix().unwrap().total_size(), 12);
+    cache.check(&reqs).unwrap();
+
+    frees_left.set(None);
+    release_all_and_check_whole(&mut reqs, &mut cache);
+}
+
+#[test]
+fn an_eviction_refused_half_way_keeps_what_it_evicted_and_the_rest_cached() {
+    // Two unrelated 8-token prompts are cached (two nodes of two pages); an eviction of
+    // everything frees the older node, then the allocator refuses the younger one's pages.
+    let (mut cache, frees_left) = faulty_cache_with(64, TreeCache::Radix(RadixCache::new(4)));
+    let mut reqs = extend_eight_token_requests(2, &mut cache).into_reqs();
+    for req in &mut reqs {
+        release_kv_cache(req, &mut cache, true).unwrap();
+    }
+    let tree = |cache: &KvCache<FaultyAllocator>| cache.tree().radix().unwrap().total_size();
+    assert_eq!(tree(&cache), 16);
+    let available = cache.available_size();
+
+    frees_left.set(Some(1));
+    let error = cache
+        .evict_shortfall(cache.allocator().capacity())
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            KvError::Radix(RadixError::Free {
+                evicted: 8,
+                source: AllocError::NotAllocated { .. },
+                ..
+            })
+        ),
+        "{error}"
+    );
+    assert_eq!(tree(&cache), 8, "the refused node stays cached");
+    assert_eq!(
+        cache.available_size(),
+        available + 8,
+        "the evicted node's pages are free"
+    );
     cache.check(&reqs).unwrap();
 
     frees_left.set(None);
