@@ -110,8 +110,7 @@ fn faulty_cache_with(
 }
 
 /// Matches and extends `reqs` in one batch.
-fn extend(reqs: Vec<Req>, cache: &mut KvCache<FaultyAllocator>) -> ScheduleBatch {
-    let mut reqs = reqs;
+fn extend(mut reqs: Vec<Req>, cache: &mut KvCache<FaultyAllocator>) -> ScheduleBatch {
     for req in &mut reqs {
         init_next_round_input(req, cache, usize::MAX).unwrap();
     }
