@@ -139,13 +139,14 @@ pub(crate) fn cache_finished_req<A: KvAllocator>(
             let key_len = floor_align(token_count, allocator.page_size());
             let key = &req.fill_ids()[..key_len];
             // Everything that can fail comes before the tree changes: the insert is planned
-            // (read-only), the lock checked, then the one free, then the insert and unlock.
+            // (read-only, which checks the request's lock too) or the lock checked, then the
+            // one free, then the insert and the unlock.
             let plan = if is_insert {
                 Some(tree.plan_insert(req.last_node, key, &slots[..key_len])?)
             } else {
+                tree.ensure_unlockable(req.last_node.node)?;
                 None
             };
-            tree.ensure_unlockable(req.last_node.node)?;
             let freed_end = plan.map_or(key_len, |plan| plan.prefix_len());
             allocator.free_segments(&[
                 (&slots[protected..freed_end], protected),

@@ -109,6 +109,11 @@ fn faulty_cache_with(
     (cache, frees_left)
 }
 
+/// [`faulty_cache`] of 64 slots with a radix prefix cache.
+fn faulty_radix_cache() -> (KvCache<FaultyAllocator>, FreeBudget) {
+    faulty_cache_with(64, TreeCache::Radix(RadixCache::new(4)))
+}
+
 /// Matches and extends `reqs` in one batch.
 fn extend(mut reqs: Vec<Req>, cache: &mut KvCache<FaultyAllocator>) -> ScheduleBatch {
     for req in &mut reqs {
@@ -305,7 +310,7 @@ fn a_refused_free_of_registered_duplicates_leaves_the_request_and_the_tree_as_th
     // Registering rid 2 inserts [0, 12): [0, 8) is cached already, so rid 2's slots there are
     // duplicates to free, and the tree would take its third page. The allocator refuses that
     // free: the tree must not have taken the page either.
-    let (mut cache, frees_left) = faulty_cache_with(64, TreeCache::Radix(RadixCache::new(4)));
+    let (mut cache, frees_left) = faulty_radix_cache();
     let mut reqs = shared_prefix_pair(&mut cache);
     let before = Snapshot::take(&reqs[1], &cache);
     assert_eq!(before.tree_sizes.0, 8, "rid 1's two pages are cached");
@@ -336,7 +341,7 @@ fn a_refused_free_of_registered_duplicates_leaves_the_request_and_the_tree_as_th
 
 #[test]
 fn a_refused_release_with_insertion_leaves_the_request_and_the_tree_as_they_were() {
-    let (mut cache, frees_left) = faulty_cache_with(64, TreeCache::Radix(RadixCache::new(4)));
+    let (mut cache, frees_left) = faulty_radix_cache();
     let mut reqs = shared_prefix_pair(&mut cache);
     let before = Snapshot::take(&reqs[1], &cache);
 
@@ -360,7 +365,7 @@ fn a_refused_release_with_insertion_leaves_the_request_and_the_tree_as_they_were
 fn an_eviction_refused_half_way_keeps_what_it_evicted_and_the_rest_cached() {
     // Two unrelated 8-token prompts are cached (two nodes of two pages); an eviction of
     // everything frees the older node, then the allocator refuses the younger one's pages.
-    let (mut cache, frees_left) = faulty_cache_with(64, TreeCache::Radix(RadixCache::new(4)));
+    let (mut cache, frees_left) = faulty_radix_cache();
     let mut reqs = extend_eight_token_requests(2, &mut cache).into_reqs();
     for req in &mut reqs {
         release_kv_cache(req, &mut cache, true).unwrap();

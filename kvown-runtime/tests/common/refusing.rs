@@ -26,7 +26,7 @@ impl FreeBudget {
     /// Runs `free` while the budget lasts, spending one free when it succeeds; otherwise
     /// refuses with [`AllocError::NotAllocated`] naming `first` (the first slot of the call),
     /// changing nothing.
-    pub fn spend(
+    fn spend(
         &self,
         first: Option<KvSlot>,
         page_size: usize,
@@ -50,7 +50,7 @@ impl FreeBudget {
 }
 
 /// The first slot of a free of several segments, for the refusal's message.
-pub fn first_slot(segments: &[(&[KvSlot], usize)]) -> Option<KvSlot> {
+fn first_slot(segments: &[(&[KvSlot], usize)]) -> Option<KvSlot> {
     segments
         .iter()
         .find_map(|(slots, _)| slots.first().copied())
