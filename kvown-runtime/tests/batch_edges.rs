@@ -260,11 +260,14 @@ fn release_frees_the_owned_range_minus_the_tree_take() {
     .unwrap();
     assert_eq!(ladder(&req), (8, 14, 14));
     assert_eq!(cache.tree().protected_size(), 8);
+    // Locked, the cached prefix is not counted as room.
+    assert_eq!(cache.available_with_eviction(), cache.available_size());
     let before = cache.available_size();
     release_kv_cache(&mut req, &mut cache, false).unwrap();
     assert_eq!(cache.available_size() - before, ceil_align(14, 4) - 8);
     assert_eq!(cache.tree().protected_size(), 0);
     assert_eq!(cache.tree().evictable_size(), 8);
+    assert_eq!(cache.available_with_eviction(), cache.available_size() + 8);
     assert_eq!(
         release_kv_cache(&mut req, &mut cache, false),
         Err(KvError::NotHeld { rid: 3 })

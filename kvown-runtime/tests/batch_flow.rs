@@ -54,7 +54,7 @@ fn release_all(batch: ScheduleBatch, cache: &mut KvCache<PagedAllocator>, insert
 
 #[test]
 fn extend_then_decode_settles_allocated_and_committed_together() {
-    for page_size in [1, 4, 16] {
+    for page_size in [1, 3, 4, 16] {
         let mut cache = cache(1024, page_size, true);
         let prompt: Vec<u32> = (0..21).collect();
         let mut batch = extend(vec![Req::new(1, prompt.clone())], &mut cache);

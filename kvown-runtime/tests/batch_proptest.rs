@@ -3,17 +3,18 @@
 //! retraction, or unchecked to induce OOM), speculative reserve/commit, finish, abort, grouped
 //! release, eviction, match-then-drop, oversized admissions, requests passed to another
 //! cache, releases and page registrations whose free the allocator refuses, and checks that
-//! leave a request out (as if dropped: the checker must name it), over page sizes 1, 4 and 16
-//! with the radix cache on and off. The invariant checker runs after every
+//! leave a request out (as if dropped: the checker must name it), over page sizes 1, 3, 4 and
+//! 16 with the radix cache on and off. The invariant checker runs after every
 //! step, every failed call must leave the state exactly unchanged, and at the end releasing
 //! everything and evicting the whole cache gives the pool back in full.
 
 mod common;
-#[path = "common/refusing.rs"]
-mod refusing;
+#[path = "common/faulty.rs"]
+mod faulty;
 
 use std::cmp::Reverse;
 
+use faulty::{FaultyFrees, FreeFaults};
 use kvown_runtime::alloc::{
     AllocError, KvAllocator, KvSlot, PageAllocator, PagedAllocator, ReuseOrder, TokenAllocator,
     ceil_align, floor_align,
@@ -31,7 +32,6 @@ use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
 use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
 use proptest::prelude::*;
-use refusing::{FreeBudget, RefusingFrees};
 
 /// Positions per request row.
 const WIDTH: usize = 128;
@@ -252,9 +252,9 @@ impl ReqState {
 
 struct Sim<R: ReuseOrder> {
     cfg: Cfg,
-    cache: KvCache<RefusingFrees<PageAllocator<R>>>,
+    cache: KvCache<FaultyFrees<PageAllocator<R>>>,
     /// Arms the cache's allocator to refuse frees.
-    free_budget: FreeBudget,
+    free_faults: FreeFaults,
     /// A second cache of the same shape that no request of the simulation belongs to.
     other: KvCache<PageAllocator<R>>,
     running: ScheduleBatch,
@@ -276,14 +276,14 @@ where
         let pool = ReqToTokenPool::new(cfg.rows, WIDTH).unwrap();
         let other_tree = TreeCache::Radix(RadixCache::new(cfg.page_size));
         let other = KvCache::new(allocator.clone(), pool.clone(), other_tree).unwrap();
-        let free_budget = FreeBudget::default();
-        let allocator = RefusingFrees {
+        let free_faults = FreeFaults::default();
+        let allocator = FaultyFrees {
             inner: allocator,
-            budget: free_budget.clone(),
+            faults: free_faults.clone(),
         };
         Sim {
             cache: KvCache::new(allocator, pool, tree).unwrap(),
-            free_budget,
+            free_faults,
             other,
             cfg,
             running: ScheduleBatch::new(Vec::new()),
@@ -1144,12 +1144,12 @@ where
             return;
         };
         let before = self.snapshot(std::slice::from_ref(&req));
-        self.free_budget.set(Some(0));
+        self.free_faults.set_frees_left(Some(0));
         let result = match call {
             RefusedCall::Release { insert } => release_kv_cache(&mut req, &mut self.cache, insert),
             RefusedCall::Register => cache_unfinished_req(&mut req, &mut self.cache),
         };
-        self.free_budget.set(None);
+        self.free_faults.set_frees_left(None);
         match result {
             Err(KvError::Alloc(AllocError::NotAllocated { .. })) => assert_eq!(
                 self.snapshot(std::slice::from_ref(&req)),
@@ -1268,6 +1268,17 @@ proptest! {
 
     #[test]
     fn batch_flow_page_4_no_cache(cfg in cfg(4, false), ops in prop::collection::vec(op(), 1..80)) {
+        run(cfg, &ops);
+    }
+
+    // A page size that is not a power of two: the division paths, not the masks.
+    #[test]
+    fn batch_flow_page_3_radix(cfg in cfg(3, true), ops in prop::collection::vec(op(), 1..80)) {
+        run(cfg, &ops);
+    }
+
+    #[test]
+    fn batch_flow_page_3_no_cache(cfg in cfg(3, false), ops in prop::collection::vec(op(), 1..80)) {
         run(cfg, &ops);
     }
 

@@ -70,7 +70,18 @@ fn assert_other_cache(error: &KvError, a: &Cache, b: &Cache) {
             used: b.id()
         }
     );
-    assert!(error.to_string().contains("holds KV in cache"), "{error}");
+    // The message names both caches, so a user can tell which one the request belongs to.
+    let expected = format!(
+        "request 1 holds KV in cache {}, not in cache {}",
+        a.id(),
+        b.id()
+    );
+    assert!(error.to_string().starts_with(&expected), "{error}");
+    assert_ne!(
+        a.id().to_string(),
+        b.id().to_string(),
+        "two caches print alike"
+    );
 }
 
 #[test]

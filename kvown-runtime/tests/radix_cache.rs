@@ -3,7 +3,7 @@
 use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator};
 use kvown_runtime::radix::{NodeId, RadixCache, RadixError, TreePos};
 
-const PAGE_SIZES: [usize; 3] = [1, 4, 16];
+const PAGE_SIZES: [usize; 4] = [1, 3, 4, 16];
 
 fn allocator(page_size: usize, pages: usize) -> PagedAllocator {
     PagedAllocator::new(pages * page_size, page_size, false).unwrap()

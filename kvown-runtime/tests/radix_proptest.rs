@@ -1,4 +1,4 @@
-//! Random operation sequences on the radix cache over page sizes 1, 4 and 16, with the cache's
+//! Random operation sequences on the radix cache over page sizes 1, 3, 4 and 16, with the cache's
 //! and the allocator's invariant checks after every step.
 
 mod common;
@@ -192,7 +192,7 @@ proptest! {
 
     #[test]
     fn random_operations_keep_every_invariant(
-        page_size in prop::sample::select(vec![1usize, 4, 16]),
+        page_size in prop::sample::select(vec![1usize, 3, 4, 16]),
         ops in prop::collection::vec(op(), 1..60),
     ) {
         let mut world = World::new(page_size);

@@ -1,14 +1,16 @@
 //! A `KvAllocator` that wraps a `PagedAllocator`, as a backend does: the trait's provided
 //! methods over it, and the error paths that only a misbehaving allocator reaches.
-//! `RefusingFrees` passes every call on but, once armed, refuses every free after a given
+//! `FaultyFrees` passes every call on but, once armed, refuses every free after a given
 //! number of successful ones, as an allocator whose bookkeeping disagrees with the batch
-//! flow's (or a backend that reports a device failure) would. A call that fails this way must drop no request,
-//! leave the prefix cache as it was, and the accounting identity must still hold over the
-//! requests it hands back.
+//! flow's (or a backend that reports a device failure) would. A call that fails this way must
+//! drop no request, leave the prefix cache as it was, and the accounting identity must still
+//! hold over the requests it hands back. Armed the other way, it frees a held page behind its
+//! holder's back, and the checker must name the page and both of its holders.
 
-#[path = "common/refusing.rs"]
-mod refusing;
+#[path = "common/faulty.rs"]
+mod faulty;
 
+use faulty::{FaultyFrees, FreeFaults};
 use kvown_runtime::alloc::{
     AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PagedAllocator,
 };
@@ -17,15 +19,15 @@ use kvown_runtime::batch::{
     prepare_for_spec_decode, release_kv_cache, retract_decode,
 };
 use kvown_runtime::cache::{KvCache, TreeCache};
+use kvown_runtime::check::{Holder, Violation};
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::{RadixCache, RadixError};
 use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
 use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
-use refusing::{FreeBudget, RefusingFrees};
 
 /// The allocator of these tests.
-type FaultyAllocator = RefusingFrees<PagedAllocator>;
+type FaultyAllocator = FaultyFrees<PagedAllocator>;
 
 /// A `PagedAllocator` behind the trait's required methods alone, so that every provided method
 /// runs its default.
@@ -90,7 +92,7 @@ impl KvAllocator for DefaultsOnly {
 }
 
 /// A cache of `pool_tokens` slots in pages of 4, no prefix cache, with the fault's handle.
-fn faulty_cache(pool_tokens: usize) -> (KvCache<FaultyAllocator>, FreeBudget) {
+fn faulty_cache(pool_tokens: usize) -> (KvCache<FaultyAllocator>, FreeFaults) {
     faulty_cache_with(pool_tokens, TreeCache::Disabled)
 }
 
@@ -98,19 +100,19 @@ fn faulty_cache(pool_tokens: usize) -> (KvCache<FaultyAllocator>, FreeBudget) {
 fn faulty_cache_with(
     pool_tokens: usize,
     tree: TreeCache,
-) -> (KvCache<FaultyAllocator>, FreeBudget) {
-    let frees_left = FreeBudget::default();
-    let allocator = RefusingFrees {
+) -> (KvCache<FaultyAllocator>, FreeFaults) {
+    let faults = FreeFaults::default();
+    let allocator = FaultyFrees {
         inner: PagedAllocator::new(pool_tokens, 4, false).unwrap(),
-        budget: frees_left.clone(),
+        faults: faults.clone(),
     };
     let rows = ReqToTokenPool::new(8, 64).unwrap();
     let cache = KvCache::new(allocator, rows, tree).unwrap();
-    (cache, frees_left)
+    (cache, faults)
 }
 
 /// [`faulty_cache`] of 64 slots with a radix prefix cache.
-fn faulty_radix_cache() -> (KvCache<FaultyAllocator>, FreeBudget) {
+fn faulty_radix_cache() -> (KvCache<FaultyAllocator>, FreeFaults) {
     faulty_cache_with(64, TreeCache::Radix(RadixCache::new(4)))
 }
 
@@ -192,13 +194,13 @@ fn shared_prefix_pair(cache: &mut KvCache<FaultyAllocator>) -> Vec<Req> {
 
 #[test]
 fn a_release_refused_by_the_allocator_changes_nothing() {
-    let (mut cache, frees_left) = faulty_cache(64);
+    let (mut cache, faults) = faulty_cache(64);
     let batch = extend_eight_token_requests(1, &mut cache);
     let mut reqs = batch.into_reqs();
     let available = cache.available_size();
     let record = reqs[0].kv().clone();
 
-    frees_left.set(Some(0));
+    faults.set_frees_left(Some(0));
     let error = release_kv_cache(&mut reqs[0], &mut cache, false).unwrap_err();
     assert!(
         matches!(error, KvError::Alloc(AllocError::NotAllocated { .. })),
@@ -208,7 +210,7 @@ fn a_release_refused_by_the_allocator_changes_nothing() {
     assert_eq!(cache.available_size(), available);
     cache.check(&reqs).unwrap();
 
-    frees_left.set(None);
+    faults.set_frees_left(None);
     release_all_and_check_whole(&mut reqs, &mut cache);
 }
 
@@ -216,7 +218,7 @@ fn a_release_refused_by_the_allocator_changes_nothing() {
 fn a_refused_release_of_a_speculative_over_allocation_changes_nothing() {
     // Committed 9 of 16 allocated: the release frees [0, 9) and the over-allocation [12, 16)
     // in one call, so a refusal cannot free the first part and keep the second.
-    let (mut cache, frees_left) = faulty_cache(64);
+    let (mut cache, faults) = faulty_cache(64);
     let batch = extend_eight_token_requests(1, &mut cache);
     let prepared = prepare_for_spec_decode(batch, &cache, 6)
         .map_err(|(_, error)| error)
@@ -230,7 +232,7 @@ fn a_refused_release_of_a_speculative_over_allocation_changes_nothing() {
     assert_eq!((kv.kv_committed_len(), kv.kv_allocated_len()), (9, 16));
     let (available, record) = (cache.available_size(), kv.clone());
 
-    frees_left.set(Some(0));
+    faults.set_frees_left(Some(0));
     release_kv_cache(&mut reqs[0], &mut cache, false).unwrap_err();
     assert_eq!(reqs[0].kv(), &record);
     assert_eq!(
@@ -241,7 +243,7 @@ fn a_refused_release_of_a_speculative_over_allocation_changes_nothing() {
     cache.check(&reqs).unwrap();
 
     // One free is all the release needs: a budget of one releases everything.
-    frees_left.set(Some(1));
+    faults.set_frees_left(Some(1));
     release_kv_cache(&mut reqs[0], &mut cache, false).unwrap();
     cache.check(&reqs).unwrap();
     assert_eq!(cache.available_size(), cache.allocator().capacity());
@@ -252,7 +254,7 @@ fn a_retraction_whose_second_release_fails_hands_every_request_back() {
     // Four requests of two pages fill the 8-page pool; with one more token each, every one
     // opens a page next step (4 pages needed, none free): retracting rid 4 frees two pages (3
     // still needed), so rid 3 is next, and its release is the one the allocator refuses.
-    let (mut cache, frees_left) = faulty_cache(32);
+    let (mut cache, faults) = faulty_cache(32);
     let mut batch = extend_eight_token_requests(4, &mut cache);
     assert_eq!(cache.available_size(), 0);
     for req in batch.reqs_mut() {
@@ -260,7 +262,7 @@ fn a_retraction_whose_second_release_fails_hands_every_request_back() {
     }
     assert!(!batch.out_cache_loc().is_empty());
 
-    frees_left.set(Some(1));
+    faults.set_frees_left(Some(1));
     let error = retract_decode(&mut batch, &mut cache, None).unwrap_err();
     assert!(
         matches!(error, KvError::Alloc(AllocError::NotAllocated { .. })),
@@ -282,7 +284,7 @@ fn a_retraction_whose_second_release_fails_hands_every_request_back() {
     assert_eq!(cache.available_size(), 8, "rid 4's two pages are free");
     cache.check(batch.reqs()).unwrap();
 
-    frees_left.set(None);
+    faults.set_frees_left(None);
     let mut reqs = batch.into_reqs();
     release_all_and_check_whole(&mut reqs, &mut cache);
 }
@@ -310,12 +312,12 @@ fn a_refused_free_of_registered_duplicates_leaves_the_request_and_the_tree_as_th
     // Registering rid 2 inserts [0, 12): [0, 8) is cached already, so rid 2's slots there are
     // duplicates to free, and the tree would take its third page. The allocator refuses that
     // free: the tree must not have taken the page either.
-    let (mut cache, frees_left) = faulty_radix_cache();
+    let (mut cache, faults) = faulty_radix_cache();
     let mut reqs = shared_prefix_pair(&mut cache);
     let before = Snapshot::take(&reqs[1], &cache);
     assert_eq!(before.tree_sizes.0, 8, "rid 1's two pages are cached");
 
-    frees_left.set(Some(0));
+    faults.set_frees_left(Some(0));
     let error = cache_unfinished_req(&mut reqs[1], &mut cache).unwrap_err();
     assert!(
         matches!(error, KvError::Alloc(AllocError::NotAllocated { .. })),
@@ -326,7 +328,7 @@ fn a_refused_free_of_registered_duplicates_leaves_the_request_and_the_tree_as_th
 
     // Allowed one free, the same call goes through: rid 2's row points at rid 1's pages and
     // the tree holds all three.
-    frees_left.set(Some(1));
+    faults.set_frees_left(Some(1));
     cache_unfinished_req(&mut reqs[1], &mut cache).unwrap();
     let row_of =
         |req: &Req| cache.req_to_token().row(req.held_row().unwrap()).unwrap()[..8].to_vec();
@@ -335,29 +337,29 @@ fn a_refused_free_of_registered_duplicates_leaves_the_request_and_the_tree_as_th
     assert_eq!(cache.tree().radix().unwrap().total_size(), 12);
     cache.check(&reqs).unwrap();
 
-    frees_left.set(None);
+    faults.set_frees_left(None);
     release_all_and_check_whole(&mut reqs, &mut cache);
 }
 
 #[test]
 fn a_refused_release_with_insertion_leaves_the_request_and_the_tree_as_they_were() {
-    let (mut cache, frees_left) = faulty_radix_cache();
+    let (mut cache, faults) = faulty_radix_cache();
     let mut reqs = shared_prefix_pair(&mut cache);
     let before = Snapshot::take(&reqs[1], &cache);
 
-    frees_left.set(Some(0));
+    faults.set_frees_left(Some(0));
     release_kv_cache(&mut reqs[1], &mut cache, true).unwrap_err();
     assert_eq!(Snapshot::take(&reqs[1], &cache), before);
     cache.check(&reqs).unwrap();
 
     // One free is all the release needs: rid 2's duplicates go back, its third page stays cached.
-    frees_left.set(Some(1));
+    faults.set_frees_left(Some(1));
     release_kv_cache(&mut reqs[1], &mut cache, true).unwrap();
     assert!(!reqs[1].kv().holds_kv());
     assert_eq!(cache.tree().radix().unwrap().total_size(), 12);
     cache.check(&reqs).unwrap();
 
-    frees_left.set(None);
+    faults.set_frees_left(None);
     release_all_and_check_whole(&mut reqs, &mut cache);
 }
 
@@ -365,7 +367,7 @@ fn a_refused_release_with_insertion_leaves_the_request_and_the_tree_as_they_were
 fn an_eviction_refused_half_way_keeps_what_it_evicted_and_the_rest_cached() {
     // Two unrelated 8-token prompts are cached (two nodes of two pages); an eviction of
     // everything frees the older node, then the allocator refuses the younger one's pages.
-    let (mut cache, frees_left) = faulty_radix_cache();
+    let (mut cache, faults) = faulty_radix_cache();
     let mut reqs = extend_eight_token_requests(2, &mut cache).into_reqs();
     for req in &mut reqs {
         release_kv_cache(req, &mut cache, true).unwrap();
@@ -374,7 +376,7 @@ fn an_eviction_refused_half_way_keeps_what_it_evicted_and_the_rest_cached() {
     assert_eq!(tree(&cache), 16);
     let available = cache.available_size();
 
-    frees_left.set(Some(1));
+    faults.set_frees_left(Some(1));
     let error = cache
         .evict_shortfall(cache.allocator().capacity())
         .unwrap_err();
@@ -397,6 +399,35 @@ fn an_eviction_refused_half_way_keeps_what_it_evicted_and_the_rest_cached() {
     );
     cache.check(&reqs).unwrap();
 
-    frees_left.set(None);
+    faults.set_frees_left(None);
     release_all_and_check_whole(&mut reqs, &mut cache);
+}
+
+#[test]
+fn the_checker_finds_a_page_freed_behind_its_holders_back() {
+    // Request 1 holds two pages; the allocator frees its second page along with request 2's
+    // release, as a second owner of the allocator would.
+    let (mut cache, faults) = faulty_cache(64);
+    let mut reqs = extend_eight_token_requests(2, &mut cache).into_reqs();
+    let row = reqs[0].kv().req_pool_idx().unwrap();
+    let second_page = cache.req_to_token().row(row).unwrap()[4] / 4;
+
+    faults.smuggle(second_page);
+    release_kv_cache(&mut reqs[1], &mut cache, false).unwrap();
+    assert_eq!(
+        cache.check(&reqs),
+        Err(Violation::PageHeldTwice {
+            page: second_page as usize,
+            first: Holder::Free,
+            second: Holder::Request(1),
+        })
+    );
+    // Its holder cannot free it again: the release is refused whole.
+    let record = reqs[0].kv().clone();
+    let error = release_kv_cache(&mut reqs[0], &mut cache, false).unwrap_err();
+    assert!(
+        matches!(error, KvError::Alloc(AllocError::DoubleFree { .. })),
+        "{error}"
+    );
+    assert_eq!(reqs[0].kv(), &record, "the request still holds its KV");
 }

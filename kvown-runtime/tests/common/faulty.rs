@@ -1,6 +1,7 @@
-//! Allocators that refuse frees on demand, as one whose bookkeeping disagrees with the batch
-//! flow's (or a backend that reports a device failure) would: the error paths a correct host
-//! allocator never takes.
+//! Allocators whose frees go wrong on demand, as one whose bookkeeping disagrees with the batch
+//! flow's (or a backend that reports a device failure) would: a free refused, or a page freed
+//! behind the cache's back. The error paths, and the broken states, that a correct host
+//! allocator never reaches.
 //! Included with `#[path]` by the tests that use it.
 
 use std::cell::Cell;
@@ -12,15 +13,31 @@ use kvown_runtime::alloc::{
 };
 use kvown_runtime::slots::{ReqRow, ReqToTokenPool};
 
-/// How many more frees an allocator passes on, shared with the test that arms it: `None` (the
-/// default) passes every free, `Some(n)` passes `n` more and refuses the rest.
+/// The faults of a [`FaultyFrees`], shared with the test that arms them. By default every free
+/// passes and nothing else is freed.
 #[derive(Debug, Clone, Default)]
-pub struct FreeBudget(Rc<Cell<Option<usize>>>);
+pub struct FreeFaults {
+    /// How many more frees pass: `None` all of them, `Some(n)` `n` more, then every one is
+    /// refused.
+    frees_left: Rc<Cell<Option<usize>>>,
+    /// A page the next free that passes also frees.
+    smuggled: Rc<Cell<Option<PageId>>>,
+}
 
-impl FreeBudget {
+impl FreeFaults {
     /// Sets how many more frees pass (`None`: all of them).
-    pub fn set(&self, frees_left: Option<usize>) {
-        self.0.set(frees_left);
+    pub fn set_frees_left(&self, frees_left: Option<usize>) {
+        self.frees_left.set(frees_left);
+    }
+
+    /// Makes the next free that passes free `page` too, as a second owner of the allocator (or
+    /// a bug in it) would: the page goes back to the free list while its holder still holds it.
+    #[allow(
+        dead_code,
+        reason = "used by wrapped_allocator.rs, not by batch_proptest.rs"
+    )]
+    pub fn smuggle(&self, page: PageId) {
+        self.smuggled.set(Some(page));
     }
 
     /// Runs `free` while the budget lasts, spending one free when it succeeds; otherwise
@@ -32,7 +49,7 @@ impl FreeBudget {
         page_size: usize,
         free: impl FnOnce() -> Result<(), AllocError>,
     ) -> Result<(), AllocError> {
-        match self.0.get() {
+        match self.frees_left.get() {
             Some(0) => {
                 let slot = first.unwrap_or(0);
                 Err(AllocError::NotAllocated {
@@ -42,7 +59,7 @@ impl FreeBudget {
             }
             left => {
                 free()?;
-                self.0.set(left.map(|n| n - 1));
+                self.frees_left.set(left.map(|n| n - 1));
                 Ok(())
             }
         }
@@ -57,15 +74,16 @@ fn first_slot(segments: &[(&[KvSlot], usize)]) -> Option<KvSlot> {
 }
 
 /// `inner` as it is, every method passed on (the provided ones too, so its own fast paths
-/// run), except that frees go through `budget`.
+/// run), except that frees go through `faults`.
 #[derive(Debug)]
-pub struct RefusingFrees<A> {
+pub struct FaultyFrees<A> {
     pub inner: A,
-    pub budget: FreeBudget,
+    pub faults: FreeFaults,
 }
 
-impl<A: KvAllocator> RefusingFrees<A> {
-    /// Passes a free on to `inner` while the budget lasts ([`FreeBudget::spend`]).
+impl<A: KvAllocator> FaultyFrees<A> {
+    /// Passes a free on to `inner` while the budget lasts ([`FreeFaults::spend`]), with the
+    /// smuggled page, if any, freed after it.
     fn free_within_budget(
         &mut self,
         first: Option<KvSlot>,
@@ -73,11 +91,17 @@ impl<A: KvAllocator> RefusingFrees<A> {
     ) -> Result<(), AllocError> {
         let page_size = self.inner.page_size();
         let inner = &mut self.inner;
-        self.budget.spend(first, page_size, || free(inner))
+        self.faults.spend(first, page_size, || free(inner))?;
+        if let Some(page) = self.faults.smuggled.take() {
+            self.inner
+                .free_page_ids(&[page])
+                .expect("the smuggled page is held");
+        }
+        Ok(())
     }
 }
 
-impl<A: KvAllocator> KvAllocator for RefusingFrees<A> {
+impl<A: KvAllocator> KvAllocator for FaultyFrees<A> {
     fn page_size(&self) -> usize {
         self.inner.page_size()
     }
@@ -186,7 +210,7 @@ impl<A: KvAllocator> KvAllocator for RefusingFrees<A> {
 }
 
 /// The checker reads the wrapped allocator, the state that every free passed on changed.
-impl<A: AsPageAllocator> AsPageAllocator for RefusingFrees<A> {
+impl<A: AsPageAllocator> AsPageAllocator for FaultyFrees<A> {
     type Order = A::Order;
 
     fn page_allocator(&self) -> &PageAllocator<A::Order> {
