@@ -758,8 +758,12 @@ fn row_too_short_and_not_held_change_nothing() {
         Err(KvError::NotHeld { rid: 3 })
     );
 
-    // Decode and speculative reserve at the row's end.
-    let full = extend(vec![Req::new(4, tokens(700, width))], &mut cache);
+    // Decode and speculative reserve at the row's end, behind a request that fits: the error
+    // names the one that does not.
+    let full = extend(
+        vec![Req::new(6, tokens(800, 5)), Req::new(4, tokens(700, width))],
+        &mut cache,
+    );
     let before = state(&cache);
     let (full, error) = prepare_for_decode(full, &cache).unwrap_err();
     assert_eq!(
@@ -780,8 +784,11 @@ fn row_too_short_and_not_held_change_nothing() {
         }
     );
     assert_eq!(state(&cache), before);
-    assert_eq!(ladder(&full.reqs()[0]), (0, width, width));
-    assert_eq!(full.reqs()[0].kv().decode_batch_idx(), 0, "no clock ticks");
+    assert_eq!(ladder(&full.reqs()[0]), (0, 5, 5));
+    assert_eq!(ladder(&full.reqs()[1]), (0, width, width));
+    for req in full.reqs() {
+        assert_eq!(req.kv().decode_batch_idx(), 0, "no clock ticks");
+    }
 
     // Requests holding nothing: decode, reserve, commit, chunk insert and release refuse.
     let mut idle = ScheduleBatch::new(vec![Req::new(5, tokens(0, 3))]);
