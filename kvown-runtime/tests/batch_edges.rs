@@ -817,6 +817,26 @@ fn row_too_short_and_not_held_change_nothing() {
     empty_out(cache);
 }
 
+#[test]
+fn a_speculative_reservation_may_fill_the_row_exactly() {
+    let width = 32;
+    let mut cache = cache_with(256, 4, false, 4, width);
+    let batch = extend(vec![Req::new(1, tokens(0, width - 4))], &mut cache);
+    let (batch, error) = prepare_for_spec_decode(batch, &cache, 5).unwrap_err();
+    assert_eq!(
+        error,
+        KvError::RowTooShort {
+            rid: 1,
+            needed: width + 4,
+            width
+        }
+    );
+    let batch = reserve(batch, &mut cache, 4);
+    assert_eq!(ladder(&batch.reqs()[0]), (0, width - 4, width));
+    cache.check(batch.reqs()).unwrap();
+    release_all_and_empty_out(batch.into_reqs(), cache);
+}
+
 /// Extends `prompts` (rid, tokens) in one batch and returns the requests.
 fn extend_prompts(cache: &mut Cache, prompts: &[(u64, Vec<u32>)]) -> Vec<Req> {
     let mut reqs: Vec<Req> = prompts
