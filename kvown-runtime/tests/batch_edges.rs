@@ -818,7 +818,7 @@ fn row_too_short_and_not_held_change_nothing() {
 }
 
 #[test]
-fn a_speculative_reservation_may_fill_the_row_exactly() {
+fn a_speculative_reservation_and_its_commit_may_fill_the_row_exactly() {
     let width = 32;
     let mut cache = cache_with(256, 4, false, 4, width);
     let batch = extend(vec![Req::new(1, tokens(0, width - 4))], &mut cache);
@@ -831,8 +831,20 @@ fn a_speculative_reservation_may_fill_the_row_exactly() {
             width
         }
     );
-    let batch = reserve(batch, &mut cache, 4);
+    let mut batch = reserve(batch, &mut cache, 4);
     assert_eq!(ladder(&batch.reqs()[0]), (0, width - 4, width));
+    // Every reserved token may be accepted, and not one more.
+    assert_eq!(
+        commit_spec_tokens(&mut batch, &[5]),
+        Err(KvError::CommitBeyondAllocation {
+            rid: 1,
+            accepted: 5,
+            would_be: width + 1,
+            allocated: width
+        })
+    );
+    commit_spec_tokens(&mut batch, &[4]).unwrap();
+    assert_eq!(ladder(&batch.reqs()[0]), (0, width, width));
     cache.check(batch.reqs()).unwrap();
     release_all_and_empty_out(batch.into_reqs(), cache);
 }

@@ -499,3 +499,51 @@ fn a_parent_left_as_leaf_is_as_recent_as_its_newest_child() {
     assert_eq!(cache.match_prefix(&other).len, 0);
     cache.check().unwrap();
 }
+
+// `move_lock` between any two nodes, not only down the holder's own path, leaves the counts
+// that `inc_lock_ref(to)` then `dec_lock_ref(from)` leave: across to a sibling branch, then up
+// to their shared parent.
+#[test]
+fn a_lock_moves_across_branches_and_up_as_lock_then_unlock_would() {
+    for ps in PAGE_SIZES {
+        let mut alloc = allocator(ps, 8);
+        let mut cache = RadixCache::new(ps);
+        let shared = key(ps, 1, 0);
+        let left = [shared.clone(), key(ps, 1, 100)].concat();
+        let right = [shared.clone(), key(ps, 1, 200)].concat();
+        insert_fresh(&mut cache, &mut alloc, &left);
+        insert_fresh(&mut cache, &mut alloc, &right);
+        let node_of = |cache: &mut RadixCache, key: &[u32]| cache.match_prefix(key).node;
+        let (left_leaf, right_leaf) = (node_of(&mut cache, &left), node_of(&mut cache, &right));
+        let parent = node_of(&mut cache, &shared);
+        assert!(left_leaf != right_leaf && parent != left_leaf && parent != right_leaf);
+
+        cache.inc_lock_ref(left_leaf).unwrap();
+        assert_eq!(
+            (cache.protected_size(), cache.evictable_size()),
+            (2 * ps, ps)
+        );
+        cache.move_lock(left_leaf, right_leaf).unwrap();
+        // The shared page stays protected, the left page is evictable again.
+        assert_eq!(
+            (cache.protected_size(), cache.evictable_size()),
+            (2 * ps, ps)
+        );
+        assert_eq!(
+            cache.dec_lock_ref(left_leaf),
+            Err(RadixError::LockUnderflow { node: left_leaf })
+        );
+        cache.move_lock(right_leaf, parent).unwrap();
+        assert_eq!(
+            (cache.protected_size(), cache.evictable_size()),
+            (ps, 2 * ps)
+        );
+        cache.check().unwrap();
+        cache.dec_lock_ref(parent).unwrap();
+        assert_eq!(
+            (cache.protected_size(), cache.evictable_size()),
+            (0, 3 * ps)
+        );
+        cache.check().unwrap();
+    }
+}
