@@ -195,6 +195,10 @@ fn free_page_ids_rejects_bad_pages_with_typed_errors_and_changes_nothing() {
         assert_eq!(allocator, before, "{pages:?} changed the allocator");
     }
     assert!(allocator.is_page_allocated(2));
+    // Free, never allocated, padding, and beyond the pool: not allocated.
+    for page in [1, 3, 0, 99] {
+        assert!(!allocator.is_page_allocated(page), "page {page}");
+    }
 }
 
 #[test]
@@ -353,6 +357,8 @@ fn failed_free_inside_a_group_keeps_earlier_deferrals() {
 #[test]
 fn need_sort_paged_frees_wait_in_release_and_merge_sorted_when_short() {
     let mut allocator = PagedAllocator::new(24, 4, true).unwrap();
+    assert!(allocator.need_sort());
+    assert!(!PagedAllocator::new(24, 4, false).unwrap().need_sort());
     alloc(&mut allocator, 16);
     allocator.free(&[12]).unwrap();
     allocator.free_segment(&slots_of(1, 4), 0).unwrap();
@@ -363,6 +369,31 @@ fn need_sort_paged_frees_wait_in_release_and_merge_sorted_when_short() {
     assert_eq!(alloc(&mut allocator, 4), slots_of(1, 4));
     assert_eq!(free_list(&allocator), [3]);
     allocator.check().unwrap();
+}
+
+#[test]
+fn a_pool_may_end_exactly_at_the_u32_slot_range() {
+    // 65,535 pages of 65,536 slots after the padding page: the last slot is u32::MAX.
+    let page_size = 1 << 16;
+    let num_pages = (1 << 16) - 1;
+    let mut allocator = PagedAllocator::new(num_pages * page_size, page_size, false).unwrap();
+    let mut pages = Vec::new();
+    allocator.alloc_page_ids(num_pages, &mut pages).unwrap();
+    let last = *pages.iter().max().unwrap();
+    assert_eq!(
+        u64::from(last) * page_size as u64 + page_size as u64 - 1,
+        u64::from(u32::MAX)
+    );
+    assert!(allocator.is_page_allocated(last));
+    // One page more would need slot 2^32.
+    assert_eq!(
+        PagedAllocator::new((num_pages + 1) * page_size, page_size, false),
+        Err(AllocError::TooManySlots {
+            num_pages: num_pages + 1,
+            page_size,
+            slot_end: (1 << 32) + (1 << 16)
+        })
+    );
 }
 
 #[test]
