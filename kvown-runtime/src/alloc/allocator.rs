@@ -124,7 +124,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
     /// free/release ring and the deferred list with 4 bytes per page each (9 bytes per page).
     pub fn bookkeeping_bytes(&self) -> usize {
         std::mem::size_of::<Self>()
-            + self.state.capacity() * std::mem::size_of::<PageState>()
+            + self.state.capacity() // one byte per state
             + self.free.capacity() * std::mem::size_of::<PageId>()
             + self.deferred.capacity() * std::mem::size_of::<PageId>()
     }

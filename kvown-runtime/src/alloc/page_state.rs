@@ -21,6 +21,9 @@ pub enum PageState {
     Released,
 }
 
+// One byte per page, as `PageAllocator::bookkeeping_bytes` counts it.
+const _: () = assert!(std::mem::size_of::<PageState>() == 1);
+
 impl PageState {
     /// Whether the page counts towards `available_size` (free list or release list).
     #[inline]
