@@ -415,7 +415,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
             // slots vectorises without a remainder.
             if !all_in_page(geometry, &slots[chunk_start..chunk_end], page)
                 && let Some(offset) =
-                    (chunk_start + 1..chunk_end).find(|&i| geometry.page_of(slots[i]) != page)
+                    (chunk_start..chunk_end).find(|&i| geometry.page_of(slots[i]) != page)
             {
                 return Err(AllocError::SegmentNotPaged {
                     offset,
