@@ -460,6 +460,14 @@ fn insert_refuses_bad_arguments_without_changing_anything() {
         cache.insert_from(beyond, &k, &slots),
         Err(RadixError::HintOutOfRange { .. })
     ));
+    // The caller's own leaf end (the fast path's case), past the end of a shorter key.
+    let own_end = TreePos { node, len: k.len() };
+    let short = k.len() - ps;
+    assert!(matches!(
+        cache.insert_from(own_end, &k[..short], &slots[..short]),
+        Err(RadixError::HintOutOfRange { .. })
+    ));
+    assert_eq!(cache.total_size(), k.len());
     cache.dec_lock_ref(node).unwrap();
     cache.evict(1, &mut alloc).unwrap();
     assert!(matches!(
