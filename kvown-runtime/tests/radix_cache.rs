@@ -310,6 +310,29 @@ fn insert_from_extends_the_callers_leaf_in_place() {
     }
 }
 
+// A hint inside the caller's own leaf, not at its end, takes the general walk and still
+// extends that leaf in place: its one lock (the caller's) covers the new pages.
+#[test]
+fn insert_from_inside_the_callers_leaf_extends_it_in_place() {
+    for ps in PAGE_SIZES {
+        let mut alloc = allocator(ps, 8);
+        let mut cache = RadixCache::new(ps);
+        let (mut k, mut row, end) = locked_leaf(&mut cache, &mut alloc, 2, 0);
+        let inside = TreePos {
+            node: end.node,
+            len: ps,
+        };
+        k.extend(key(ps, 1, 500));
+        row.extend(alloc_slots(&mut alloc, ps));
+        let outcome = cache.insert_from(inside, &k, &row).unwrap();
+        assert_eq!(outcome.prefix_len, 2 * ps);
+        assert_eq!(outcome.last_node, end.node, "extended in place");
+        assert_eq!(cache.protected_size(), 3 * ps);
+        assert_eq!(matched_slots(&mut cache, &k), row);
+        cache.check().unwrap();
+    }
+}
+
 // A leaf extended in place keeps spare key capacity only while it is locked: once its last
 // lock goes, the tree costs what the same key inserted in one call costs.
 #[test]

@@ -53,9 +53,9 @@ impl RadixCache {
     /// through `from` (a position this caller got from a match or insert of the same key and
     /// whose node it has locked). Only `key[from.len..]` and `slots[from.len..]` are read.
     ///
-    /// The uncached suffix becomes a new unlocked leaf, or, when `from.node` is a leaf ending at
-    /// `from.len` whose only lock is the caller's, is appended to it in place (so its tokens are
-    /// protected by that lock). A node ends exactly at `key.len()` afterwards (splitting one if
+    /// The uncached suffix becomes a new unlocked leaf, or, when the key leaves the tree at the
+    /// end of `from.node` and that node is a leaf whose only lock is the caller's, is appended
+    /// to it in place (so its tokens are protected by that lock). A node ends exactly at `key.len()` afterwards (splitting one if
     /// needed); it is returned as [`InsertOutcome::last_node`] and stamped as accessed. The
     /// tree takes the slots of `[prefix_len, key.len())`; the caller frees its duplicates.
     ///
