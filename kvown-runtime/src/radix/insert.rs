@@ -88,7 +88,7 @@ impl RadixCache {
         key: &[u32],
         slots: &[KvSlot],
     ) -> Result<InsertPlan, RadixError> {
-        if key.len() > from.len && self.is_own_leaf_end(from) {
+        if from.len < key.len() && self.is_own_leaf_end(from) {
             // The common case of registering pages as they fill: no walk, and the hint is
             // known to be good.
             self.validate_key(key, slots)?;
