@@ -225,9 +225,7 @@ impl RadixCache {
             });
         }
         let node = self.node_at(from)?;
-        if page_size > 1 {
-            validate_pages(&slots[from.len..], from.len, page_size)?;
-        }
+        validate_pages(&slots[from.len..], from.len, page_size)?;
         Ok(node)
     }
 
