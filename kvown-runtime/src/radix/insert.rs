@@ -175,7 +175,7 @@ impl RadixCache {
         let now = self.tick();
         match step {
             InsertStep::Cached => {}
-            InsertStep::ExtendLeaf => self.extend_leaf(node, pos, key, slots),
+            InsertStep::ExtendLeaf => self.extend_leaf(node, &key[pos..], &slots[pos..]),
             InsertStep::AddLeaf => node = self.add_leaf(node, pos, key, slots, now),
             InsertStep::Split => {
                 node = self.split(node, pos);
@@ -264,7 +264,7 @@ impl RadixCache {
         now: u64,
     ) -> NodeId {
         let page_size = self.page_size;
-        let mut data = Vec::with_capacity((key.len() - pos) / page_size * (page_size + 1));
+        let mut data = Vec::with_capacity(Node::key_words(key.len() - pos, page_size));
         append_pages(&mut data, &key[pos..], &slots[pos..], page_size);
         let leaf = self.arena.alloc(Node::new(data, parent, pos, now));
         self.children.link(&mut self.arena, page_size, leaf);
@@ -275,19 +275,20 @@ impl RadixCache {
         leaf
     }
 
-    /// Appends `key[pos..]` with its slots to the leaf `node`, which ends at `pos`.
-    fn extend_leaf(&mut self, node: NodeId, pos: usize, key: &[u32], slots: &[KvSlot]) {
+    /// Appends `suffix` (whole pages) with its slots to the leaf `node`, which ends where the
+    /// suffix starts.
+    fn extend_leaf(&mut self, node: NodeId, suffix: &[u32], slots: &[KvSlot]) {
         let page_size = self.page_size;
         let data = &mut self.arena[node].data;
-        let needed = (key.len() - pos) / page_size * (page_size + 1);
+        let needed = Node::key_words(suffix.len(), page_size);
         if data.capacity() - data.len() < needed {
             // Double: appends stay amortized O(1), each token copied about once. The spare is
             // given back when the last lock on the leaf goes (`unlock_path`), so only leaves
             // that are still growing carry it.
             data.reserve_exact(needed.max(data.len()));
         }
-        append_pages(data, &key[pos..], &slots[pos..], page_size);
-        self.add_tokens(node, key.len() - pos);
+        append_pages(data, suffix, slots, page_size);
+        self.add_tokens(node, suffix.len());
     }
 }
 

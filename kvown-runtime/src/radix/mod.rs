@@ -297,7 +297,7 @@ impl RadixCache {
         let page_size = self.page_size;
         self.children.unlink(&mut self.arena, page_size, node);
         let entry = &mut self.arena[node];
-        let cut = (pos - entry.start()) / page_size * (page_size + 1);
+        let cut = Node::key_words(pos - entry.start(), page_size);
         let lower = entry.data.split_off(cut);
         let mut upper_data = std::mem::replace(&mut entry.data, lower);
         upper_data.shrink_to_fit();

@@ -81,6 +81,12 @@ impl Node {
         }
     }
 
+    /// The `u32` words that hold a key of `tokens` tokens (whole pages): each page's tokens
+    /// followed by its page id.
+    pub(super) fn key_words(tokens: usize, page_size: usize) -> usize {
+        tokens / page_size * (page_size + 1)
+    }
+
     /// Pages in the key.
     pub(super) fn num_pages(&self, page_size: usize) -> usize {
         self.data.len() / (page_size + 1)
