@@ -468,6 +468,18 @@ fn insert_refuses_bad_arguments_without_changing_anything() {
         cache.insert(&k, &shifted),
         Err(RadixError::MisalignedPage { position: 0, .. })
     ));
+    // The first bad page is named by its position, here in the key's second page.
+    let mut second_broken = slots.clone();
+    second_broken.swap(ps + 1, ps + 2);
+    assert!(matches!(
+        cache.insert(&k, &second_broken),
+        Err(RadixError::BrokenPage { position: 5, .. })
+    ));
+    let second_shifted = [&slots[..ps], &shifted[ps..]].concat();
+    assert!(matches!(
+        cache.insert(&k, &second_shifted),
+        Err(RadixError::MisalignedPage { position: 4, .. })
+    ));
     let node = cache.insert(&k, &slots).unwrap().last_node;
     let unlocked = TreePos { node, len: k.len() };
     assert!(matches!(
@@ -577,4 +589,38 @@ fn a_lock_moves_across_branches_and_up_as_lock_then_unlock_would() {
         );
         cache.check().unwrap();
     }
+}
+
+#[test]
+fn path_slots_into_copies_any_range_and_refuses_an_output_of_the_wrong_length() {
+    let ps = 4;
+    let mut alloc = allocator(ps, 8);
+    let mut cache = RadixCache::new(ps);
+    let k = key(ps, 3, 0);
+    let row = insert_fresh(&mut cache, &mut alloc, &k);
+    // Split the key over two nodes, so that the copy walks up from one to the other.
+    insert_fresh(
+        &mut cache,
+        &mut alloc,
+        &[&k[..ps], &key(ps, 1, 900)[..]].concat(),
+    );
+    let at = cache.match_prefix(&k);
+    assert_eq!(at.len, k.len());
+    for start in [0, 1, ps + 2, k.len()] {
+        let mut out = vec![0; k.len() - start];
+        cache.path_slots_into(at, start, &mut out).unwrap();
+        assert_eq!(out, row[start..], "from {start}");
+    }
+    let mut short = vec![0; k.len() - 1];
+    assert_eq!(
+        cache.path_slots_into(at, 0, &mut short),
+        Err(RadixError::LengthMismatch {
+            key: k.len(),
+            slots: k.len() - 1
+        })
+    );
+    assert_eq!(
+        cache.path_slots_into(at, k.len() + 1, &mut []),
+        Err(RadixError::LengthMismatch { key: 0, slots: 0 })
+    );
 }

@@ -64,11 +64,12 @@ impl RadixCache {
             let entry = &self.arena[node];
             let from = entry.start().max(start);
             // One page id lookup per page: node starts are page-aligned, so a position's offset
-            // in its page is `position % page_size`.
+            // in its page is `position % page_size`, and `end` (a node start or `at.len`, both
+            // page-aligned) never falls inside a page.
             let mut position = from;
             while position < end {
                 let offset = position % page_size;
-                let run = (page_size - offset).min(end - position);
+                let run = page_size - offset;
                 let page = entry.page_id((position - entry.start()) / page_size, page_size);
                 let first = page * page_size as u32 + offset as u32;
                 let run_out = &mut out[position - start..position - start + run];
