@@ -623,4 +623,13 @@ fn path_slots_into_copies_any_range_and_refuses_an_output_of_the_wrong_length() 
         cache.path_slots_into(at, k.len() + 1, &mut []),
         Err(RadixError::LengthMismatch { key: 0, slots: 0 })
     );
+    // A position inside a page is no position of the tree.
+    let unaligned = TreePos {
+        node: at.node,
+        len: k.len() - 1,
+    };
+    assert!(matches!(
+        cache.path_slots_into(unaligned, 0, &mut short),
+        Err(RadixError::HintOutOfRange { len: 11, .. })
+    ));
 }
