@@ -115,6 +115,8 @@ fn bytes_per_cached_page_stay_within_budget() {
     let per_page = workload.bytes_per_page();
     println!("bookkeeping: {per_page:.1} bytes per cached page");
     assert!(per_page <= 64.0, "{per_page:.1} bytes per cached page");
+    // The floor: every cached page keeps its page id (4 bytes) beside its tokens.
+    assert!(per_page >= 4.0, "{per_page:.1} bytes per cached page");
     assert_eq!(
         workload.alloc.available_size() % PAGE_SIZE,
         0,

@@ -12,11 +12,13 @@ mod faulty;
 
 use faulty::{FaultyFrees, FreeFaults};
 use kvown_runtime::alloc::{
-    AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PagedAllocator,
+    AllocError, AsPageAllocator, DecodeShape, ExtendShape, KvAllocator, KvSlot, Lifo,
+    PageAllocator, PageId, PagedAllocator,
 };
 use kvown_runtime::batch::{
-    ScheduleBatch, alloc_for_extend, alloc_for_spec_decode, commit_spec_tokens, prepare_for_extend,
-    prepare_for_spec_decode, release_kv_cache, retract_decode,
+    ScheduleBatch, alloc_for_decode, alloc_for_extend, alloc_for_spec_decode, commit_spec_tokens,
+    prepare_for_decode, prepare_for_extend, prepare_for_spec_decode, release_kv_cache,
+    retract_decode,
 };
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::{Holder, Violation};
@@ -88,6 +90,15 @@ impl KvAllocator for DefaultsOnly {
 
     fn free_group_end(&mut self) -> Result<(), AllocError> {
         self.0.free_group_end()
+    }
+}
+
+/// The checker reads the wrapped allocator; the trait's methods still run their defaults.
+impl AsPageAllocator for DefaultsOnly {
+    type Order = Lifo;
+
+    fn page_allocator(&self) -> &PageAllocator<Lifo> {
+        &self.0
     }
 }
 
@@ -430,4 +441,63 @@ fn the_checker_finds_a_page_freed_behind_its_holders_back() {
         "{error}"
     );
     assert_eq!(reqs[0].kv(), &record, "the request still holds its KV");
+}
+
+/// Extends two requests, decodes them across a page boundary, reserves speculatively, then
+/// releases everything: each step's `out_cache_loc` and rows, in order.
+fn batch_flow_trace<A: KvAllocator + AsPageAllocator>(allocator: A) -> Vec<Vec<KvSlot>> {
+    let mut cache = KvCache::new(
+        allocator,
+        ReqToTokenPool::new(4, 64).unwrap(),
+        TreeCache::Disabled,
+    )
+    .unwrap();
+    let mut trace = Vec::new();
+    let mut record = |batch: &ScheduleBatch, cache: &KvCache<A>| {
+        trace.push(batch.out_cache_loc().to_vec());
+        for req in batch.reqs() {
+            let row = cache.req_to_token().row(req.held_row().unwrap()).unwrap();
+            trace.push(row[..req.kv().kv_allocated_len()].to_vec());
+        }
+    };
+    let reqs = vec![
+        Req::new(1, (0..6).collect()),
+        Req::new(2, (10..13).collect()),
+    ];
+    let mut batch = alloc_for_extend(prepare_for_extend(ScheduleBatch::new(reqs)), &mut cache)
+        .map_err(|failure| failure.error)
+        .unwrap();
+    record(&batch, &cache);
+    for _ in 0..3 {
+        let prepared = prepare_for_decode(batch, &cache)
+            .map_err(|(_, e)| e)
+            .unwrap();
+        batch = alloc_for_decode(prepared, &mut cache)
+            .map_err(|failure| failure.error)
+            .unwrap();
+        record(&batch, &cache);
+    }
+    let prepared = prepare_for_spec_decode(batch, &cache, 3)
+        .map_err(|(_, e)| e)
+        .unwrap();
+    let batch = alloc_for_spec_decode(prepared, &mut cache)
+        .map_err(|failure| failure.error)
+        .unwrap();
+    record(&batch, &cache);
+    let mut reqs = batch.into_reqs();
+    cache.check(&reqs).unwrap();
+    for req in &mut reqs {
+        release_kv_cache(req, &mut cache, false).unwrap();
+    }
+    cache.check(&reqs).unwrap();
+    assert_eq!(cache.available_size(), cache.allocator().capacity());
+    trace
+}
+
+#[test]
+fn the_batch_flow_over_the_provided_methods_matches_the_paged_allocators_own() {
+    let by_default = batch_flow_trace(DefaultsOnly(PagedAllocator::new(64, 4, false).unwrap()));
+    let by_own = batch_flow_trace(PagedAllocator::new(64, 4, false).unwrap());
+    assert_eq!(by_default.len(), 15);
+    assert_eq!(by_default, by_own);
 }
