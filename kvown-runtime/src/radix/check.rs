@@ -181,3 +181,66 @@ impl RadixCache {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::radix::TreePos;
+
+    /// Page size 2: `[0, 1 | 2, 3]` on pages 1 and 2, then `[0, 1 | 9, 9]` on page 3 splits it
+    /// into a shared node (page 1) with two leaves, the first locked.
+    fn small_tree() -> (RadixCache, TreePos) {
+        let mut cache = RadixCache::new(2);
+        let locked = cache.insert(&[0, 1, 2, 3], &[2, 3, 4, 5]).unwrap();
+        cache.insert(&[0, 1, 9, 9], &[2, 3, 6, 7]).unwrap();
+        cache.inc_lock_ref(locked.last_node).unwrap();
+        cache.check().unwrap();
+        let pos = TreePos {
+            node: locked.last_node,
+            len: 4,
+        };
+        (cache, pos)
+    }
+
+    /// The `what` of the check's [`RadixError::Inconsistent`].
+    fn broken(cache: &RadixCache) -> &'static str {
+        match cache.check() {
+            Err(RadixError::Inconsistent { what, .. }) => what,
+            other => panic!("expected an inconsistency, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_check_finds_a_counter_off() {
+        let (mut cache, _) = small_tree();
+        cache.evictable_size += 2;
+        assert_eq!(broken(&cache), "evictable tokens");
+        let (mut cache, _) = small_tree();
+        cache.protected_size -= 2;
+        assert_eq!(broken(&cache), "protected tokens");
+    }
+
+    #[test]
+    fn the_check_finds_a_lock_count_below_its_childrens() {
+        let (mut cache, locked) = small_tree();
+        let shared = cache.arena[locked.node].parent;
+        cache.arena[shared].lock_ref = 0;
+        // Its page moves from protected to evictable, as an unlock would count it.
+        cache.protected_size -= 2;
+        cache.evictable_size += 2;
+        assert_eq!(broken(&cache), "lock count covers children");
+    }
+
+    #[test]
+    fn the_check_finds_a_child_count_off_and_a_page_cached_twice() {
+        let (mut cache, locked) = small_tree();
+        let shared = cache.arena[locked.node].parent;
+        cache.arena[shared].child_count += 1;
+        assert_eq!(broken(&cache), "child count");
+        let (mut cache, locked) = small_tree();
+        // The locked leaf claims the shared node's page id.
+        let page_id = cache.arena[locked.node].data.len() - 1;
+        cache.arena[locked.node].data[page_id] = 1;
+        assert_eq!(broken(&cache), "page cached once");
+    }
+}
