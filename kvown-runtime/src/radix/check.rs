@@ -243,4 +243,18 @@ mod tests {
         cache.arena[locked.node].data[page_id] = 1;
         assert_eq!(broken(&cache), "page cached once");
     }
+
+    #[test]
+    fn the_check_finds_a_leaf_pointing_at_another_leafs_place_in_the_evictable_set() {
+        let (mut cache, locked) = small_tree();
+        let shared = cache.arena[locked.node].parent;
+        let evictable = cache.evictable_leaves[0];
+        assert_ne!(evictable, locked.node);
+        cache.dec_lock_ref(locked.node).unwrap();
+        // Both leaves are evictable now; the second claims the first's slot in the set.
+        let second = cache.arena[locked.node].leaf_pos;
+        cache.arena[locked.node].leaf_pos = cache.arena[evictable].leaf_pos;
+        cache.evictable_leaves[second as usize] = shared;
+        assert_eq!(broken(&cache), "evictable-leaf set membership");
+    }
 }
