@@ -123,3 +123,48 @@ impl Hasher for KeyHasher {
         self.0 = value;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::radix::RadixCache;
+
+    /// Two two-token first pages whose child keys under the root collide: a birthday search
+    /// over the 32-bit page hash (a few hundred thousand pages of scrambled tokens).
+    fn colliding_pages() -> ([u32; 2], [u32; 2]) {
+        let mut seen = HashMap::new();
+        (0..4_000_000u32)
+            .map(|i| [i, i.wrapping_mul(0x9e37_79b9).rotate_left(13)])
+            .find_map(|page| {
+                let first = seen.insert(child_key(NodeId::ROOT, &page), page)?;
+                Some((first, page))
+            })
+            .expect("a collision among four million 32-bit hashes")
+    }
+
+    // Children whose keys collide share a chain: splitting the chain's head, then its other
+    // node, relinks both, and every key is still found.
+    #[test]
+    fn colliding_children_are_chained_and_survive_splits() {
+        let (a, b) = colliding_pages();
+        assert_ne!(a, b);
+        let mut cache = RadixCache::new(2);
+        let (a_key, b_key) = ([a[0], a[1], 7, 7], [b[0], b[1], 7, 7]);
+        cache.insert(&a_key, &[2, 3, 4, 5]).unwrap();
+        cache.insert(&b_key, &[6, 7, 8, 9]).unwrap();
+        assert_eq!(cache.children.heads.len(), 1, "one chain of two children");
+        cache.check().unwrap();
+        for (first, slots) in [(b, [10, 11]), (a, [12, 13])] {
+            // A key ending inside the node splits it: unlinked, then linked again as two.
+            let outcome = cache.insert(&first, &slots).unwrap();
+            assert_eq!(outcome.prefix_len, 2);
+            cache.check().unwrap();
+        }
+        for key in [a_key, b_key] {
+            assert_eq!(cache.match_prefix(&key).len, 4, "{key:?}");
+        }
+        assert_eq!(cache.total_size(), 8);
+    }
+}
