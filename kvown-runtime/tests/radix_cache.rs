@@ -560,6 +560,8 @@ fn a_lock_moves_across_branches_and_up_as_lock_then_unlock_would() {
         let (left_leaf, right_leaf) = (node_of(&mut cache, &left), node_of(&mut cache, &right));
         let parent = node_of(&mut cache, &shared);
         assert!(left_leaf != right_leaf && parent != left_leaf && parent != right_leaf);
+        // Errors name nodes: two nodes print apart.
+        assert_ne!(left_leaf.to_string(), right_leaf.to_string());
 
         cache.inc_lock_ref(left_leaf).unwrap();
         assert_eq!(
