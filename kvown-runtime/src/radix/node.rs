@@ -213,3 +213,23 @@ impl IndexMut<NodeId> for Arena {
 
 // The per-node budget the module docs promise.
 const _: () = assert!(size_of::<Node>() == 56);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn released_entries_are_all_reused_before_the_arena_grows() {
+        let mut arena = Arena::new();
+        let leaf = || Node::new(vec![1, 2], NodeId::ROOT, 0, 0);
+        let ids: Vec<NodeId> = (0..3).map(|_| arena.alloc(leaf())).collect();
+        for &id in &ids {
+            arena.release(id);
+            assert!(!arena.is_live(id));
+        }
+        let mut reused: Vec<NodeId> = (0..3).map(|_| arena.alloc(leaf())).collect();
+        reused.sort_by_key(|id| id.index());
+        assert_eq!(reused, ids, "every released entry is handed out again");
+        assert_eq!(arena.entries(), 4, "the root and three entries");
+    }
+}
