@@ -304,3 +304,29 @@ proptest! {
         run_model::<bf16>(&calls);
     }
 }
+
+#[test]
+fn the_layout_and_element_types_report_what_they_were_built_with() {
+    let layout = layout();
+    assert_eq!(
+        (
+            layout.layers(),
+            layout.kv_heads(),
+            layout.head_dim(),
+            layout.v_head_dim(),
+            layout.capacity(),
+            layout.page_size()
+        ),
+        (3, 2, 4, 2, 12, 4)
+    );
+    let sizes = KvDtype::ALL.map(KvDtype::size_bytes);
+    assert_eq!(sizes, [4, 2, 2]);
+    let data = KvData::F16(vec![f16::ONE; 3]);
+    assert_eq!((data.len(), data.is_empty()), (3, false));
+    assert_eq!(
+        (data.as_slice().len(), data.as_slice().is_empty()),
+        (3, false)
+    );
+    let empty = KvData::Bf16(Vec::new());
+    assert!(empty.is_empty() && empty.as_slice().is_empty());
+}
