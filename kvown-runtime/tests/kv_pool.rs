@@ -319,6 +319,7 @@ fn the_layout_and_element_types_report_what_they_were_built_with() {
         ),
         (3, 2, 4, 2, 12, 4)
     );
+    assert_eq!(layout.page_slots(&[1, 3]), [4, 5, 6, 7, 12, 13, 14, 15]);
     let sizes = KvDtype::ALL.map(KvDtype::size_bytes);
     assert_eq!(sizes, [4, 2, 2]);
     let data = KvData::F16(vec![f16::ONE; 3]);
