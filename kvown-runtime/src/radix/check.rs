@@ -185,21 +185,19 @@ impl RadixCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::radix::TreePos;
 
     /// Page size 2: `[0, 1 | 2, 3]` on pages 1 and 2, then `[0, 1 | 9, 9]` on page 3 splits it
     /// into a shared node (page 1) with two leaves, the first locked.
-    fn small_tree() -> (RadixCache, TreePos) {
+    fn small_tree() -> (RadixCache, NodeId) {
         let mut cache = RadixCache::new(2);
-        let locked = cache.insert(&[0, 1, 2, 3], &[2, 3, 4, 5]).unwrap();
+        let locked = cache
+            .insert(&[0, 1, 2, 3], &[2, 3, 4, 5])
+            .unwrap()
+            .last_node;
         cache.insert(&[0, 1, 9, 9], &[2, 3, 6, 7]).unwrap();
-        cache.inc_lock_ref(locked.last_node).unwrap();
+        cache.inc_lock_ref(locked).unwrap();
         cache.check().unwrap();
-        let pos = TreePos {
-            node: locked.last_node,
-            len: 4,
-        };
-        (cache, pos)
+        (cache, locked)
     }
 
     /// The `what` of the check's [`RadixError::Inconsistent`].
@@ -223,7 +221,7 @@ mod tests {
     #[test]
     fn the_check_finds_a_lock_count_below_its_childrens() {
         let (mut cache, locked) = small_tree();
-        let shared = cache.arena[locked.node].parent;
+        let shared = cache.arena[locked].parent;
         cache.arena[shared].lock_ref = 0;
         // Its page moves from protected to evictable, as an unlock would count it.
         cache.protected_size -= 2;
@@ -234,26 +232,26 @@ mod tests {
     #[test]
     fn the_check_finds_a_child_count_off_and_a_page_cached_twice() {
         let (mut cache, locked) = small_tree();
-        let shared = cache.arena[locked.node].parent;
+        let shared = cache.arena[locked].parent;
         cache.arena[shared].child_count += 1;
         assert_eq!(broken(&cache), "child count");
         let (mut cache, locked) = small_tree();
         // The locked leaf claims the shared node's page id.
-        let page_id = cache.arena[locked.node].data.len() - 1;
-        cache.arena[locked.node].data[page_id] = 1;
+        let page_id = cache.arena[locked].data.len() - 1;
+        cache.arena[locked].data[page_id] = 1;
         assert_eq!(broken(&cache), "page cached once");
     }
 
     #[test]
     fn the_check_finds_a_leaf_pointing_at_another_leafs_place_in_the_evictable_set() {
         let (mut cache, locked) = small_tree();
-        let shared = cache.arena[locked.node].parent;
+        let shared = cache.arena[locked].parent;
         let evictable = cache.evictable_leaves[0];
-        assert_ne!(evictable, locked.node);
-        cache.dec_lock_ref(locked.node).unwrap();
+        assert_ne!(evictable, locked);
+        cache.dec_lock_ref(locked).unwrap();
         // Both leaves are evictable now; the second claims the first's slot in the set.
-        let second = cache.arena[locked.node].leaf_pos;
-        cache.arena[locked.node].leaf_pos = cache.arena[evictable].leaf_pos;
+        let second = cache.arena[locked].leaf_pos;
+        cache.arena[locked].leaf_pos = cache.arena[evictable].leaf_pos;
         cache.evictable_leaves[second as usize] = shared;
         assert_eq!(broken(&cache), "evictable-leaf set membership");
     }
