@@ -66,6 +66,14 @@ impl TreeCache {
             TreeCache::Disabled => None,
         }
     }
+
+    /// The radix tree, when enabled, for changes the batch flow makes.
+    pub(crate) fn radix_mut(&mut self) -> Option<&mut RadixCache> {
+        match self {
+            TreeCache::Radix(tree) => Some(tree),
+            TreeCache::Disabled => None,
+        }
+    }
 }
 
 /// One KV pool's bookkeeping: slot allocator `A`, request-to-token table and prefix cache.

@@ -1,10 +1,14 @@
 //! The invariant checker: the per-request ladder, page ownership, and the global accounting
 //! identity `free + cached (evictable + locked) + request-owned == capacity`.
 
-use crate::alloc::{AsPageAllocator, InvariantViolation, KvAllocator, KvSlot, PageId, ceil_align};
+use crate::alloc::{
+    AsPageAllocator, InvariantViolation, KvAllocator, KvSlot, PageAllocator, PageId, ReuseOrder,
+    ceil_align,
+};
 use crate::cache::{CacheId, KvCache};
-use crate::radix::{NodeId, RadixError, TreePos};
+use crate::radix::{LockMismatch, NodeId, RadixError, TreePos};
 use crate::request::Req;
+use crate::slots::{ReqRow, ReqToTokenPool};
 
 /// Who holds a page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,7 +23,8 @@ pub enum Holder {
 
 /// A broken invariant: a bug in kvown, a misuse of its internals, or (the leaks
 /// [`Violation::UnclaimedRow`] and [`Violation::LockCount`]) a request dropped while it held KV
-/// or a prefix lock, or left out of the requests passed to the check.
+/// or a prefix lock, or left out of the requests passed to the check;
+/// [`KvCache::reclaim_leaks`](crate::cache::KvCache::reclaim_leaks) gives such leaks back.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Violation {
     /// The allocator's own check failed.
@@ -79,7 +84,7 @@ pub enum Violation {
     #[error(
         "row {row} is held in the request pool but no request passed to the check holds it \
          ({}); {unclaimed_pages} pages are held by no one. A request dropped without \
-         release_kv_cache leaks its row and its pages",
+         release_kv_cache leaks its row and its pages; KvCache::reclaim_leaks gives them back",
         match .assigned_to { Some(rid) => format!("it was assigned to request {rid}"), None => "assigned outside the batch flow".to_owned() }
     )]
     UnclaimedRow {
@@ -97,7 +102,8 @@ pub enum Violation {
     #[error(
         "prefix-cache node {node:?} holds {locks} locks but the requests passed to the check \
          hold {held} on it and below it; a request dropped between its match and \
-         release_kv_cache leaks its lock, and the prefix stays unevictable"
+         release_kv_cache leaks its lock, and the prefix stays unevictable until \
+         KvCache::reclaim_leaks releases it"
     )]
     LockCount {
         /// The deepest node whose count is off.
@@ -188,6 +194,38 @@ impl<A: AsPageAllocator> KvCache<A> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn check<'a>(&self, reqs: impl IntoIterator<Item = &'a Req>) -> Result<(), Violation> {
+        let census = self.census(reqs)?;
+        let allocator = self.allocator.page_allocator();
+        let held_rows = self.req_to_token.size() - self.req_to_token.available_size();
+        if held_rows != census.holding {
+            if let Some(&row) = census.unclaimed_rows(&self.req_to_token).first() {
+                return Err(Violation::UnclaimedRow {
+                    row,
+                    assigned_to: self.req_to_token.assigned_to(row),
+                    unclaimed_pages: census.unclaimed_pages(allocator).len(),
+                });
+            }
+            return Err(Violation::RowCount {
+                held_rows,
+                holding: census.holding,
+            });
+        }
+        if let Some(tree) = self.tree.radix()
+            && let Err(mismatch) = tree.check_lock_holders(census.lock_holders.iter().copied())
+        {
+            return Err(mismatch.into());
+        }
+        census.check_accounting(allocator, 0)
+    }
+
+    /// Every check of a single request in `reqs`, and of the allocator and the prefix cache on
+    /// their own, with who holds each page: what [`KvCache::check`] and
+    /// [`KvCache::reclaim_leaks`](crate::cache::KvCache::reclaim_leaks) compare against the
+    /// pool.
+    pub(crate) fn census<'a>(
+        &self,
+        reqs: impl IntoIterator<Item = &'a Req>,
+    ) -> Result<Census, Violation> {
         let allocator = self.allocator.page_allocator();
         if allocator.in_free_group() {
             return Err(Violation::OpenFreeGroup);
@@ -274,44 +312,82 @@ impl<A: AsPageAllocator> KvCache<A> {
             }
             request_owned += ceil_align(allocated, page_size) - protected;
         }
-        let held_rows = self.req_to_token.size() - self.req_to_token.available_size();
-        if held_rows != holding {
-            let unclaimed_row = (1..claimed_rows.len())
-                .find(|&row| self.req_to_token.is_held(row) && !claimed_rows[row]);
-            if let Some(row) = unclaimed_row {
-                let unclaimed_pages = (1..holders.0.len())
-                    .filter(|&page| {
-                        holders.0[page].is_none() && allocator.is_page_allocated(page as PageId)
-                    })
-                    .count();
-                return Err(Violation::UnclaimedRow {
-                    row,
-                    assigned_to: self.req_to_token.assigned_to(row),
-                    unclaimed_pages,
-                });
-            }
-            return Err(Violation::RowCount { held_rows, holding });
-        }
-        if let Some(tree) = self.tree.radix()
-            && let Err(mismatch) = tree.check_lock_holders(lock_holders)
-        {
-            return Err(Violation::LockCount {
-                node: mismatch.node,
-                locks: mismatch.locks,
-                held: mismatch.held,
-            });
-        }
+        Ok(Census {
+            holders,
+            claimed_rows,
+            holding,
+            lock_holders,
+            cached,
+            request_owned,
+        })
+    }
+}
+
+/// What the requests passed to a check hold, after each of them passed its own checks.
+pub(crate) struct Census {
+    /// Who holds each page (by page id; `None`: no one known).
+    holders: PageHolders,
+    /// Which rows the requests hold (by row).
+    claimed_rows: Vec<bool>,
+    /// Requests holding a row.
+    pub(crate) holding: usize,
+    /// The node of each prefix lock the requests hold.
+    pub(crate) lock_holders: Vec<NodeId>,
+    /// Tokens the prefix cache holds.
+    cached: usize,
+    /// Slots the requests hold in their own ranges.
+    request_owned: usize,
+}
+
+impl Census {
+    /// Rows the pool holds that no request passed holds, in row order.
+    pub(crate) fn unclaimed_rows(&self, pool: &ReqToTokenPool) -> Vec<ReqRow> {
+        (1..self.claimed_rows.len())
+            .filter(|&row| pool.is_held(row) && !self.claimed_rows[row])
+            .collect()
+    }
+
+    /// Pages the allocator counts as held that neither a request passed nor the prefix cache
+    /// holds, in page order.
+    pub(crate) fn unclaimed_pages<R: ReuseOrder>(
+        &self,
+        allocator: &PageAllocator<R>,
+    ) -> Vec<PageId> {
+        (1..self.holders.0.len() as PageId)
+            .filter(|&page| {
+                self.holders.0[page as usize].is_none() && allocator.is_page_allocated(page)
+            })
+            .collect()
+    }
+
+    /// The accounting identity, with `unclaimed` slots counted as held by no one:
+    /// `free + cached + request-owned + unclaimed == capacity`.
+    pub(crate) fn check_accounting<R: ReuseOrder>(
+        &self,
+        allocator: &PageAllocator<R>,
+        unclaimed: usize,
+    ) -> Result<(), Violation> {
         let free = allocator.available_size();
         let capacity = allocator.capacity();
-        if free + cached + request_owned != capacity {
+        if free + self.cached + self.request_owned + unclaimed != capacity {
             return Err(Violation::Accounting {
                 free,
-                cached,
-                request_owned,
+                cached: self.cached,
+                request_owned: self.request_owned,
                 capacity,
             });
         }
         Ok(())
+    }
+}
+
+impl From<LockMismatch> for Violation {
+    fn from(mismatch: LockMismatch) -> Self {
+        Violation::LockCount {
+            node: mismatch.node,
+            locks: mismatch.locks,
+            held: mismatch.held,
+        }
     }
 }
 

@@ -6,8 +6,8 @@
 //! [`slots`] (request-to-token table), [`alloc`] (token and paged slot allocators), [`radix`]
 //! (prefix cache), [`kv`] (K/V data pools), [`request`] (the per-request ladder in guarded
 //! fields), [`batch`] (extend, decode, speculative decode, retract, release),
-//! [`tree_cache`] (request-level prefix-cache steps), [`cache`] (the bundle they share), and
-//! [`check`] (the invariant checker).
+//! [`tree_cache`] (request-level prefix-cache steps), [`cache`] (the bundle they share),
+//! [`check`] (the invariant checker) and [`reclaim`] (giving back what dropped requests leaked).
 //!
 //! # A request's life
 //!
@@ -19,8 +19,8 @@
 //! what it hands back; an eviction made to find room stays made). [`cache::KvCache::check`]
 //! verifies the accounting identity and every request's ladder at any point, and names the
 //! request behind a leak: a `Req` does not own the cache, so one dropped before
-//! [`batch::release_kv_cache`] keeps its row, pages and prefix lock until the checker reports
-//! them.
+//! [`batch::release_kv_cache`] keeps its row, pages and prefix lock until
+//! [`cache::KvCache::reclaim_leaks`] gives back what the requests still alive do not hold.
 //!
 //! ```
 //! use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
@@ -94,6 +94,7 @@ pub mod error;
 pub mod kv;
 pub mod ownership;
 pub mod radix;
+pub mod reclaim;
 pub mod request;
 pub mod slots;
 pub mod tree_cache;

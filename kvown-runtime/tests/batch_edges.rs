@@ -13,6 +13,7 @@ use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::Violation;
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::{RadixCache, TreePos};
+use kvown_runtime::reclaim::ReclaimError;
 use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
 use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
@@ -959,4 +960,139 @@ fn the_checker_finds_the_lock_of_a_request_dropped_after_its_match() {
         8,
         "the leaked lock protects 8 tokens"
     );
+}
+
+#[test]
+fn reclaim_gives_back_a_dropped_requests_row_and_pages_and_nothing_of_the_live_ones() {
+    let mut cache = cache(64, 4, false);
+    let reqs = extend_prompts(
+        &mut cache,
+        &[(10, (0..10).collect()), (11, (0..5).collect())],
+    );
+    let mut batch = decode(ScheduleBatch::new(reqs), &mut cache);
+    let mut reqs = batch.into_reqs();
+    let leaked = reqs.remove(0);
+    let row = leaked.held_row().unwrap();
+    let mut pages: Vec<u32> = row_of(&cache, &leaked)[..11]
+        .iter()
+        .map(|&s| s / 4)
+        .collect();
+    pages.dedup();
+    let live_row = row_of(&cache, &reqs[0]);
+    let available = cache.available_size();
+    drop(leaked);
+
+    let reclaimed = cache.reclaim_leaks(&reqs).unwrap();
+    assert_eq!(reclaimed.rows, vec![(row, Some(10))]);
+    assert_eq!(reclaimed.pages, pages, "rid 10's 11 tokens on 3 pages");
+    assert!(reclaimed.locks.is_empty());
+    assert_eq!(cache.available_size(), available + 12);
+    assert!(!cache.req_to_token().is_held(row));
+    assert_eq!(cache.req_to_token().assigned_to(row), None);
+    cache.check(&reqs).unwrap();
+    assert_eq!(
+        row_of(&cache, &reqs[0]),
+        live_row,
+        "the live request is untouched"
+    );
+
+    // The live request goes on and is released as usual; the pool is whole again.
+    batch = decode(ScheduleBatch::new(reqs), &mut cache);
+    release_all_and_empty_out(batch.into_reqs(), cache);
+}
+
+#[test]
+fn reclaim_releases_the_lock_of_a_request_dropped_after_its_match() {
+    let (mut cache, prompt) = cache_with_eight_tokens_cached();
+    let mut matched = Req::new(2, prompt);
+    init_next_round_input(&mut matched, &mut cache, usize::MAX).unwrap();
+    let node = matched.last_node().node;
+    drop(matched);
+    assert_eq!(cache.tree().protected_size(), 8);
+
+    let reclaimed = cache.reclaim_leaks([]).unwrap();
+    assert_eq!(reclaimed.locks, vec![(node, 1)]);
+    assert!(reclaimed.rows.is_empty() && reclaimed.pages.is_empty());
+    assert_eq!(cache.tree().protected_size(), 0);
+    assert_eq!(
+        cache.tree().evictable_size(),
+        8,
+        "the prefix is evictable again"
+    );
+    empty_out(cache);
+}
+
+#[test]
+fn reclaim_keeps_the_cached_prefix_and_the_live_sharers_lock() {
+    // Rids 2 and 3 both match rid 1's cached 8 tokens and extend a page of their own; rid 2 is
+    // dropped. Its own page and row come back, the cached prefix stays, locked by rid 3.
+    let (mut cache, prompt) = cache_with_eight_tokens_cached();
+    let mut reqs = extend_prompts(&mut cache, &[(2, prompt.clone()), (3, prompt)]);
+    let node = reqs[0].last_node().node;
+    assert_eq!(reqs[1].last_node().node, node);
+    let dropped_page = row_of(&cache, &reqs[0])[8] / 4;
+    let dropped_row = reqs[0].held_row().unwrap();
+    drop(reqs.remove(0));
+
+    let reclaimed = cache.reclaim_leaks(&reqs).unwrap();
+    assert_eq!(reclaimed.rows, vec![(dropped_row, Some(2))]);
+    assert_eq!(reclaimed.pages, vec![dropped_page]);
+    assert_eq!(
+        reclaimed.locks,
+        vec![(node, 1)],
+        "one of the node's two locks"
+    );
+    assert_eq!(
+        cache.tree().protected_size(),
+        8,
+        "rid 3 still locks the prefix"
+    );
+    assert_eq!(cache.tree().radix().unwrap().total_size(), 8);
+    cache.check(&reqs).unwrap();
+    release_all_and_empty_out(reqs, cache);
+}
+
+#[test]
+fn reclaim_with_nothing_leaked_changes_nothing() {
+    let (mut cache, prompt) = cache_with_eight_tokens_cached();
+    let reqs = extend_prompts(&mut cache, &[(2, prompt)]);
+    let before = state(&cache);
+    assert!(cache.reclaim_leaks(&reqs).unwrap().is_empty());
+    assert_eq!(state(&cache), before);
+    release_all_and_empty_out(reqs, cache);
+}
+
+#[test]
+fn reclaim_refuses_what_is_not_a_leak_and_changes_nothing() {
+    let mut cache = cache(64, 4, false);
+    let reqs = extend_prompts(
+        &mut cache,
+        &[(10, (0..10).collect()), (11, (0..5).collect())],
+    );
+    let before = state(&cache);
+
+    // One request passed twice (and the other left out): two claims on one row.
+    let refused = cache.reclaim_leaks([&reqs[0], &reqs[0]]).unwrap_err();
+    assert_eq!(
+        refused,
+        ReclaimError::Violation(Violation::RowCount {
+            held_rows: 2,
+            holding: 2,
+        })
+    );
+    assert!(
+        refused.to_string().starts_with("nothing reclaimed"),
+        "{refused}"
+    );
+    assert_eq!(state(&cache), before);
+
+    // Inside a free group frees are deferred and counts in flux.
+    cache.free_group_begin().unwrap();
+    assert_eq!(
+        cache.reclaim_leaks(&reqs[..1]),
+        Err(ReclaimError::Violation(Violation::OpenFreeGroup))
+    );
+    cache.free_group_end().unwrap();
+    assert_eq!(state(&cache), before);
+    release_all_and_empty_out(reqs, cache);
 }

@@ -2,8 +2,9 @@
 //! prefixes, chunked prefill, re-admission of retracted requests), decode (checked with
 //! retraction, or unchecked to induce OOM), speculative reserve/commit, finish, abort, grouped
 //! release, eviction, match-then-drop, oversized admissions, requests passed to another
-//! cache, releases and page registrations whose free the allocator refuses, and checks that
-//! leave a request out (as if dropped: the checker must name it), over page sizes 1, 3, 4 and
+//! cache, releases and page registrations whose free the allocator refuses, checks that leave
+//! a request out (as if dropped: the checker must name it), and requests dropped for good and
+//! reclaimed (exactly their row, pages and lock come back), over page sizes 1, 3, 4 and
 //! 16 with the radix cache on and off. The invariant checker runs after every
 //! step, every failed call must leave the state exactly unchanged, and at the end releasing
 //! everything and evicting the whole cache gives the pool back in full.
@@ -16,8 +17,8 @@ use std::cmp::Reverse;
 
 use faulty::{FaultyFrees, FreeFaults};
 use kvown_runtime::alloc::{
-    AllocError, KvAllocator, KvSlot, PageAllocator, PagedAllocator, ReuseOrder, TokenAllocator,
-    ceil_align, floor_align,
+    AllocError, KvAllocator, KvSlot, PageAllocator, PageId, PagedAllocator, ReuseOrder,
+    TokenAllocator, ceil_align, floor_align,
 };
 use kvown_runtime::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, alloc_for_spec_decode, check_decode_mem,
@@ -28,6 +29,7 @@ use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::Violation;
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::{RadixCache, TreePos};
+use kvown_runtime::reclaim::{ReclaimError, Reclaimed};
 use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
 use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
@@ -112,6 +114,14 @@ enum Op {
         pick: usize,
         chunking: bool,
     },
+    /// A running (or chunking) request is dropped without its release, and
+    /// `KvCache::reclaim_leaks` gives back exactly its row, its own pages and its prefix lock;
+    /// `refused` first has the allocator refuse the free, which must change nothing.
+    DropAndReclaim {
+        pick: usize,
+        chunking: bool,
+        refused: bool,
+    },
     /// The allocator refuses every free while a running (or chunking) request is released or
     /// registers its committed pages: the call fails changing nothing, or needs no free.
     RefusedFree {
@@ -172,6 +182,8 @@ fn op() -> impl Strategy<Value = Op> {
         )
             .prop_map(|(pick, chunking, call)| Op::RefusedFree { pick, chunking, call }),
         1 => (any::<usize>(), any::<bool>()).prop_map(|(pick, chunking)| Op::OmitFromCheck { pick, chunking }),
+        1 => (any::<usize>(), any::<bool>(), any::<bool>())
+            .prop_map(|(pick, chunking, refused)| Op::DropAndReclaim { pick, chunking, refused }),
     ]
 }
 
@@ -250,6 +262,15 @@ impl ReqState {
     }
 }
 
+/// Every request of the simulation that may hold KV or a prefix lock.
+fn live<'a>(
+    running: &'a ScheduleBatch,
+    chunking: &'a [Req],
+    waiting: &'a [Req],
+) -> impl Iterator<Item = &'a Req> {
+    running.reqs().iter().chain(chunking).chain(waiting)
+}
+
 struct Sim<R: ReuseOrder> {
     cfg: Cfg,
     cache: KvCache<FaultyFrees<PageAllocator<R>>>,
@@ -303,11 +324,13 @@ where
 
     /// Every request of the simulation: running, chunking and waiting.
     fn live_reqs(&self) -> impl Iterator<Item = &Req> {
-        self.running
-            .reqs()
-            .iter()
-            .chain(&self.chunking)
-            .chain(&self.waiting)
+        live(&self.running, &self.chunking, &self.waiting)
+    }
+
+    /// `reclaim_leaks` with every live request.
+    fn reclaim(&mut self) -> Result<Reclaimed, ReclaimError> {
+        let live = live(&self.running, &self.chunking, &self.waiting);
+        self.cache.reclaim_leaks(live)
     }
 
     fn check_with(&self, extra: &[Req]) {
@@ -1139,6 +1162,61 @@ where
         self.put_back(req, from_chunking);
     }
 
+    fn drop_and_reclaim(&mut self, pick: usize, chunking: bool, refused: bool) {
+        let Some((req, _)) = self.take_picked(pick, chunking) else {
+            return;
+        };
+        let kv = req.kv();
+        let row = req.held_row().unwrap();
+        let ps = self.ps();
+        let mut own_pages: Vec<PageId> = self.cache.req_to_token().row(row).unwrap()
+            [kv.cache_protected_len()..kv.kv_allocated_len()]
+            .iter()
+            .map(|&slot| slot / ps as PageId)
+            .collect();
+        own_pages.dedup();
+        own_pages.sort_unstable();
+        let lock = req.last_node();
+        let (rid, available) = (req.rid(), self.cache.available_size());
+        drop(req);
+
+        if refused && !own_pages.is_empty() {
+            let before = self.snapshot(&[]);
+            self.free_faults.set_frees_left(Some(0));
+            let result = self.reclaim();
+            self.free_faults.set_frees_left(None);
+            assert!(
+                matches!(result, Err(ReclaimError::Free { pages, .. }) if pages == own_pages.len()),
+                "{result:?}"
+            );
+            assert_eq!(
+                self.snapshot(&[]),
+                before,
+                "a refused reclaim changes nothing"
+            );
+        }
+        let reclaimed = self.reclaim().unwrap();
+        assert_eq!(reclaimed.rows, vec![(row, Some(rid))]);
+        assert_eq!(
+            reclaimed.pages, own_pages,
+            "exactly the request's own pages"
+        );
+        let expected_locks = if lock == TreePos::ROOT {
+            vec![]
+        } else {
+            vec![(lock.node, 1)]
+        };
+        assert_eq!(reclaimed.locks, expected_locks, "exactly its one lock");
+        assert_eq!(
+            self.cache.available_size(),
+            available + own_pages.len() * ps
+        );
+        assert!(
+            self.reclaim().unwrap().is_empty(),
+            "a second reclaim finds nothing"
+        );
+    }
+
     fn refused_free(&mut self, pick: usize, chunking: bool, call: RefusedCall) {
         let Some((mut req, from_chunking)) = self.take_picked(pick, chunking) else {
             return;
@@ -1200,6 +1278,11 @@ where
                 call,
             } => self.refused_free(*pick, *chunking, *call),
             Op::OmitFromCheck { pick, chunking } => self.omit_from_check(*pick, *chunking),
+            Op::DropAndReclaim {
+                pick,
+                chunking,
+                refused,
+            } => self.drop_and_reclaim(*pick, *chunking, *refused),
         }
         self.check();
     }

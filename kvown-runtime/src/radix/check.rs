@@ -158,14 +158,7 @@ impl RadixCache {
         &self,
         holders: impl IntoIterator<Item = NodeId>,
     ) -> Result<(), LockMismatch> {
-        let mut held = vec![0usize; self.arena.entries()];
-        for holder in holders {
-            let mut node = holder;
-            while node != NodeId::ROOT && self.arena.is_live(node) {
-                held[node.index()] += 1;
-                node = self.arena[node].parent;
-            }
-        }
+        let held = self.held_locks(holders);
         let mismatch = self
             .arena
             .live()
@@ -179,6 +172,20 @@ impl RadixCache {
                 held: held[node.index()],
             }),
         }
+    }
+
+    /// The locks `holders` (one each, on the node given) account for on every node, indexed by
+    /// arena entry: the holders at the node or below it. Unknown holders count nowhere.
+    pub(super) fn held_locks(&self, holders: impl IntoIterator<Item = NodeId>) -> Vec<usize> {
+        let mut held = vec![0usize; self.arena.entries()];
+        for holder in holders {
+            let mut node = holder;
+            while node != NodeId::ROOT && self.arena.is_live(node) {
+                held[node.index()] += 1;
+                node = self.arena[node].parent;
+            }
+        }
+        held
     }
 }
 

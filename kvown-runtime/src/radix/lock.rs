@@ -4,6 +4,9 @@
 //! parent's. Its tokens count as protected while `lock_ref > 0` and as evictable otherwise; they
 //! move only when `lock_ref` crosses between 0 and 1. The root holds one lock forever.
 
+use std::cmp::Reverse;
+
+use super::check::LockMismatch;
 use super::node::NodeId;
 use super::{RadixCache, RadixError};
 
@@ -59,6 +62,57 @@ impl RadixCache {
             return Err(RadixError::LockUnderflow { node });
         }
         Ok(())
+    }
+
+    /// The locks none of `holders` (one lock each, on the node given) accounts for, as
+    /// `(node, count)`: `count` locks were taken on `node` itself, deepest nodes first. These
+    /// are the locks of requests dropped before their release.
+    ///
+    /// # Errors
+    /// The deepest node holding fewer locks than `holders` account for; a holder then claims a
+    /// lock the tree never gave.
+    pub(crate) fn leaked_locks(
+        &self,
+        holders: impl IntoIterator<Item = NodeId>,
+    ) -> Result<Vec<(NodeId, usize)>, LockMismatch> {
+        let held = self.held_locks(holders);
+        let mut nodes: Vec<NodeId> = self
+            .arena
+            .live()
+            .map(|(id, _)| id)
+            .filter(|&id| id != NodeId::ROOT)
+            .collect();
+        // Descendants first: a node ends strictly deeper than its parent.
+        nodes.sort_unstable_by_key(|&id| Reverse(self.arena[id].end(self.page_size)));
+        // Locks found leaked at or below each node: a node's count includes its descendants'.
+        let mut leaked_below = vec![0usize; self.arena.entries()];
+        let mut leaked = Vec::new();
+        for node in nodes {
+            let entry = &self.arena[node];
+            let locks = entry.lock_ref as usize;
+            let held_here = held[node.index()];
+            let Some(here) = locks.checked_sub(held_here + leaked_below[node.index()]) else {
+                return Err(LockMismatch {
+                    node,
+                    locks,
+                    held: held_here,
+                });
+            };
+            if here > 0 {
+                leaked.push((node, here));
+            }
+            leaked_below[entry.parent.index()] += leaked_below[node.index()] + here;
+        }
+        Ok(leaked)
+    }
+
+    /// Releases locks found by [`RadixCache::leaked_locks`]: `count` path locks on each node.
+    pub(crate) fn release_leaked_locks(&mut self, leaked: &[(NodeId, usize)]) {
+        for &(node, count) in leaked {
+            for _ in 0..count {
+                self.unlock_path(node, NodeId::ROOT);
+            }
+        }
     }
 
     /// Increments the lock count of `node` and its ancestors below `stop`.

@@ -61,6 +61,7 @@ mod lock;
 mod match_prefix;
 mod node;
 
+pub(crate) use check::LockMismatch;
 pub use error::RadixError;
 pub use node::NodeId;
 
