@@ -262,4 +262,39 @@ mod tests {
         cache.evictable_leaves[second as usize] = shared;
         assert_eq!(broken(&cache), "evictable-leaf set membership");
     }
+
+    #[test]
+    fn leaked_locks_are_found_where_they_were_taken_and_released_exactly() {
+        // Besides the holder's lock on the leaf: a second lock on the leaf and two on the
+        // shared node above it, none of them accounted for.
+        let (mut cache, locked) = small_tree();
+        let shared = cache.arena[locked].parent;
+        cache.inc_lock_ref(locked).unwrap();
+        cache.inc_lock_ref(shared).unwrap();
+        cache.inc_lock_ref(shared).unwrap();
+        let leaked = cache.leaked_locks([locked]).unwrap();
+        assert_eq!(leaked, vec![(locked, 1), (shared, 2)], "deepest first");
+
+        cache.release_leaked_locks(&leaked);
+        cache.check().unwrap();
+        cache.check_lock_holders([locked]).unwrap();
+        assert_eq!(cache.leaked_locks([locked]).unwrap(), vec![]);
+        assert_eq!(cache.protected_size, 4, "the holder's path stays locked");
+
+        // Holders claiming more locks than the tree gave: the deepest short node is named.
+        assert_eq!(
+            cache.leaked_locks([locked, locked]),
+            Err(LockMismatch {
+                node: locked,
+                locks: 1,
+                held: 2,
+            })
+        );
+        // Without holders every lock is leaked, and releasing them all unlocks the tree.
+        let all = cache.leaked_locks([]).unwrap();
+        assert_eq!(all, vec![(locked, 1)]);
+        cache.release_leaked_locks(&all);
+        cache.check().unwrap();
+        assert_eq!(cache.protected_size, 0);
+    }
 }
