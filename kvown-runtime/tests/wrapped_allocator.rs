@@ -24,6 +24,7 @@ use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::{Holder, Violation};
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::{RadixCache, RadixError};
+use kvown_runtime::reclaim::ReclaimError;
 use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
 use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
@@ -441,6 +442,46 @@ fn the_checker_finds_a_page_freed_behind_its_holders_back() {
         "{error}"
     );
     assert_eq!(reqs[0].kv(), &record, "the request still holds its KV");
+}
+
+#[test]
+fn the_checker_finds_pages_a_lost_free_left_to_no_one_and_reclaim_frees_them() {
+    // Request 2's release reports success but the allocator keeps its two pages: they are held
+    // by no one, and only the accounting identity can see it (no row or lock is left).
+    let (mut cache, faults) = faulty_cache(64);
+    let mut reqs = extend_eight_token_requests(2, &mut cache).into_reqs();
+    let row = reqs[1].kv().req_pool_idx().unwrap();
+    let mut lost_pages: Vec<PageId> = cache.req_to_token().row(row).unwrap()[..8]
+        .iter()
+        .map(|&slot| slot / 4)
+        .collect();
+    lost_pages.dedup();
+    faults.lose_next_free();
+    release_kv_cache(&mut reqs[1], &mut cache, false).unwrap();
+    let live = &reqs[..1];
+    let lost = Violation::Accounting {
+        free: 48,
+        cached: 0,
+        request_owned: 8,
+        capacity: 64,
+    };
+    assert_eq!(cache.check(live), Err(lost.clone()));
+
+    // A reclaim whose free is refused changes nothing.
+    faults.set_frees_left(Some(0));
+    let refused = cache.reclaim_leaks(live).unwrap_err();
+    assert!(
+        matches!(refused, ReclaimError::Free { pages: 2, .. }),
+        "{refused}"
+    );
+    assert_eq!(cache.check(live), Err(lost));
+
+    faults.set_frees_left(None);
+    let reclaimed = cache.reclaim_leaks(live).unwrap();
+    assert_eq!(reclaimed.pages, lost_pages);
+    assert!(reclaimed.rows.is_empty() && reclaimed.locks.is_empty());
+    cache.check(live).unwrap();
+    release_all_and_check_whole(&mut reqs, &mut cache);
 }
 
 /// Extends two requests, decodes them across a page boundary, reserves speculatively, then

@@ -1,6 +1,6 @@
 //! Allocators whose frees go wrong on demand, as one whose bookkeeping disagrees with the batch
-//! flow's (or a backend that reports a device failure) would: a free refused, or a page freed
-//! behind the cache's back. The error paths, and the broken states, that a correct host
+//! flow's (or a backend that reports a device failure) would: a free refused, a free reported
+//! done but lost, or a page freed behind the cache's back. The error paths, and the broken states, that a correct host
 //! allocator never reaches.
 //! Included with `#[path]` by the tests that use it.
 
@@ -22,6 +22,8 @@ pub struct FreeFaults {
     frees_left: Rc<Cell<Option<usize>>>,
     /// A page the next free that passes also frees.
     smuggled: Rc<Cell<Option<PageId>>>,
+    /// Whether the next free is lost: reported done, nothing freed.
+    lose_next: Rc<Cell<bool>>,
 }
 
 impl FreeFaults {
@@ -38,6 +40,16 @@ impl FreeFaults {
     )]
     pub fn smuggle(&self, page: PageId) {
         self.smuggled.set(Some(page));
+    }
+
+    /// Makes the next free report success and free nothing, as a backend that drops a free
+    /// would: its pages stay held by no one.
+    #[allow(
+        dead_code,
+        reason = "used by wrapped_allocator.rs, not by batch_proptest.rs"
+    )]
+    pub fn lose_next_free(&self) {
+        self.lose_next.set(true);
     }
 
     /// Runs `free` while the budget lasts, spending one free when it succeeds; otherwise
@@ -83,12 +95,15 @@ pub struct FaultyFrees<A> {
 
 impl<A: KvAllocator> FaultyFrees<A> {
     /// Passes a free on to `inner` while the budget lasts ([`FreeFaults::spend`]), with the
-    /// smuggled page, if any, freed after it.
+    /// smuggled page, if any, freed after it; a lost free returns `Ok` at once.
     fn free_within_budget(
         &mut self,
         first: Option<KvSlot>,
         free: impl FnOnce(&mut A) -> Result<(), AllocError>,
     ) -> Result<(), AllocError> {
+        if self.faults.lose_next.take() {
+            return Ok(());
+        }
         let page_size = self.inner.page_size();
         let inner = &mut self.inner;
         self.faults.spend(first, page_size, || free(inner))?;
