@@ -1,6 +1,8 @@
 //! Reclaiming what requests dropped before their release leaked: their rows, pages and prefix
 //! locks, found by the invariant checker's census of the requests still alive.
 
+use std::fmt;
+
 use crate::alloc::{AllocError, AsPageAllocator, KvAllocator, PageId};
 use crate::cache::KvCache;
 use crate::check::Violation;
@@ -26,6 +28,42 @@ impl Reclaimed {
     /// Whether nothing had leaked.
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty() && self.pages.is_empty() && self.locks.is_empty()
+    }
+}
+
+/// One line for a log: `reclaimed 1 row (request 7), 2 pages, 0 prefix locks`.
+impl fmt::Display for Reclaimed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let requests: Vec<String> = self
+            .rows
+            .iter()
+            .filter_map(|(_, rid)| rid.map(|rid| rid.to_string()))
+            .collect();
+        write!(f, "reclaimed {}", counted(self.rows.len(), "row"))?;
+        if !requests.is_empty() {
+            let noun = if requests.len() == 1 {
+                "request"
+            } else {
+                "requests"
+            };
+            write!(f, " ({noun} {})", requests.join(", "))?;
+        }
+        let locks = self.locks.iter().map(|&(_, count)| count).sum();
+        write!(
+            f,
+            ", {}, {}",
+            counted(self.pages.len(), "page"),
+            counted(locks, "prefix lock")
+        )
+    }
+}
+
+/// `count` followed by `noun`, plural unless `count` is 1.
+fn counted(count: usize, noun: &str) -> String {
+    if count == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{count} {noun}s")
     }
 }
 
@@ -79,6 +117,7 @@ impl<A: AsPageAllocator + KvAllocator> KvCache<A> {
     /// let reclaimed = cache.reclaim_leaks([])?;
     /// assert_eq!(reclaimed.rows, vec![(row.unwrap(), Some(7))]);
     /// assert_eq!(reclaimed.pages.len(), 2); // its 6 tokens took 2 pages of 4
+    /// assert_eq!(reclaimed.to_string(), "reclaimed 1 row (request 7), 2 pages, 0 prefix locks");
     /// assert_eq!(cache.available_size(), cache.allocator().capacity());
     /// cache.check([])?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
