@@ -1013,6 +1013,7 @@ fn reclaim_releases_the_lock_of_a_request_dropped_after_its_match() {
     let reclaimed = cache.reclaim_leaks([]).unwrap();
     assert_eq!(reclaimed.locks, vec![(node, 1)]);
     assert!(reclaimed.rows.is_empty() && reclaimed.pages.is_empty());
+    assert!(!reclaimed.is_empty(), "a lock alone is a leak");
     assert_eq!(
         reclaimed.to_string(),
         "reclaimed 0 rows, 0 pages, 1 prefix lock"

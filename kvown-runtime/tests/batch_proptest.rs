@@ -1197,6 +1197,7 @@ where
         }
         let reclaimed = self.reclaim().unwrap();
         assert_eq!(reclaimed.rows, vec![(row, Some(rid))]);
+        assert!(!reclaimed.is_empty());
         assert_eq!(
             reclaimed.pages, own_pages,
             "exactly the request's own pages"

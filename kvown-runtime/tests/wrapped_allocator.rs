@@ -480,6 +480,7 @@ fn the_checker_finds_pages_a_lost_free_left_to_no_one_and_reclaim_frees_them() {
     let reclaimed = cache.reclaim_leaks(live).unwrap();
     assert_eq!(reclaimed.pages, lost_pages);
     assert!(reclaimed.rows.is_empty() && reclaimed.locks.is_empty());
+    assert!(!reclaimed.is_empty(), "pages alone are a leak");
     cache.check(live).unwrap();
     release_all_and_check_whole(&mut reqs, &mut cache);
 }
