@@ -46,6 +46,27 @@ fn decode_step(c: &mut Criterion) {
     group.finish();
 }
 
+/// The invariant checker and `reclaim_leaks` (nothing to reclaim) on W2c's state after 2,000
+/// steps: 256 running requests, about 33,000 pages, the prefix cache full.
+fn checker(c: &mut Criterion) {
+    let mut group = c.benchmark_group("checker");
+    let mut decode = DecodeLoop::new(true);
+    for _ in 0..2000 {
+        decode.step();
+    }
+    group.bench_function("check_W2c", |b| {
+        b.iter(|| black_box(&decode).check().expect("W2c's state passes"))
+    });
+    group.bench_function("reclaim_W2c", |b| {
+        b.iter(|| {
+            black_box(&mut decode)
+                .reclaim_nothing()
+                .expect("W2c leaks nothing")
+        })
+    });
+    group.finish();
+}
+
 fn extend(c: &mut Criterion) {
     let mut group = c.benchmark_group("W3_extend");
     let mut extend = ExtendBatch::new();
@@ -66,5 +87,5 @@ fn extend(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, pool_churn, decode_step, extend);
+criterion_group!(benches, pool_churn, decode_step, checker, extend);
 criterion_main!(benches);

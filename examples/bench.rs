@@ -42,7 +42,7 @@ struct Args {
 }
 
 /// The timed workloads, in the order they run; `ref_*` are reference loops, not kvown.
-const WORKLOADS: [&str; 12] = [
+const WORKLOADS: [&str; 14] = [
     "W1_k1",
     "W1_k32",
     "W1_k1024",
@@ -52,6 +52,8 @@ const WORKLOADS: [&str; 12] = [
     "W2",
     "W2c",
     "W3",
+    "check_W2c",
+    "reclaim_W2c",
     "guarded_vs_plain",
     "ref_dense_decode",
     "ref_dense_decode_append",
@@ -294,11 +296,32 @@ fn main() {
     if selected("W2") {
         workloads.push(decode_steps("W2", false, repeats).0);
     }
-    let with_radix = selected("W2c").then(|| {
+    let needs_w2c = ["W2c", "check_W2c", "reclaim_W2c"];
+    let mut with_radix = needs_w2c.iter().any(|name| selected(name)).then(|| {
         let (w2c, with_radix) = decode_steps("W2c", true, repeats);
-        workloads.push(w2c);
+        if selected("W2c") {
+            workloads.push(w2c);
+        }
         with_radix
     });
+    if let Some(with_radix) = &mut with_radix {
+        if selected("check_W2c") {
+            workloads.push(repeat("check_W2c", "ms", repeats, || {
+                let start = Instant::now();
+                black_box(&*with_radix).check().expect("W2c's state passes");
+                start.elapsed().as_nanos() as f64 / 1e6
+            }));
+        }
+        if selected("reclaim_W2c") {
+            workloads.push(repeat("reclaim_W2c", "ms", repeats, || {
+                let start = Instant::now();
+                black_box(&mut *with_radix)
+                    .reclaim_nothing()
+                    .expect("W2c leaks nothing");
+                start.elapsed().as_nanos() as f64 / 1e6
+            }));
+        }
+    }
     if selected("W3") {
         workloads.push(extend(repeats));
     }

@@ -338,6 +338,17 @@ impl DecodeLoop {
         let running = self.running.as_ref().expect("the running batch is home");
         self.cache.check(running.reqs()).map_err(|v| v.to_string())
     }
+
+    /// `reclaim_leaks` with the running requests; the workload leaks nothing, so it fails
+    /// unless nothing is reclaimed.
+    pub fn reclaim_nothing(&mut self) -> Result<(), String> {
+        let running = self.running.as_ref().expect("the running batch is home");
+        match self.cache.reclaim_leaks(running.reqs()) {
+            Ok(reclaimed) if reclaimed.is_empty() => Ok(()),
+            Ok(reclaimed) => Err(format!("the workload leaked: {reclaimed}")),
+            Err(error) => Err(error.to_string()),
+        }
+    }
 }
 
 impl Default for ExtendBatch {
