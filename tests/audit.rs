@@ -45,6 +45,26 @@ pub mod sched {
     }
 }
 
+/// Its owner shares its name with [`alloc`] above: the declared path picks the site in
+/// `pipeline`.
+#[kvown::guarded]
+#[derive(Default)]
+pub struct PipelineReq {
+    #[owned_by(pipeline::alloc)]
+    len: usize,
+}
+
+pub mod pipeline {
+    use super::PipelineReq;
+
+    #[kvown::owner]
+    pub fn alloc(req: &mut PipelineReq) {
+        req.set_len(owner, 1);
+        req.set_len(owner, 2);
+        req.set_len(owner, 3);
+    }
+}
+
 const EXPECTED: &[(&str, &str, &str, u32)] = &[
     ("AuditReq", "cap", "alloc", 1),
     ("AuditReq", "len", "Sched::decode", 0),
@@ -156,5 +176,18 @@ fn structs_not_named_are_ignored_and_an_empty_register_is_an_error() {
         AuditError::Empty
             .to_string()
             .contains("audit register is empty")
+    );
+}
+
+#[test]
+fn a_declared_path_picks_its_owner_among_sites_of_the_same_name() {
+    let table = AuditTable::collect().unwrap().of_structs(&["PipelineReq"]);
+    let rows = table.rows();
+    assert_eq!(rows.len(), 1, "{table}");
+    assert_eq!(rows[0].owner, "alloc");
+    assert_eq!(rows[0].owner_module, Some("audit::pipeline"));
+    assert_eq!(
+        rows[0].writes, 3,
+        "pipeline::alloc's writes, not the root alloc's"
     );
 }

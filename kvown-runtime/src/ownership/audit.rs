@@ -409,6 +409,8 @@ mod tests {
             Some("app::req")
         );
         assert_eq!(owner_module("app", "super::super::f"), None);
+        // A leading `::` names another crate.
+        assert_eq!(owner_module("app::req", "::other::f"), None);
     }
 
     #[test]
