@@ -91,8 +91,9 @@ impl<A: AsPageAllocator + KvAllocator> KvCache<A> {
     /// request in `live` holds, every page that neither a request in `live` nor the prefix cache
     /// holds, and every prefix lock that no request in `live` accounts for. `live` must be every
     /// request that still holds KV or a prefix lock in this cache, as for
-    /// [`KvCache::check`]: a request left out loses its row, pages and lock, and a later release
-    /// of it fails.
+    /// [`KvCache::check`]: a request left out is taken for leaked. Its row, pages and lock are
+    /// given back and may go to other requests while its record still names them, so it must
+    /// not be passed to the batch flow again (nothing can tell it from the new holder's row).
     ///
     /// All or nothing: the live requests are checked as [`KvCache::check`] checks them, the
     /// leaks are found, and only then are the pages freed (in one call), the rows freed and the
