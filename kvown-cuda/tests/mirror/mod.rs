@@ -3,8 +3,9 @@
 //! seeded random steps: admission with shared prefixes, re-admission and chunked prefill
 //! (`init_next_round_input`, `prepare_for_extend` / `alloc_for_extend`, `cache_unfinished_req`),
 //! plain or speculative decode (`check_decode_mem` with `retract_decode`, or unchecked so that it
-//! runs out of memory), finish, abort, grouped release and eviction, with the prefix cache on and
-//! off, over page sizes 1 (both reuse orders), 16 and 64.
+//! runs out of memory), finish, abort, grouped release, eviction, and requests dropped without
+//! their release and reclaimed (`KvCache::reclaim_leaks`), with the prefix cache on and off, over
+//! page sizes 1 (both reuse orders), 16 and 64.
 //!
 //! After every step the device free list, the device row of every request holding KV and the
 //! last device `out_cache_loc` must equal the host's, and the invariant checker must pass; a
@@ -61,6 +62,7 @@ struct Counts {
     released: usize,
     groups: usize,
     evicted: usize,
+    reclaimed: usize,
 }
 
 /// Everything a refused allocation must leave as it was, on both sides.
@@ -427,6 +429,24 @@ impl<D: DeviceAllocOps> Sim<D> {
         self.counts.groups += 1;
     }
 
+    /// Drops a running request without its release, as a server that lost it would, and
+    /// reclaims what it held: the device follows the host's free of its pages.
+    fn drop_and_reclaim(&mut self) {
+        let Some(req) = self.take_running() else {
+            return;
+        };
+        drop(req);
+        let live = self
+            .running
+            .reqs()
+            .iter()
+            .chain(&self.chunking)
+            .chain(&self.waiting);
+        let reclaimed = self.cache.reclaim_leaks(live).unwrap();
+        assert_eq!(reclaimed.rows.len(), 1, "{reclaimed}");
+        self.counts.reclaimed += reclaimed.pages.len();
+    }
+
     fn evict(&mut self) {
         let tokens = self.rng.below(self.cache.allocator().capacity());
         self.counts.evicted += self.cache.evict_shortfall(tokens).unwrap();
@@ -444,10 +464,7 @@ impl<D: DeviceAllocOps> Sim<D> {
             16 => self.finish_group(),
             17 => self.evict(),
             18 => self.oversize(),
-            _ => {
-                let checked = self.rng.chance(80);
-                self.decode(checked);
-            }
+            _ => self.drop_and_reclaim(),
         }
     }
 
@@ -505,6 +522,7 @@ fn scenarios(halves: &impl MakeDevice, seeds: std::ops::RangeInclusive<u64>, ste
                     total.retracted += counts.retracted;
                     total.groups += counts.groups;
                     total.evicted += counts.evicted;
+                    total.reclaimed += counts.reclaimed;
                 }
             }
         }
@@ -519,6 +537,7 @@ fn scenarios(halves: &impl MakeDevice, seeds: std::ops::RangeInclusive<u64>, ste
         ("retractions", total.retracted),
         ("free groups", total.groups),
         ("evictions", total.evicted),
+        ("reclaimed pages", total.reclaimed),
     ] {
         assert!(count > 0, "no {path}: the scenarios miss a path");
     }
