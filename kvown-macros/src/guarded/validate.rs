@@ -8,6 +8,8 @@ use super::parse::GuardedStruct;
 use crate::diag::Diagnostics;
 
 /// Types whose content can change through a shared reference: a getter would leak a write.
+/// Every type whose name starts with `Atomic` counts too (`AtomicUsize`, the `atomic` crate's
+/// `Atomic<T>`, crossbeam's `AtomicCell`).
 const INTERIOR_MUTABLE: &[&str] = &[
     "Cell",
     "RefCell",
@@ -102,7 +104,7 @@ fn interior_mutable_part(ty: &Type) -> Option<syn::PathSegment> {
     impl<'ast> Visit<'ast> for Finder {
         fn visit_path_segment(&mut self, segment: &'ast syn::PathSegment) {
             let name = segment.ident.to_string();
-            let atomic = name.starts_with("Atomic") && name.len() > "Atomic".len();
+            let atomic = name.starts_with("Atomic");
             if self.0.is_none() && (atomic || INTERIOR_MUTABLE.contains(&name.as_str())) {
                 self.0 = Some(segment.clone());
             }

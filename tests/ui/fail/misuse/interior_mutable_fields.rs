@@ -5,6 +5,9 @@ use std::cell::{Cell, OnceCell, RefCell, UnsafeCell};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, RwLock};
 
+/// Shaped like the `atomic` crate's `Atomic<T>`: a value behind a shared-write cell.
+pub struct Atomic<T>(Cell<T>);
+
 #[kvown::guarded]
 pub struct Req {
     #[owned_by(alloc)]
@@ -23,6 +26,8 @@ pub struct Req {
     once: OnceCell<usize>,
     #[owned_by(alloc)]
     raw: UnsafeCell<usize>,
+    #[owned_by(alloc)]
+    generic_atomic: Atomic<u64>,
 }
 
 #[kvown::owner]
