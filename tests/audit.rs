@@ -54,14 +54,25 @@ pub struct PipelineReq {
     len: usize,
 }
 
+impl PipelineReq {
+    /// Writes on its caller's behalf, called as a method: the caller's row counts a delegation.
+    fn grow(&mut self, by: usize, owner: &impl PipelineReqLenOwner) {
+        *self.len_mut(owner) += by;
+    }
+}
+
 pub mod pipeline {
     use super::PipelineReq;
 
+    /// Three writes (one with the capability in parentheses), one delegation by a method call,
+    /// and a read, which counts as neither.
     #[kvown::owner]
+    #[allow(unused_parens)]
     pub fn alloc(req: &mut PipelineReq) {
         req.set_len(owner, 1);
-        req.set_len(owner, 2);
-        req.set_len(owner, 3);
+        req.set_len((owner), 2);
+        req.set_len(owner, req.len() + 1);
+        req.grow(1, owner);
     }
 }
 
@@ -190,4 +201,11 @@ fn a_declared_path_picks_its_owner_among_sites_of_the_same_name() {
         rows[0].writes, 3,
         "pipeline::alloc's writes, not the root alloc's"
     );
+    assert_eq!(
+        rows[0].delegations, 1,
+        "the method call that passes the capability"
+    );
+    let mut req = PipelineReq::default();
+    pipeline::alloc(&mut req);
+    assert_eq!(req.len(), 4);
 }
