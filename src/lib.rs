@@ -331,7 +331,9 @@
 
 pub use kvown_macros::{guarded, owner, owners};
 pub use kvown_runtime::ownership::audit;
-pub use kvown_runtime::{alloc, batch, cache, check, error, kv, radix, request, slots, tree_cache};
+pub use kvown_runtime::{
+    alloc, batch, cache, check, error, kv, radix, reclaim, request, slots, tree_cache,
+};
 
 #[doc(hidden)]
 pub use kvown_runtime::__private;

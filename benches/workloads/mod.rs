@@ -13,6 +13,7 @@ use kvown::batch::{
 };
 use kvown::cache::{KvCache, TreeCache};
 use kvown::radix::RadixCache;
+use kvown::reclaim::reclaim_leaks;
 use kvown::request::Req;
 use kvown::slots::ReqToTokenPool;
 use kvown::tree_cache::{cache_unfinished_req, init_next_round_input};
@@ -342,8 +343,8 @@ impl DecodeLoop {
     /// `reclaim_leaks` with the running requests; the workload leaks nothing, so it fails
     /// unless nothing is reclaimed.
     pub fn reclaim_nothing(&mut self) -> Result<(), String> {
-        let running = self.running.as_ref().expect("the running batch is home");
-        match self.cache.reclaim_leaks(running.reqs()) {
+        let running = self.running.as_mut().expect("the running batch is home");
+        match reclaim_leaks(&mut self.cache, running.reqs_mut()) {
             Ok(reclaimed) if reclaimed.is_empty() => Ok(()),
             Ok(reclaimed) => Err(format!("the workload leaked: {reclaimed}")),
             Err(error) => Err(error.to_string()),

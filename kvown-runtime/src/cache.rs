@@ -11,16 +11,18 @@ use crate::radix::RadixCache;
 use crate::request::Req;
 use crate::slots::{ReqRow, ReqToTokenPool};
 
-/// Names one [`KvCache`] for the life of the process. A request records the cache it matched
-/// or got its row in ([`ReqKvInfo::kv_cache`](crate::request::ReqKvInfo::kv_cache)), and every
-/// batch-flow call refuses a request recorded for another cache: its row, slots and prefix lock
-/// mean something only there.
+/// Names one [`KvCache`]: no other cache of the process has its name. A request records the
+/// cache it matched or got its row in
+/// ([`ReqKvInfo::kv_cache`](crate::request::ReqKvInfo::kv_cache)), and every batch-flow call
+/// refuses a request recorded for another cache: its row, slots and prefix lock mean something
+/// only there. [`reclaim_leaks`](crate::reclaim::reclaim_leaks) gives the cache a new name
+/// (and the live requests with it), so a request it took for leaked is refused too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CacheId(NonZeroU64);
 
 impl CacheId {
     /// A name no other cache of this process has.
-    fn next() -> Self {
+    pub(crate) fn next() -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let id = NEXT.fetch_add(1, Ordering::Relaxed);
         CacheId(NonZeroU64::new(id).expect("2^64 caches are never created"))
@@ -82,7 +84,9 @@ impl TreeCache {
 /// operation [`KvCache::check`](crate::check) passes for the requests that hold KV.
 #[derive(Debug)]
 pub struct KvCache<A> {
-    id: CacheId,
+    pub(crate) id: CacheId,
+    /// The names this cache had before each reclaim that gave something back.
+    pub(crate) retired_ids: Vec<CacheId>,
     pub(crate) allocator: A,
     pub(crate) req_to_token: ReqToTokenPool,
     pub(crate) tree: TreeCache,
@@ -112,6 +116,7 @@ impl<A: KvAllocator> KvCache<A> {
         }
         Ok(KvCache {
             id: CacheId::next(),
+            retired_ids: Vec::new(),
             allocator,
             req_to_token,
             tree,
@@ -119,13 +124,18 @@ impl<A: KvAllocator> KvCache<A> {
     }
 
     /// Fails with [`KvError::OtherCache`] when `req` is recorded for another cache (a request
-    /// recorded for none, a fresh one, passes).
+    /// recorded for none, a fresh one, passes), or with [`KvError::Reclaimed`] when it is
+    /// recorded under a name this cache had before a reclaim that left it out.
     pub(crate) fn ensure_own(&self, req: &Req) -> Result<(), KvError> {
         match req.kv().kv_cache() {
-            Some(bound) if bound != self.id => Err(KvError::OtherCache {
-                rid: req.rid(),
-                bound,
-                used: self.id,
+            Some(bound) if bound != self.id => Err(if self.retired_ids.contains(&bound) {
+                KvError::Reclaimed { rid: req.rid() }
+            } else {
+                KvError::OtherCache {
+                    rid: req.rid(),
+                    bound,
+                    used: self.id,
+                }
             }),
             _ => Ok(()),
         }

@@ -24,7 +24,7 @@ pub enum Holder {
 /// A broken invariant: a bug in kvown, a misuse of its internals, or (the leaks
 /// [`Violation::UnclaimedRow`] and [`Violation::LockCount`]) a request dropped while it held KV
 /// or a prefix lock, or left out of the requests passed to the check;
-/// [`KvCache::reclaim_leaks`](crate::cache::KvCache::reclaim_leaks) gives such leaks back.
+/// [`reclaim_leaks`](crate::reclaim::reclaim_leaks) gives such leaks back.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Violation {
     /// The allocator's own check failed.
@@ -84,7 +84,7 @@ pub enum Violation {
     #[error(
         "row {row} is held in the request pool but no request passed to the check holds it \
          ({}); {unclaimed_pages} pages are held by no one. A request dropped without \
-         release_kv_cache leaks its row and its pages; KvCache::reclaim_leaks gives them back",
+         release_kv_cache leaks its row and its pages; reclaim_leaks gives them back",
         match .assigned_to { Some(rid) => format!("it was assigned to request {rid}"), None => "assigned outside the batch flow".to_owned() }
     )]
     UnclaimedRow {
@@ -103,7 +103,7 @@ pub enum Violation {
         "prefix-cache node {node:?} holds {locks} locks but the requests passed to the check \
          hold {held} on it and below it; a request dropped between its match and \
          release_kv_cache leaks its lock, and the prefix stays unevictable until \
-         KvCache::reclaim_leaks releases it"
+         reclaim_leaks releases it"
     )]
     LockCount {
         /// The deepest node whose count is off.
@@ -220,7 +220,7 @@ impl<A: AsPageAllocator> KvCache<A> {
 
     /// Every check of a single request in `reqs`, and of the allocator and the prefix cache on
     /// their own, with who holds each page: what [`KvCache::check`] and
-    /// [`KvCache::reclaim_leaks`](crate::cache::KvCache::reclaim_leaks) compare against the
+    /// [`reclaim_leaks`](crate::reclaim::reclaim_leaks) compare against the
     /// pool.
     pub(crate) fn census<'a>(
         &self,

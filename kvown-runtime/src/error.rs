@@ -73,7 +73,19 @@ pub enum KvError {
         /// The cache it was passed with.
         used: CacheId,
     },
-    /// A batch prepared with one cache was passed to `alloc_for_*` with another.
+    /// The request was left out of a [`reclaim_leaks`](crate::reclaim::reclaim_leaks), which
+    /// took it for leaked and gave its row, slots and prefix lock back.
+    #[error(
+        "request {rid} was left out of reclaim_leaks, which gave its row, slots and prefix lock \
+         back (they may belong to other requests now); drop it, or pass every live request to \
+         reclaim_leaks"
+    )]
+    Reclaimed {
+        /// The request.
+        rid: u64,
+    },
+    /// A batch prepared with one cache was passed to `alloc_for_*` with another (or prepared
+    /// before a [`reclaim_leaks`](crate::reclaim::reclaim_leaks), which renames the cache).
     #[error(
         "the batch was prepared for cache {prepared} but allocated in cache {used}; prepare \
          and allocate a batch with the same cache"

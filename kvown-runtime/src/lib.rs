@@ -20,7 +20,7 @@
 //! verifies the accounting identity and every request's ladder at any point, and names the
 //! request behind a leak: a `Req` does not own the cache, so one dropped before
 //! [`batch::release_kv_cache`] keeps its row, pages and prefix lock until
-//! [`cache::KvCache::reclaim_leaks`] gives back what the requests still alive do not hold.
+//! [`reclaim::reclaim_leaks`] gives back what the requests still alive do not hold.
 //!
 //! ```
 //! use kvown_runtime::alloc::{KvAllocator, PagedAllocator};

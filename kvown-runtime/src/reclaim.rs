@@ -3,14 +3,16 @@
 
 use std::fmt;
 
+use kvown_macros::owner;
+
 use crate::alloc::{AllocError, AsPageAllocator, KvAllocator, PageId};
-use crate::cache::KvCache;
+use crate::cache::{CacheId, KvCache};
 use crate::check::Violation;
 use crate::radix::NodeId;
 use crate::request::Req;
 use crate::slots::ReqRow;
 
-/// What [`KvCache::reclaim_leaks`] gave back.
+/// What [`reclaim_leaks`] gave back.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Reclaimed {
     /// The rows freed, each with the request the batch flow had assigned it to (`None` for a
@@ -67,7 +69,7 @@ fn counted(count: usize, noun: &str) -> String {
     }
 }
 
-/// Why [`KvCache::reclaim_leaks`] reclaimed nothing. The cache is as it was.
+/// Why [`reclaim_leaks`] reclaimed nothing. The cache is as it was.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReclaimError {
     /// An invariant other than a leak is broken (or the live requests contradict the pool: a
@@ -85,95 +87,114 @@ pub enum ReclaimError {
     },
 }
 
-impl<A: AsPageAllocator + KvAllocator> KvCache<A> {
-    /// Gives back what requests dropped (or lost) before
-    /// [`release_kv_cache`](crate::batch::release_kv_cache) still hold: every row that no
-    /// request in `live` holds, every page that neither a request in `live` nor the prefix cache
-    /// holds, and every prefix lock that no request in `live` accounts for. `live` must be every
-    /// request that still holds KV or a prefix lock in this cache, as for
-    /// [`KvCache::check`]: a request left out is taken for leaked. Its row, pages and lock are
-    /// given back and may go to other requests while its record still names them, so it must
-    /// not be passed to the batch flow again (nothing can tell it from the new holder's row).
-    ///
-    /// All or nothing: the live requests are checked as [`KvCache::check`] checks them, the
-    /// leaks are found, and only then are the pages freed (in one call), the rows freed and the
-    /// locks released; afterwards [`KvCache::check`] passes for `live`. Pages the leaked
-    /// requests had computed are freed, not inserted into the prefix cache: without the request
-    /// there is no key. Costs O(pool pages + held positions + tree nodes), as the check.
-    ///
-    /// ```
-    /// use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
-    /// use kvown_runtime::batch::{ScheduleBatch, alloc_for_extend, prepare_for_extend};
-    /// use kvown_runtime::cache::{KvCache, TreeCache};
-    /// use kvown_runtime::request::Req;
-    /// use kvown_runtime::slots::ReqToTokenPool;
-    ///
-    /// let allocator = PagedAllocator::new(64, 4, false)?;
-    /// let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
-    /// let prepared = prepare_for_extend(ScheduleBatch::new(vec![Req::new(7, vec![1; 6])]));
-    /// let batch = alloc_for_extend(prepared, &mut cache).map_err(|failure| failure.error)?;
-    /// let row = batch.reqs()[0].kv().req_pool_idx();
-    /// drop(batch); // request 7 is never released
-    ///
-    /// let reclaimed = cache.reclaim_leaks([])?;
-    /// assert_eq!(reclaimed.rows, vec![(row.unwrap(), Some(7))]);
-    /// assert_eq!(reclaimed.pages.len(), 2); // its 6 tokens took 2 pages of 4
-    /// assert_eq!(reclaimed.to_string(), "reclaimed 1 row (request 7), 2 pages, 0 prefix locks");
-    /// assert_eq!(cache.available_size(), cache.allocator().capacity());
-    /// cache.check([])?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`ReclaimError::Violation`] with what [`KvCache::check`] reports, other than the leaks;
-    /// [`ReclaimError::Free`] when the allocator refuses the pages. Either way nothing changes.
-    pub fn reclaim_leaks<'a>(
-        &mut self,
-        live: impl IntoIterator<Item = &'a Req>,
-    ) -> Result<Reclaimed, ReclaimError> {
-        let census = self.census(live)?;
-        let allocator = self.allocator.page_allocator();
-        let rows = census.unclaimed_rows(&self.req_to_token);
-        let held_rows = self.req_to_token.size() - self.req_to_token.available_size();
-        if held_rows != census.holding + rows.len() {
-            // A live request's row is not held, or two live requests name one row.
-            return Err(Violation::RowCount {
-                held_rows,
-                holding: census.holding,
-            }
-            .into());
+/// Gives back what requests dropped (or lost) before
+/// [`release_kv_cache`](crate::batch::release_kv_cache) still hold in `cache`: every row that
+/// no request in `live` holds, every page that neither a request in `live` nor the prefix cache
+/// holds, and every prefix lock that no request in `live` accounts for. `live` is every request
+/// that may still hold KV or a prefix lock in this cache (the running batch, chunked prefills,
+/// waiting requests), as for [`KvCache::check`].
+///
+/// A request left out of `live` is taken for leaked. So that it cannot touch rows and pages
+/// that may go to other requests, a reclaim that gives anything back renames the cache (a new
+/// [`KvCache::id`]) and records the new name in every request of `live` that holds KV here:
+/// a left-out request is then refused by every batch-flow call that takes the cache, with [`KvError::Reclaimed`](crate::error::KvError::Reclaimed).
+/// A batch prepared before the reclaim is refused by its `alloc_for_*` the same way
+/// ([`KvError::PreparedForOtherCache`](crate::error::KvError::PreparedForOtherCache)): reclaim between steps.
+///
+/// All or nothing: the live requests are checked as [`KvCache::check`] checks them, the leaks
+/// are found, and only then are the pages freed (in one call), the rows freed, the locks
+/// released and the cache renamed; afterwards [`KvCache::check`] passes for `live`. Pages the
+/// leaked requests had computed are freed, not inserted into the prefix cache: without the
+/// request there is no key. Costs O(pool pages + held positions + tree nodes), as the check.
+///
+/// ```
+/// use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+/// use kvown_runtime::batch::{ScheduleBatch, alloc_for_extend, prepare_for_extend};
+/// use kvown_runtime::cache::{KvCache, TreeCache};
+/// use kvown_runtime::reclaim::reclaim_leaks;
+/// use kvown_runtime::request::Req;
+/// use kvown_runtime::slots::ReqToTokenPool;
+///
+/// let allocator = PagedAllocator::new(64, 4, false)?;
+/// let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+/// let prepared = prepare_for_extend(ScheduleBatch::new(vec![Req::new(7, vec![1; 6])]));
+/// let batch = alloc_for_extend(prepared, &mut cache).map_err(|failure| failure.error)?;
+/// let row = batch.reqs()[0].kv().req_pool_idx();
+/// drop(batch); // request 7 is never released
+///
+/// let reclaimed = reclaim_leaks(&mut cache, [])?;
+/// assert_eq!(reclaimed.rows, vec![(row.unwrap(), Some(7))]);
+/// assert_eq!(reclaimed.pages.len(), 2); // its 6 tokens took 2 pages of 4
+/// assert_eq!(reclaimed.to_string(), "reclaimed 1 row (request 7), 2 pages, 0 prefix locks");
+/// assert_eq!(cache.available_size(), cache.allocator().capacity());
+/// cache.check([])?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// [`ReclaimError::Violation`] with what [`KvCache::check`] reports, other than the leaks;
+/// [`ReclaimError::Free`] when the allocator refuses the pages. Either way nothing changes.
+#[owner]
+pub fn reclaim_leaks<'a, A: AsPageAllocator + KvAllocator>(
+    cache: &mut KvCache<A>,
+    live: impl IntoIterator<Item = &'a mut Req>,
+) -> Result<Reclaimed, ReclaimError> {
+    let mut live: Vec<&mut Req> = live.into_iter().collect();
+    let census = cache.census(live.iter().map(|req| &**req))?;
+    let allocator = cache.allocator.page_allocator();
+    let rows = census.unclaimed_rows(&cache.req_to_token);
+    let held_rows = cache.req_to_token.size() - cache.req_to_token.available_size();
+    if held_rows != census.holding + rows.len() {
+        // A live request's row is not held, or two live requests name one row.
+        return Err(Violation::RowCount {
+            held_rows,
+            holding: census.holding,
         }
-        let pages = census.unclaimed_pages(allocator);
-        census.check_accounting(allocator, pages.len() * allocator.page_size())?;
-        let locks = match self.tree.radix() {
-            Some(tree) => tree
-                .leaked_locks(census.lock_holders.iter().copied())
-                .map_err(Violation::from)?,
-            None => Vec::new(),
-        };
-
-        // The one step that can fail goes first.
-        if !pages.is_empty() {
-            self.allocator
-                .free_page_ids(&pages)
-                .map_err(|source| ReclaimError::Free {
-                    pages: pages.len(),
-                    source,
-                })?;
-        }
-        let rows = rows
-            .into_iter()
-            .map(|row| {
-                let assigned_to = self.req_to_token.assigned_to(row);
-                self.req_to_token
-                    .free(row)
-                    .expect("an unclaimed row is held");
-                (row, assigned_to)
-            })
-            .collect();
-        if let Some(tree) = self.tree.radix_mut() {
-            tree.release_leaked_locks(&locks);
-        }
-        Ok(Reclaimed { rows, pages, locks })
+        .into());
     }
+    let pages = census.unclaimed_pages(allocator);
+    census.check_accounting(allocator, pages.len() * allocator.page_size())?;
+    let locks = match cache.tree.radix() {
+        Some(tree) => tree
+            .leaked_locks(census.lock_holders.iter().copied())
+            .map_err(Violation::from)?,
+        None => Vec::new(),
+    };
+
+    // The one step that can fail goes first.
+    if !pages.is_empty() {
+        cache
+            .allocator
+            .free_page_ids(&pages)
+            .map_err(|source| ReclaimError::Free {
+                pages: pages.len(),
+                source,
+            })?;
+    }
+    let rows = rows
+        .into_iter()
+        .map(|row| {
+            let assigned_to = cache.req_to_token.assigned_to(row);
+            cache
+                .req_to_token
+                .free(row)
+                .expect("an unclaimed row is held");
+            (row, assigned_to)
+        })
+        .collect();
+    if let Some(tree) = cache.tree.radix_mut() {
+        tree.release_leaked_locks(&locks);
+    }
+    let reclaimed = Reclaimed { rows, pages, locks };
+    if !reclaimed.is_empty() {
+        // Every request that held something here and was left out named the old name.
+        let old = std::mem::replace(&mut cache.id, CacheId::next());
+        cache.retired_ids.push(old);
+        for req in &mut live {
+            if req.kv().kv_cache() == Some(old) {
+                req.kv_mut().set_kv_cache(owner, Some(cache.id));
+            }
+        }
+    }
+    Ok(reclaimed)
 }

@@ -56,11 +56,12 @@ pub struct ReqKvInfo {
     decode_batch_idx: u64,
     /// The cache whose prefix lock, row and slots this request holds, from the match that
     /// locked a prefix (or the extend that gave it a row) to its release; `None` while it holds
-    /// none of them.
+    /// none of them. A reclaim renames the cache and rebinds the requests it was given.
     #[owned_by(
         crate::tree_cache::init_next_round_input,
         crate::batch::alloc_for_extend,
         crate::batch::release_kv_cache,
+        crate::reclaim::reclaim_leaks,
         read = copy
     )]
     kv_cache: Option<CacheId>,

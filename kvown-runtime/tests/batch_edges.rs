@@ -13,7 +13,7 @@ use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::Violation;
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::{RadixCache, TreePos};
-use kvown_runtime::reclaim::ReclaimError;
+use kvown_runtime::reclaim::{ReclaimError, reclaim_leaks};
 use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
 use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
@@ -982,7 +982,8 @@ fn reclaim_gives_back_a_dropped_requests_row_and_pages_and_nothing_of_the_live_o
     let available = cache.available_size();
     drop(leaked);
 
-    let reclaimed = cache.reclaim_leaks(&reqs).unwrap();
+    let old_id = cache.id();
+    let reclaimed = reclaim_leaks(&mut cache, &mut reqs).unwrap();
     assert_eq!(reclaimed.rows, vec![(row, Some(10))]);
     assert_eq!(reclaimed.pages, pages, "rid 10's 11 tokens on 3 pages");
     assert!(reclaimed.locks.is_empty());
@@ -993,7 +994,13 @@ fn reclaim_gives_back_a_dropped_requests_row_and_pages_and_nothing_of_the_live_o
     assert_eq!(
         row_of(&cache, &reqs[0]),
         live_row,
-        "the live request is untouched"
+        "the live request's row is untouched"
+    );
+    assert_ne!(cache.id(), old_id, "the cache is renamed");
+    assert_eq!(
+        reqs[0].kv().kv_cache(),
+        Some(cache.id()),
+        "and the live request rebound"
     );
 
     // The live request goes on and is released as usual; the pool is whole again.
@@ -1010,7 +1017,7 @@ fn reclaim_releases_the_lock_of_a_request_dropped_after_its_match() {
     drop(matched);
     assert_eq!(cache.tree().protected_size(), 8);
 
-    let reclaimed = cache.reclaim_leaks([]).unwrap();
+    let reclaimed = reclaim_leaks(&mut cache, []).unwrap();
     assert_eq!(reclaimed.locks, vec![(node, 1)]);
     assert!(reclaimed.rows.is_empty() && reclaimed.pages.is_empty());
     assert!(!reclaimed.is_empty(), "a lock alone is a leak");
@@ -1039,7 +1046,7 @@ fn reclaim_keeps_the_cached_prefix_and_the_live_sharers_lock() {
     let dropped_row = reqs[0].held_row().unwrap();
     drop(reqs.remove(0));
 
-    let reclaimed = cache.reclaim_leaks(&reqs).unwrap();
+    let reclaimed = reclaim_leaks(&mut cache, &mut reqs).unwrap();
     assert_eq!(reclaimed.rows, vec![(dropped_row, Some(2))]);
     assert_eq!(reclaimed.pages, vec![dropped_page]);
     assert_eq!(
@@ -1060,44 +1067,91 @@ fn reclaim_keeps_the_cached_prefix_and_the_live_sharers_lock() {
 #[test]
 fn reclaim_with_nothing_leaked_changes_nothing() {
     let (mut cache, prompt) = cache_with_eight_tokens_cached();
-    let reqs = extend_prompts(&mut cache, &[(2, prompt)]);
-    let before = state(&cache);
-    assert!(cache.reclaim_leaks(&reqs).unwrap().is_empty());
+    let mut reqs = extend_prompts(&mut cache, &[(2, prompt)]);
+    let (before, id) = (state(&cache), cache.id());
+    assert!(reclaim_leaks(&mut cache, &mut reqs).unwrap().is_empty());
     assert_eq!(state(&cache), before);
+    assert_eq!(cache.id(), id, "nothing reclaimed, nothing renamed");
     release_all_and_empty_out(reqs, cache);
 }
 
 #[test]
-fn reclaim_refuses_what_is_not_a_leak_and_changes_nothing() {
-    let mut cache = cache(64, 4, false);
-    let reqs = extend_prompts(
+fn a_request_left_out_of_a_reclaim_is_refused_and_changes_nothing() {
+    // Rid 10 is left out of the reclaim though it still exists: its row and pages are given
+    // back, and every call that could touch them (or another request's, once they are reused)
+    // refuses it.
+    let mut cache = cache(64, 4, true);
+    let mut reqs = extend_prompts(
         &mut cache,
         &[(10, (0..10).collect()), (11, (0..5).collect())],
     );
+    let old_id = cache.id();
+    let reclaimed = reclaim_leaks(&mut cache, &mut reqs[1..]).unwrap();
+    assert_eq!(reclaimed.rows.len(), 1);
+    let mut stale = reqs.remove(0);
+    let record = stale.kv().clone();
+    assert_eq!(record.kv_cache(), Some(old_id));
     let before = state(&cache);
 
-    // One request passed twice (and the other left out): two claims on one row.
-    let refused = cache.reclaim_leaks([&reqs[0], &reqs[0]]).unwrap_err();
+    let refused = KvError::Reclaimed { rid: 10 };
     assert_eq!(
-        refused,
-        ReclaimError::Violation(Violation::RowCount {
-            held_rows: 2,
-            holding: 2,
-        })
+        release_kv_cache(&mut stale, &mut cache, true),
+        Err(refused.clone())
     );
+    assert_eq!(
+        cache_unfinished_req(&mut stale, &mut cache),
+        Err(refused.clone())
+    );
+    assert_eq!(
+        init_next_round_input(&mut stale, &mut cache, usize::MAX),
+        Err(refused.clone())
+    );
+    let Err((batch, error)) = prepare_for_decode(ScheduleBatch::new(vec![stale]), &cache) else {
+        panic!("a decode of the left-out request is refused");
+    };
+    assert_eq!(error, refused);
+    assert!(
+        error.to_string().contains("left out of reclaim_leaks"),
+        "{error}"
+    );
+    let stale = batch.into_reqs().pop().unwrap();
+    assert_eq!(state(&cache), before);
+    assert_eq!(stale.kv().kv_cache(), record.kv_cache());
+
+    // Passed to the next reclaim, it is named, and nothing is reclaimed.
+    let mut all = vec![stale];
+    all.append(&mut reqs);
+    assert_eq!(
+        reclaim_leaks(&mut cache, &mut all),
+        Err(ReclaimError::Violation(Violation::CacheRecord {
+            rid: 10,
+            holds: true,
+            recorded: Some(old_id),
+        }))
+    );
+    assert_eq!(state(&cache), before);
+    drop(all.remove(0));
+    release_all_and_empty_out(all, cache);
+}
+
+#[test]
+fn reclaim_refuses_an_open_free_group_and_changes_nothing() {
+    let mut cache = cache(64, 4, false);
+    let mut reqs = extend_prompts(
+        &mut cache,
+        &[(10, (0..10).collect()), (11, (0..5).collect())],
+    );
+    let (before, id) = (state(&cache), cache.id());
+    // Inside a free group frees are deferred and counts in flux.
+    cache.free_group_begin().unwrap();
+    let refused = reclaim_leaks(&mut cache, &mut reqs[..1]).unwrap_err();
+    assert_eq!(refused, ReclaimError::Violation(Violation::OpenFreeGroup));
     assert!(
         refused.to_string().starts_with("nothing reclaimed"),
         "{refused}"
     );
-    assert_eq!(state(&cache), before);
-
-    // Inside a free group frees are deferred and counts in flux.
-    cache.free_group_begin().unwrap();
-    assert_eq!(
-        cache.reclaim_leaks(&reqs[..1]),
-        Err(ReclaimError::Violation(Violation::OpenFreeGroup))
-    );
     cache.free_group_end().unwrap();
     assert_eq!(state(&cache), before);
+    assert_eq!(cache.id(), id);
     release_all_and_empty_out(reqs, cache);
 }

@@ -29,7 +29,7 @@ use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::Violation;
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::{RadixCache, TreePos};
-use kvown_runtime::reclaim::{ReclaimError, Reclaimed};
+use kvown_runtime::reclaim::{ReclaimError, Reclaimed, reclaim_leaks};
 use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
 use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
@@ -115,7 +115,7 @@ enum Op {
         chunking: bool,
     },
     /// A running (or chunking) request is dropped without its release, and
-    /// `KvCache::reclaim_leaks` gives back exactly its row, its own pages and its prefix lock;
+    /// `reclaim_leaks` gives back exactly its row, its own pages and its prefix lock;
     /// `refused` first has the allocator refuse the free, which must change nothing.
     DropAndReclaim {
         pick: usize,
@@ -329,8 +329,13 @@ where
 
     /// `reclaim_leaks` with every live request.
     fn reclaim(&mut self) -> Result<Reclaimed, ReclaimError> {
-        let live = live(&self.running, &self.chunking, &self.waiting);
-        self.cache.reclaim_leaks(live)
+        let live = self
+            .running
+            .reqs_mut()
+            .iter_mut()
+            .chain(&mut self.chunking)
+            .chain(&mut self.waiting);
+        reclaim_leaks(&mut self.cache, live)
     }
 
     fn check_with(&self, extra: &[Req]) {

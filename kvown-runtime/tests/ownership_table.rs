@@ -45,6 +45,7 @@ const EXPECTED: &[(&str, &str, &str, u32)] = &[
     ("ReqKvInfo", "kv_cache", "init_next_round_input", 1),
     ("ReqKvInfo", "kv_cache", "alloc_for_extend", 1),
     ("ReqKvInfo", "kv_cache", "release_kv_cache", 2),
+    ("ReqKvInfo", "kv_cache", "reclaim_leaks", 1),
 ];
 
 #[test]

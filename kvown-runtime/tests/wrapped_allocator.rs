@@ -24,7 +24,7 @@ use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::{Holder, Violation};
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::{RadixCache, RadixError};
-use kvown_runtime::reclaim::ReclaimError;
+use kvown_runtime::reclaim::{ReclaimError, reclaim_leaks};
 use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
 use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
@@ -458,30 +458,30 @@ fn the_checker_finds_pages_a_lost_free_left_to_no_one_and_reclaim_frees_them() {
     lost_pages.dedup();
     faults.lose_next_free();
     release_kv_cache(&mut reqs[1], &mut cache, false).unwrap();
-    let live = &reqs[..1];
+    let live = ..1;
     let lost = Violation::Accounting {
         free: 48,
         cached: 0,
         request_owned: 8,
         capacity: 64,
     };
-    assert_eq!(cache.check(live), Err(lost.clone()));
+    assert_eq!(cache.check(&reqs[live]), Err(lost.clone()));
 
     // A reclaim whose free is refused changes nothing.
     faults.set_frees_left(Some(0));
-    let refused = cache.reclaim_leaks(live).unwrap_err();
+    let refused = reclaim_leaks(&mut cache, &mut reqs[live]).unwrap_err();
     assert!(
         matches!(refused, ReclaimError::Free { pages: 2, .. }),
         "{refused}"
     );
-    assert_eq!(cache.check(live), Err(lost));
+    assert_eq!(cache.check(&reqs[live]), Err(lost));
 
     faults.set_frees_left(None);
-    let reclaimed = cache.reclaim_leaks(live).unwrap();
+    let reclaimed = reclaim_leaks(&mut cache, &mut reqs[live]).unwrap();
     assert_eq!(reclaimed.pages, lost_pages);
     assert!(reclaimed.rows.is_empty() && reclaimed.locks.is_empty());
     assert!(!reclaimed.is_empty(), "pages alone are a leak");
-    cache.check(live).unwrap();
+    cache.check(&reqs[live]).unwrap();
     release_all_and_check_whole(&mut reqs, &mut cache);
 }
 

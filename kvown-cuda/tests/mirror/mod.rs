@@ -4,7 +4,7 @@
 //! (`init_next_round_input`, `prepare_for_extend` / `alloc_for_extend`, `cache_unfinished_req`),
 //! plain or speculative decode (`check_decode_mem` with `retract_decode`, or unchecked so that it
 //! runs out of memory), finish, abort, grouped release, eviction, and requests dropped without
-//! their release and reclaimed (`KvCache::reclaim_leaks`), with the prefix cache on and off, over
+//! their release and reclaimed (`reclaim_leaks`), with the prefix cache on and off, over
 //! page sizes 1 (both reuse orders), 16 and 64.
 //!
 //! After every step the device free list, the device row of every request holding KV and the
@@ -24,6 +24,7 @@ use kvown_runtime::batch::{
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::{RadixCache, TreePos};
+use kvown_runtime::reclaim::reclaim_leaks;
 use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
 use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
@@ -438,11 +439,11 @@ impl<D: DeviceAllocOps> Sim<D> {
         drop(req);
         let live = self
             .running
-            .reqs()
-            .iter()
-            .chain(&self.chunking)
-            .chain(&self.waiting);
-        let reclaimed = self.cache.reclaim_leaks(live).unwrap();
+            .reqs_mut()
+            .iter_mut()
+            .chain(&mut self.chunking)
+            .chain(&mut self.waiting);
+        let reclaimed = reclaim_leaks(&mut self.cache, live).unwrap();
         assert_eq!(reclaimed.rows.len(), 1, "{reclaimed}");
         self.counts.reclaimed += reclaimed.pages.len();
     }
