@@ -3,8 +3,8 @@
 use proc_macro2::TokenStream;
 use quote::ToTokens;
 
-/// Collects `syn::Error`s; must be consumed with [`Diagnostics::into_result`] or
-/// [`Diagnostics::into_compile_errors`], or it panics on drop (errors must never be lost).
+/// Collects `syn::Error`s; once one is recorded it must be consumed with
+/// [`Diagnostics::into_compile_errors`], or the drop panics (errors must never be lost).
 pub(crate) struct Diagnostics {
     errors: Option<Vec<syn::Error>>,
 }
@@ -45,5 +45,36 @@ impl Drop for Diagnostics {
         if self.errors.as_ref().is_some_and(|e| !e.is_empty()) && !std::thread::panicking() {
             panic!("kvown-macros: errors were recorded but never reported");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorded_errors_come_out_as_compile_errors() {
+        let mut diagnostics = Diagnostics::new();
+        diagnostics.error_at(quote::quote!(field), "first");
+        diagnostics.error_at(quote::quote!(other), "second");
+        let errors = diagnostics.into_compile_errors().to_string();
+        assert!(
+            errors.contains("first") && errors.contains("second"),
+            "{errors}"
+        );
+    }
+
+    #[test]
+    fn a_collection_without_errors_drops_quietly() {
+        drop(Diagnostics::new());
+        assert!(Diagnostics::new().into_compile_errors().is_empty());
+    }
+
+    #[test]
+    #[should_panic(expected = "errors were recorded but never reported")]
+    fn dropping_recorded_errors_panics() {
+        let mut diagnostics = Diagnostics::new();
+        diagnostics.error_at(quote::quote!(field), "lost");
+        drop(diagnostics);
     }
 }
