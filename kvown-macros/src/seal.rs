@@ -142,3 +142,70 @@ fn deepen_tokens(tokens: TokenStream) -> TokenStream {
     }
     out.into_iter().collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use quote::ToTokens;
+    use syn::{File, parse_quote};
+
+    use super::*;
+
+    /// Tokens as text without spaces, for comparing.
+    fn text(tokens: &impl ToTokens) -> String {
+        tokens.to_token_stream().to_string().replace(' ', "")
+    }
+
+    #[test]
+    fn visibilities_keep_their_reach_one_module_deeper() {
+        for (written, sealed) in [
+            (quote::quote!(pub), "pub"),
+            (quote::quote!(), "pub(super)"),
+            (quote::quote!(pub(self)), "pub(super)"),
+            (quote::quote!(pub(crate)), "pub(crate)"),
+            (quote::quote!(pub(super)), "pub(insuper::super)"),
+            (
+                quote::quote!(pub(in super::super)),
+                "pub(insuper::super::super)",
+            ),
+            (quote::quote!(pub(in self::inner)), "pub(insuper::inner)"),
+            (quote::quote!(pub(in crate::a)), "pub(incrate::a)"),
+        ] {
+            let vis: Visibility = syn::parse2(written.clone()).unwrap();
+            assert_eq!(text(&widen_one_level(&vis)), sealed, "{written}");
+        }
+    }
+
+    #[test]
+    fn paths_resolve_the_same_one_module_deeper() {
+        for (written, sealed) in [
+            (quote::quote!(alloc), "super::alloc"),
+            (
+                quote::quote!(sched::Batch::retract),
+                "super::sched::Batch::retract",
+            ),
+            (quote::quote!(self::alloc), "super::alloc"),
+            (quote::quote!(super::alloc), "super::super::alloc"),
+            (quote::quote!(crate::batch::alloc), "crate::batch::alloc"),
+            (quote::quote!(::std::mem::swap), "::std::mem::swap"),
+        ] {
+            let path: Path = syn::parse2(written.clone()).unwrap();
+            assert_eq!(text(&path_from_child(&path)), sealed, "{written}");
+        }
+    }
+
+    #[test]
+    fn a_sealed_tree_rewrites_relative_paths_and_use_trees() {
+        let mut file: File = parse_quote! {
+            use super::a::b;
+            use self::c;
+            use std::cell::Cell;
+            fn f() -> self::D { super::g(); ::std::mem::drop(1); h() }
+        };
+        DeeperPaths.visit_file_mut(&mut file);
+        assert_eq!(
+            text(&file),
+            "usesuper::super::a::b;usesuper::c;usestd::cell::Cell;\
+             fnf()->super::D{super::super::g();::std::mem::drop(1);h()}"
+        );
+    }
+}
