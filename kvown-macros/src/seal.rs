@@ -208,4 +208,19 @@ mod tests {
              fnf()->super::D{super::super::g();::std::mem::drop(1);h()}"
         );
     }
+
+    #[test]
+    fn macro_arguments_are_rewritten_token_by_token() {
+        let mut file: File = parse_quote! {
+            fn f(&self) {
+                check!(super::g(), self::h, (super::super::k), self.len(), a::b);
+            }
+        };
+        DeeperPaths.visit_file_mut(&mut file);
+        assert_eq!(
+            text(&file),
+            "fnf(&self){check!(super::super::g(),super::h,(super::super::super::k),\
+             self.len(),a::b);}"
+        );
+    }
 }
