@@ -487,3 +487,46 @@ fn mirrored_derives(attrs: &[Attribute]) -> Vec<Ident> {
     }
     found
 }
+
+#[cfg(test)]
+mod tests {
+    use quote::ToTokens;
+    use syn::parse_quote;
+
+    use super::*;
+
+    #[test]
+    fn copy_is_judged_by_syntax_alone() {
+        let copy: [Type; 9] = [
+            parse_quote!(usize),
+            parse_quote!(&str),
+            parse_quote!(*const u8),
+            parse_quote!((u32)),
+            parse_quote!((u32, bool)),
+            parse_quote!([u8; 4]),
+            parse_quote!(Option<u32>),
+            parse_quote!(Option<(char, &[u8])>),
+            Type::Group(syn::TypeGroup {
+                group_token: Default::default(),
+                elem: Box::new(parse_quote!(u64)),
+            }),
+        ];
+        for ty in &copy {
+            assert!(is_copy_by_syntax(ty), "{}", ty.to_token_stream());
+        }
+        let by_reference: [Type; 8] = [
+            parse_quote!(String),
+            parse_quote!(&mut u32),
+            parse_quote!((u32, String)),
+            parse_quote!([String; 2]),
+            parse_quote!(Option<String>),
+            parse_quote!(Vec<u32>),
+            // A path that only starts with a primitive's name, and a qualified one.
+            parse_quote!(u32::Assoc),
+            parse_quote!(<u32 as Tr>::Assoc),
+        ];
+        for ty in &by_reference {
+            assert!(!is_copy_by_syntax(ty), "{}", ty.to_token_stream());
+        }
+    }
+}
