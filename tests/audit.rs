@@ -76,6 +76,14 @@ pub mod pipeline {
     }
 }
 
+/// An owner compiled out by a `#[cfg]` that `#[kvown::owner]` sees (one written after it):
+/// nothing of it is registered.
+#[kvown::owner]
+#[cfg(any())]
+pub fn compiled_out(req: &mut AuditReq) {
+    req.set_cap(owner, 9);
+}
+
 const EXPECTED: &[(&str, &str, &str, u32)] = &[
     ("AuditReq", "cap", "alloc", 1),
     ("AuditReq", "len", "Sched::decode", 0),
@@ -208,4 +216,12 @@ fn a_declared_path_picks_its_owner_among_sites_of_the_same_name() {
     let mut req = PipelineReq::default();
     pipeline::alloc(&mut req);
     assert_eq!(req.len(), 4);
+}
+
+#[test]
+fn an_owner_compiled_out_registers_no_site() {
+    let sites = kvown::__private::inventory::iter::<kvown::audit::OwnerSite>;
+    let names: Vec<&str> = sites.into_iter().map(|site| site.owner).collect();
+    assert!(names.contains(&"alloc"), "{names:?}");
+    assert!(!names.contains(&"compiled_out"), "{names:?}");
 }
