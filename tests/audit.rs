@@ -42,6 +42,14 @@ pub mod sched {
             super::bump(req, owner);
             super::bump(req, owner);
         }
+
+        /// Compiled out inside the impl, where `#[owners]` sees the `#[cfg]` before rustc
+        /// strips the method: its hidden module and site must go with it.
+        #[owner]
+        #[cfg(any())]
+        pub fn compiled_out(req: &mut AuditReq) {
+            req.set_cap(owner, 9);
+        }
     }
 }
 
@@ -76,8 +84,8 @@ pub mod pipeline {
     }
 }
 
-/// An owner compiled out by a `#[cfg]` that `#[kvown::owner]` sees (one written after it):
-/// nothing of it is registered.
+/// An owner compiled out by a `#[cfg]` written after `#[kvown::owner]`: nothing of it is
+/// registered.
 #[kvown::owner]
 #[cfg(any())]
 pub fn compiled_out(req: &mut AuditReq) {
@@ -223,5 +231,7 @@ fn an_owner_compiled_out_registers_no_site() {
     let sites = kvown::__private::inventory::iter::<kvown::audit::OwnerSite>;
     let names: Vec<&str> = sites.into_iter().map(|site| site.owner).collect();
     assert!(names.contains(&"alloc"), "{names:?}");
+    assert!(names.contains(&"Sched::decode"), "{names:?}");
     assert!(!names.contains(&"compiled_out"), "{names:?}");
+    assert!(!names.contains(&"Sched::compiled_out"), "{names:?}");
 }
