@@ -220,8 +220,7 @@ impl<A: AsPageAllocator> KvCache<A> {
 
     /// Every check of a single request in `reqs`, and of the allocator and the prefix cache on
     /// their own, with who holds each page: what [`KvCache::check`] and
-    /// [`reclaim_leaks`](crate::reclaim::reclaim_leaks) compare against the
-    /// pool.
+    /// [`reclaim_leaks`](crate::reclaim::reclaim_leaks) compare against the pool.
     pub(crate) fn census<'a>(
         &self,
         reqs: impl IntoIterator<Item = &'a Req>,

@@ -97,9 +97,11 @@ pub enum ReclaimError {
 /// A request left out of `live` is taken for leaked. So that it cannot touch rows and pages
 /// that may go to other requests, a reclaim that gives anything back renames the cache (a new
 /// [`KvCache::id`]) and records the new name in every request of `live` that holds KV here:
-/// a left-out request is then refused by every batch-flow call that takes the cache, with [`KvError::Reclaimed`](crate::error::KvError::Reclaimed).
-/// A batch prepared before the reclaim is refused by its `alloc_for_*` the same way
-/// ([`KvError::PreparedForOtherCache`](crate::error::KvError::PreparedForOtherCache)): reclaim between steps.
+/// a left-out request is then refused by every batch-flow call that takes the cache, with
+/// [`KvError::Reclaimed`](crate::error::KvError::Reclaimed). A batch prepared before the
+/// reclaim is refused by its `alloc_for_*` the same way
+/// ([`KvError::PreparedForOtherCache`](crate::error::KvError::PreparedForOtherCache)):
+/// reclaim between steps.
 ///
 /// All or nothing: the live requests are checked as [`KvCache::check`] checks them, the leaks
 /// are found, and only then are the pages freed (in one call), the rows freed, the locks
