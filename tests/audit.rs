@@ -84,14 +84,6 @@ pub mod pipeline {
     }
 }
 
-/// An owner compiled out by a `#[cfg]` written after `#[kvown::owner]`: nothing of it is
-/// registered.
-#[kvown::owner]
-#[cfg(any())]
-pub fn compiled_out(req: &mut AuditReq) {
-    req.set_cap(owner, 9);
-}
-
 const EXPECTED: &[(&str, &str, &str, u32)] = &[
     ("AuditReq", "cap", "alloc", 1),
     ("AuditReq", "len", "Sched::decode", 0),
@@ -232,6 +224,5 @@ fn an_owner_compiled_out_registers_no_site() {
     let names: Vec<&str> = sites.into_iter().map(|site| site.owner).collect();
     assert!(names.contains(&"alloc"), "{names:?}");
     assert!(names.contains(&"Sched::decode"), "{names:?}");
-    assert!(!names.contains(&"compiled_out"), "{names:?}");
     assert!(!names.contains(&"Sched::compiled_out"), "{names:?}");
 }

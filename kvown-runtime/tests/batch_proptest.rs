@@ -262,15 +262,6 @@ impl ReqState {
     }
 }
 
-/// Every request of the simulation that may hold KV or a prefix lock.
-fn live<'a>(
-    running: &'a ScheduleBatch,
-    chunking: &'a [Req],
-    waiting: &'a [Req],
-) -> impl Iterator<Item = &'a Req> {
-    running.reqs().iter().chain(chunking).chain(waiting)
-}
-
 struct Sim<R: ReuseOrder> {
     cfg: Cfg,
     cache: KvCache<FaultyFrees<PageAllocator<R>>>,
@@ -324,7 +315,11 @@ where
 
     /// Every request of the simulation: running, chunking and waiting.
     fn live_reqs(&self) -> impl Iterator<Item = &Req> {
-        live(&self.running, &self.chunking, &self.waiting)
+        self.running
+            .reqs()
+            .iter()
+            .chain(&self.chunking)
+            .chain(&self.waiting)
     }
 
     /// `reclaim_leaks` with every live request.
@@ -1179,8 +1174,8 @@ where
             .iter()
             .map(|&slot| slot / ps as PageId)
             .collect();
-        own_pages.dedup();
         own_pages.sort_unstable();
+        own_pages.dedup();
         let lock = req.last_node();
         let (rid, available) = (req.rid(), self.cache.available_size());
         drop(req);

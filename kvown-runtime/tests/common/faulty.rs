@@ -1,7 +1,7 @@
 //! Allocators whose frees go wrong on demand, as one whose bookkeeping disagrees with the batch
 //! flow's (or a backend that reports a device failure) would: a free refused, a free reported
-//! done but lost, or a page freed behind the cache's back. The error paths, and the broken states, that a correct host
-//! allocator never reaches.
+//! done but lost, or a page freed behind the cache's back. The error paths, and the broken
+//! states, that a correct host allocator never reaches.
 //! Included with `#[path]` by the tests that use it.
 
 use std::cell::Cell;
