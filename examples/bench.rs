@@ -1,7 +1,8 @@
 //! `cargo run --release --example bench [-- [--json] [--only NAME]... [--phases]]`: the allocator
-//! workloads of `benches/README.md` as a table (median, min and max over repeats) or as JSON,
-//! plus the bookkeeping memory per page, and with `--phases` the split of a W2 / W2c step into
-//! its parts. The criterion benches (`cargo bench`) run the same workloads.
+//! workloads of `benches/README.md` as a table (median, min and max over repeats, and the
+//! issue's target where it sets one) or as JSON, plus the bookkeeping memory per page, ratios of
+//! workloads timed in alternation, and with `--phases` the split of a W2 / W2c step into its
+//! parts. The criterion benches (`cargo bench`) run the same workloads.
 
 #[path = "../benches/workloads/guarded.rs"]
 mod guarded;
@@ -41,8 +42,9 @@ struct Args {
     phases: bool,
 }
 
-/// The timed workloads, in the order they run; `ref_*` are reference loops, not kvown.
-const WORKLOADS: [&str; 14] = [
+/// The timed workloads, in the order they run; `ref_*` are reference loops, not kvown, and
+/// `A/B` is the ratio of two workloads timed in alternation ([`paired`]).
+const WORKLOADS: [&str; 17] = [
     "W1_k1",
     "W1_k32",
     "W1_k1024",
@@ -57,7 +59,53 @@ const WORKLOADS: [&str; 14] = [
     "guarded_vs_plain",
     "ref_dense_decode",
     "ref_dense_decode_append",
+    "W1_k1/W1p_k1",
+    "W2/ref_dense_decode_append",
+    "W2c/W2",
 ];
+
+/// The targets the issue sets on its 2-core development machine: workload, comparison, bound.
+const TARGETS: [(&str, Bound, f64); 6] = [
+    ("W1_k1", Bound::AtMost, 5.0),
+    ("W2", Bound::AtMost, 1.0),
+    ("W2c", Bound::AtMost, 3.0),
+    ("W3", Bound::AtLeast, 1e9),
+    ("allocator_bookkeeping", Bound::AtMost, 16.0),
+    ("radix_bookkeeping", Bound::AtMost, 64.0),
+];
+
+/// How a workload's median compares with its target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+enum Bound {
+    #[serde(rename = "<=")]
+    AtMost,
+    #[serde(rename = ">=")]
+    AtLeast,
+}
+
+impl Bound {
+    fn symbol(self) -> &'static str {
+        match self {
+            Bound::AtMost => "<=",
+            Bound::AtLeast => ">=",
+        }
+    }
+
+    fn holds(self, value: f64, bound: f64) -> bool {
+        match self {
+            Bound::AtMost => value <= bound,
+            Bound::AtLeast => value >= bound,
+        }
+    }
+}
+
+/// A workload's target and whether this run's median meets it.
+#[derive(Debug, Serialize)]
+struct Target {
+    bound: Bound,
+    value: f64,
+    met: bool,
+}
 
 #[derive(Debug, Serialize)]
 struct Machine {
@@ -72,6 +120,21 @@ struct Workload {
     median: f64,
     min: f64,
     max: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    target: Option<Target>,
+}
+
+impl Workload {
+    /// The issue's target for this workload, judged on this run's median.
+    fn with_target(mut self) -> Self {
+        let target = TARGETS.iter().find(|(name, ..)| *name == self.name);
+        self.target = target.map(|&(_, bound, value)| Target {
+            bound,
+            value,
+            met: bound.holds(self.median, value),
+        });
+        self
+    }
 }
 
 /// One part of a decode step: median time per step over the repeats.
@@ -121,6 +184,7 @@ fn repeat(
         median: values[values.len() / 2],
         min: values[0],
         max: values[values.len() - 1],
+        target: None,
     }
 }
 
@@ -132,7 +196,31 @@ fn figure(name: &str, unit: &'static str, value: f64) -> Workload {
         median: value,
         min: value,
         max: value,
+        target: None,
     }
+}
+
+/// `repeats` pairs of back-to-back measurements of `numerator` and `denominator`, which of the
+/// two runs first alternating, summarised as the ratio of each pair: on a machine whose speed
+/// moves between runs (a VM), a figure that moves much less than either time.
+fn paired(
+    name: &str,
+    repeats: usize,
+    mut numerator: impl FnMut() -> f64,
+    mut denominator: impl FnMut() -> f64,
+) -> Workload {
+    let mut numerator_first = false;
+    repeat(name, "ratio", repeats, || {
+        numerator_first = !numerator_first;
+        let (top, bottom) = if numerator_first {
+            let top = numerator();
+            (top, denominator())
+        } else {
+            let bottom = denominator();
+            (numerator(), bottom)
+        };
+        top / bottom
+    })
 }
 
 /// W1 (`cycle` = [`PoolChurn::cycle`]) or W1p ([`PoolChurn::cycle_page_ids`]) with `pages`
@@ -143,44 +231,97 @@ fn pool_churn(
     cycle: impl Fn(&mut PoolChurn),
     repeats: usize,
 ) -> Workload {
+    repeat(name, "ns/page", repeats, churn_timer(pages, cycle))
+}
+
+/// A warmed-up pool churning `pages` pages per cycle, and a measurement of it in ns per page.
+fn churn_timer(pages: usize, cycle: impl Fn(&mut PoolChurn)) -> impl FnMut() -> f64 {
     let mut churn = PoolChurn::new(pages);
     let cycles = (1 << 20) / pages;
     for _ in 0..cycles / 8 {
         cycle(&mut churn);
     }
-    repeat(name, "ns/page", repeats, || {
+    move || {
         let start = Instant::now();
         for _ in 0..cycles {
             cycle(black_box(&mut churn));
         }
         start.elapsed().as_nanos() as f64 / (cycles * churn.pages()) as f64
-    })
+    }
 }
 
 /// Steps per W2 / W2c measurement (and of warm-up).
 const STEPS: usize = 2000;
 
 /// `STEPS` steps of warm-up, then `repeats` measurements of `STEPS` steps each, in us/step.
-fn per_step(name: &str, repeats: usize, mut step: impl FnMut()) -> Workload {
+fn per_step(name: &str, repeats: usize, step: impl FnMut()) -> Workload {
+    repeat(name, "us/step", repeats, step_timer(step))
+}
+
+/// `STEPS` steps of warm-up, and a measurement of `STEPS` steps in us per step.
+fn step_timer(mut step: impl FnMut()) -> impl FnMut() -> f64 {
     for _ in 0..STEPS {
         step();
     }
-    repeat(name, "us/step", repeats, || {
+    move || {
         let start = Instant::now();
         for _ in 0..STEPS {
             step();
         }
         start.elapsed().as_nanos() as f64 / 1e3 / STEPS as f64
-    })
+    }
 }
 
 fn decode_steps(name: &str, radix: bool, repeats: usize) -> (Workload, DecodeLoop) {
     let mut decode = DecodeLoop::new(radix);
     let workload = per_step(name, repeats, || black_box(&mut decode).step());
+    assert_checked(name, &decode);
+    (workload, decode)
+}
+
+/// Panics unless the invariant checker passes on `decode`'s state after its run.
+fn assert_checked(name: &str, decode: &DecodeLoop) {
     if let Err(violation) = decode.check() {
         panic!("{name}: invariant violated after the run: {violation}");
     }
-    (workload, decode)
+}
+
+/// The ratios of `WORKLOADS` (`A/B`): both sides timed in alternation by [`paired`], each on a
+/// state of its own (the decode loops are checked after the run).
+fn paired_ratios(selected: impl Fn(&str) -> bool, repeats: usize) -> Vec<Workload> {
+    let mut ratios = Vec::new();
+    let name = "W1_k1/W1p_k1";
+    if selected(name) {
+        let slots = churn_timer(1, PoolChurn::cycle);
+        let page_ids = churn_timer(1, PoolChurn::cycle_page_ids);
+        ratios.push(paired(name, repeats, slots, page_ids));
+    }
+    let name = "W2/ref_dense_decode_append";
+    if selected(name) {
+        let (mut w2, mut dense) = (DecodeLoop::new(false), DenseDecode::new(true));
+        let w2_step = step_timer(|| black_box(&mut w2).step());
+        ratios.push(paired(
+            name,
+            repeats,
+            w2_step,
+            step_timer(|| black_box(&mut dense).step()),
+        ));
+        assert_checked("W2", &w2);
+    }
+    let name = "W2c/W2";
+    if selected(name) {
+        let (mut w2c, mut w2) = (DecodeLoop::new(true), DecodeLoop::new(false));
+        let w2c_step = step_timer(|| black_box(&mut w2c).step());
+        ratios.push(paired(
+            name,
+            repeats,
+            w2c_step,
+            step_timer(|| black_box(&mut w2).step()),
+        ));
+        assert_checked("W2c", &w2c);
+        assert_checked("W2", &w2);
+    }
+    ratios
 }
 
 /// A reference loop of `reference.rs` (not kvown), timed as W2 is.
@@ -336,6 +477,7 @@ fn main() {
             workloads.push(dense_decode(name, append, repeats));
         }
     }
+    workloads.extend(paired_ratios(selected, repeats));
     workloads.push(figure(
         "allocator_bookkeeping",
         "bytes/page",
@@ -360,7 +502,7 @@ fn main() {
     }
     let report = Report {
         machine: machine(),
-        workloads,
+        workloads: workloads.into_iter().map(Workload::with_target).collect(),
         phases,
     };
     if args.json {
@@ -375,16 +517,40 @@ fn main() {
         report.machine.cpu_model, report.machine.cores
     );
     println!(
-        "{:<22} {:>14} {:>14} {:>14}  unit",
-        "workload", "median", "min", "max"
+        "{:<26} {:>14} {:>14} {:>14}  {:<17} target",
+        "workload", "median", "min", "max", "unit"
     );
     for w in &report.workloads {
+        let target = w.target.as_ref().map_or(String::new(), |target| {
+            let met = if target.met { "met" } else { "missed" };
+            let value = target.value;
+            let value = if value >= 1e6 {
+                format!("{value:e}")
+            } else {
+                format!("{value}")
+            };
+            format!("{} {value} ({met})", target.bound.symbol())
+        });
         println!(
-            "{:<22} {:>14.3} {:>14.3} {:>14.3}  {}",
-            w.name, w.median, w.min, w.max, w.unit
+            "{:<26} {:>14} {:>14} {:>14}  {:<17} {target}",
+            w.name,
+            number(w.median),
+            number(w.min),
+            number(w.max),
+            w.unit
         );
     }
     print_phases(&report.phases);
+}
+
+/// `value` for the table: three decimals, or three significant digits with an exponent from a
+/// million up (tokens per second).
+fn number(value: f64) -> String {
+    if value.abs() >= 1e6 {
+        format!("{value:.3e}")
+    } else {
+        format!("{value:.3}")
+    }
 }
 
 /// The phase split of each decode workload: median us per step and share of the timed step.
