@@ -194,3 +194,77 @@ impl Req {
         self.last_node
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The checker against ladders the batch flow never writes: a request's record rewritten
+    //! whole, as a bug in an owner would leave it. Here because only this module sees the
+    //! fields of [`ReqKvInfoInit`].
+
+    use super::{Req, ReqKvInfo, ReqKvInfoInit};
+    use crate::alloc::PagedAllocator;
+    use crate::batch::{ScheduleBatch, alloc_for_extend, prepare_for_extend};
+    use crate::cache::{KvCache, TreeCache};
+    use crate::check::Violation;
+    use crate::slots::ReqToTokenPool;
+    use crate::tree_cache::init_next_round_input;
+
+    const WIDTH: usize = 32;
+
+    /// A cache of page size 4 and one request holding 20 tokens in it (protected 0).
+    fn extended() -> (KvCache<PagedAllocator>, Req) {
+        let allocator = PagedAllocator::new(64, 4, false).unwrap();
+        let table = ReqToTokenPool::new(2, WIDTH).unwrap();
+        let mut cache = KvCache::new(allocator, table, TreeCache::Disabled).unwrap();
+        let mut req = Req::new(7, (0..20).collect());
+        init_next_round_input(&mut req, &mut cache, usize::MAX).unwrap();
+        let batch = prepare_for_extend(ScheduleBatch::new(vec![req]));
+        let batch = alloc_for_extend(batch, &mut cache)
+            .map_err(|failure| failure.error)
+            .unwrap();
+        let req = batch.into_reqs().pop().unwrap();
+        cache.check([&req]).unwrap();
+        (cache, req)
+    }
+
+    /// `req`'s record with the ladder `(protected, committed, allocated)`, the rest kept.
+    fn rewrite_ladder(req: &mut Req, (protected, committed, allocated): (usize, usize, usize)) {
+        let kv = req.kv();
+        let record = ReqKvInfo::from(ReqKvInfoInit {
+            req_pool_idx: kv.req_pool_idx(),
+            cache_protected_len: protected,
+            kv_committed_len: committed,
+            kv_allocated_len: allocated,
+            extend_batch_idx: kv.extend_batch_idx(),
+            decode_batch_idx: kv.decode_batch_idx(),
+            kv_cache: kv.kv_cache(),
+        });
+        *req.kv_mut() = record;
+    }
+
+    #[test]
+    fn each_broken_rung_of_the_ladder_is_reported_alone() {
+        // One rung broken each time, the other two holding.
+        let broken = [
+            (8, 4, 20),  // protected > committed
+            (0, 24, 20), // committed > allocated
+            (0, 20, 36), // allocated > row width
+        ];
+        for ladder in broken {
+            let (cache, mut req) = extended();
+            rewrite_ladder(&mut req, ladder);
+            let (protected, committed, allocated) = ladder;
+            assert_eq!(
+                cache.check([&req]),
+                Err(Violation::Ladder {
+                    rid: 7,
+                    protected,
+                    committed,
+                    allocated,
+                    width: WIDTH,
+                }),
+                "ladder {ladder:?}"
+            );
+        }
+    }
+}
