@@ -223,6 +223,11 @@ fn paired(
     })
 }
 
+/// [`paired`] for two step functions, each warmed up and timed as W2 is ([`step_timer`]).
+fn paired_steps(name: &str, repeats: usize, top: impl FnMut(), bottom: impl FnMut()) -> Workload {
+    paired(name, repeats, step_timer(top), step_timer(bottom))
+}
+
 /// W1 (`cycle` = [`PoolChurn::cycle`]) or W1p ([`PoolChurn::cycle_page_ids`]) with `pages`
 /// pages per cycle.
 fn pool_churn(
@@ -299,25 +304,17 @@ fn paired_ratios(selected: impl Fn(&str) -> bool, repeats: usize) -> Vec<Workloa
     let name = "W2/ref_dense_decode_append";
     if selected(name) {
         let (mut w2, mut dense) = (DecodeLoop::new(false), DenseDecode::new(true));
-        let w2_step = step_timer(|| black_box(&mut w2).step());
-        ratios.push(paired(
-            name,
-            repeats,
-            w2_step,
-            step_timer(|| black_box(&mut dense).step()),
-        ));
+        let w2_step = || black_box(&mut w2).step();
+        let dense_step = || black_box(&mut dense).step();
+        ratios.push(paired_steps(name, repeats, w2_step, dense_step));
         assert_checked("W2", &w2);
     }
     let name = "W2c/W2";
     if selected(name) {
         let (mut w2c, mut w2) = (DecodeLoop::new(true), DecodeLoop::new(false));
-        let w2c_step = step_timer(|| black_box(&mut w2c).step());
-        ratios.push(paired(
-            name,
-            repeats,
-            w2c_step,
-            step_timer(|| black_box(&mut w2).step()),
-        ));
+        let w2c_step = || black_box(&mut w2c).step();
+        let w2_step = || black_box(&mut w2).step();
+        ratios.push(paired_steps(name, repeats, w2c_step, w2_step));
         assert_checked("W2c", &w2c);
         assert_checked("W2", &w2);
     }
