@@ -6,8 +6,9 @@ use kvown_macros::owner;
 use crate::alloc::{KvAllocator, ceil_align, floor_align};
 use crate::cache::{KvCache, TreeCache};
 use crate::error::KvError;
-use crate::radix::TreePos;
+use crate::radix::{RadixCache, TreePos};
 use crate::request::Req;
+use crate::slots::{ReqRow, ReqToTokenPool};
 
 /// The match step: before a request's next extend, find its cached prefix, lock it, and set
 /// how far the extend goes (`max_extend` caps the chunk; pass `usize::MAX` for no chunking).
@@ -77,35 +78,63 @@ pub fn cache_unfinished_req<A: KvAllocator>(
         let protected = req.kv().cache_protected_len();
         let key_len = floor_align(committed, allocator.page_size());
         let key = &req.fill_ids()[..key_len];
-        let slots = &req_to_token.row(row)?[..key_len];
-        let plan = tree.plan_insert(req.last_node, key, slots)?;
-        let duplicated = plan.prefix_len();
-        if duplicated > protected {
-            // Another request cached `[protected, duplicated)` first: ours are duplicates,
-            // freed before the tree changes (a refused free leaves everything as it was).
-            allocator.free_segment(&slots[protected..duplicated], protected)?;
-        }
-        // Past `duplicated` the tree takes this request's own slots.
-        let outcome = tree.apply_insert(plan, key, slots);
-        if duplicated > protected {
-            // Point the row at the tree's slots.
-            let cached = TreePos {
-                node: outcome.last_node,
-                len: duplicated,
-            };
-            let rewritten = &mut req_to_token.row_mut(row)?[protected..duplicated];
-            tree.path_slots_into(cached, protected, rewritten)?;
-            allocator.row_written(row, protected, rewritten);
-        }
-        let new_pos = TreePos {
-            node: outcome.last_node,
-            len: key_len,
+        let new_slots = &req_to_token.row(row)?[protected..key_len];
+        let new_end = match tree.append_own_page(req.last_node, &key[protected..], new_slots) {
+            // One page more of the request's own leaf: the commonest case, and the lock stays.
+            Some(appended) => {
+                appended?;
+                TreePos {
+                    node: req.last_node.node,
+                    len: key_len,
+                }
+            }
+            None => insert_unfinished(tree, allocator, req_to_token, req, row, key)?,
         };
-        tree.move_lock(req.last_node.node, new_pos.node)?;
-        req.last_node = new_pos;
+        req.last_node = new_end;
         req.kv_mut().set_cache_protected_len(owner, key_len);
     }
     Ok(())
+}
+
+/// `cache_unfinished_req` in general: plans the insert of `key` (the request's committed whole
+/// pages) with the slots of its `row`, frees its duplicates, applies the insert, points the row
+/// at the tree's slots where they replaced its own and moves its lock to the inserted end,
+/// which it returns. Nothing changes when it fails.
+fn insert_unfinished<A: KvAllocator>(
+    tree: &mut RadixCache,
+    allocator: &mut A,
+    req_to_token: &mut ReqToTokenPool,
+    req: &Req,
+    row: ReqRow,
+    key: &[u32],
+) -> Result<TreePos, KvError> {
+    let protected = req.kv().cache_protected_len();
+    let slots = &req_to_token.row(row)?[..key.len()];
+    let plan = tree.plan_insert(req.last_node, key, slots)?;
+    let duplicated = plan.prefix_len();
+    if duplicated > protected {
+        // Another request cached `[protected, duplicated)` first: ours are duplicates, freed
+        // before the tree changes (a refused free leaves everything as it was).
+        allocator.free_segment(&slots[protected..duplicated], protected)?;
+    }
+    // Past `duplicated` the tree takes this request's own slots.
+    let outcome = tree.apply_insert(plan, key, slots);
+    if duplicated > protected {
+        // Point the row at the tree's slots.
+        let cached = TreePos {
+            node: outcome.last_node,
+            len: duplicated,
+        };
+        let rewritten = &mut req_to_token.row_mut(row)?[protected..duplicated];
+        tree.path_slots_into(cached, protected, rewritten)?;
+        allocator.row_written(row, protected, rewritten);
+    }
+    let new_end = TreePos {
+        node: outcome.last_node,
+        len: key.len(),
+    };
+    tree.move_lock(req.last_node.node, new_end.node)?;
+    Ok(new_end)
 }
 
 /// The KV part of releasing a request that holds a row: the prefix cache takes `[0, committed)`

@@ -202,6 +202,39 @@ impl RadixCache {
         }
     }
 
+    /// [`RadixCache::insert_from`] for the commonest registration, one page more of the
+    /// caller's own leaf: when `from` ends a leaf whose only lock is the caller's and `tokens`
+    /// / `slots` are one page, checks the page (its slots the run of a page-aligned first slot),
+    /// appends it to the leaf and stamps the leaf; the leaf then ends at `from.len` plus a page.
+    /// `None`, changing nothing, when the case does not apply (the caller inserts in general).
+    /// The outcome is the general insert's, without its plan, walk and lock move.
+    #[inline(always)]
+    pub(crate) fn append_own_page(
+        &mut self,
+        from: TreePos,
+        tokens: &[u32],
+        slots: &[KvSlot],
+    ) -> Option<Result<(), RadixError>> {
+        let page_size = self.page_size;
+        let one_page = tokens.len() == page_size && slots.len() == page_size;
+        // Positions count in `u32` (a node's depth); a key reaching past that goes the general
+        // way, which refuses it.
+        let fits = from.len + page_size <= u32::MAX as usize;
+        if !(one_page && fits && self.is_own_leaf_end(from)) {
+            return None;
+        }
+        if let Err(error) = validate_pages(slots, from.len, page_size) {
+            return Some(Err(error));
+        }
+        let now = self.tick();
+        let data = &mut self.arena[from.node].data;
+        reserve_growth(data, page_size + 1);
+        append_page(data, tokens, slots[0], page_size);
+        self.add_tokens(from.node, page_size);
+        self.stamp(from.node, now);
+        Some(Ok(()))
+    }
+
     /// Checks an insert's arguments; returns the node on whose key `from.len` lies.
     fn validate_insert(
         &self,
@@ -280,15 +313,19 @@ impl RadixCache {
     fn extend_leaf(&mut self, node: NodeId, suffix: &[u32], slots: &[KvSlot]) {
         let page_size = self.page_size;
         let data = &mut self.arena[node].data;
-        let needed = Node::key_words(suffix.len(), page_size);
-        if data.capacity() - data.len() < needed {
-            // Double: appends stay amortized O(1), each token copied about once. The spare is
-            // given back when the last lock on the leaf goes (`unlock_path`), so only leaves
-            // that are still growing carry it.
-            data.reserve_exact(needed.max(data.len()));
-        }
+        reserve_growth(data, Node::key_words(suffix.len(), page_size));
         append_pages(data, suffix, slots, page_size);
         self.add_tokens(node, suffix.len());
+    }
+}
+
+/// Makes room for `needed` more words in a growing leaf's `data`, doubling it when short:
+/// appends stay amortized O(1), each token copied about once. The spare is given back when the
+/// last lock on the leaf goes (`unlock_path`), so only leaves that are still growing carry it.
+#[inline(always)]
+fn reserve_growth(data: &mut Vec<u32>, needed: usize) {
+    if data.capacity() - data.len() < needed {
+        data.reserve_exact(needed.max(data.len()));
     }
 }
 
@@ -298,9 +335,15 @@ fn append_pages(data: &mut Vec<u32>, key: &[u32], slots: &[KvSlot], page_size: u
         .chunks_exact(page_size)
         .zip(slots.chunks_exact(page_size))
     {
-        data.extend_from_slice(tokens);
-        data.push(page_slots[0] / page_size as u32);
+        append_page(data, tokens, page_slots[0], page_size);
     }
+}
+
+/// Appends one page: its `tokens`, then the id of the page whose first slot is `first_slot`.
+#[inline(always)]
+fn append_page(data: &mut Vec<u32>, tokens: &[u32], first_slot: KvSlot, page_size: usize) {
+    data.extend_from_slice(tokens);
+    data.push(first_slot / page_size as u32);
 }
 
 /// Checks that `slots` (starting at key position `start`, page-aligned) are whole pages: each
@@ -355,4 +398,91 @@ fn first_broken_page(slots: &[KvSlot], start: usize, page_size: usize) -> RadixE
         }
     }
     unreachable!("validate_pages found a broken page that first_broken_page does not")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{RadixCache, RadixError, TreePos};
+
+    /// A cache holding one locked two-page prompt, and the position of its end.
+    fn with_locked_prompt(page_size: usize) -> (RadixCache, TreePos) {
+        let mut cache = RadixCache::new(page_size);
+        let len = 2 * page_size;
+        let key: Vec<u32> = (0..len as u32).collect();
+        let slots: Vec<u32> = (page_size as u32..(page_size + len) as u32).collect();
+        let outcome = cache.insert(&key, &slots).unwrap();
+        cache.inc_lock_ref(outcome.last_node).unwrap();
+        let end = TreePos {
+            node: outcome.last_node,
+            len,
+        };
+        (cache, end)
+    }
+
+    #[test]
+    fn appending_an_own_page_equals_the_general_insert() {
+        for page_size in [1, 4, 16] {
+            let (mut fast, mut at) = with_locked_prompt(page_size);
+            let (mut general, _) = with_locked_prompt(page_size);
+            let mut key: Vec<u32> = (0..at.len as u32).collect();
+            let mut slots: Vec<u32> = (page_size as u32..(page_size + at.len) as u32).collect();
+            for _ in 0..5 {
+                let page = slots.len() / page_size + 1;
+                let first = (page * page_size) as u32;
+                key.extend((0..page_size as u32).map(|offset| 1000 + first + offset));
+                slots.extend((0..page_size as u32).map(|offset| first + offset));
+                let new_page = at.len..key.len();
+                fast.append_own_page(at, &key[new_page.clone()], &slots[new_page])
+                    .expect("one page more of an own leaf")
+                    .unwrap();
+                let outcome = general.insert_from(at, &key, &slots).unwrap();
+                general.move_lock(at.node, outcome.last_node).unwrap();
+                assert_eq!(outcome.last_node, at.node, "page size {page_size}");
+                at.len = key.len();
+                assert_eq!(format!("{fast:?}"), format!("{general:?}"));
+                assert_eq!(fast.bookkeeping_bytes(), general.bookkeeping_bytes());
+                fast.check().unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn appending_declines_what_is_not_one_page_of_an_own_leaf() {
+        let page_size = 4;
+        let (mut cache, at) = with_locked_prompt(page_size);
+        let before = format!("{cache:?}");
+        let page: Vec<u32> = (100..104).collect();
+        let slots: Vec<u32> = (12..16).collect();
+        // Two pages, half a page, a position inside the leaf, the root.
+        let two: Vec<u32> = (100..108).collect();
+        let two_slots: Vec<u32> = (12..20).collect();
+        assert!(cache.append_own_page(at, &two, &two_slots).is_none());
+        assert!(cache.append_own_page(at, &page[..2], &slots[..2]).is_none());
+        let inside = TreePos {
+            len: page_size,
+            ..at
+        };
+        assert!(cache.append_own_page(inside, &page, &slots).is_none());
+        assert!(
+            cache
+                .append_own_page(TreePos::ROOT, &page, &slots)
+                .is_none()
+        );
+        // A second lock on the leaf: it is no longer the caller's alone.
+        cache.inc_lock_ref(at.node).unwrap();
+        assert!(cache.append_own_page(at, &page, &slots).is_none());
+        cache.dec_lock_ref(at.node).unwrap();
+        assert_eq!(format!("{cache:?}"), before);
+        // One page of the own leaf whose slots are not a page: refused, nothing changed.
+        let broken = [12, 13, 15, 14];
+        assert_eq!(
+            cache.append_own_page(at, &page, &broken),
+            Some(Err(RadixError::BrokenPage {
+                position: 2 * page_size + 2,
+                found: 15,
+                expected: 14,
+            }))
+        );
+        assert_eq!(format!("{cache:?}"), before);
+    }
 }
