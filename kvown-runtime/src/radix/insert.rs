@@ -458,6 +458,8 @@ mod tests {
         let two_slots: Vec<u32> = (12..20).collect();
         assert!(cache.append_own_page(at, &two, &two_slots).is_none());
         assert!(cache.append_own_page(at, &page[..2], &slots[..2]).is_none());
+        assert!(cache.append_own_page(at, &page, &two_slots).is_none());
+        assert!(cache.append_own_page(at, &two, &slots).is_none());
         let inside = TreePos {
             len: page_size,
             ..at
