@@ -107,6 +107,19 @@ struct Target {
     met: bool,
 }
 
+impl std::fmt::Display for Target {
+    /// `<= 5 (missed)`, `>= 1e9 (met)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let met = if self.met { "met" } else { "missed" };
+        let symbol = self.bound.symbol();
+        if self.value >= 1e6 {
+            write!(f, "{symbol} {:e} ({met})", self.value)
+        } else {
+            write!(f, "{symbol} {} ({met})", self.value)
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 struct Machine {
     cores: usize,
@@ -518,16 +531,7 @@ fn main() {
         "workload", "median", "min", "max", "unit"
     );
     for w in &report.workloads {
-        let target = w.target.as_ref().map_or(String::new(), |target| {
-            let met = if target.met { "met" } else { "missed" };
-            let value = target.value;
-            let value = if value >= 1e6 {
-                format!("{value:e}")
-            } else {
-                format!("{value}")
-            };
-            format!("{} {value} ({met})", target.bound.symbol())
-        });
+        let target = w.target.as_ref().map_or(String::new(), Target::to_string);
         println!(
             "{:<26} {:>14} {:>14} {:>14}  {:<17} {target}",
             w.name,
