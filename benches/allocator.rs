@@ -15,7 +15,7 @@ fn pool_churn(c: &mut Criterion) {
     let mut group = c.benchmark_group("W1_pool_churn");
     for pages in [1, 32, 1024] {
         let mut churn = PoolChurn::new(pages);
-        group.throughput(Throughput::Elements(churn.pages() as u64));
+        group.throughput(Throughput::Elements(pages as u64));
         group.bench_function(format!("k{pages}"), |b| {
             b.iter(|| black_box(&mut churn).cycle())
         });

@@ -20,7 +20,7 @@ use serde::Serialize;
 use guarded::{
     guarded_batch, guarded_vs_plain_checksums, guarded_write_loop, plain_batch, plain_write_loop,
 };
-use reference::DenseDecode;
+use reference::{BareChurn, DenseDecode};
 use workloads::{DecodeLoop, ExtendBatch, Phase, PhaseTimes, PoolChurn};
 
 /// Runs the allocator workloads and prints their figures.
@@ -44,7 +44,7 @@ struct Args {
 
 /// The timed workloads, in the order they run; `ref_*` are reference loops, not kvown, and
 /// `A/B` is the ratio of two workloads timed in alternation ([`paired`]).
-const WORKLOADS: [&str; 17] = [
+const WORKLOADS: [&str; 19] = [
     "W1_k1",
     "W1_k32",
     "W1_k1024",
@@ -59,7 +59,9 @@ const WORKLOADS: [&str; 17] = [
     "guarded_vs_plain",
     "ref_dense_decode",
     "ref_dense_decode_append",
+    "ref_bare_churn",
     "W1_k1/W1p_k1",
+    "W1_k1/ref_bare_churn",
     "W2/ref_dense_decode_append",
     "W2c/W2",
 ];
@@ -249,22 +251,23 @@ fn pool_churn(
     cycle: impl Fn(&mut PoolChurn),
     repeats: usize,
 ) -> Workload {
-    repeat(name, "ns/page", repeats, churn_timer(pages, cycle))
+    let timer = churn_timer(PoolChurn::new(pages), pages, cycle);
+    repeat(name, "ns/page", repeats, timer)
 }
 
-/// A warmed-up pool churning `pages` pages per cycle, and a measurement of it in ns per page.
-fn churn_timer(pages: usize, cycle: impl Fn(&mut PoolChurn)) -> impl FnMut() -> f64 {
-    let mut churn = PoolChurn::new(pages);
+/// A pool (kvown's or [`BareChurn`]) churning `pages` pages per `cycle`, warmed up, and a
+/// measurement of it in ns per page.
+fn churn_timer<P>(mut pool: P, pages: usize, cycle: impl Fn(&mut P)) -> impl FnMut() -> f64 {
     let cycles = (1 << 20) / pages;
     for _ in 0..cycles / 8 {
-        cycle(&mut churn);
+        cycle(&mut pool);
     }
     move || {
         let start = Instant::now();
         for _ in 0..cycles {
-            cycle(black_box(&mut churn));
+            cycle(black_box(&mut pool));
         }
-        start.elapsed().as_nanos() as f64 / (cycles * churn.pages()) as f64
+        start.elapsed().as_nanos() as f64 / (cycles * pages) as f64
     }
 }
 
@@ -308,11 +311,16 @@ fn assert_checked(name: &str, decode: &DecodeLoop) {
 /// state of its own (the decode loops are checked after the run).
 fn paired_ratios(selected: impl Fn(&str) -> bool, repeats: usize) -> Vec<Workload> {
     let mut ratios = Vec::new();
+    let w1_k1 = || churn_timer(PoolChurn::new(1), 1, PoolChurn::cycle);
     let name = "W1_k1/W1p_k1";
     if selected(name) {
-        let slots = churn_timer(1, PoolChurn::cycle);
-        let page_ids = churn_timer(1, PoolChurn::cycle_page_ids);
-        ratios.push(paired(name, repeats, slots, page_ids));
+        let page_ids = churn_timer(PoolChurn::new(1), 1, PoolChurn::cycle_page_ids);
+        ratios.push(paired(name, repeats, w1_k1(), page_ids));
+    }
+    let name = "W1_k1/ref_bare_churn";
+    if selected(name) {
+        let bare = churn_timer(BareChurn::new(), 1, BareChurn::cycle);
+        ratios.push(paired(name, repeats, w1_k1(), bare));
     }
     let name = "W2/ref_dense_decode_append";
     if selected(name) {
@@ -486,6 +494,10 @@ fn main() {
         if selected(name) {
             workloads.push(dense_decode(name, append, repeats));
         }
+    }
+    if selected("ref_bare_churn") {
+        let timer = churn_timer(BareChurn::new(), 1, BareChurn::cycle);
+        workloads.push(repeat("ref_bare_churn", "ns/page", repeats, timer));
     }
     workloads.extend(paired_ratios(selected, repeats));
     workloads.push(figure(

@@ -59,11 +59,6 @@ impl PoolChurn {
         }
     }
 
-    /// Pages per cycle.
-    pub fn pages(&self) -> usize {
-        self.pages
-    }
-
     /// One `W1_k*` cycle: `alloc` of `k × 16` slots, then `free` of each page's 16 slots, last
     /// page first.
     #[inline]

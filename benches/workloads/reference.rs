@@ -1,8 +1,53 @@
-//! Reference loops that are not kvown: the W2 decode rule alone, over dense arrays, as a floor
-//! for what a W2 step can cost on the machine at hand (`benches/README.md`, "Notes on the
-//! misses"). No validation, no typed errors, no per-request records, no prefix cache.
+//! Reference loops that are not kvown, as floors for what a workload can cost on the machine at
+//! hand (`benches/README.md`, "Notes on the misses"): W1's cycle over a bare page stack, and the
+//! W2 decode rule alone over dense arrays. No typed errors, no per-request records, no prefix
+//! cache.
 
-use crate::workloads::{DecodeLoop, PAGE_SIZE};
+use crate::workloads::{DecodeLoop, PAGE_SIZE, PoolChurn};
+
+/// W1_k1 with nothing but what its cycle must do: a free stack of page ids (LIFO, as
+/// `PagedAllocator`), a held flag per page checked and set on both sides, the page's 16 slots
+/// written on allocation and their in-page range checked on free. The page size is a
+/// compile-time constant; no free groups, no release list, and a bad free panics.
+pub struct BareChurn {
+    free: Vec<u32>,
+    held: Vec<bool>,
+    out: Vec<u32>,
+}
+
+impl BareChurn {
+    /// W1's 65,536 pages, all free, page 1 on top of the stack.
+    pub fn new() -> Self {
+        let pages = PoolChurn::POOL_PAGES as u32;
+        BareChurn {
+            free: (1..=pages).rev().collect(),
+            held: vec![false; pages as usize + 1],
+            out: Vec::with_capacity(PAGE_SIZE),
+        }
+    }
+
+    /// One cycle: take a page and write its slots to `out`, then free it by those slots.
+    #[inline]
+    pub fn cycle(&mut self) {
+        const SLOTS: u32 = PAGE_SIZE as u32;
+        self.out.clear();
+        let page = self.free.pop().expect("the pool has room");
+        self.held[page as usize] = true;
+        let first = page * SLOTS;
+        self.out.extend(first..first + SLOTS);
+        for slots in self.out.chunks_exact(PAGE_SIZE).rev() {
+            let page = slots[PAGE_SIZE - 1] / SLOTS;
+            let first = page * SLOTS;
+            let outside = slots.iter().fold(false, |outside, &slot| {
+                outside | (slot.wrapping_sub(first) >= SLOTS)
+            });
+            let held = self.held.get(page as usize) == Some(&true);
+            assert!(held && !outside, "a bad free of page {page}");
+            self.held[page as usize] = false;
+            self.free.push(page);
+        }
+    }
+}
 
 /// 256 requests decoding one token per step, lengths and rows in dense vectors, the same
 /// `257 x 2,048` request-to-token table as W2, pages from a free stack. A request that reaches
