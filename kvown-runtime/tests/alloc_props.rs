@@ -1,6 +1,7 @@
 //! Property tests: random interleavings of alloc / alloc_page_ids / alloc_extend / alloc_decode
 //! / free / free_segment(s) / free_page_ids (several pages, or one at a time) / free groups over
-//! page sizes 1, 3, 4 and 16, with and without need_sort,
+//! page sizes 1, 3, 4, 16, 32 and 64 (the last three are also the sizes whose one-page runs are
+//! compiled at a fixed length), with and without need_sort,
 //! checked after every step against a model of who holds which pages and against a
 //! position-wise reference of the extend and decode rules.
 
@@ -410,5 +411,15 @@ proptest! {
     #[test]
     fn paged_allocator_interleavings_page_size_16((pages, need_sort, ops) in scenario(16)) {
         run(PagedAllocator::new(pages * 16, 16, need_sort).unwrap(), ops)?;
+    }
+
+    #[test]
+    fn paged_allocator_interleavings_page_size_32((pages, need_sort, ops) in scenario(32)) {
+        run(PagedAllocator::new(pages * 32, 32, need_sort).unwrap(), ops)?;
+    }
+
+    #[test]
+    fn paged_allocator_interleavings_page_size_64((pages, need_sort, ops) in scenario(64)) {
+        run(PagedAllocator::new(pages * 64, 64, need_sort).unwrap(), ops)?;
     }
 }

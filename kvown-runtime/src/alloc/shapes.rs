@@ -309,6 +309,22 @@ fn claim(
     out: &mut Vec<KvSlot>,
 ) {
     state[page as usize] = PageState::Held;
-    let first = geometry.first_slot(page);
-    out.extend(first..first + len as KvSlot);
+    push_slot_run(out, geometry.first_slot(page), len);
+}
+
+/// Appends `first..first + len` to `out`. Runs of the common page sizes (16, 32, 64) are
+/// written as fixed-length arrays, which compile to a few straight vector stores; other lengths
+/// take the range loop.
+#[inline(always)]
+pub(super) fn push_slot_run(out: &mut Vec<KvSlot>, first: KvSlot, len: usize) {
+    fn fixed<const N: usize>(out: &mut Vec<KvSlot>, first: KvSlot) {
+        let slots: [KvSlot; N] = std::array::from_fn(|i| first + i as KvSlot);
+        out.extend_from_slice(&slots);
+    }
+    match len {
+        16 => fixed::<16>(out, first),
+        32 => fixed::<32>(out, first),
+        64 => fixed::<64>(out, first),
+        _ => out.extend(first..first + len as KvSlot),
+    }
 }
