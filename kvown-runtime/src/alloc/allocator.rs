@@ -414,15 +414,8 @@ impl<R: ReuseOrder> PageAllocator<R> {
             let page = self.mark_pending(slots[chunk_start])?;
             // The whole chunk, first slot included (trivially in `page`): a whole page of
             // slots vectorises without a remainder.
-            if !all_in_page(geometry, &slots[chunk_start..chunk_end], page)
-                && let Some(offset) =
-                    (chunk_start..chunk_end).find(|&i| geometry.page_of(slots[i]) != page)
-            {
-                return Err(AllocError::SegmentNotPaged {
-                    offset,
-                    slot: slots[offset],
-                    expected_page: page,
-                });
+            if !all_in_page(geometry, &slots[chunk_start..chunk_end], page) {
+                return Err(segment_not_paged(geometry, slots, chunk_start, page));
             }
             chunk_start = chunk_end;
             chunk_len = geometry.page_size();
@@ -562,11 +555,31 @@ fn all_in_page(geometry: PageGeometry, slots: &[KvSlot], page: usize) -> bool {
     })
 }
 
+/// The error of a segment whose chunk from `chunk_start` (the slots that must lie in `page`)
+/// has a slot outside it: the first such slot.
+#[cold]
+#[inline(never)]
+fn segment_not_paged(
+    geometry: PageGeometry,
+    slots: &[KvSlot],
+    chunk_start: usize,
+    page: usize,
+) -> AllocError {
+    let offset = (chunk_start..slots.len())
+        .find(|&i| geometry.page_of(slots[i]) != page)
+        .expect("all_in_page found a slot outside the page");
+    AllocError::SegmentNotPaged {
+        offset,
+        slot: slots[offset],
+        expected_page: page,
+    }
+}
+
 /// [`all_in_page`] for the one-page free, with runs of the common page sizes (16, 32, 64)
 /// tested at a length known at compile time: straight-line vector code with no loop and no
 /// remainder (W1_k1: 186 -> 157 instructions per page, with [`push_slot_run`] on the allocating
-/// side). Only there: in `mark_segment`, whose run follows a slot it has already checked, the
-/// same dispatch made LLVM peel that slot and unroll the error search, and cost more.
+/// side). Only there: in `mark_segment` the same dispatch cost W2 about 1,300 more instructions
+/// per step than the loop (LLVM's fixed-length code for that chunk was the longer).
 #[inline]
 fn run_in_page(geometry: PageGeometry, slots: &[KvSlot], page: usize) -> bool {
     fn fixed<const N: usize>(slots: &[KvSlot]) -> &[KvSlot] {
