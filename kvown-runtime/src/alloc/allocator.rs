@@ -577,7 +577,7 @@ fn segment_not_paged(
 
 /// [`all_in_page`] for the one-page free, with runs of the common page sizes (16, 32, 64)
 /// tested at a length known at compile time: straight-line vector code with no loop and no
-/// remainder (W1_k1: 186 -> 157 instructions per page, with [`push_slot_run`] on the allocating
+/// remainder (W1_k1: 186 -> 159 instructions per page, with [`push_slot_run`] on the allocating
 /// side). Only there: in `mark_segment` the same dispatch cost W2 about 1,300 more instructions
 /// per step than the loop (LLVM's fixed-length code for that chunk was the longer).
 #[inline]
