@@ -198,3 +198,26 @@ impl KvPlanner {
             }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A grid is at most `i32::MAX` rows wide: that many rows plan two launches, one more is a
+    /// typed error, and none plans nothing.
+    #[test]
+    fn plan_rows_takes_rows_up_to_the_launch_limit() {
+        let layout = KvLayout::new(1, 2, 8, 16, 4).unwrap();
+        let planner = KvPlanner::new(layout, KvDtype::F16);
+        assert!(planner.plan_rows(0).unwrap().is_none());
+        let limit = i32::MAX as usize;
+        let [k, v] = planner.plan_rows(limit).unwrap().expect("launches");
+        assert_eq!((k.tensor, v.tensor), (KvTensor::K, KvTensor::V));
+        assert_eq!((k.rows, v.rows), (limit as u32, limit as u32));
+        let error = planner.plan_rows(limit + 1).unwrap_err();
+        assert!(
+            matches!(error, KvPoolError::Backend(_)) && error.to_string().contains("2147483648"),
+            "{error}"
+        );
+    }
+}

@@ -434,6 +434,21 @@ mod tests {
         assert_eq!(fifo.plan_free_pages(&[]).unwrap(), None);
     }
 
+    /// The planner counts the slots a `PagedAllocator` of the same size and page size hands
+    /// out: whole pages only.
+    #[test]
+    fn capacity_and_availability_follow_the_host_allocator() {
+        use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+        for (size, page_size) in [(64, 4), (66, 4), (48, 16), (7, 1)] {
+            let planner = AllocPlanner::<Lifo>::new(size, page_size, 1, 1).unwrap();
+            let host = PagedAllocator::new(size, page_size, false).unwrap();
+            assert_eq!(planner.capacity(), host.capacity(), "{size} / {page_size}");
+            assert_eq!(planner.available_size(), host.available_size());
+        }
+        assert_eq!(six_out::<Lifo>().capacity(), 64);
+        assert_eq!(six_out::<Lifo>().available_size(), 40);
+    }
+
     #[test]
     fn freed_pages_are_validated() {
         let planner = six_out::<Lifo>();
