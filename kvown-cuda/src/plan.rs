@@ -449,6 +449,76 @@ mod tests {
         assert_eq!(six_out::<Lifo>().available_size(), 40);
     }
 
+    /// The planner checks what it is given before it plans a launch: one row per request, rows
+    /// in the table and long enough, last slots in an allocatable page at the offset the stored
+    /// length implies. (Behind `MirroredAllocator` the host allocator rejects all of these
+    /// first; `DeviceAllocator` relies on the planner.)
+    #[test]
+    fn plans_reject_bad_rows_and_last_slots() {
+        use kvown_runtime::alloc::{AllocError, DecodeShape};
+        // 16 pages of 4 slots (slots 4..68), 2 rows of 32 positions.
+        let planner = AllocPlanner::<Lifo>::new(64, 4, 2, 32).unwrap();
+        let fresh = |seq_len| ExtendShape {
+            prefix_len: 0,
+            seq_len,
+            last_loc: None,
+        };
+        assert!(matches!(
+            planner.plan_extend(&[fresh(4)], &[]),
+            Err(CudaError::RowCountMismatch {
+                requests: 1,
+                rows: 0
+            })
+        ));
+        let decode = |seq_len, last_loc| DecodeShape { seq_len, last_loc };
+        assert!(matches!(
+            planner.plan_decode(&[decode(2, 4)], &[0, 1]),
+            Err(CudaError::RowCountMismatch {
+                requests: 1,
+                rows: 2
+            })
+        ));
+        assert!(matches!(
+            planner.plan_extend(&[fresh(4)], &[2]),
+            Err(CudaError::RowOutOfRange {
+                request: 0,
+                row: 2,
+                rows: 2
+            })
+        ));
+        assert!(matches!(
+            planner.plan_extend(&[fresh(4), fresh(33)], &[0, 1]),
+            Err(CudaError::RowOverflow {
+                request: 1,
+                end: 33,
+                row_len: 32
+            })
+        ));
+        assert!(planner.plan_extend(&[fresh(33)], &[NO_ROW]).is_ok());
+        assert!(planner.plan_decode(&[decode(3, 5)], &[0]).is_ok());
+        // Past the last page, and in the padding page: each at the offset its length implies,
+        // so only the range test can refuse them.
+        for (seq_len, last_loc) in [(2, 68), (5, 3)] {
+            assert!(
+                matches!(
+                    planner.plan_decode(&[decode(seq_len, last_loc)], &[0]),
+                    Err(CudaError::Alloc(AllocError::LastLocNotAllocated { request: 0, last_loc: l }))
+                        if l == last_loc
+                ),
+                "{last_loc}"
+            );
+        }
+        assert!(matches!(
+            planner.plan_decode(&[decode(3, 4)], &[0]),
+            Err(CudaError::Alloc(AllocError::LastLocMismatch {
+                request: 0,
+                last_loc: 4,
+                prefix_len: 2,
+                page_size: 4
+            }))
+        ));
+    }
+
     #[test]
     fn freed_pages_are_validated() {
         let planner = six_out::<Lifo>();
