@@ -326,10 +326,9 @@ impl<D: DeviceAllocOps> MirroredAllocator<D> {
         &mut self,
         free: impl FnOnce(&mut PageAllocator<D::Order>) -> Result<(), AllocError>,
     ) -> Result<(), AllocError> {
-        let before = self.host.available_size();
+        let before = self.host.free_page_count();
         free(&mut self.host)?;
-        let page_size = self.host.page_size();
-        let freed = (self.host.available_size() - before) / page_size;
+        let freed = self.host.free_page_count() - before;
         if freed == 0 {
             return Ok(());
         }
@@ -337,9 +336,8 @@ impl<D: DeviceAllocOps> MirroredAllocator<D> {
         if <D::Order as ReuseOrder>::FREED_FIRST {
             self.freed.extend(self.host.free_pages().take(freed));
         } else {
-            let free_len = self.host.available_size() / page_size;
-            self.freed
-                .extend(self.host.free_pages().skip(free_len - freed));
+            // Appended: the freed pages follow those that were free before the call.
+            self.freed.extend(self.host.free_pages().skip(before));
         }
         replayed("free", self.device.free_pages(&self.freed));
         self.debug_assert_synced();

@@ -767,3 +767,30 @@ fn verify_reports_a_row_that_differs() {
         Err(MirrorError::RowDiverged { position: 4, .. })
     ));
 }
+
+/// `verify` reports the first place where the device free list and the host's part: here a
+/// device that has every page back, but not in the order it handed them out.
+#[test]
+fn verify_reports_where_the_free_lists_part() {
+    let table = ReqToTokenPool::new(ROWS, WIDTH).unwrap();
+    let Some(mut half) = OnHost.make::<Lifo>(64, 4, ROWS + 1, WIDTH) else {
+        return;
+    };
+    let shape = ExtendShape {
+        prefix_len: 0,
+        seq_len: 8,
+        last_loc: None,
+    };
+    half.alloc_extend(&[shape], &[kvown_cuda::NO_ROW]).unwrap();
+    half.free_pages(&[2, 1]).unwrap();
+    let host = PagedAllocator::new(64, 4, false).unwrap();
+    let mirror = MirroredAllocator::new(host, half, &table).unwrap();
+    assert!(matches!(
+        mirror.verify(&table, std::iter::empty()),
+        Err(MirrorError::FreeListDiverged {
+            position: 0,
+            host: Some(1),
+            device: Some(2)
+        })
+    ));
+}

@@ -96,6 +96,11 @@ impl<R: ReuseOrder> PageAllocator<R> {
         self.free.free_pages()
     }
 
+    /// Pages in the free list (the length of [`free_pages`](Self::free_pages)).
+    pub fn free_page_count(&self) -> usize {
+        self.free.free_len()
+    }
+
     /// The release list (`need_sort` mode), in no particular order.
     pub fn released_pages(&self) -> impl Iterator<Item = PageId> + '_ {
         self.free.released_pages()
@@ -811,8 +816,10 @@ mod tests {
                     "page size {page_size}, position {position}"
                 );
             }
+            assert_eq!(allocator.free_page_count(), 3, "{page_size}");
             allocator.free(&slots).unwrap();
             assert_eq!(allocator.free_pages().next(), Some(1), "{page_size}");
+            assert_eq!(allocator.free_page_count(), 4, "{page_size}");
             allocator.check().unwrap();
         }
     }
