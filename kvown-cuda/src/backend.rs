@@ -59,3 +59,21 @@ impl fmt::Display for Backend {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The host backend says so, and why, in what the engine prints.
+    #[test]
+    fn the_host_backend_names_its_reason() {
+        let backend = Backend::Host {
+            reason: Unavailable::NoDevice,
+        };
+        assert!(!backend.is_cuda());
+        assert_eq!(
+            backend.to_string(),
+            "host (CPU), because CUDA is unavailable: the CUDA driver reports no device"
+        );
+    }
+}

@@ -151,3 +151,23 @@ impl CudaDevice {
         &self.context
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A driver call that panics is reported with its message, whatever the payload's type.
+    #[test]
+    fn panic_messages_of_every_payload_type() {
+        let text: Box<dyn Any + Send> = Box::new("no symbol");
+        assert_eq!(panic_message(text.as_ref()), "no symbol");
+        let owned: Box<dyn Any + Send> = Box::new(String::from("bad handle"));
+        assert_eq!(panic_message(owned.as_ref()), "bad handle");
+        let other: Box<dyn Any + Send> = Box::new(7_u32);
+        assert_eq!(panic_message(other.as_ref()), "non-string panic payload");
+        assert_eq!(
+            guarded(|| -> Result<(), DriverError> { panic!("driver gone") }),
+            Err("panicked: driver gone".to_owned())
+        );
+    }
+}

@@ -234,3 +234,14 @@ impl Kernels {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arch_names_follow_the_compute_capability() {
+        assert_eq!(arch_for((9, 0)), "sm_90");
+        assert_eq!(arch_for((8, 6)), "sm_86");
+    }
+}

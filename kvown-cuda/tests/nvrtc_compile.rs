@@ -51,7 +51,8 @@ fn nvrtc_or_rerun(name: &str) -> bool {
                 "{name} failed with NVRTC from {dir}"
             );
         }
-        _ => skip_notice("skipped: NVRTC not found (run scripts/install-nvrtc.sh)"),
+        Some(dir) => panic!("NVRTC from {dir} is on the library path but does not load"),
+        None => skip_notice("skipped: NVRTC not found (run scripts/install-nvrtc.sh)"),
     }
     false
 }
