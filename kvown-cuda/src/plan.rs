@@ -452,7 +452,7 @@ mod tests {
     /// The planner checks what it is given before it plans a launch: one row per request, rows
     /// in the table and long enough, last slots in an allocatable page at the offset the stored
     /// length implies. (Behind `MirroredAllocator` the host allocator rejects all of these
-    /// first; `DeviceAllocator` relies on the planner.)
+    /// first; a `CudaPagedAllocator` used on its own relies on the planner.)
     #[test]
     fn plans_reject_bad_rows_and_last_slots() {
         use kvown_runtime::alloc::{AllocError, DecodeShape};

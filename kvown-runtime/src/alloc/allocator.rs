@@ -420,7 +420,12 @@ impl<R: ReuseOrder> PageAllocator<R> {
             // The whole chunk, first slot included (trivially in `page`): a whole page of
             // slots vectorises without a remainder.
             if !all_in_page(geometry, &slots[chunk_start..chunk_end], page) {
-                return Err(segment_not_paged(geometry, slots, chunk_start, page));
+                return Err(segment_not_paged(
+                    geometry,
+                    slots,
+                    chunk_start..chunk_end,
+                    page,
+                ));
             }
             chunk_start = chunk_end;
             chunk_len = geometry.page_size();
@@ -560,17 +565,17 @@ fn all_in_page(geometry: PageGeometry, slots: &[KvSlot], page: usize) -> bool {
     })
 }
 
-/// The error of a segment whose chunk from `chunk_start` (the slots that must lie in `page`)
-/// has a slot outside it: the first such slot.
+/// The error of a segment whose `chunk` (the positions of `slots` that must lie in `page`) has
+/// a slot outside it: the first such slot.
 #[cold]
 #[inline(never)]
 fn segment_not_paged(
     geometry: PageGeometry,
     slots: &[KvSlot],
-    chunk_start: usize,
+    mut chunk: std::ops::Range<usize>,
     page: usize,
 ) -> AllocError {
-    let offset = (chunk_start..slots.len())
+    let offset = chunk
         .find(|&i| geometry.page_of(slots[i]) != page)
         .expect("all_in_page found a slot outside the page");
     AllocError::SegmentNotPaged {
