@@ -179,6 +179,10 @@ impl<A: KvAllocator> KvCache<A> {
 
     /// Evicts unlocked prefix-cache entries until `num_tokens` slots are free, or everything
     /// evictable is gone. Returns the tokens evicted.
+    ///
+    /// # Errors
+    /// [`KvError::Radix`] with [`crate::radix::RadixError::Free`] when the allocator refuses the
+    /// evicted pages: then nothing is evicted.
     pub fn evict_shortfall(&mut self, num_tokens: usize) -> Result<usize, KvError> {
         match &mut self.tree {
             TreeCache::Radix(tree) => Ok(tree.evict_shortfall(num_tokens, &mut self.allocator)?),

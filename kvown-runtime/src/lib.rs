@@ -16,7 +16,8 @@
 //! batch-flow call that fails leaves the requests, their rows and the prefix cache as they were,
 //! whether it was refused for bad input, for lack of memory, or by an allocator that refused a
 //! free (the one exception, [`batch::retract_decode`], releases request by request and says
-//! what it hands back; an eviction made to find room stays made). [`cache::KvCache::check`]
+//! what it hands back; an eviction that made room stays made when the call then fails for
+//! another reason). [`cache::KvCache::check`]
 //! verifies the accounting identity and every request's ladder at any point, and names the
 //! request behind a leak: a `Req` does not own the cache, so one dropped before
 //! [`batch::release_kv_cache`] keeps its row, pages and prefix lock until

@@ -28,7 +28,7 @@ use kvown_runtime::batch::{
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::Violation;
 use kvown_runtime::error::KvError;
-use kvown_runtime::radix::{RadixCache, TreePos};
+use kvown_runtime::radix::{RadixCache, RadixError, TreePos};
 use kvown_runtime::reclaim::{ReclaimError, Reclaimed, reclaim_leaks};
 use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
@@ -96,8 +96,11 @@ enum Op {
     FinishGroup {
         picks: Vec<usize>,
     },
+    /// `evict_shortfall(tokens)`; `refused` first has the allocator refuse the eviction's
+    /// free, which must change nothing.
     Evict {
         tokens: usize,
+        refused: bool,
     },
     MatchDrop {
         req: NewReq,
@@ -169,7 +172,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(|pick| Op::Finish { pick }),
         1 => (any::<usize>(), any::<bool>()).prop_map(|(pick, chunking)| Op::Abort { pick, chunking }),
         1 => prop::collection::vec(any::<usize>(), 1..4).prop_map(|picks| Op::FinishGroup { picks }),
-        1 => (0usize..400).prop_map(|tokens| Op::Evict { tokens }),
+        1 => (0usize..400, any::<bool>()).prop_map(|(tokens, refused)| Op::Evict { tokens, refused }),
         1 => new_req().prop_map(|req| Op::MatchDrop { req }),
         1 => (any::<usize>(), any::<bool>()).prop_map(|(pick, chunking)| Op::OtherCache { pick, chunking }),
         1 => (
@@ -745,10 +748,51 @@ where
         self.check_with(&reqs);
     }
 
-    fn evict(&mut self, tokens: usize) {
+    /// The allocator, and the prefix cache's evictable size and pages: what a refused eviction
+    /// keeps.
+    fn eviction_state(&self) -> (PageAllocator<R>, usize, Vec<PageId>) {
+        let mut pages: Vec<PageId> = match self.cache.tree().radix() {
+            Some(tree) => tree.cached_pages().collect(),
+            None => Vec::new(),
+        };
+        pages.sort_unstable();
+        let evictable = self.cache.tree().evictable_size();
+        (self.cache.allocator().inner.clone(), evictable, pages)
+    }
+
+    fn evict(&mut self, tokens: usize, refused: bool) {
         let available = self.cache.available_size();
         let evictable = self.cache.tree().evictable_size();
         let protected = self.cache.tree().protected_size();
+        if refused {
+            let before = self.eviction_state();
+            self.free_faults.set_frees_left(Some(0));
+            let result = self.cache.evict_shortfall(tokens);
+            self.free_faults.set_frees_left(None);
+            match result {
+                Err(KvError::Radix(RadixError::Free { tokens: chosen, .. })) => {
+                    assert!(
+                        available < tokens && evictable > 0,
+                        "nothing to evict was refused"
+                    );
+                    assert!(chosen >= (tokens - available).min(evictable));
+                    assert_eq!(
+                        self.eviction_state(),
+                        before,
+                        "a refused eviction changes nothing"
+                    );
+                }
+                Ok(evicted) => {
+                    assert_eq!(evicted, 0);
+                    assert!(
+                        available >= tokens || evictable == 0,
+                        "an eviction took no free"
+                    );
+                }
+                Err(error) => panic!("a refused eviction failed with {error}"),
+            }
+            self.check_with(&[]);
+        }
         let evicted = self.cache.evict_shortfall(tokens).unwrap();
         if available >= tokens {
             assert_eq!(evicted, 0, "only the shortfall is evicted");
@@ -1270,7 +1314,7 @@ where
             Op::Finish { pick } => self.finish_one(*pick),
             Op::Abort { pick, chunking } => self.abort(*pick, *chunking),
             Op::FinishGroup { picks } => self.finish_group(picks),
-            Op::Evict { tokens } => self.evict(*tokens),
+            Op::Evict { tokens, refused } => self.evict(*tokens, *refused),
             Op::MatchDrop { req } => self.match_drop(req),
             Op::OtherCache { pick, chunking } => self.other_cache(*pick, *chunking),
             Op::RefusedFree {

@@ -209,6 +209,67 @@ fn evicting_children_makes_the_parent_an_evictable_leaf() {
 }
 
 #[test]
+fn a_parent_left_childless_competes_in_lru_order_within_the_same_eviction() {
+    for ps in PAGE_SIZES {
+        for parent_touched_last in [false, true] {
+            let mut alloc = allocator(ps, 32);
+            let mut cache = RadixCache::new(ps);
+            // Parent P (two pages) with one-page leaves A and B, then an unrelated two-page U.
+            let shared = key(ps, 2, 0);
+            for tail in [500, 600] {
+                let mut k = shared.clone();
+                k.extend(key(ps, 1, tail));
+                insert_fresh(&mut cache, &mut alloc, &k);
+            }
+            let touch_parent = |cache: &mut RadixCache| cache.match_prefix(&shared);
+            if !parent_touched_last {
+                touch_parent(&mut cache);
+            }
+            let unrelated = key(ps, 2, 9000);
+            insert_fresh(&mut cache, &mut alloc, &unrelated);
+            if parent_touched_last {
+                touch_parent(&mut cache);
+            }
+
+            // Four pages asked: A and B go first; then P, childless now, against U by access
+            // time (P inherits its children's when newer).
+            assert_eq!(cache.evict(4 * ps, &mut alloc).unwrap(), 4 * ps);
+            let (kept, gone) = match parent_touched_last {
+                false => (&unrelated, &shared),
+                true => (&shared, &unrelated),
+            };
+            assert_eq!(cache.match_prefix(kept).len, 2 * ps, "page size {ps}");
+            assert_eq!(cache.match_prefix(gone).len, 0, "page size {ps}");
+            assert_eq!(cache.total_size(), 2 * ps);
+            assert_eq!(alloc.available_size(), alloc.capacity() - 2 * ps);
+            cache.check().unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_leaf_unlocked_again_without_an_access_is_evicted_once() {
+    for ps in PAGE_SIZES {
+        let mut alloc = allocator(ps, 32);
+        let mut cache = RadixCache::new(ps);
+        insert_fresh(&mut cache, &mut alloc, &key(ps, 1, 0));
+        let twice = insert_fresh(&mut cache, &mut alloc, &key(ps, 2, 100));
+        let end = cache.match_prefix(&key(ps, 2, 100)).node;
+        // Locked and unlocked with no match or insert between: listed again at the same
+        // access time, so the LRU order holds the leaf twice.
+        cache.inc_lock_ref(end).unwrap();
+        cache.dec_lock_ref(end).unwrap();
+
+        assert_eq!(cache.evict(100 * ps, &mut alloc).unwrap(), 3 * ps);
+        assert_eq!(alloc.available_size(), alloc.capacity());
+        assert!(twice.iter().all(|&s| alloc.is_page_free(s / ps as u32)));
+        assert_eq!(cache.total_size(), 0);
+        cache.check().unwrap();
+        alloc.check().unwrap();
+    }
+}
+
+#[test]
 fn evict_shortfall_evicts_only_what_is_missing() {
     let ps = 4;
     let mut alloc = allocator(ps, 8);

@@ -375,44 +375,93 @@ fn a_refused_release_with_insertion_leaves_the_request_and_the_tree_as_they_were
     release_all_and_check_whole(&mut reqs, &mut cache);
 }
 
-#[test]
-fn an_eviction_refused_half_way_keeps_what_it_evicted_and_the_rest_cached() {
-    // Two unrelated 8-token prompts are cached (two nodes of two pages); an eviction of
-    // everything frees the older node, then the allocator refuses the younger one's pages.
+/// A radix cache of 64 slots (pages of 4) holding three released 8-token prompts, rid 1 the
+/// least recently used: six cached pages in three unlocked leaves, 40 slots free.
+fn three_cached_prompts() -> (KvCache<FaultyAllocator>, FreeFaults, Vec<Req>) {
     let (mut cache, faults) = faulty_radix_cache();
-    let mut reqs = extend_eight_token_requests(2, &mut cache).into_reqs();
+    let mut reqs = extend_eight_token_requests(3, &mut cache).into_reqs();
     for req in &mut reqs {
         release_kv_cache(req, &mut cache, true).unwrap();
     }
-    let tree = |cache: &KvCache<FaultyAllocator>| cache.tree().radix().unwrap().total_size();
-    assert_eq!(tree(&cache), 16);
-    let available = cache.available_size();
+    assert_eq!(cache.tree().radix().unwrap().total_size(), 24);
+    (cache, faults, reqs)
+}
 
-    faults.set_frees_left(Some(1));
-    let error = cache
-        .evict_shortfall(cache.allocator().capacity())
-        .unwrap_err();
+/// The slots a cache hands out when everything free is allocated: its free-list order.
+fn free_list_order(cache: &KvCache<FaultyAllocator>) -> Vec<KvSlot> {
+    let mut allocator = cache.allocator().inner.clone();
+    let mut slots = Vec::new();
+    allocator
+        .alloc(allocator.available_size(), &mut slots)
+        .unwrap();
+    slots
+}
+
+#[test]
+fn a_refused_eviction_evicts_nothing_and_the_next_one_evicts_as_if_it_had_not_been_tried() {
+    // Two caches built alike; the first one's allocator refuses the eviction's free.
+    let (mut refused, faults, reqs) = three_cached_prompts();
+    let (mut untried, _, _) = three_cached_prompts();
+    let tree = |cache: &KvCache<FaultyAllocator>| {
+        let tree = cache.tree().radix().unwrap();
+        let mut pages: Vec<PageId> = tree.cached_pages().collect();
+        pages.sort_unstable();
+        (tree.total_size(), tree.evictable_size(), pages)
+    };
+    let before = (tree(&refused), refused.allocator().inner.clone());
+
+    // 44 slots asked, 40 free: the shortfall of 4 takes the least recently used leaf, 8 tokens.
+    faults.set_frees_left(Some(0));
+    let error = refused.evict_shortfall(44).unwrap_err();
     assert!(
         matches!(
             error,
             KvError::Radix(RadixError::Free {
-                evicted: 8,
+                nodes: 1,
+                tokens: 8,
                 source: AllocError::NotAllocated { .. },
+            })
+        ),
+        "{error}"
+    );
+    assert_eq!(
+        (tree(&refused), refused.allocator().inner.clone()),
+        before,
+        "the tree and the allocator are as they were"
+    );
+    refused.check(&reqs).unwrap();
+
+    // All of it at once is one free: refused whole, then, allowed, done whole.
+    let error = refused.evict_shortfall(64).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            KvError::Radix(RadixError::Free {
+                nodes: 3,
+                tokens: 24,
                 ..
             })
         ),
         "{error}"
     );
-    assert_eq!(tree(&cache), 8, "the refused node stays cached");
-    assert_eq!(
-        cache.available_size(),
-        available + 8,
-        "the evicted node's pages are free"
-    );
-    cache.check(&reqs).unwrap();
+    assert_eq!((tree(&refused), refused.allocator().inner.clone()), before);
+    faults.set_frees_left(Some(1));
 
-    faults.set_frees_left(None);
-    release_all_and_check_whole(&mut reqs, &mut cache);
+    // The refusals left the LRU order as it was: both caches evict the same leaves, and their
+    // pages go back to the free list in the same order.
+    assert_eq!(refused.evict_shortfall(44), Ok(8));
+    assert_eq!(untried.evict_shortfall(44), Ok(8));
+    assert_eq!(tree(&refused), tree(&untried));
+    assert_eq!(free_list_order(&refused), free_list_order(&untried));
+    refused.check(&reqs).unwrap();
+
+    // The two leaves left go in one free: allowed exactly one, the eviction is done whole.
+    faults.set_frees_left(Some(1));
+    for cache in [&mut refused, &mut untried] {
+        assert_eq!(cache.evict_shortfall(64), Ok(16));
+        assert_eq!(cache.available_size(), 64);
+    }
+    assert_eq!(free_list_order(&refused), free_list_order(&untried));
 }
 
 #[test]

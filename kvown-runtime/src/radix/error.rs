@@ -3,8 +3,7 @@
 use super::node::NodeId;
 use crate::alloc::AllocError;
 
-/// Why a radix-cache call was refused. A refused call leaves the tree unchanged, except
-/// [`RadixError::Free`], which reports how much an eviction had already done.
+/// Why a radix-cache call was refused. A refused call leaves the tree unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RadixError {
     /// An inserted key must cover whole pages.
@@ -106,15 +105,16 @@ pub enum RadixError {
         /// The allocator's page size.
         allocator: usize,
     },
-    /// The allocator refused to free an evicted node's pages; earlier nodes were evicted.
+    /// The allocator refused to free the pages an eviction chose; nothing was evicted.
     #[error(
-        "freeing the pages of node {node} failed after {evicted} tokens were evicted: {source}"
+        "eviction refused: the allocator did not free the {tokens} tokens of the {nodes} \
+         least recently used nodes, which stay cached: {source}"
     )]
     Free {
-        /// The node whose pages were refused (it stays in the tree).
-        node: NodeId,
-        /// Tokens evicted (and freed) by this call before the failure.
-        evicted: usize,
+        /// Nodes the eviction chose.
+        nodes: usize,
+        /// Their tokens.
+        tokens: usize,
         /// The allocator's reason.
         source: AllocError,
     },

@@ -1,26 +1,73 @@
-//! Eviction: freeing least-recently-used unlocked leaves through the allocator.
+//! Eviction: freeing least-recently-used unlocked leaves through the allocator, all or nothing.
+//!
+//! An eviction is planned before anything changes: the victims are chosen in LRU order
+//! (parents left childless by earlier victims of the same call compete at the access time
+//! they inherit), their pages are freed in one allocator call, and only then are the nodes
+//! deleted. An allocator that refuses the free leaves the tree as it was.
 
 use std::cmp::Reverse;
+use std::collections::hash_map::Entry;
+use std::collections::{BinaryHeap, HashMap};
 
 use super::node::NodeId;
 use super::{RadixCache, RadixError};
-use crate::alloc::KvAllocator;
+use crate::alloc::{KvAllocator, PageId};
+
+/// An LRU entry: a node's access time, then its id (the tie-break).
+type LruEntry = Reverse<(u64, NodeId)>;
+
+/// Buffers of an eviction plan, kept between calls so that a warm cache plans without
+/// allocating.
+#[derive(Debug, Default)]
+pub(super) struct EvictionScratch {
+    /// Nodes to evict, in eviction order.
+    victims: Vec<NodeId>,
+    /// Current entries taken from the cache's LRU order, put back if the free is refused.
+    taken: Vec<LruEntry>,
+    /// Parents the victims leave childless and unlocked: candidates of this call only.
+    orphans: BinaryHeap<LruEntry>,
+    /// Per parent of a victim: children it has left and the access time it inherits.
+    parents: HashMap<NodeId, (u32, u64)>,
+    /// The victims' page ids, in eviction order.
+    pages: Vec<PageId>,
+}
+
+impl EvictionScratch {
+    /// Heap bytes of the boxed buffers, the box included.
+    pub(super) fn heap_bytes(&self) -> usize {
+        size_of::<EvictionScratch>()
+            + self.victims.capacity() * size_of::<NodeId>()
+            + (self.taken.capacity() + self.orphans.capacity()) * size_of::<LruEntry>()
+            + self.parents.capacity() * size_of::<(NodeId, (u32, u64))>()
+            + self.pages.capacity() * size_of::<PageId>()
+    }
+
+    fn clear(&mut self) {
+        self.victims.clear();
+        self.taken.clear();
+        self.orphans.clear();
+        self.parents.clear();
+        self.pages.clear();
+    }
+}
 
 impl RadixCache {
     /// Evicts at least `num_tokens` tokens if that many are evictable, least recently used leaf
     /// first, and returns the tokens evicted.
     ///
     /// Whole nodes are evicted, so the result may exceed `num_tokens`; it is smaller only when
-    /// everything evictable is gone. Locked nodes are never touched. Each evicted node's pages
-    /// are freed with `alloc.free_page_ids(pages)`, in key order, and the node is deleted; a parent
-    /// left without children and unlocked becomes a candidate in the same call.
+    /// everything evictable is gone. Locked nodes are never touched. A parent left without
+    /// children and unlocked becomes a candidate in the same call, at the latest access time of
+    /// it and its evicted children. The evicted nodes' pages are freed with one
+    /// `alloc.free_page_ids(pages)` call, node after node in eviction order and each node's in
+    /// key order, before any node is deleted.
     ///
     /// Cost: O(log leaves + node tokens) per evicted node, amortized: the LRU order is kept
     /// across calls (sglang rebuilds a heap of every leaf on each call).
     ///
     /// # Errors
-    /// [`RadixError::PageSizeMismatch`] before anything is evicted; [`RadixError::Free`] when
-    /// the allocator refuses a node's pages (that node stays cached, earlier ones are gone).
+    /// [`RadixError::PageSizeMismatch`], or [`RadixError::Free`] when the allocator refuses the
+    /// pages; either way nothing is evicted and the tree is unchanged.
     pub fn evict<A: KvAllocator + ?Sized>(
         &mut self,
         num_tokens: usize,
@@ -32,34 +79,34 @@ impl RadixCache {
                 allocator: alloc.page_size(),
             });
         }
-        if num_tokens == 0 {
+        let mut plan = std::mem::take(&mut *self.eviction);
+        let tokens = self.plan_eviction(num_tokens, &mut plan);
+        if tokens == 0 {
+            *self.eviction = plan;
             return Ok(0);
         }
-        let mut evicted = 0;
-        while evicted < num_tokens {
-            let Some(Reverse((stamp, leaf))) = self.lru.pop() else {
-                break;
-            };
-            if !self.is_current_lru_entry(stamp, leaf) {
-                continue;
-            }
-            let mut pages = std::mem::take(&mut self.free_buffer);
-            pages.clear();
-            pages.extend(self.arena[leaf].page_ids(self.page_size));
-            let freed = alloc.free_page_ids(&pages);
-            self.free_buffer = pages;
-            if let Err(source) = freed {
-                self.lru.push(Reverse((stamp, leaf)));
-                return Err(RadixError::Free {
-                    node: leaf,
-                    evicted,
-                    source,
-                });
-            }
-            evicted += self.arena[leaf].len(self.page_size);
-            self.remove_leaf(leaf);
+        for &victim in &plan.victims {
+            plan.pages
+                .extend(self.arena[victim].page_ids(self.page_size));
         }
-        Ok(evicted)
+        let freed = alloc.free_page_ids(&plan.pages);
+        if let Err(source) = freed {
+            self.lru.extend(plan.taken.drain(..));
+            let nodes = plan.victims.len();
+            plan.clear();
+            *self.eviction = plan;
+            return Err(RadixError::Free {
+                nodes,
+                tokens,
+                source,
+            });
+        }
+        for &victim in &plan.victims {
+            self.remove_leaf(victim);
+        }
+        plan.clear();
+        *self.eviction = plan;
+        Ok(tokens)
     }
 
     /// Evicts only what the allocator lacks for `num_tokens` more slots (sglang
@@ -78,6 +125,59 @@ impl RadixCache {
             return Ok(0);
         }
         self.evict(num_tokens - available, alloc)
+    }
+
+    /// Chooses the victims of an eviction of `num_tokens` tokens into `plan` (in order) and
+    /// returns their tokens. Changes nothing but the LRU order, from which it takes the
+    /// victims' entries (and drops outdated ones) into `plan.taken`.
+    fn plan_eviction(&mut self, num_tokens: usize, plan: &mut EvictionScratch) -> usize {
+        let mut tokens = 0;
+        while tokens < num_tokens {
+            let Some(Reverse((stamp, victim))) = self.next_victim(plan) else {
+                break;
+            };
+            plan.victims.push(victim);
+            tokens += self.arena[victim].len(self.page_size);
+            let parent = self.arena[victim].parent;
+            let parent_entry = &self.arena[parent];
+            let (children_left, inherited) = match plan.parents.entry(parent) {
+                Entry::Occupied(entry) => entry.into_mut(),
+                Entry::Vacant(entry) => {
+                    entry.insert((parent_entry.child_count, parent_entry.last_access))
+                }
+            };
+            *children_left -= 1;
+            *inherited = (*inherited).max(stamp);
+            if *children_left == 0 && parent != NodeId::ROOT && parent_entry.lock_ref == 0 {
+                plan.orphans.push(Reverse((*inherited, parent)));
+            }
+        }
+        tokens
+    }
+
+    /// The least recently used candidate not yet in `plan`: the older of the LRU order's next
+    /// current entry and the plan's next orphan.
+    fn next_victim(&mut self, plan: &mut EvictionScratch) -> Option<LruEntry> {
+        // Outdated entries are dropped; a leaf listed twice at the same time (unlisted and
+        // listed again without a new access) has two equal entries, popped one after the other.
+        while let Some(&Reverse((stamp, node))) = self.lru.peek() {
+            let repeated = plan.taken.last() == Some(&Reverse((stamp, node)));
+            if self.is_current_lru_entry(stamp, node) && !repeated {
+                break;
+            }
+            self.lru.pop();
+        }
+        let from_lru = self.lru.peek().copied();
+        let orphan = plan.orphans.peek().copied();
+        match (from_lru, orphan) {
+            (Some(lru), Some(orphan)) if orphan > lru => plan.orphans.pop(),
+            (Some(_), _) => {
+                let entry = self.lru.pop();
+                plan.taken.extend(entry);
+                entry
+            }
+            (None, _) => plan.orphans.pop(),
+        }
     }
 
     /// Deletes the evictable leaf `leaf`; its parent becomes a candidate when it is left an

@@ -70,6 +70,7 @@ use std::collections::BinaryHeap;
 
 use crate::alloc::{KvSlot, PageId};
 use children::ChildIndex;
+use evict::EvictionScratch;
 use node::{Arena, NOT_EVICTABLE, Node};
 
 /// Outdated LRU entries tolerated beyond twice the candidates before a rebuild.
@@ -120,8 +121,8 @@ pub struct RadixCache {
     total_size: usize,
     /// Logical clock for access times; ticks once per match or insert.
     clock: u64,
-    /// Reused buffer for the page ids of an evicted node.
-    free_buffer: Vec<PageId>,
+    /// Reused buffers of eviction plans (boxed: a cache that never evicts keeps them small).
+    eviction: Box<EvictionScratch>,
 }
 
 impl RadixCache {
@@ -141,7 +142,7 @@ impl RadixCache {
             protected_size: 0,
             total_size: 0,
             clock: 0,
-            free_buffer: Vec::new(),
+            eviction: Box::default(),
         }
     }
 
@@ -199,7 +200,7 @@ impl RadixCache {
             + self.children.heap_bytes()
             + self.evictable_leaves.capacity() * size_of::<NodeId>()
             + self.lru.capacity() * size_of::<Reverse<(u64, NodeId)>>()
-            + self.free_buffer.capacity() * size_of::<PageId>()
+            + self.eviction.heap_bytes()
     }
 
     /// Advances the logical clock and returns the new time.
