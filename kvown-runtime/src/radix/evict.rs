@@ -80,33 +80,10 @@ impl RadixCache {
             });
         }
         let mut plan = std::mem::take(&mut *self.eviction);
-        let tokens = self.plan_eviction(num_tokens, &mut plan);
-        if tokens == 0 {
-            *self.eviction = plan;
-            return Ok(0);
-        }
-        for &victim in &plan.victims {
-            plan.pages
-                .extend(self.arena[victim].page_ids(self.page_size));
-        }
-        let freed = alloc.free_page_ids(&plan.pages);
-        if let Err(source) = freed {
-            self.lru.extend(plan.taken.drain(..));
-            let nodes = plan.victims.len();
-            plan.clear();
-            *self.eviction = plan;
-            return Err(RadixError::Free {
-                nodes,
-                tokens,
-                source,
-            });
-        }
-        for &victim in &plan.victims {
-            self.remove_leaf(victim);
-        }
+        let result = self.evict_planned(num_tokens, alloc, &mut plan);
         plan.clear();
         *self.eviction = plan;
-        Ok(tokens)
+        result
     }
 
     /// Evicts only what the allocator lacks for `num_tokens` more slots (sglang
@@ -125,6 +102,35 @@ impl RadixCache {
             return Ok(0);
         }
         self.evict(num_tokens - available, alloc)
+    }
+
+    /// [`RadixCache::evict`] with `plan` (empty) as its buffers: plans, frees, then deletes.
+    fn evict_planned<A: KvAllocator + ?Sized>(
+        &mut self,
+        num_tokens: usize,
+        alloc: &mut A,
+        plan: &mut EvictionScratch,
+    ) -> Result<usize, RadixError> {
+        let tokens = self.plan_eviction(num_tokens, plan);
+        if tokens == 0 {
+            return Ok(0);
+        }
+        for &victim in &plan.victims {
+            plan.pages
+                .extend(self.arena[victim].page_ids(self.page_size));
+        }
+        if let Err(source) = alloc.free_page_ids(&plan.pages) {
+            self.lru.extend(plan.taken.drain(..));
+            return Err(RadixError::Free {
+                nodes: plan.victims.len(),
+                tokens,
+                source,
+            });
+        }
+        for &victim in &plan.victims {
+            self.remove_leaf(victim);
+        }
+        Ok(tokens)
     }
 
     /// Chooses the victims of an eviction of `num_tokens` tokens into `plan` (in order) and
