@@ -188,17 +188,24 @@ fn evict_is_lru_whole_node_and_spares_locked_nodes() {
     }
 }
 
+/// Inserts two keys that share their first two pages and differ in the third: a two-page
+/// parent with two one-page leaves. Returns the shared key.
+fn insert_parent_of_two_leaves(cache: &mut RadixCache, alloc: &mut PagedAllocator) -> Vec<u32> {
+    let shared = key(cache.page_size(), 2, 0);
+    for tail in [500, 600] {
+        let mut k = shared.clone();
+        k.extend(key(cache.page_size(), 1, tail));
+        insert_fresh(cache, alloc, &k);
+    }
+    shared
+}
+
 #[test]
 fn evicting_children_makes_the_parent_an_evictable_leaf() {
     for ps in PAGE_SIZES {
         let mut alloc = allocator(ps, 32);
         let mut cache = RadixCache::new(ps);
-        let shared = key(ps, 2, 0);
-        for tail in [500, 600] {
-            let mut k = shared.clone();
-            k.extend(key(ps, 1, tail));
-            insert_fresh(&mut cache, &mut alloc, &k);
-        }
+        insert_parent_of_two_leaves(&mut cache, &mut alloc);
         assert_eq!(cache.total_size(), 4 * ps);
         // Two leaves of one page, then their parent, in a single call.
         assert_eq!(cache.evict(3 * ps, &mut alloc).unwrap(), 4 * ps);
@@ -215,12 +222,7 @@ fn a_parent_left_childless_competes_in_lru_order_within_the_same_eviction() {
             let mut alloc = allocator(ps, 32);
             let mut cache = RadixCache::new(ps);
             // Parent P (two pages) with one-page leaves A and B, then an unrelated two-page U.
-            let shared = key(ps, 2, 0);
-            for tail in [500, 600] {
-                let mut k = shared.clone();
-                k.extend(key(ps, 1, tail));
-                insert_fresh(&mut cache, &mut alloc, &k);
-            }
+            let shared = insert_parent_of_two_leaves(&mut cache, &mut alloc);
             let touch_parent = |cache: &mut RadixCache| cache.match_prefix(&shared);
             if !parent_touched_last {
                 touch_parent(&mut cache);

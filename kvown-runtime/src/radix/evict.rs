@@ -204,3 +204,30 @@ impl RadixCache {
         self.refresh_leaf_status(parent);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heap_bytes_counts_the_box_and_every_buffer_by_its_capacity() {
+        let mut scratch = EvictionScratch::default();
+        let mut expected = size_of::<EvictionScratch>();
+        assert_eq!(scratch.heap_bytes(), expected);
+        scratch.victims.reserve_exact(3);
+        expected += scratch.victims.capacity() * size_of::<NodeId>();
+        assert_eq!(scratch.heap_bytes(), expected);
+        scratch.taken.reserve_exact(5);
+        expected += scratch.taken.capacity() * size_of::<LruEntry>();
+        assert_eq!(scratch.heap_bytes(), expected);
+        scratch.orphans.reserve_exact(7);
+        expected += scratch.orphans.capacity() * size_of::<LruEntry>();
+        assert_eq!(scratch.heap_bytes(), expected);
+        scratch.parents.reserve(2);
+        expected += scratch.parents.capacity() * size_of::<(NodeId, (u32, u64))>();
+        assert_eq!(scratch.heap_bytes(), expected);
+        scratch.pages.reserve_exact(11);
+        expected += scratch.pages.capacity() * size_of::<PageId>();
+        assert_eq!(scratch.heap_bytes(), expected);
+    }
+}
