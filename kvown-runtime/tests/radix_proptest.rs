@@ -1,9 +1,10 @@
 //! Random operation sequences on the radix cache over page sizes 1, 3, 4 and 16, with the cache's
-//! and the allocator's invariant checks after every step.
+//! and the allocator's invariant checks after every step; and one eviction against the same
+//! eviction made a node at a time.
 
 mod common;
 
-use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator};
+use kvown_runtime::alloc::{KvAllocator, KvSlot, PageId, PagedAllocator};
 use kvown_runtime::radix::{RadixCache, TreePos};
 use proptest::prelude::*;
 
@@ -160,6 +161,33 @@ impl World {
         self.holders.push(Holder { at, key });
     }
 
+    /// Evicts one least recently used node per call until `tokens` are gone or nothing is
+    /// evictable; returns the tokens evicted.
+    fn evict_node_by_node(&mut self, tokens: usize) -> usize {
+        let mut evicted = 0;
+        while evicted < tokens {
+            match self.cache.evict(1, &mut self.alloc).unwrap() {
+                0 => break,
+                node => evicted += node,
+            }
+        }
+        evicted
+    }
+
+    /// The cached pages, sorted.
+    fn cached_pages(&self) -> Vec<PageId> {
+        let mut pages: Vec<PageId> = self.cache.cached_pages().collect();
+        pages.sort_unstable();
+        pages
+    }
+
+    /// The free pages, in page order.
+    fn free_pages(&self) -> Vec<PageId> {
+        (1..=PAGES as PageId)
+            .filter(|&page| self.alloc.is_page_free(page))
+            .collect()
+    }
+
     fn verify(&self) {
         self.cache.check().unwrap();
         self.alloc.check().unwrap();
@@ -209,5 +237,37 @@ proptest! {
         prop_assert_eq!(world.cache.evict(usize::MAX, &mut world.alloc).unwrap(), total);
         prop_assert_eq!(world.alloc.available_size(), world.alloc.capacity());
         world.verify();
+    }
+
+    #[test]
+    fn one_eviction_frees_what_evicting_a_node_at_a_time_frees(
+        page_size in prop::sample::select(vec![1usize, 3, 4, 16]),
+        ops in prop::collection::vec(op(), 1..60),
+        pages in 1usize..PAGES,
+    ) {
+        // Two worlds from the same operations; one evicts in one call, the other one least
+        // recently used node per call (`evict(1)`) until as many tokens are gone. Whole nodes
+        // go in LRU order either way, parents left childless included, so both must evict the
+        // same nodes. (Their pages reach the free list in another order: one call frees them
+        // in one allocator call, so a LIFO allocator reuses the first victim's first.)
+        let [mut at_once, mut node_by_node] = [(); 2].map(|()| World::new(page_size));
+        for op in ops {
+            at_once.apply(op.clone());
+            node_by_node.apply(op);
+        }
+        let asked = pages * page_size;
+        let evicted = at_once.cache.evict(asked, &mut at_once.alloc).unwrap();
+        let stepwise = node_by_node.evict_node_by_node(asked);
+        prop_assert_eq!(evicted, stepwise);
+        prop_assert_eq!(at_once.cached_pages(), node_by_node.cached_pages());
+        prop_assert_eq!(at_once.free_pages(), node_by_node.free_pages());
+        at_once.verify();
+        node_by_node.verify();
+        // The LRU order left behind agrees too: the next eviction takes the same nodes.
+        let again = at_once.cache.evict(asked, &mut at_once.alloc).unwrap();
+        prop_assert_eq!(again, node_by_node.evict_node_by_node(asked));
+        prop_assert_eq!(at_once.cached_pages(), node_by_node.cached_pages());
+        at_once.verify();
+        node_by_node.verify();
     }
 }

@@ -6,7 +6,6 @@
 //! deleted. An allocator that refuses the free leaves the tree as it was.
 
 use std::cmp::Reverse;
-use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap};
 
 use super::node::NodeId;
@@ -26,8 +25,8 @@ pub(super) struct EvictionScratch {
     taken: Vec<LruEntry>,
     /// Parents the victims leave childless and unlocked: candidates of this call only.
     orphans: BinaryHeap<LruEntry>,
-    /// Per parent of a victim: children it has left and the access time it inherits.
-    parents: HashMap<NodeId, (u32, u64)>,
+    /// Per parent of a victim: the children it has left.
+    parents: HashMap<NodeId, u32>,
     /// The victims' page ids, in eviction order.
     pages: Vec<PageId>,
 }
@@ -38,7 +37,7 @@ impl EvictionScratch {
         size_of::<EvictionScratch>()
             + self.victims.capacity() * size_of::<NodeId>()
             + (self.taken.capacity() + self.orphans.capacity()) * size_of::<LruEntry>()
-            + self.parents.capacity() * size_of::<(NodeId, (u32, u64))>()
+            + self.parents.capacity() * size_of::<(NodeId, u32)>()
             + self.pages.capacity() * size_of::<PageId>()
     }
 
@@ -60,7 +59,8 @@ impl RadixCache {
     /// children and unlocked becomes a candidate in the same call, at the latest access time of
     /// it and its evicted children. The evicted nodes' pages are freed with one
     /// `alloc.free_page_ids(pages)` call, node after node in eviction order and each node's in
-    /// key order, before any node is deleted.
+    /// key order, before any node is deleted (so a LIFO allocator reuses the first victim's
+    /// pages first; sglang frees node by node, which reuses the last victim's first).
     ///
     /// Cost: O(log leaves + node tokens) per evicted node, amortized: the LRU order is kept
     /// across calls (sglang rebuilds a heap of every leaf on each call).
@@ -146,16 +146,16 @@ impl RadixCache {
             tokens += self.arena[victim].len(self.page_size);
             let parent = self.arena[victim].parent;
             let parent_entry = &self.arena[parent];
-            let (children_left, inherited) = match plan.parents.entry(parent) {
-                Entry::Occupied(entry) => entry.into_mut(),
-                Entry::Vacant(entry) => {
-                    entry.insert((parent_entry.child_count, parent_entry.last_access))
-                }
-            };
+            let children_left = plan
+                .parents
+                .entry(parent)
+                .or_insert(parent_entry.child_count);
             *children_left -= 1;
-            *inherited = (*inherited).max(stamp);
             if *children_left == 0 && parent != NodeId::ROOT && parent_entry.lock_ref == 0 {
-                plan.orphans.push(Reverse((*inherited, parent)));
+                // Victims come in access order, so this last child is the parent's newest:
+                // the parent inherits its access time when newer, as `remove_leaf` will set.
+                let inherited = parent_entry.last_access.max(stamp);
+                plan.orphans.push(Reverse((inherited, parent)));
             }
         }
         tokens
@@ -224,7 +224,7 @@ mod tests {
         expected += scratch.orphans.capacity() * size_of::<LruEntry>();
         assert_eq!(scratch.heap_bytes(), expected);
         scratch.parents.reserve(2);
-        expected += scratch.parents.capacity() * size_of::<(NodeId, (u32, u64))>();
+        expected += scratch.parents.capacity() * size_of::<(NodeId, u32)>();
         assert_eq!(scratch.heap_bytes(), expected);
         scratch.pages.reserve_exact(11);
         expected += scratch.pages.capacity() * size_of::<PageId>();
