@@ -121,7 +121,7 @@ pub struct RadixCache {
     total_size: usize,
     /// Logical clock for access times; ticks once per match or insert.
     clock: u64,
-    /// Reused buffers of eviction plans (boxed: a cache that never evicts keeps them small).
+    /// Reused buffers of eviction plans (boxed, so that the cache itself stays small).
     eviction: Box<EvictionScratch>,
 }
 
