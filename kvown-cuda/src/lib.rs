@@ -10,6 +10,23 @@
 //! * Kernels are CUDA C in `src/kernels/*.cu`, embedded with `include_str!` and compiled at run
 //!   time by NVRTC for the device's `sm_XY`, once per process.
 //!
+//! The same code runs on a GPU host and on one without CUDA; only the backend it prints differs:
+//!
+//! ```
+//! use kvown_cuda::Backend;
+//! use kvown_runtime::kv::{KvData, KvDtype, KvLayout, KvSlice};
+//!
+//! let backend = Backend::auto(); // never panics: CUDA, or the host and the reason why
+//! println!("KV pool on {backend}");
+//! // 2 layers, 1 KV head of 4 elements, 8 slots in pages of 4 (+ the padding page), f32.
+//! let mut pool = backend.new_kv_pool(KvLayout::new(2, 1, 4, 8, 4)?, KvDtype::F32)?;
+//! let (k, v) = ([1.0, 2.0, 3.0, 4.0], [0.5; 4]);
+//! pool.store_kv(1, &[5], KvSlice::F32(&k), KvSlice::F32(&v))?;
+//! let (k_back, _) = pool.load_kv(1, &[5])?;
+//! assert_eq!(k_back, KvData::F32(k.to_vec()));
+//! # Ok::<(), kvown_runtime::kv::KvPoolError>(())
+//! ```
+//!
 //! # Verification status
 //!
 //! **Nothing in this crate has run on a GPU yet.** Verified without a GPU: the crate builds, and
