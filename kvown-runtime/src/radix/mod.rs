@@ -16,8 +16,9 @@
 //!   now belong to the tree.
 //! * [`RadixCache::inc_lock_ref`] / [`RadixCache::dec_lock_ref`] / [`RadixCache::move_lock`] pin
 //!   a node and its path; tokens move between evictable and protected only on 0↔1 transitions.
-//! * [`RadixCache::evict`] frees least-recently-used unlocked leaves through the allocator;
-//!   [`RadixCache::evict_shortfall`] evicts only what the allocator lacks (spec §2.7).
+//! * [`RadixCache::evict`] frees least-recently-used unlocked leaves through the allocator, in
+//!   one allocator call, all or nothing; [`RadixCache::evict_shortfall`] evicts only what the
+//!   allocator lacks (spec §2.7).
 //!
 //! ```
 //! use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
