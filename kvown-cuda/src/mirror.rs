@@ -462,6 +462,10 @@ impl<D: DeviceAllocOps> KvAllocator for MirroredAllocator<D> {
         self.mirror_free(PageAllocator::free_group_end)
     }
 
+    fn in_free_group(&self) -> bool {
+        self.host.in_free_group()
+    }
+
     fn alloc_extend_rows(
         &mut self,
         reqs: &[ExtendShape],

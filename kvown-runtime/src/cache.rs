@@ -181,9 +181,20 @@ impl<A: KvAllocator> KvCache<A> {
     /// evictable is gone. Returns the tokens evicted.
     ///
     /// # Errors
-    /// [`KvError::Radix`] with [`crate::radix::RadixError::Free`] when the allocator refuses the
-    /// evicted pages: then nothing is evicted.
+    /// Nothing is evicted when it fails: [`KvError::FreeGroupOpen`] when slots are short and
+    /// the cache holds evictable entries but a free group is open (evicted pages would stay
+    /// deferred), [`KvError::Radix`] with [`crate::radix::RadixError::Free`] when the allocator
+    /// refuses the evicted pages.
     pub fn evict_shortfall(&mut self, num_tokens: usize) -> Result<usize, KvError> {
+        let available = self.allocator.available_size();
+        let evictable = self.tree.evictable_size();
+        if available < num_tokens && evictable > 0 && self.allocator.in_free_group() {
+            return Err(KvError::FreeGroupOpen {
+                requested: num_tokens,
+                available,
+                evictable,
+            });
+        }
         match &mut self.tree {
             TreeCache::Radix(tree) => Ok(tree.evict_shortfall(num_tokens, &mut self.allocator)?),
             TreeCache::Disabled => Ok(0),
@@ -209,7 +220,10 @@ impl<A: KvAllocator> KvCache<A> {
         Ok(())
     }
 
-    /// Starts deferring frees (release a batch of requests as one free-list update).
+    /// Starts deferring frees (release a batch of requests as one free-list update). While the
+    /// group is open, freed pages are not available, so a call that must make room by freeing
+    /// (an allocation that needs an eviction, [`KvCache::evict_shortfall`], a retraction) is
+    /// refused with [`KvError::FreeGroupOpen`], changing nothing.
     pub fn free_group_begin(&mut self) -> Result<(), KvError> {
         Ok(self.allocator.free_group_begin()?)
     }

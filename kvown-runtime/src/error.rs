@@ -22,6 +22,22 @@ pub enum KvError {
         /// Slots the prefix cache could free by eviction.
         evictable: usize,
     },
+    /// Room for `requested` slots must come from frees (evicting the prefix cache, or a
+    /// retraction's releases), but a free group is open: what it frees stays deferred, and
+    /// unavailable, until the group ends.
+    #[error(
+        "cannot make room inside a free group: requested {requested} slots, {available} free \
+         and {evictable} evictable, but frees stay deferred until free_group_end; end the free \
+         group first"
+    )]
+    FreeGroupOpen {
+        /// Slots the call needs in new pages.
+        requested: usize,
+        /// Slots free now.
+        available: usize,
+        /// Slots the prefix cache could free by eviction once the group ends.
+        evictable: usize,
+    },
     /// Not enough request rows in the request-to-token table.
     #[error(
         "out of request rows: requested {requested}, {available} free; lower the number of \

@@ -1155,3 +1155,113 @@ fn reclaim_refuses_an_open_free_group_and_changes_nothing() {
     assert_eq!(cache.id(), id);
     release_all_and_empty_out(reqs, cache);
 }
+
+/// A radix cache of 32 slots (pages of 4) holding three released 8-token prompts: 24 tokens
+/// cached and evictable, 8 slots free.
+fn cache_with_three_prompts_cached() -> (Cache, Vec<Req>) {
+    let mut cache = cache(32, 4, true);
+    let prompts = (0..3)
+        .map(|rid| Req::new(rid, tokens(100 * rid as u32, 8)))
+        .collect();
+    let mut released = extend(prompts, &mut cache).into_reqs();
+    for req in &mut released {
+        release_kv_cache(req, &mut cache, true).unwrap();
+    }
+    assert_eq!(
+        (cache.available_size(), cache.tree().evictable_size()),
+        (8, 24)
+    );
+    (cache, released)
+}
+
+// Inside a free group an eviction frees nothing until the group ends: a call that needs one is
+// refused before it evicts, with the counts; one that fits in the free slots goes through.
+#[test]
+fn room_that_only_eviction_can_make_is_refused_inside_a_free_group() {
+    let (mut cache, _) = cache_with_three_prompts_cached();
+    let refused = KvError::FreeGroupOpen {
+        requested: 16,
+        available: 8,
+        evictable: 24,
+    };
+    cache.free_group_begin().unwrap();
+    let before = state(&cache);
+    assert_eq!(cache.evict_shortfall(16), Err(refused.clone()));
+    assert_eq!(
+        cache.evict_shortfall(8),
+        Ok(0),
+        "no shortfall: nothing to refuse"
+    );
+    let mut req = Req::new(7, tokens(700, 16));
+    init_next_round_input(&mut req, &mut cache, usize::MAX).unwrap();
+    let failure = alloc_for_extend(
+        prepare_for_extend(ScheduleBatch::new(vec![req])),
+        &mut cache,
+    )
+    .unwrap_err();
+    assert_eq!(failure.error, refused);
+    assert_eq!(state(&cache), before, "nothing evicted, nothing deferred");
+    assert!(
+        failure
+            .error
+            .to_string()
+            .contains("end the free group first")
+    );
+    let mut req = failure.batch.cancel().into_reqs().pop().unwrap();
+    assert_eq!(ladder(&req), (0, 0, 0));
+
+    // Eight slots fit in what is free: allocation inside the group goes on as before.
+    let small = extend(vec![Req::new(8, tokens(800, 8))], &mut cache);
+    assert_eq!(cache.available_size(), 0);
+    cache.free_group_end().unwrap();
+
+    // Once the group is closed the refused extend evicts what it lacks and goes through.
+    let batch = alloc_for_extend(
+        prepare_for_extend(ScheduleBatch::new(vec![req])),
+        &mut cache,
+    )
+    .map_err(|failure| failure.error)
+    .unwrap();
+    req = batch.into_reqs().pop().unwrap();
+    assert_eq!(ladder(&req), (0, 16, 16));
+    let mut all = small.into_reqs();
+    all.push(req);
+    release_all_and_empty_out(all, cache);
+}
+
+#[test]
+fn retraction_inside_a_free_group_is_refused_and_changes_nothing() {
+    let page_size = 4;
+    let mut cache = cache(32, page_size, false);
+    let mut batch = extend(
+        vec![Req::new(1, tokens(0, 16)), Req::new(2, tokens(100, 16))],
+        &mut cache,
+    );
+    assert_eq!(cache.available_size(), 0);
+    cache.free_group_begin().unwrap();
+    let before = state(&cache);
+    let error = retract_decode(&mut batch, &mut cache, None).unwrap_err();
+    assert_eq!(
+        error,
+        KvError::FreeGroupOpen {
+            requested: 8,
+            available: 0,
+            evictable: 0,
+        }
+    );
+    assert_eq!(state(&cache), before);
+    let rids: Vec<u64> = batch.reqs().iter().map(Req::rid).collect();
+    assert_eq!(rids, [1, 2]);
+    cache.free_group_end().unwrap();
+
+    let outcome = retract_decode(&mut batch, &mut cache, None).unwrap();
+    assert_eq!(outcome.retracted.len(), 1);
+    let mut all = batch.into_reqs();
+    all.extend(
+        outcome
+            .retracted
+            .into_iter()
+            .filter(|req| req.kv().holds_kv()),
+    );
+    release_all_and_empty_out(all, cache);
+}

@@ -742,6 +742,26 @@ where
             self.cache.check(self.running.reqs()),
             Err(Violation::OpenFreeGroup)
         );
+        // Evicting inside the group would free nothing until it ends: refused, nothing changed.
+        let capacity = self.cache.allocator().capacity();
+        let evictable = self.cache.tree().evictable_size();
+        let before = self.eviction_state();
+        match self.cache.evict_shortfall(capacity) {
+            Err(KvError::FreeGroupOpen {
+                requested,
+                available: free,
+                evictable: listed,
+            }) => {
+                assert_eq!((requested, free, listed), (capacity, available, evictable));
+                assert_eq!(
+                    self.eviction_state(),
+                    before,
+                    "a refused eviction changes nothing"
+                );
+            }
+            Ok(0) => assert!(evictable == 0 || available >= capacity),
+            other => panic!("an eviction inside a free group gave {other:?}"),
+        }
         self.cache.free_group_end().unwrap();
         let inserted = self.tree_total() - tree_total;
         assert_eq!(self.cache.available_size(), available + owned - inserted);

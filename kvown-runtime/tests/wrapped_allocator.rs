@@ -92,6 +92,10 @@ impl KvAllocator for DefaultsOnly {
     fn free_group_end(&mut self) -> Result<(), AllocError> {
         self.0.free_group_end()
     }
+
+    fn in_free_group(&self) -> bool {
+        self.0.in_free_group()
+    }
 }
 
 /// The checker reads the wrapped allocator; the trait's methods still run their defaults.

@@ -81,11 +81,6 @@ impl<R: ReuseOrder> PageAllocator<R> {
         self.need_sort
     }
 
-    /// Whether a free group is open.
-    pub fn in_free_group(&self) -> bool {
-        self.in_free_group
-    }
-
     /// Pages freed in the open free group, not yet available.
     pub fn deferred_count(&self) -> usize {
         self.deferred.len()
@@ -781,6 +776,10 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
         self.in_free_group = false;
         self.release_deferred(true);
         Ok(())
+    }
+
+    fn in_free_group(&self) -> bool {
+        self.in_free_group
     }
 }
 

@@ -190,6 +190,9 @@ pub trait KvAllocator {
     /// (a no-op when nothing was deferred). Fails with [`AllocError::NotInFreeGroup`] when no
     /// group is open.
     fn free_group_end(&mut self) -> Result<(), AllocError>;
+    /// Whether a free group is open: frees made now stay deferred, and their pages unavailable,
+    /// until [`KvAllocator::free_group_end`].
+    fn in_free_group(&self) -> bool;
 
     /// Allocates `num_pages` whole pages, in free-list order, and appends their ids to `out`:
     /// [`KvAllocator::alloc`] at page granularity (page `p` backs slots

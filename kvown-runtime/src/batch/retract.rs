@@ -37,6 +37,10 @@ pub fn new_tokens_required_next_decode<'a>(
 
 /// Whether the next decode step of `reqs` fits, evicting only the prefix-cache shortfall
 /// (sglang `check_decode_mem`).
+///
+/// # Errors
+/// As [`KvCache::evict_shortfall`]: an eviction refused (inside a free group, or by the
+/// allocator) evicts nothing.
 pub fn check_decode_mem<'a, A: KvAllocator>(
     reqs: impl IntoIterator<Item = &'a Req>,
     cache: &mut KvCache<A>,
@@ -64,7 +68,8 @@ pub struct RetractOutcome {
 ///
 /// Every request must hold KV in this cache: one that holds none fails the call with
 /// [`KvError::NotHeld`], one of another cache with [`KvError::OtherCache`], before anything is
-/// released. An error after that is a broken invariant (a bug, such as an allocator refusing a
+/// released; so does an open free group, with [`KvError::FreeGroupOpen`] (the releases would
+/// stay deferred and make no room). An error after that is a broken invariant (a bug, such as an allocator refusing a
 /// free); the call then drops no request: the batch gets back those it had not taken out, in
 /// their order, followed by those it had, in the order it took them (released and reset, except
 /// the one whose release failed, which keeps its KV as a failed release leaves it).
@@ -73,9 +78,21 @@ pub fn retract_decode<A: KvAllocator>(
     cache: &mut KvCache<A>,
     spec_reserve: Option<usize>,
 ) -> Result<RetractOutcome, KvError> {
-    // Before anything is released: a request that holds no KV here fails the call.
+    // Before anything is released: a request that holds no KV here fails the call, and so
+    // does an open free group.
     for req in &batch.reqs {
         cache.held_row(req)?;
+    }
+    if cache.allocator.in_free_group() {
+        return Err(KvError::FreeGroupOpen {
+            requested: new_tokens_required_next_decode(
+                &batch.reqs,
+                cache.page_size(),
+                spec_reserve,
+            ),
+            available: cache.available_size(),
+            evictable: cache.tree.evictable_size(),
+        });
     }
     let mut order: Vec<usize> = (0..batch.reqs.len()).collect();
     order.sort_by_key(|&i| {

@@ -178,6 +178,10 @@ impl<A: KvAllocator> KvAllocator for FaultyFrees<A> {
         self.inner.free_group_end()
     }
 
+    fn in_free_group(&self) -> bool {
+        self.inner.in_free_group()
+    }
+
     fn alloc_page_ids(
         &mut self,
         num_pages: usize,
