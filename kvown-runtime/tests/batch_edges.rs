@@ -1240,6 +1240,7 @@ fn retraction_inside_a_free_group_is_refused_and_changes_nothing() {
     assert_eq!(cache.available_size(), 0);
     cache.free_group_begin().unwrap();
     let before = state(&cache);
+    assert_eq!(cache.evict_shortfall(8), Ok(0), "nothing evictable: nothing to refuse");
     let error = retract_decode(&mut batch, &mut cache, None).unwrap_err();
     assert_eq!(
         error,
