@@ -1240,7 +1240,11 @@ fn retraction_inside_a_free_group_is_refused_and_changes_nothing() {
     assert_eq!(cache.available_size(), 0);
     cache.free_group_begin().unwrap();
     let before = state(&cache);
-    assert_eq!(cache.evict_shortfall(8), Ok(0), "nothing evictable: nothing to refuse");
+    assert_eq!(
+        cache.evict_shortfall(8),
+        Ok(0),
+        "nothing evictable: nothing to refuse"
+    );
     let error = retract_decode(&mut batch, &mut cache, None).unwrap_err();
     assert_eq!(
         error,
@@ -1265,4 +1269,44 @@ fn retraction_inside_a_free_group_is_refused_and_changes_nothing() {
             .filter(|req| req.kv().holds_kv()),
     );
     release_all_and_empty_out(all, cache);
+}
+
+// Counts near `usize::MAX` (a corrupt sampler output, a bad configuration) are refused with
+// typed errors, not overflowed: a wrapped commit would move the committed length backwards.
+#[test]
+fn huge_reservations_and_commits_are_refused_not_overflowed() {
+    let page_size = 4;
+    let width = 32;
+    let mut cache = cache_with(256, page_size, false, 4, width);
+    let mut batch = extend(vec![Req::new(1, tokens(0, 6))], &mut cache);
+    let before = state(&cache);
+
+    let error = commit_spec_tokens(&mut batch, &[usize::MAX]).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            KvError::CommitBeyondAllocation {
+                rid: 1,
+                accepted: usize::MAX,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert_eq!(ladder(&batch.reqs()[0]), (0, 6, 6));
+
+    for reserve in [usize::MAX, usize::MAX - 6, usize::MAX - 8] {
+        let needed = new_tokens_required_next_decode(batch.reqs(), page_size, Some(reserve));
+        assert!(needed >= usize::MAX - width, "saturates: {needed}");
+        let (back, error) = prepare_for_spec_decode(batch, &cache, reserve).unwrap_err();
+        assert!(
+            matches!(error, KvError::RowTooShort { rid: 1, needed, width: 32 } if needed > width),
+            "{error}"
+        );
+        batch = back;
+        assert!(!check_decode_mem(batch.reqs(), &mut cache, Some(reserve)).unwrap());
+    }
+    assert_eq!(state(&cache), before);
+    assert_eq!(ladder(&batch.reqs()[0]), (0, 6, 6));
+    release_all_and_empty_out(batch.into_reqs(), cache);
 }

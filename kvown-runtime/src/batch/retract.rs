@@ -1,5 +1,6 @@
 //! Memory checks before a decode step, and retraction when the step does not fit.
 
+use super::spec::reservation_target;
 use super::{Ready, ScheduleBatch, release_kv_cache, reset_for_retract};
 use crate::alloc::{KvAllocator, ceil_align};
 use crate::cache::KvCache;
@@ -10,7 +11,8 @@ use crate::request::Req;
 ///
 /// Without speculation (`spec_reserve = None`) only requests whose next token opens a page
 /// need one. With speculation, each request tops its allocation up to
-/// `ceil_align(committed + reserve, page_size)`.
+/// `ceil_align(committed + reserve, page_size)`. A reservation past `usize::MAX` counts as
+/// `usize::MAX` slots less what the request holds (more than any pool), not an overflow.
 pub fn new_tokens_required_next_decode<'a>(
     reqs: impl IntoIterator<Item = &'a Req>,
     page_size: usize,
@@ -27,11 +29,11 @@ pub fn new_tokens_required_next_decode<'a>(
             .into_iter()
             .map(|req| {
                 let kv = req.kv();
-                let allocated = kv.kv_allocated_len();
-                let target = allocated.max(ceil_align(kv.kv_committed_len() + reserve, page_size));
-                ceil_align(target, page_size) - ceil_align(allocated, page_size)
+                let backed = ceil_align(kv.kv_allocated_len(), page_size);
+                let target = reservation_target(backed, kv.kv_committed_len(), reserve, page_size);
+                target - backed
             })
-            .sum(),
+            .fold(0, usize::saturating_add),
     }
 }
 

@@ -4,7 +4,7 @@
 use kvown_macros::owner;
 
 use super::{AllocFailure, Ready, ScheduleBatch, SpecPrepared};
-use crate::alloc::{ExtendShape, KvAllocator, ceil_align};
+use crate::alloc::{ExtendShape, KvAllocator};
 use crate::cache::KvCache;
 use crate::error::KvError;
 
@@ -28,7 +28,7 @@ pub fn prepare_for_spec_decode<A: KvAllocator>(
             Err(error) => return Err((batch, error)),
         };
         let current = kv.kv_allocated_len();
-        let target = current.max(ceil_align(kv.kv_committed_len() + reserve, page_size));
+        let target = reservation_target(current, kv.kv_committed_len(), reserve, page_size);
         if target > width {
             let error = KvError::RowTooShort {
                 rid: req.rid(),
@@ -54,6 +54,20 @@ pub fn prepare_for_spec_decode<A: KvAllocator>(
         shapes,
         cache: cache.id(),
     }))
+}
+
+/// A speculative request's reservation target, `max(allocated, ceil_align(committed + reserve,
+/// page_size))`, or `usize::MAX` when that overflows (no row is that wide).
+pub(crate) fn reservation_target(
+    allocated: usize,
+    committed: usize,
+    reserve: usize,
+    page_size: usize,
+) -> usize {
+    committed
+        .checked_add(reserve)
+        .and_then(|wanted| wanted.checked_next_multiple_of(page_size))
+        .map_or(usize::MAX, |aligned| aligned.max(allocated))
 }
 
 /// Tops each request's allocation up to its reservation target: slots for `[allocated,
@@ -138,7 +152,8 @@ pub fn commit_spec_tokens(
             continue;
         }
         req.held_row()?;
-        let would_be = kv.kv_committed_len() + count;
+        // Saturating: an overflowing count passes any allocation, and is refused below.
+        let would_be = kv.kv_committed_len().saturating_add(count);
         if would_be > kv.kv_allocated_len() {
             return Err(KvError::CommitBeyondAllocation {
                 rid: req.rid(),
