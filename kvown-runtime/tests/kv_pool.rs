@@ -51,11 +51,25 @@ fn layout_rejects_bad_shapes() {
         ((1, 2, 4, 10, 4), "not a multiple of page_size"),
         ((1, 2, 4, 12, 0), "page_size must be positive"),
         ((1, 2, 4, u32::MAX as usize, 1), "exceed the KvSlot range"),
+        ((usize::MAX, 2, 4, 12, 4), "exceed the address space"),
+        (
+            (1, usize::MAX, usize::MAX, 12, 4),
+            "exceed the address space",
+        ),
+        ((1, usize::MAX / 2, 4, 12, 4), "exceed the address space"),
     ] {
         let (layers, heads, dim, capacity, page) = args;
         let err = KvLayout::new(layers, heads, dim, capacity, page).unwrap_err();
         assert!(err.to_string().contains(needle), "{err} lacks {needle:?}");
     }
+    // At the address space's edge: 16 slots of one 1-element head, K and V at 4 bytes each, are
+    // 128 bytes a layer; one layer more no longer fits.
+    let edge = isize::MAX as usize / 128;
+    KvLayout::new(edge, 1, 1, 12, 4).unwrap();
+    assert!(KvLayout::new(edge + 1, 1, 1, 12, 4).is_err());
+    // The V head may be the wider one.
+    let wide_v = usize::MAX / 16;
+    assert!(KvLayout::with_v_head_dim(1, 1, 1, wide_v, 12, 4).is_err());
     let ok = layout();
     assert_eq!((ok.slots(), ok.pages()), (16, 4));
     assert_eq!(

@@ -21,7 +21,9 @@ pub struct KvLayout {
 
 impl KvLayout {
     /// A layout with `v_head_dim == head_dim`. Fails when a field is zero, `capacity` is not a
-    /// multiple of `page_size`, or `capacity + page_size` slots do not fit in a [`KvSlot`].
+    /// multiple of `page_size`, `capacity + page_size` slots do not fit in a [`KvSlot`], or the
+    /// pool's K and V buffers would not fit in the address space (counted at 4 bytes an element,
+    /// the widest [`KvDtype`]), so no size computed from a layout overflows.
     pub fn new(
         layers: usize,
         kv_heads: usize,
@@ -58,13 +60,25 @@ impl KvLayout {
                 "capacity {capacity} is not a multiple of page_size {page_size}"
             ));
         }
-        match capacity.checked_add(page_size) {
-            Some(slots) if slots <= KvSlot::MAX as usize => {}
+        let slots = match capacity.checked_add(page_size) {
+            Some(slots) if slots <= KvSlot::MAX as usize => slots,
             _ => {
                 return invalid(format!(
                     "capacity {capacity} + page_size {page_size} slots exceed the KvSlot range"
                 ));
             }
+        };
+        let widest_element = size_of::<f32>();
+        let pool_bytes = kv_heads
+            .checked_mul(head_dim.max(v_head_dim))
+            .and_then(|row| row.checked_mul(slots))
+            .and_then(|buffer| buffer.checked_mul(2 * widest_element))
+            .and_then(|layer| layer.checked_mul(layers));
+        if !pool_bytes.is_some_and(|bytes| bytes <= isize::MAX as usize) {
+            return invalid(format!(
+                "{layers} layers of K and V buffers of {slots} rows of {kv_heads} heads x \
+                 {head_dim} / {v_head_dim} elements exceed the address space"
+            ));
         }
         Ok(Self {
             layers,
