@@ -74,7 +74,7 @@ impl KvLayout {
             .and_then(|row| row.checked_mul(slots))
             .and_then(|buffer| buffer.checked_mul(2 * widest_element))
             .and_then(|layer| layer.checked_mul(layers));
-        if !pool_bytes.is_some_and(|bytes| bytes <= isize::MAX as usize) {
+        if pool_bytes.is_none_or(|bytes| bytes > isize::MAX as usize) {
             return invalid(format!(
                 "{layers} layers of K and V buffers of {slots} rows of {kv_heads} heads x \
                  {head_dim} / {v_head_dim} elements exceed the address space"
