@@ -68,11 +68,13 @@ struct NewReq {
 #[derive(Debug, Clone)]
 enum Op {
     /// One extend batch: optionally every chunking request, some waiting (retracted or
-    /// rejected) requests, and new ones.
+    /// rejected) requests, and new ones; `in_free_group` makes it inside an open free group,
+    /// where it may take free slots but not evict.
     Admit {
         new: Vec<NewReq>,
         readmit: usize,
         with_chunking: bool,
+        in_free_group: bool,
     },
     /// New requests of (nearly) a full row each, without chunking: usually out of memory or rows.
     Oversize {
@@ -155,9 +157,18 @@ fn new_req() -> impl Strategy<Value = NewReq> {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (prop::collection::vec(new_req(), 0..4), 0usize..3, any::<bool>()).prop_map(
-            |(new, readmit, with_chunking)| Op::Admit { new, readmit, with_chunking }
-        ),
+        4 => (
+            prop::collection::vec(new_req(), 0..4),
+            0usize..3,
+            any::<bool>(),
+            prop::bool::weighted(0.2),
+        )
+            .prop_map(|(new, readmit, with_chunking, in_free_group)| Op::Admit {
+                new,
+                readmit,
+                with_chunking,
+                in_free_group
+            }),
         1 => (1usize..4, 0usize..2).prop_map(|(count, extra)| Op::Oversize { count, extra }),
         10 => (
             prop::bool::weighted(0.85),
@@ -336,10 +347,14 @@ where
         reclaim_leaks(&mut self.cache, live)
     }
 
+    /// Runs the checker over every live request and `extra`; inside a free group, where it
+    /// refuses to run, only that refusal is checked.
     fn check_with(&self, extra: &[Req]) {
         let all = self.live_reqs().chain(extra);
-        if let Err(violation) = self.cache.check(all) {
-            panic!("invariant broken: {violation}");
+        match self.cache.check(all) {
+            Err(Violation::OpenFreeGroup) if self.cache.allocator().in_free_group() => {}
+            Err(violation) => panic!("invariant broken: {violation}"),
+            Ok(()) => assert!(!self.cache.allocator().in_free_group()),
         }
     }
 
@@ -420,6 +435,13 @@ where
                 evictable,
             });
         }
+        if available < tokens && self.cache.allocator().in_free_group() {
+            return Err(KvError::FreeGroupOpen {
+                requested: tokens,
+                available,
+                evictable,
+            });
+        }
         Ok(())
     }
 
@@ -442,7 +464,7 @@ where
         slots
     }
 
-    fn admit(&mut self, new: &[NewReq], readmit: usize, with_chunking: bool) {
+    fn admit(&mut self, new: &[NewReq], readmit: usize, with_chunking: bool, in_free_group: bool) {
         let mut reqs = Vec::new();
         if with_chunking {
             reqs.append(&mut self.chunking);
@@ -454,7 +476,16 @@ where
             reqs.push(req);
         }
         let chunk = self.cfg.chunk;
-        self.extend(reqs, chunk);
+        if in_free_group {
+            // Ending the group releases what it deferred (a chunk's registration frees the
+            // pages another request of the batch cached first).
+            self.cache.free_group_begin().unwrap();
+            self.extend(reqs, chunk);
+            self.cache.free_group_end().unwrap();
+            self.check();
+        } else {
+            self.extend(reqs, chunk);
+        }
     }
 
     fn oversize(&mut self, count: usize, extra: usize) {
@@ -1324,7 +1355,8 @@ where
                 new,
                 readmit,
                 with_chunking,
-            } => self.admit(new, *readmit, *with_chunking),
+                in_free_group,
+            } => self.admit(new, *readmit, *with_chunking, *in_free_group),
             Op::Oversize { count, extra } => self.oversize(*count, *extra),
             Op::Decode {
                 checked,
