@@ -128,8 +128,17 @@ impl Args {
         if self.spec_tokens == 0 {
             return Err("--spec-tokens must be positive".into());
         }
-        if self.page_size == 0 || self.pool_tokens < self.page_size {
+        if self.page_size == 0 {
+            return Err("--page-size must be positive".into());
+        }
+        if self.pool_tokens < self.page_size {
             return Err("--pool-tokens must hold at least one page of --page-size".into());
+        }
+        if self.spec_tokens > self.pool_tokens / 2 {
+            return Err(
+                "--spec-tokens: the reservation, 2 x --spec-tokens, must fit in --pool-tokens"
+                    .into(),
+            );
         }
         Ok(())
     }
@@ -138,5 +147,54 @@ impl Args {
     /// without speculation.
     pub fn spec_reserve(&self) -> Option<usize> {
         self.spec.then_some(2 * self.spec_tokens)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The engine's flags: `flags` after the defaults.
+    fn args(flags: &[&str]) -> Args {
+        Args::try_parse_from(std::iter::once("engine").chain(flags.iter().copied()))
+            .expect("flags that parse")
+    }
+
+    #[test]
+    fn the_defaults_run() {
+        assert_eq!(args(&[]).validate(), Ok(()));
+    }
+
+    #[test]
+    fn validate_names_the_flag_at_fault() {
+        for (flags, message) in [
+            (
+                &["--requests", "0"][..],
+                "--requests, --max-running and --chunk-size",
+            ),
+            (&["--arrival-rate", "0"], "--arrival-rate must be positive"),
+            (&["--accept-rate", "1.5"], "--accept-rate must be in [0, 1]"),
+            (&["--spec-tokens", "0"], "--spec-tokens must be positive"),
+            (&["--page-size", "0"], "--page-size must be positive"),
+            (
+                &["--pool-tokens", "8", "--page-size", "16"],
+                "--pool-tokens must hold",
+            ),
+            (
+                &["--pool-tokens", "64", "--spec-tokens", "33"],
+                "2 x --spec-tokens",
+            ),
+            (
+                &["--spec-tokens", "18446744073709551615"],
+                "2 x --spec-tokens",
+            ),
+        ] {
+            let error = args(flags).validate().unwrap_err();
+            assert!(error.contains(message), "{flags:?}: {error}");
+        }
+        assert_eq!(
+            args(&["--pool-tokens", "64", "--spec-tokens", "32"]).validate(),
+            Ok(())
+        );
     }
 }
