@@ -30,8 +30,8 @@ struct Args {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
-    /// Measurements per workload (median, min and max are taken over them).
-    #[arg(long, default_value_t = 7)]
+    /// Measurements per workload, at least 1 (median, min and max are taken over them).
+    #[arg(long, default_value_t = 7, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     repeats: usize,
     /// Run only these workloads (e.g. `--only W1_k1 --only W2`); all of them when absent.
     #[arg(long, value_name = "NAME", value_parser = WORKLOADS)]
@@ -191,7 +191,7 @@ fn repeat(
     repeats: usize,
     mut measure: impl FnMut() -> f64,
 ) -> Workload {
-    let mut values: Vec<f64> = (0..repeats.max(1)).map(|_| measure()).collect();
+    let mut values: Vec<f64> = (0..repeats).map(|_| measure()).collect();
     values.sort_by(f64::total_cmp);
     Workload {
         name: name.to_string(),
@@ -354,7 +354,7 @@ fn decode_phases(workload: &'static str, radix: bool, repeats: usize) -> Vec<Pha
     for _ in 0..STEPS {
         decode.step();
     }
-    let runs: Vec<Vec<f64>> = (0..repeats.max(1))
+    let runs: Vec<Vec<f64>> = (0..repeats)
         .map(|_| {
             let mut clock = PhaseTimes::start();
             for _ in 0..STEPS {
