@@ -31,7 +31,7 @@ struct Args {
     #[arg(long)]
     json: bool,
     /// Measurements per workload, at least 1 (median, min and max are taken over them).
-    #[arg(long, default_value_t = 7, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, default_value_t = 7, value_parser = at_least_one())]
     repeats: usize,
     /// Run only these workloads (e.g. `--only W1_k1 --only W2`); all of them when absent.
     #[arg(long, value_name = "NAME", value_parser = WORKLOADS)]
@@ -150,6 +150,11 @@ impl Workload {
         });
         self
     }
+}
+
+/// Parses a count of 1 or more.
+fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(1..)
 }
 
 /// One part of a decode step: median time per step over the repeats.

@@ -71,10 +71,11 @@ pub struct RetractOutcome {
 /// Every request must hold KV in this cache: one that holds none fails the call with
 /// [`KvError::NotHeld`], one of another cache with [`KvError::OtherCache`], before anything is
 /// released; so does an open free group, with [`KvError::FreeGroupOpen`] (the releases would
-/// stay deferred and make no room). An error after that is a broken invariant (a bug, such as an allocator refusing a
-/// free); the call then drops no request: the batch gets back those it had not taken out, in
-/// their order, followed by those it had, in the order it took them (released and reset, except
-/// the one whose release failed, which keeps its KV as a failed release leaves it).
+/// stay deferred and make no room). An error after that is a broken invariant (a bug, such as
+/// an allocator refusing a free); the call then drops no request: the batch gets back those it
+/// had not taken out, in their order, followed by those it had, in the order it took them
+/// (released and reset, except the one whose release failed, which keeps its KV as a failed
+/// release leaves it).
 pub fn retract_decode<A: KvAllocator>(
     batch: &mut ScheduleBatch<Ready>,
     cache: &mut KvCache<A>,
