@@ -60,7 +60,8 @@ impl RadixCache {
     /// it and its evicted children. The evicted nodes' pages are freed with one
     /// `alloc.free_page_ids(pages)` call, node after node in eviction order and each node's in
     /// key order, before any node is deleted (so a LIFO allocator reuses the first victim's
-    /// pages first; sglang frees node by node, which reuses the last victim's first).
+    /// pages first; sglang frees node by node, so its paged allocator reuses the last victim's
+    /// first).
     ///
     /// Cost: O(log leaves + node tokens) per evicted node, amortized: the LRU order is kept
     /// across calls (sglang rebuilds a heap of every leaf on each call).
