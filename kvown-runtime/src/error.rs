@@ -38,6 +38,12 @@ pub enum KvError {
         /// Slots the prefix cache could free by eviction once the group ends.
         evictable: usize,
     },
+    /// A request was made with an empty prompt: every request needs one token to compute.
+    #[error("request {rid}: the prompt is empty; a request needs at least one token")]
+    EmptyPrompt {
+        /// The request.
+        rid: u64,
+    },
     /// Not enough request rows in the request-to-token table.
     #[error(
         "out of request rows: requested {requested}, {available} free; lower the number of \

@@ -101,16 +101,21 @@ pub struct Req {
 }
 
 impl Req {
-    /// A new request with prompt `input_ids` (at least one token).
+    /// A new request with prompt `input_ids` (at least one token), for prompts known to be
+    /// non-empty; [`Req::try_new`] checks one that comes from outside.
     ///
     /// # Panics
     /// If `input_ids` is empty: every request needs one token to compute.
     pub fn new(rid: u64, input_ids: Vec<u32>) -> Req {
-        assert!(
-            !input_ids.is_empty(),
-            "request {rid}: a prompt needs at least one token"
-        );
-        Req {
+        Req::try_new(rid, input_ids).unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// A new request with prompt `input_ids`, or [`KvError::EmptyPrompt`] when it is empty.
+    pub fn try_new(rid: u64, input_ids: Vec<u32>) -> Result<Req, KvError> {
+        if input_ids.is_empty() {
+            return Err(KvError::EmptyPrompt { rid });
+        }
+        Ok(Req {
             rid,
             origin_len: input_ids.len(),
             extend_end: input_ids.len(),
@@ -120,7 +125,7 @@ impl Req {
             last_node: TreePos::ROOT,
             retraction_count: 0,
             is_retracted: false,
-        }
+        })
     }
 
     /// The request id.

@@ -1310,3 +1310,19 @@ fn huge_reservations_and_commits_are_refused_not_overflowed() {
     assert_eq!(ladder(&batch.reqs()[0]), (0, 6, 6));
     release_all_and_empty_out(batch.into_reqs(), cache);
 }
+
+#[test]
+fn an_empty_prompt_is_a_typed_error_or_a_named_panic() {
+    assert!(matches!(
+        Req::try_new(3, Vec::new()),
+        Err(KvError::EmptyPrompt { rid: 3 })
+    ));
+    let req = Req::try_new(4, vec![7]).unwrap();
+    assert_eq!((req.rid(), req.fill_ids()), (4, &[7][..]));
+    let panic = std::panic::catch_unwind(|| Req::new(5, Vec::new())).unwrap_err();
+    let message = panic.downcast_ref::<String>().expect("a formatted message");
+    assert_eq!(
+        message,
+        "request 5: the prompt is empty; a request needs at least one token"
+    );
+}
