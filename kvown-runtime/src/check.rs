@@ -121,6 +121,20 @@ pub enum Violation {
         /// Requests holding a row.
         holding: usize,
     },
+    /// Two records passed to the check name the same row: two requests share it, or one
+    /// request was passed twice.
+    #[error(
+        "row {row} is held by request {first} and again by request {second}; a row belongs to \
+         one request (was a request passed to the check twice?)"
+    )]
+    RowClaimedTwice {
+        /// The row.
+        row: ReqRow,
+        /// The request that claimed it first.
+        first: u64,
+        /// The request that claimed it again.
+        second: u64,
+    },
     /// A page is held by two holders at once.
     #[error("page {page} is held twice: by {first:?} and by {second:?}")]
     PageHeldTwice {
@@ -245,7 +259,7 @@ impl<A: AsPageAllocator> KvCache<A> {
         }
 
         let width = self.req_to_token.max_context_len();
-        let mut claimed_rows = vec![false; self.req_to_token.size() + 1];
+        let mut claimed_rows = vec![None; self.req_to_token.size() + 1];
         let mut lock_holders = Vec::new();
         let mut holding = 0;
         let mut request_owned = 0;
@@ -270,7 +284,14 @@ impl<A: AsPageAllocator> KvCache<A> {
             };
             holding += 1;
             if let Some(claimed) = claimed_rows.get_mut(row) {
-                *claimed = true;
+                if let Some(first) = *claimed {
+                    return Err(Violation::RowClaimedTwice {
+                        row,
+                        first,
+                        second: req.rid(),
+                    });
+                }
+                *claimed = Some(req.rid());
             }
             let (protected, committed, allocated) = (
                 kv.cache_protected_len(),
@@ -326,8 +347,8 @@ impl<A: AsPageAllocator> KvCache<A> {
 pub(crate) struct Census {
     /// Who holds each page (by page id; `None`: no one known).
     holders: PageHolders,
-    /// Which rows the requests hold (by row).
-    claimed_rows: Vec<bool>,
+    /// Which request holds each row (by row; `None`: none of those passed).
+    claimed_rows: Vec<Option<u64>>,
     /// Requests holding a row.
     pub(crate) holding: usize,
     /// The node of each prefix lock the requests hold.
@@ -342,7 +363,7 @@ impl Census {
     /// Rows the pool holds that no request passed holds, in row order.
     pub(crate) fn unclaimed_rows(&self, pool: &ReqToTokenPool) -> Vec<ReqRow> {
         (1..self.claimed_rows.len())
-            .filter(|&row| pool.is_held(row) && !self.claimed_rows[row])
+            .filter(|&row| pool.is_held(row) && self.claimed_rows[row].is_none())
             .collect()
     }
 

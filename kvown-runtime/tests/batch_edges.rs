@@ -893,8 +893,24 @@ fn the_checker_names_a_request_dropped_holding_kv() {
         "{message}"
     );
 
+    // The same request passed twice claims its row twice: named, with the request.
+    let kept = &reqs[0];
+    let kept_row = kept.held_row().unwrap();
+    let twice = cache.check([kept, kept]).unwrap_err();
+    assert_eq!(
+        twice,
+        Violation::RowClaimedTwice {
+            row: kept_row,
+            first: 11,
+            second: 11,
+        }
+    );
+    assert!(
+        twice.to_string().contains("passed to the check twice"),
+        "{twice}"
+    );
+
     // Released requests give their assignment back with the row.
-    let kept_row = reqs[0].held_row().unwrap();
     release_kv_cache(&mut reqs[0], &mut cache, false).unwrap();
     assert_eq!(cache.req_to_token().assigned_to(kept_row), None);
 }
