@@ -55,9 +55,14 @@ impl RadixCache {
     ///
     /// The uncached suffix becomes a new unlocked leaf, or, when the key leaves the tree at the
     /// end of `from.node` and that node is a leaf whose only lock is the caller's, is appended
-    /// to it in place (so its tokens are protected by that lock). A node ends exactly at `key.len()` afterwards (splitting one if
-    /// needed); it is returned as [`InsertOutcome::last_node`] and stamped as accessed. The
-    /// tree takes the slots of `[prefix_len, key.len())`; the caller frees its duplicates.
+    /// to it in place (so its tokens are protected by that lock). A node ends exactly at
+    /// `key.len()` afterwards (splitting one if needed); it is returned as
+    /// [`InsertOutcome::last_node`] and stamped as accessed. The tree takes the slots of
+    /// `[prefix_len, key.len())`; the caller frees its duplicates.
+    ///
+    /// The pages it takes must be the caller's to give: allocated, each named once, none
+    /// already cached (the batch flow passes a request's own pages). The tree does not look
+    /// them up on every insert; [`RadixCache::check`] reports a page cached twice.
     ///
     /// Cost: O(key.len() - from.len + nodes on the path below `from`) plus at most one split;
     /// extending the caller's own leaf by one page is O(page size), amortized.
