@@ -186,18 +186,25 @@ impl<A: KvAllocator> KvCache<A> {
     /// deferred), [`KvError::Radix`] with [`crate::radix::RadixError::Free`] when the allocator
     /// refuses the evicted pages.
     pub fn evict_shortfall(&mut self, num_tokens: usize) -> Result<usize, KvError> {
-        let available = self.allocator.available_size();
-        let evictable = self.tree.evictable_size();
-        if available < num_tokens && evictable > 0 && self.allocator.in_free_group() {
-            return Err(KvError::FreeGroupOpen {
-                requested: num_tokens,
-                available,
-                evictable,
-            });
+        if self.allocator.in_free_group()
+            && self.allocator.available_size() < num_tokens
+            && self.tree.evictable_size() > 0
+        {
+            return Err(self.free_group_refusal(num_tokens));
         }
         match &mut self.tree {
             TreeCache::Radix(tree) => Ok(tree.evict_shortfall(num_tokens, &mut self.allocator)?),
             TreeCache::Disabled => Ok(0),
+        }
+    }
+
+    /// [`KvError::FreeGroupOpen`] for a call that needs `requested` slots it could only make
+    /// free while the open free group defers every free.
+    pub(crate) fn free_group_refusal(&self, requested: usize) -> KvError {
+        KvError::FreeGroupOpen {
+            requested,
+            available: self.allocator.available_size(),
+            evictable: self.tree.evictable_size(),
         }
     }
 

@@ -162,26 +162,21 @@ fn release_all_and_check_whole(reqs: &mut [Req], cache: &mut KvCache<FaultyAlloc
     assert_eq!(cache.available_size(), capacity);
 }
 
-/// Everything a refused call must leave as it was: the request's record and row, the wrapped
-/// allocator, and the prefix cache's sizes and pages.
+/// The wrapped allocator and the prefix cache's sizes and pages: what a refused call of the
+/// cache must leave as it was.
 #[derive(Debug, PartialEq)]
-struct Snapshot {
-    record: kvown_runtime::request::ReqKvInfo,
-    row: Vec<KvSlot>,
+struct CacheState {
     allocator: PagedAllocator,
     tree_sizes: (usize, usize, usize),
     cached_pages: Vec<PageId>,
 }
 
-impl Snapshot {
-    fn take(req: &Req, cache: &KvCache<FaultyAllocator>) -> Snapshot {
-        let row = req.held_row().unwrap();
+impl CacheState {
+    fn of(cache: &KvCache<FaultyAllocator>) -> CacheState {
         let tree = cache.tree().radix().expect("a radix cache");
         let mut cached_pages: Vec<PageId> = tree.cached_pages().collect();
         cached_pages.sort_unstable();
-        Snapshot {
-            record: req.kv().clone(),
-            row: cache.req_to_token().row(row).unwrap().to_vec(),
+        CacheState {
             allocator: cache.allocator().inner.clone(),
             tree_sizes: (
                 tree.total_size(),
@@ -189,6 +184,25 @@ impl Snapshot {
                 tree.protected_size(),
             ),
             cached_pages,
+        }
+    }
+}
+
+/// Everything a refused call must leave as it was: the request's record and row, and the cache.
+#[derive(Debug, PartialEq)]
+struct Snapshot {
+    record: kvown_runtime::request::ReqKvInfo,
+    row: Vec<KvSlot>,
+    cache: CacheState,
+}
+
+impl Snapshot {
+    fn take(req: &Req, cache: &KvCache<FaultyAllocator>) -> Snapshot {
+        let row = req.held_row().unwrap();
+        Snapshot {
+            record: req.kv().clone(),
+            row: cache.req_to_token().row(row).unwrap().to_vec(),
+            cache: CacheState::of(cache),
         }
     }
 }
@@ -331,7 +345,7 @@ fn a_refused_free_of_registered_duplicates_leaves_the_request_and_the_tree_as_th
     let (mut cache, faults) = faulty_radix_cache();
     let mut reqs = shared_prefix_pair(&mut cache);
     let before = Snapshot::take(&reqs[1], &cache);
-    assert_eq!(before.tree_sizes.0, 8, "rid 1's two pages are cached");
+    assert_eq!(before.cache.tree_sizes.0, 8, "rid 1's two pages are cached");
 
     faults.set_frees_left(Some(0));
     let error = cache_unfinished_req(&mut reqs[1], &mut cache).unwrap_err();
@@ -406,13 +420,7 @@ fn a_refused_eviction_evicts_nothing_and_the_next_one_evicts_as_if_it_had_not_be
     // Two caches built alike; the first one's allocator refuses the eviction's free.
     let (mut refused, faults, reqs) = three_cached_prompts();
     let (mut untried, _, _) = three_cached_prompts();
-    let tree = |cache: &KvCache<FaultyAllocator>| {
-        let tree = cache.tree().radix().unwrap();
-        let mut pages: Vec<PageId> = tree.cached_pages().collect();
-        pages.sort_unstable();
-        (tree.total_size(), tree.evictable_size(), pages)
-    };
-    let before = (tree(&refused), refused.allocator().inner.clone());
+    let before = CacheState::of(&refused);
 
     // 44 slots asked, 40 free: the shortfall of 4 takes the least recently used leaf, 8 tokens;
     // all 64 take the three leaves, in one free. Both are refused whole.
@@ -431,7 +439,7 @@ fn a_refused_eviction_evicts_nothing_and_the_next_one_evicts_as_if_it_had_not_be
             "{error}"
         );
         assert_eq!(
-            (tree(&refused), refused.allocator().inner.clone()),
+            CacheState::of(&refused),
             before,
             "the tree and the allocator are as they were"
         );
@@ -443,7 +451,7 @@ fn a_refused_eviction_evicts_nothing_and_the_next_one_evicts_as_if_it_had_not_be
     // pages go back to the free list in the same order.
     assert_eq!(refused.evict_shortfall(44), Ok(8));
     assert_eq!(untried.evict_shortfall(44), Ok(8));
-    assert_eq!(tree(&refused), tree(&untried));
+    assert_eq!(CacheState::of(&refused), CacheState::of(&untried));
     assert_eq!(free_list_order(&refused), free_list_order(&untried));
     refused.check(&reqs).unwrap();
 

@@ -87,15 +87,8 @@ pub fn retract_decode<A: KvAllocator>(
         cache.held_row(req)?;
     }
     if cache.allocator.in_free_group() {
-        return Err(KvError::FreeGroupOpen {
-            requested: new_tokens_required_next_decode(
-                &batch.reqs,
-                cache.page_size(),
-                spec_reserve,
-            ),
-            available: cache.available_size(),
-            evictable: cache.tree.evictable_size(),
-        });
+        let needed = new_tokens_required_next_decode(&batch.reqs, cache.page_size(), spec_reserve);
+        return Err(cache.free_group_refusal(needed));
     }
     let mut order: Vec<usize> = (0..batch.reqs.len()).collect();
     order.sort_by_key(|&i| {
