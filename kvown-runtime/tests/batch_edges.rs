@@ -209,11 +209,7 @@ fn decode_writes_the_old_length_and_opens_pages_only_at_boundaries() {
             assert_eq!(out[i], row[old - 1] + 1);
         }
     }
-    cache.check(batch.reqs()).unwrap();
-    for mut req in batch.into_reqs() {
-        release_kv_cache(&mut req, &mut cache, false).unwrap();
-    }
-    empty_out(cache);
+    release_all_and_empty_out(batch.into_reqs(), cache);
 }
 
 // §9.15: release frees [protected, ceil_align(allocated)) minus what the tree took over.
@@ -328,11 +324,7 @@ fn new_tokens_required_next_decode_formulas() {
         new_tokens_required_next_decode(batch.reqs(), page_size, Some(6)),
         4
     );
-    cache.check(batch.reqs()).unwrap();
-    for mut req in batch.into_reqs() {
-        release_kv_cache(&mut req, &mut cache, false).unwrap();
-    }
-    empty_out(cache);
+    release_all_and_empty_out(batch.into_reqs(), cache);
 }
 
 // §9.17: check_decode_mem evicts only the shortfall.
@@ -460,10 +452,7 @@ fn retraction_order_and_end_state() {
         assert_eq!(req.retraction_count, 1);
         assert_eq!(req.kv().kv_committed_len(), req.fill_ids().len());
     }
-    for mut req in readmitted.into_reqs() {
-        release_kv_cache(&mut req, &mut cache, false).unwrap();
-    }
-    empty_out(cache);
+    release_all_and_empty_out(readmitted.into_reqs(), cache);
 }
 
 // §9.18: keeps at least one; aborts the last one when even it does not fit.
@@ -600,11 +589,7 @@ fn speculative_reservation_never_shrinks_and_fills_in_request_order() {
     for (req, clock) in batch.reqs().iter().zip(clocks) {
         assert_eq!(req.kv().decode_batch_idx(), clock + 1);
     }
-    cache.check(batch.reqs()).unwrap();
-    for mut req in batch.into_reqs() {
-        release_kv_cache(&mut req, &mut cache, false).unwrap();
-    }
-    empty_out(cache);
+    release_all_and_empty_out(batch.into_reqs(), cache);
 }
 
 // §9.19 / §7.5: over-allocation is freed at release from ceil_align(committed).
@@ -811,11 +796,7 @@ fn row_too_short_and_not_held_change_nothing() {
     );
     assert_eq!(state(&cache), before);
     assert_eq!(ladder(&idle.reqs()[0]), (0, 0, 0));
-    cache.check(full.reqs()).unwrap();
-    for mut req in full.into_reqs() {
-        release_kv_cache(&mut req, &mut cache, false).unwrap();
-    }
-    empty_out(cache);
+    release_all_and_empty_out(full.into_reqs(), cache);
 }
 
 #[test]
