@@ -657,7 +657,7 @@ fn a_lock_moves_across_branches_and_up_as_lock_then_unlock_would() {
 }
 
 #[test]
-fn path_slots_into_copies_any_range_and_refuses_an_output_of_the_wrong_length() {
+fn path_slots_into_copies_any_range_and_refuses_a_start_past_the_end_or_a_wrong_length() {
     let ps = 4;
     let mut alloc = allocator(ps, 8);
     let mut cache = RadixCache::new(ps);
@@ -686,7 +686,10 @@ fn path_slots_into_copies_any_range_and_refuses_an_output_of_the_wrong_length() 
     );
     assert_eq!(
         cache.path_slots_into(at, k.len() + 1, &mut []),
-        Err(RadixError::LengthMismatch { key: 0, slots: 0 })
+        Err(RadixError::StartPastEnd {
+            start: k.len() + 1,
+            end: k.len()
+        })
     );
     // A position inside a page is no position of the tree.
     let unaligned = TreePos {

@@ -33,6 +33,17 @@ pub enum RadixError {
         /// Slots passed.
         slots: usize,
     },
+    /// A copy of a path's slots must start on the path.
+    #[error(
+        "copy starts at position {start}, past the end {end} of the path it reads; \
+         start at or before the position's length"
+    )]
+    StartPastEnd {
+        /// The first position asked for.
+        start: usize,
+        /// The path's length (the position's `len`).
+        end: usize,
+    },
     /// With page size > 1 the tree stores whole pages, so each page must start aligned.
     #[error(
         "slot {slot} at key position {position} starts a page but is not a multiple of the \

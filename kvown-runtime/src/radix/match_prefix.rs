@@ -39,7 +39,8 @@ impl RadixCache {
     }
 
     /// Copies the tree's slots for path positions `[start, at.len)` into `out`, walking up from
-    /// `at.node`; `out.len()` must be `at.len - start`.
+    /// `at.node`; `out.len()` must be `at.len - start` ([`RadixError::LengthMismatch`]
+    /// otherwise), and `start` at most `at.len` ([`RadixError::StartPastEnd`]).
     ///
     /// `at` is a position from a match or insert, possibly older: later splits and in-place
     /// extensions do not invalidate it as long as its node is live (e.g. locked).
@@ -53,9 +54,12 @@ impl RadixCache {
     ) -> Result<(), RadixError> {
         let page_size = self.page_size;
         let mut node = self.node_at(at)?;
-        if start > at.len || out.len() != at.len - start {
+        if start > at.len {
+            return Err(RadixError::StartPastEnd { start, end: at.len });
+        }
+        if out.len() != at.len - start {
             return Err(RadixError::LengthMismatch {
-                key: at.len.saturating_sub(start),
+                key: at.len - start,
                 slots: out.len(),
             });
         }
