@@ -576,6 +576,103 @@ fn insert_refuses_bad_arguments_without_changing_anything() {
     cache.check().unwrap();
 }
 
+// The tree cannot know whether the caller allocated a page, but it refuses one it holds already
+// (which a later eviction would free twice) and one named twice in the same insert.
+#[test]
+fn insert_refuses_a_page_already_cached_or_named_twice_without_changing_anything() {
+    for ps in PAGE_SIZES {
+        let mut alloc = allocator(ps, 32);
+        let mut cache = RadixCache::new(ps);
+        let cached = insert_fresh(&mut cache, &mut alloc, &key(ps, 2, 0));
+        let cached_page = cached[ps] / ps as u32;
+        let other = key(ps, 2, 500);
+        let fresh = alloc_slots(&mut alloc, ps);
+        let fresh_page = fresh[0] / ps as u32;
+        let before = format!("{cache:?}");
+        // Through the general insert: a new leaf whose second page is the tree's.
+        assert_eq!(
+            cache.insert(&other, &[&fresh[..], &cached[ps..]].concat()),
+            Err(RadixError::PageCached {
+                position: ps,
+                page: cached_page
+            }),
+            "page size {ps}"
+        );
+        assert_eq!(
+            cache.insert(&other, &[&fresh[..], &fresh[..]].concat()),
+            Err(RadixError::PageRepeated {
+                first: 0,
+                second: ps,
+                page: fresh_page
+            }),
+            "page size {ps}"
+        );
+        assert_eq!(format!("{cache:?}"), before, "page size {ps}");
+        // Through the caller's own leaf (extended in place), one page and two.
+        let (own, own_row, end) = locked_leaf(&mut cache, &mut alloc, 1, 900);
+        let after_leaf = format!("{cache:?}");
+        let longer = [own.clone(), key(ps, 2, 1000)].concat();
+        let one_more = &longer[..2 * ps];
+        assert_eq!(
+            cache.insert_from(end, one_more, &[&own_row[..], &cached[..ps]].concat()),
+            Err(RadixError::PageCached {
+                position: ps,
+                page: cached[0] / ps as u32
+            }),
+            "page size {ps}"
+        );
+        assert_eq!(
+            cache.insert_from(end, &longer, &[&own_row[..], &fresh, &fresh].concat()),
+            Err(RadixError::PageRepeated {
+                first: ps,
+                second: 2 * ps,
+                page: fresh_page
+            }),
+            "page size {ps}"
+        );
+        assert_eq!(format!("{cache:?}"), after_leaf, "page size {ps}");
+        cache.check().unwrap();
+        // Once evicted, a page may be cached again.
+        cache.dec_lock_ref(end.node).unwrap();
+        cache.evict(usize::MAX, &mut alloc).unwrap();
+        assert_eq!(cache.total_size(), 0);
+        let outcome = cache.insert(&other, &[&fresh[..], &cached[ps..]].concat());
+        assert_eq!(outcome.map(|outcome| outcome.prefix_len), Ok(0));
+        cache.check().unwrap();
+    }
+}
+
+// Pages out of order are looked at one by one; in order (as allocators hand them out) a repeat
+// is impossible and one pass suffices.
+#[test]
+fn insert_finds_a_repeat_among_pages_out_of_order_and_takes_distinct_ones() {
+    for ps in PAGE_SIZES {
+        let mut alloc = allocator(ps, 32);
+        let mut cache = RadixCache::new(ps);
+        let fresh = alloc_slots(&mut alloc, 4 * ps);
+        let page = |i: usize| &fresh[i * ps..(i + 1) * ps];
+        let k = key(ps, 4, 0);
+        let repeated = [page(2), page(0), page(3), page(0)].concat();
+        assert_eq!(
+            cache.insert(&k, &repeated),
+            Err(RadixError::PageRepeated {
+                first: ps,
+                second: 3 * ps,
+                page: fresh[0] / ps as u32
+            }),
+            "page size {ps}"
+        );
+        assert_eq!(cache.total_size(), 0);
+        cache.check().unwrap();
+        let shuffled = [page(2), page(0), page(3), page(1)].concat();
+        cache.insert(&k, &shuffled).unwrap();
+        assert_eq!(matched_slots(&mut cache, &k), shuffled);
+        cache.check().unwrap();
+        assert_eq!(cache.evict(usize::MAX, &mut alloc), Ok(4 * ps));
+        assert_eq!(alloc.available_size(), alloc.capacity());
+    }
+}
+
 #[test]
 fn a_parent_left_as_leaf_is_as_recent_as_its_newest_child() {
     let ps = 4;

@@ -30,7 +30,7 @@ impl RadixCache {
     /// its first page, nothing else indexed); positions (each key starts where its parent's
     /// ends, whole pages only); lock counts (root 1, every other at least the sum of its
     /// children's); the evictable-leaf set and its LRU order (an entry at each candidate's
-    /// access time); no page cached twice.
+    /// access time); no page cached twice, and the page index holding exactly the cached pages.
     ///
     /// Cost: O(cached pages + nodes); meant for tests and debug builds.
     pub fn check(&self) -> Result<(), RadixError> {
@@ -82,6 +82,12 @@ impl RadixCache {
             }
             for page in node.page_ids(page_size) {
                 expect_eq(id, "page cached once", 1, usize::from(pages.insert(page)))?;
+                expect_eq(
+                    id,
+                    "page indexed",
+                    1,
+                    usize::from(self.pages.contains(page)),
+                )?;
             }
         }
         for (id, node) in self.arena.live() {
@@ -131,6 +137,7 @@ impl RadixCache {
             evictable_leaves,
             self.evictable_leaves.len(),
         )?;
+        expect_eq(root, "indexed pages", pages.len(), self.pages.len())?;
         expect_eq(root, "evictable tokens", evictable, self.evictable_size)?;
         expect_eq(root, "protected tokens", protected, self.protected_size)?;
         expect_eq(root, "total tokens", evictable + protected, self.total_size)
@@ -247,6 +254,16 @@ mod tests {
         let page_id = cache.arena[locked].data.len() - 1;
         cache.arena[locked].data[page_id] = 1;
         assert_eq!(broken(&cache), "page cached once");
+    }
+
+    #[test]
+    fn the_check_finds_a_page_index_that_differs_from_the_nodes() {
+        let (mut cache, _) = small_tree();
+        cache.pages.remove(3);
+        assert_eq!(broken(&cache), "page indexed");
+        let (mut cache, _) = small_tree();
+        cache.pages.insert(40);
+        assert_eq!(broken(&cache), "indexed pages");
     }
 
     #[test]

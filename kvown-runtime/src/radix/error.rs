@@ -70,6 +70,30 @@ pub enum RadixError {
         /// The slot the page requires there.
         expected: u32,
     },
+    /// An insert may hand the tree only pages it does not hold yet.
+    #[error(
+        "page {page} at key position {position} is already cached; insert only pages that are \
+         the caller's own (allocated and not yet handed to the tree)"
+    )]
+    PageCached {
+        /// Key position of the page's first token.
+        position: usize,
+        /// The page id.
+        page: u32,
+    },
+    /// An insert may name each page it hands the tree once.
+    #[error(
+        "page {page} is named twice in one insert, at key positions {first} and {second}; \
+         each page holds the KV of one key page"
+    )]
+    PageRepeated {
+        /// Key position of the page's first use.
+        first: usize,
+        /// Key position of its second use.
+        second: usize,
+        /// The page id.
+        page: u32,
+    },
     /// The handle names no node in the tree: never created, or already evicted.
     #[error("node {node} is not in the radix tree (evicted, or not from this cache)")]
     UnknownNode {

@@ -194,6 +194,9 @@ impl RadixCache {
         self.list_evictable(leaf, false);
         self.children.unlink(&mut self.arena, self.page_size, leaf);
         let entry = &self.arena[leaf];
+        for page in entry.page_ids(self.page_size) {
+            self.pages.remove(page);
+        }
         let (tokens, parent, last_access) =
             (entry.len(self.page_size), entry.parent, entry.last_access);
         self.evictable_size -= tokens;

@@ -60,16 +60,18 @@ impl RadixCache {
     /// [`InsertOutcome::last_node`] and stamped as accessed. The tree takes the slots of
     /// `[prefix_len, key.len())`; the caller frees its duplicates.
     ///
-    /// The pages it takes must be the caller's to give: allocated, each named once, none
-    /// already cached (the batch flow passes a request's own pages). The tree does not look
-    /// them up on every insert; [`RadixCache::check`] reports a page cached twice.
+    /// The pages it takes must be the caller's to give: allocated and not yet the tree's (the
+    /// batch flow passes a request's own pages). The tree refuses a page it already holds or
+    /// one the slots name twice; whether the caller allocated a page it cannot know.
     ///
     /// Cost: O(key.len() - from.len + nodes on the path below `from`) plus at most one split;
     /// extending the caller's own leaf by one page is O(page size), amortized.
     ///
     /// # Errors
     /// Refuses (changing nothing) unaligned or overlong keys, `slots` of another length or not
-    /// in whole pages, an unknown or unlocked `from.node`, and a `from.len` off its path.
+    /// in whole pages, an unknown or unlocked `from.node`, a `from.len` off its path, and new
+    /// pages that are cached already ([`RadixError::PageCached`]) or named twice
+    /// ([`RadixError::PageRepeated`]).
     #[inline]
     pub fn insert_from(
         &mut self,
@@ -81,32 +83,82 @@ impl RadixCache {
         Ok(self.apply_insert(plan, key, slots))
     }
 
-    /// The checks and the walk of [`RadixCache::insert_from`], changing nothing: where the key
-    /// leaves the tree and how much of it is cached ([`InsertPlan::prefix_len`]). A caller that
-    /// must free its duplicates before the tree takes its slots (so that a refused free leaves
-    /// everything as it was) plans, frees, then applies the plan with the same `key` and
-    /// `slots`, changing the tree in between in no way.
+    /// The checks and the walk of [`RadixCache::insert_from`], changing nothing (the page
+    /// index may grow its capacity): where the key leaves the tree and how much of it is cached
+    /// ([`InsertPlan::prefix_len`]). A caller that must free its duplicates before the tree
+    /// takes its slots (so that a refused free leaves everything as it was) plans, frees, then
+    /// applies the plan with the same `key` and `slots`, changing the tree in between in no way.
     #[inline(always)]
     pub(crate) fn plan_insert(
-        &self,
+        &mut self,
         from: TreePos,
         key: &[u32],
         slots: &[KvSlot],
     ) -> Result<InsertPlan, RadixError> {
-        if from.len < key.len() && self.is_own_leaf_end(from) {
+        let plan = if from.len < key.len() && self.is_own_leaf_end(from) {
             // The common case of registering pages as they fill: no walk, and the hint is
             // known to be good.
             self.validate_key(key, slots)?;
             if self.page_size > 1 {
                 validate_pages(&slots[from.len..], from.len, self.page_size)?;
             }
-            return Ok(InsertPlan {
+            InsertPlan {
                 prefix_len: from.len,
                 node: from.node,
                 step: InsertStep::ExtendLeaf,
-            });
+            }
+        } else {
+            self.plan_walk(from, key, slots)?
+        };
+        self.validate_new_pages(&slots[plan.prefix_len..], plan.prefix_len)?;
+        Ok(plan)
+    }
+
+    /// Checks that the pages `slots` (whole pages from key position `start`) would hand the
+    /// tree are not cached yet and each named once; leaves the page index as it found it.
+    fn validate_new_pages(&mut self, slots: &[KvSlot], start: usize) -> Result<(), RadixError> {
+        let page_size = self.page_size;
+        let pages = || {
+            slots
+                .iter()
+                .step_by(page_size)
+                .map(move |&first| first / page_size as u32)
+        };
+        // One read-only pass finds a cached page and whether the pages run one way (as the
+        // allocators hand them out), which rules out a repeat.
+        let (mut increasing, mut decreasing, mut previous) = (true, true, None);
+        for (index, page) in pages().enumerate() {
+            if self.pages.contains(page) {
+                return Err(RadixError::PageCached {
+                    position: start + index * page_size,
+                    page,
+                });
+            }
+            if let Some(previous) = previous {
+                increasing &= page > previous;
+                decreasing &= page < previous;
+            }
+            previous = Some(page);
         }
-        self.plan_walk(from, key, slots)
+        if increasing || decreasing {
+            return Ok(());
+        }
+        // Otherwise mark each page in turn: one found marked was named earlier by this insert.
+        let marked = pages().take_while(|&page| self.pages.insert(page)).count();
+        for page in pages().take(marked) {
+            self.pages.remove(page);
+        }
+        let Some(page) = pages().nth(marked) else {
+            return Ok(());
+        };
+        let first = pages()
+            .position(|earlier| earlier == page)
+            .expect("the repeated page is among the pages");
+        Err(RadixError::PageRepeated {
+            first: start + first * page_size,
+            second: start + marked * page_size,
+            page,
+        })
     }
 
     /// [`RadixCache::plan_insert`] in general: checks the arguments, then walks down from
@@ -231,6 +283,13 @@ impl RadixCache {
         if let Err(error) = validate_pages(slots, from.len, page_size) {
             return Some(Err(error));
         }
+        let page = slots[0] / page_size as u32;
+        if !self.pages.insert(page) {
+            return Some(Err(RadixError::PageCached {
+                position: from.len,
+                page,
+            }));
+        }
         let now = self.tick();
         let data = &mut self.arena[from.node].data;
         reserve_growth(data, page_size + 1);
@@ -304,6 +363,7 @@ impl RadixCache {
         let page_size = self.page_size;
         let mut data = Vec::with_capacity(Node::key_words(key.len() - pos, page_size));
         append_pages(&mut data, &key[pos..], &slots[pos..], page_size);
+        self.hold_pages(&slots[pos..]);
         let leaf = self.arena.alloc(Node::new(data, parent, pos, now));
         self.children.link(&mut self.arena, page_size, leaf);
         self.arena[parent].child_count += 1;
@@ -320,7 +380,18 @@ impl RadixCache {
         let data = &mut self.arena[node].data;
         reserve_growth(data, Node::key_words(suffix.len(), page_size));
         append_pages(data, suffix, slots, page_size);
+        self.hold_pages(slots);
         self.add_tokens(node, suffix.len());
+    }
+
+    /// Records the pages of `slots` (whole pages that [`RadixCache::plan_insert`] found new)
+    /// in the page index.
+    fn hold_pages(&mut self, slots: &[KvSlot]) {
+        let page_size = self.page_size;
+        for &first in slots.iter().step_by(page_size) {
+            let fresh = self.pages.insert(first / page_size as u32);
+            debug_assert!(fresh, "plan_insert refuses a page the tree holds");
+        }
     }
 }
 
@@ -488,6 +559,16 @@ mod tests {
                 position: 2 * page_size + 2,
                 found: 15,
                 expected: 14,
+            }))
+        );
+        assert_eq!(format!("{cache:?}"), before);
+        // One page of the own leaf that the tree holds already (the leaf's first): refused.
+        let cached: Vec<u32> = (4..8).collect();
+        assert_eq!(
+            cache.append_own_page(at, &page, &cached),
+            Some(Err(RadixError::PageCached {
+                position: 2 * page_size,
+                page: 1,
             }))
         );
         assert_eq!(format!("{cache:?}"), before);

@@ -61,6 +61,7 @@ mod insert;
 mod lock;
 mod match_prefix;
 mod node;
+mod page_index;
 
 pub(crate) use check::LockMismatch;
 pub use error::RadixError;
@@ -73,6 +74,7 @@ use crate::alloc::{KvSlot, PageId};
 use children::ChildIndex;
 use evict::EvictionScratch;
 use node::{Arena, NOT_EVICTABLE, Node};
+use page_index::PageIndex;
 
 /// Outdated LRU entries tolerated beyond twice the candidates before a rebuild.
 const LRU_SLACK: usize = 64;
@@ -124,6 +126,8 @@ pub struct RadixCache {
     clock: u64,
     /// Reused buffers of eviction plans (boxed, so that the cache itself stays small).
     eviction: Box<EvictionScratch>,
+    /// Every page the nodes hold, so that an insert can refuse one it would cache twice.
+    pages: PageIndex,
 }
 
 impl RadixCache {
@@ -144,6 +148,7 @@ impl RadixCache {
             total_size: 0,
             clock: 0,
             eviction: Box::default(),
+            pages: PageIndex::default(),
         }
     }
 
@@ -183,7 +188,8 @@ impl RadixCache {
     }
 
     /// Heap and inline bytes of the cache's bookkeeping, token ids of the keys excluded: node
-    /// table, page ids and spare vector capacity, child index, leaf set, buffers.
+    /// table, page ids and spare vector capacity, child index, leaf set, buffers, and the page
+    /// index (one bit per page id up to the largest the tree has held).
     pub fn bookkeeping_bytes(&self) -> usize {
         let key_bytes: usize = self
             .arena
@@ -202,6 +208,7 @@ impl RadixCache {
             + self.evictable_leaves.capacity() * size_of::<NodeId>()
             + self.lru.capacity() * size_of::<Reverse<(u64, NodeId)>>()
             + self.eviction.heap_bytes()
+            + self.pages.heap_bytes()
     }
 
     /// Advances the logical clock and returns the new time.
