@@ -76,7 +76,10 @@ pub fn cache_unfinished_req<A: KvAllocator>(
     } = cache;
     if let TreeCache::Radix(tree) = tree {
         let protected = req.kv().cache_protected_len();
-        let key_len = floor_align(committed, allocator.page_size());
+        // A decode step commits a position before its token is known (sglang's overlap
+        // schedule), so `committed` may exceed the tokens: only those with a token are keyed.
+        let token_count = committed.min(req.fill_ids().len());
+        let key_len = floor_align(token_count, allocator.page_size());
         let key = &req.fill_ids()[..key_len];
         let new_slots = &req_to_token.row(row)?[protected..key_len];
         let new_end = match tree.append_own_page(req.last_node, &key[protected..], new_slots) {

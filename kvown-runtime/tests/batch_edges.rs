@@ -668,6 +668,31 @@ fn chunked_prefix_longer_than_protected_continues_the_partial_page() {
     empty_out(cache);
 }
 
+// Overlap schedule (§9): a decode step commits a position whose token comes later, so the
+// committed length can pass the tokens by one. Registering then keys only the tokens there are
+// (it used to slice past them and panic).
+#[test]
+fn registering_pages_keys_only_tokens_that_exist() {
+    let page_size = 4;
+    let mut cache = cache(256, page_size, true);
+    let batch = extend(vec![Req::new(1, tokens(0, 7))], &mut cache);
+    let mut batch = decode(batch, &mut cache);
+    let req = &mut batch.reqs_mut()[0];
+    assert_eq!((req.kv().kv_committed_len(), req.fill_ids().len()), (8, 7));
+    cache_unfinished_req(req, &mut cache).unwrap();
+    assert_eq!(
+        ladder(req),
+        (4, 8, 8),
+        "the second page has no eighth token yet"
+    );
+    assert_eq!(cache.tree().protected_size(), 4);
+    req.push_output(7);
+    cache_unfinished_req(req, &mut cache).unwrap();
+    assert_eq!(ladder(req), (8, 8, 8));
+    assert_eq!(cache.tree().protected_size(), 8);
+    release_all_and_empty_out(batch.into_reqs(), cache);
+}
+
 // Edge case: released after matching but before allocation: only the lock is dropped.
 #[test]
 fn release_between_match_and_alloc_drops_only_the_lock() {
