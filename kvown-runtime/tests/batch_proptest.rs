@@ -15,7 +15,7 @@ mod faulty;
 
 use std::cmp::Reverse;
 
-use faulty::{FaultyFrees, FreeFaults};
+use faulty::{Faults, Faulty};
 use kvown_runtime::alloc::{
     AllocError, KvAllocator, KvSlot, PageAllocator, PageId, PagedAllocator, ReuseOrder,
     TokenAllocator, ceil_align, floor_align,
@@ -278,9 +278,9 @@ impl ReqState {
 
 struct Sim<R: ReuseOrder> {
     cfg: Cfg,
-    cache: KvCache<FaultyFrees<PageAllocator<R>>>,
+    cache: KvCache<Faulty<PageAllocator<R>>>,
     /// Arms the cache's allocator to refuse frees.
-    free_faults: FreeFaults,
+    free_faults: Faults,
     /// A second cache of the same shape that no request of the simulation belongs to.
     other: KvCache<PageAllocator<R>>,
     running: ScheduleBatch,
@@ -302,8 +302,8 @@ where
         let pool = ReqToTokenPool::new(cfg.rows, WIDTH).unwrap();
         let other_tree = TreeCache::Radix(RadixCache::new(cfg.page_size));
         let other = KvCache::new(allocator.clone(), pool.clone(), other_tree).unwrap();
-        let free_faults = FreeFaults::default();
-        let allocator = FaultyFrees {
+        let free_faults = Faults::default();
+        let allocator = Faulty {
             inner: allocator,
             faults: free_faults.clone(),
         };

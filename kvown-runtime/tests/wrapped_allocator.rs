@@ -1,6 +1,6 @@
 //! A `KvAllocator` that wraps a `PagedAllocator`, as a backend does: the trait's provided
 //! methods over it, and the error paths that only a misbehaving allocator reaches.
-//! `FaultyFrees` passes every call on but, once armed, refuses every free after a given
+//! `Faulty` passes every call on but, once armed, refuses every free after a given
 //! number of successful ones, as an allocator whose bookkeeping disagrees with the batch
 //! flow's (or a backend that reports a device failure) would. A call that fails this way must
 //! drop no request, leave the prefix cache as it was, and the accounting identity must still
@@ -10,7 +10,7 @@
 #[path = "common/faulty.rs"]
 mod faulty;
 
-use faulty::{FaultyFrees, FreeFaults};
+use faulty::{Faults, Faulty};
 use kvown_runtime::alloc::{
     AllocError, AsPageAllocator, DecodeShape, ExtendShape, KvAllocator, KvSlot, Lifo,
     PageAllocator, PageId, PagedAllocator,
@@ -30,7 +30,7 @@ use kvown_runtime::slots::ReqToTokenPool;
 use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
 
 /// The allocator of these tests.
-type FaultyAllocator = FaultyFrees<PagedAllocator>;
+type FaultyAllocator = Faulty<PagedAllocator>;
 
 /// A `PagedAllocator` behind the trait's required methods alone, so that every provided method
 /// runs its default.
@@ -108,17 +108,14 @@ impl AsPageAllocator for DefaultsOnly {
 }
 
 /// A cache of `pool_tokens` slots in pages of 4, no prefix cache, with the fault's handle.
-fn faulty_cache(pool_tokens: usize) -> (KvCache<FaultyAllocator>, FreeFaults) {
+fn faulty_cache(pool_tokens: usize) -> (KvCache<FaultyAllocator>, Faults) {
     faulty_cache_with(pool_tokens, TreeCache::Disabled)
 }
 
 /// [`faulty_cache`] with `tree` as its prefix cache.
-fn faulty_cache_with(
-    pool_tokens: usize,
-    tree: TreeCache,
-) -> (KvCache<FaultyAllocator>, FreeFaults) {
-    let faults = FreeFaults::default();
-    let allocator = FaultyFrees {
+fn faulty_cache_with(pool_tokens: usize, tree: TreeCache) -> (KvCache<FaultyAllocator>, Faults) {
+    let faults = Faults::default();
+    let allocator = Faulty {
         inner: PagedAllocator::new(pool_tokens, 4, false).unwrap(),
         faults: faults.clone(),
     };
@@ -128,7 +125,7 @@ fn faulty_cache_with(
 }
 
 /// [`faulty_cache`] of 64 slots with a radix prefix cache.
-fn faulty_radix_cache() -> (KvCache<FaultyAllocator>, FreeFaults) {
+fn faulty_radix_cache() -> (KvCache<FaultyAllocator>, Faults) {
     faulty_cache_with(64, TreeCache::Radix(RadixCache::new(4)))
 }
 
@@ -242,6 +239,50 @@ fn a_release_refused_by_the_allocator_changes_nothing() {
 
     faults.set_frees_left(None);
     release_all_and_check_whole(&mut reqs, &mut cache);
+}
+
+// A device can run out of memory after the host's count said the extend fits. The rows the
+// call would have taken stay free with their generations (they used to be taken, bumped, and
+// given back bumped).
+#[test]
+fn a_refused_extend_allocation_leaves_the_row_pool_as_it_was() {
+    let (mut cache, faults) = faulty_cache(64);
+    let held = extend_eight_token_requests(1, &mut cache).into_reqs();
+    let (rows, allocator) = (
+        cache.req_to_token().clone(),
+        cache.allocator().inner.clone(),
+    );
+    let prepared = prepare_for_extend(ScheduleBatch::new(vec![
+        Req::new(7, (0..6).collect()),
+        Req::new(8, (0..5).collect()),
+    ]));
+    faults.refuse_next_extend();
+    let failure = alloc_for_extend(prepared, &mut cache).unwrap_err();
+    assert_eq!(
+        failure.error,
+        KvError::Alloc(AllocError::OutOfMemory {
+            requested: 11,
+            available: 56
+        })
+    );
+    assert_eq!(cache.req_to_token(), &rows);
+    assert_eq!(cache.allocator().inner, allocator);
+
+    let next = rows.next_rows(2).unwrap().to_vec();
+    let batch = alloc_for_extend(*failure.batch, &mut cache)
+        .map_err(|failure| failure.error)
+        .unwrap();
+    for (req, row) in batch.reqs().iter().zip(next) {
+        assert_eq!(req.kv().req_pool_idx(), Some(row));
+        assert_eq!(
+            cache.req_to_token().req_generation(row),
+            Ok(rows.req_generation(row).unwrap() + 1),
+            "one assignment, one generation"
+        );
+    }
+    let mut all = held;
+    all.extend(batch.into_reqs());
+    release_all_and_check_whole(&mut all, &mut cache);
 }
 
 #[test]
@@ -395,7 +436,7 @@ fn a_refused_release_with_insertion_leaves_the_request_and_the_tree_as_they_were
 
 /// A radix cache of 64 slots (pages of 4) holding three released 8-token prompts, rid 1 the
 /// least recently used: six cached pages in three unlocked leaves, 40 slots free.
-fn three_cached_prompts() -> (KvCache<FaultyAllocator>, FreeFaults, Vec<Req>) {
+fn three_cached_prompts() -> (KvCache<FaultyAllocator>, Faults, Vec<Req>) {
     let (mut cache, faults) = faulty_radix_cache();
     let mut reqs = extend_eight_token_requests(3, &mut cache).into_reqs();
     for req in &mut reqs {

@@ -81,12 +81,14 @@ pub fn alloc_for_extend<A: KvAllocator>(
     if let Err(error) = cache.reserve(tokens_needed) {
         return Err(batch.fail(error));
     }
-    let rows = match cache.req_to_token.alloc(rows_needed) {
+    // The new rows are taken only once the slots are: a refused allocation leaves the row pool
+    // as it was, generations included.
+    let new_rows = match cache.req_to_token.next_rows(rows_needed) {
         Ok(rows) => rows,
         Err(error) => return Err(batch.fail(error.into())),
     };
     // Each request's row: its own, or the next new one, in batch order.
-    let mut new_rows = rows.iter().copied();
+    let mut new_rows = new_rows.iter().copied();
     let req_rows: Vec<ReqRow> = batch
         .reqs
         .iter()
@@ -104,14 +106,12 @@ pub fn alloc_for_extend<A: KvAllocator>(
         req_rows.iter().copied(),
         &mut batch.out_cache_loc,
     ) {
-        for row in rows {
-            cache
-                .req_to_token
-                .free(row)
-                .expect("a row taken by this call is held");
-        }
         return Err(batch.fail(error.into()));
     }
+    cache
+        .req_to_token
+        .alloc(rows_needed)
+        .expect("the rows counted above are free");
 
     let mut offset = 0;
     for ((req, shape), &row) in batch

@@ -103,6 +103,18 @@ impl ReqToTokenPool {
     ///
     /// Requests that already hold a row keep it and are not counted here.
     pub fn alloc(&mut self, count: usize) -> Result<Vec<ReqRow>, SlotError> {
+        self.next_rows(count)?;
+        let rows = self.free_rows.split_off(self.free_rows.len() - count);
+        for &row in &rows {
+            self.held[row] = true;
+            self.req_generation[row] += 1;
+        }
+        Ok(rows)
+    }
+
+    /// The rows [`ReqToTokenPool::alloc`] would assign for `count`, in its order, without
+    /// assigning them: a caller whose next step can fail takes them only once it has not.
+    pub fn next_rows(&self, count: usize) -> Result<&[ReqRow], SlotError> {
         let available = self.free_rows.len();
         if count > available {
             return Err(SlotError::OutOfRows {
@@ -110,12 +122,7 @@ impl ReqToTokenPool {
                 available,
             });
         }
-        let rows = self.free_rows.split_off(available - count);
-        for &row in &rows {
-            self.held[row] = true;
-            self.req_generation[row] += 1;
-        }
-        Ok(rows)
+        Ok(&self.free_rows[available - count..])
     }
 
     /// Returns `row` to the free-row list (appended, so reused first). Its contents stay.

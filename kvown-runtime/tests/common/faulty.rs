@@ -1,7 +1,8 @@
-//! Allocators whose frees go wrong on demand, as one whose bookkeeping disagrees with the batch
-//! flow's (or a backend that reports a device failure) would: a free refused, a free reported
-//! done but lost, or a page freed behind the cache's back. The error paths, and the broken
-//! states, that a correct host allocator never reaches.
+//! Allocators that go wrong on demand, as one whose bookkeeping disagrees with the batch flow's
+//! (or a backend that reports a device failure) would: a free refused, a free reported done but
+//! lost, a page freed behind the cache's back, or an extend allocation refused although the
+//! pool had room. The error paths, and the broken states, that a correct host allocator never
+//! reaches.
 //! Included with `#[path]` by the tests that use it.
 
 use std::cell::Cell;
@@ -13,10 +14,10 @@ use kvown_runtime::alloc::{
 };
 use kvown_runtime::slots::{ReqRow, ReqToTokenPool};
 
-/// The faults of a [`FaultyFrees`], shared with the test that arms them. By default every free
+/// The faults of a [`Faulty`], shared with the test that arms them. By default every free
 /// passes and nothing else is freed.
 #[derive(Debug, Clone, Default)]
-pub struct FreeFaults {
+pub struct Faults {
     /// How many more frees pass: `None` all of them, `Some(n)` `n` more, then every one is
     /// refused.
     frees_left: Rc<Cell<Option<usize>>>,
@@ -24,9 +25,11 @@ pub struct FreeFaults {
     smuggled: Rc<Cell<Option<PageId>>>,
     /// Whether the next free is lost: reported done, nothing freed.
     lose_next: Rc<Cell<bool>>,
+    /// Whether the next extend allocation is refused.
+    refuse_next_extend: Rc<Cell<bool>>,
 }
 
-impl FreeFaults {
+impl Faults {
     /// Sets how many more frees pass (`None`: all of them).
     pub fn set_frees_left(&self, frees_left: Option<usize>) {
         self.frees_left.set(frees_left);
@@ -50,6 +53,16 @@ impl FreeFaults {
     )]
     pub fn lose_next_free(&self) {
         self.lose_next.set(true);
+    }
+
+    /// Makes the next extend allocation fail with [`AllocError::OutOfMemory`], changing
+    /// nothing, as a device out of memory would after the host's count said it fits.
+    #[allow(
+        dead_code,
+        reason = "used by wrapped_allocator.rs, not by batch_proptest.rs"
+    )]
+    pub fn refuse_next_extend(&self) {
+        self.refuse_next_extend.set(true);
     }
 
     /// Runs `free` while the budget lasts, spending one free when it succeeds; otherwise
@@ -86,15 +99,27 @@ fn first_slot(segments: &[(&[KvSlot], usize)]) -> Option<KvSlot> {
 }
 
 /// `inner` as it is, every method passed on (the provided ones too, so its own fast paths
-/// run), except that frees go through `faults`.
+/// run), except that frees and extend allocations go through `faults`.
 #[derive(Debug)]
-pub struct FaultyFrees<A> {
+pub struct Faulty<A> {
     pub inner: A,
-    pub faults: FreeFaults,
+    pub faults: Faults,
 }
 
-impl<A: KvAllocator> FaultyFrees<A> {
-    /// Passes a free on to `inner` while the budget lasts ([`FreeFaults::spend`]), with the
+impl<A: KvAllocator> Faulty<A> {
+    /// The armed refusal of the extend `reqs`, if any (disarmed by this call): the tokens it
+    /// asked for, and the room there was.
+    fn refusal(&self, reqs: &[ExtendShape]) -> Result<(), AllocError> {
+        match self.faults.refuse_next_extend.take() {
+            true => Err(AllocError::OutOfMemory {
+                requested: reqs.iter().map(|req| req.seq_len - req.prefix_len).sum(),
+                available: self.inner.available_size(),
+            }),
+            false => Ok(()),
+        }
+    }
+
+    /// Passes a free on to `inner` while the budget lasts ([`Faults::spend`]), with the
     /// smuggled page, if any, freed after it; a lost free returns `Ok` at once.
     fn free_within_budget(
         &mut self,
@@ -116,7 +141,7 @@ impl<A: KvAllocator> FaultyFrees<A> {
     }
 }
 
-impl<A: KvAllocator> KvAllocator for FaultyFrees<A> {
+impl<A: KvAllocator> KvAllocator for Faulty<A> {
     fn page_size(&self) -> usize {
         self.inner.page_size()
     }
@@ -138,6 +163,7 @@ impl<A: KvAllocator> KvAllocator for FaultyFrees<A> {
         reqs: &[ExtendShape],
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
+        self.refusal(reqs)?;
         self.inner.alloc_extend(reqs, out)
     }
 
@@ -196,6 +222,7 @@ impl<A: KvAllocator> KvAllocator for FaultyFrees<A> {
         rows: impl Iterator<Item = ReqRow>,
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
+        self.refusal(reqs)?;
         self.inner.alloc_extend_rows(reqs, rows, out)
     }
 
@@ -229,7 +256,7 @@ impl<A: KvAllocator> KvAllocator for FaultyFrees<A> {
 }
 
 /// The checker reads the wrapped allocator, the state that every free passed on changed.
-impl<A: AsPageAllocator> AsPageAllocator for FaultyFrees<A> {
+impl<A: AsPageAllocator> AsPageAllocator for Faulty<A> {
     type Order = A::Order;
 
     fn page_allocator(&self) -> &PageAllocator<A::Order> {
