@@ -133,6 +133,21 @@ pub enum KvError {
         /// Allocated length.
         allocated: usize,
     },
+    /// An extend continues a request from its committed length, so it must own no slots past
+    /// it (a speculative reservation would be written over and leak).
+    #[error(
+        "request {rid}: cannot extend from committed length {committed} while {allocated} slots \
+         are allocated; extend only requests without a speculative reservation (a prefill \
+         continuing), and decode the others"
+    )]
+    ExtendOverReservation {
+        /// The request.
+        rid: u64,
+        /// Its committed length, where the extend would start.
+        committed: usize,
+        /// Its allocated length.
+        allocated: usize,
+    },
     /// A per-request argument list does not match the batch.
     #[error("expected one entry per request ({expected}), got {got}")]
     BatchLengthMismatch {

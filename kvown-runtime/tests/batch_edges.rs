@@ -592,6 +592,39 @@ fn speculative_reservation_never_shrinks_and_fills_in_request_order() {
     release_all_and_empty_out(batch.into_reqs(), cache);
 }
 
+// An extend starts at the committed length: over a speculative reservation it would write new
+// slots over the reserved ones, which nobody would hold any more. It is refused instead (it
+// used to succeed and leak the reservation).
+#[test]
+fn an_extend_over_a_speculative_reservation_is_refused_and_changes_nothing() {
+    let page_size = 4;
+    let mut cache = cache(256, page_size, true);
+    let batch = extend(vec![Req::new(1, tokens(0, 5))], &mut cache);
+    let mut reqs = reserve(batch, &mut cache, 8).into_reqs();
+    assert_eq!(ladder(&reqs[0]), (0, 5, 16));
+    for token in 100..110 {
+        reqs[0].push_output(token);
+    }
+    init_next_round_input(&mut reqs[0], &mut cache, usize::MAX).unwrap();
+    let (before, row) = (state(&cache), row_of(&cache, &reqs[0]));
+    let failure =
+        alloc_for_extend(prepare_for_extend(ScheduleBatch::new(reqs)), &mut cache).unwrap_err();
+    assert_eq!(
+        failure.error,
+        KvError::ExtendOverReservation {
+            rid: 1,
+            committed: 5,
+            allocated: 16
+        }
+    );
+    assert_eq!(state(&cache), before);
+    let mut reqs = failure.batch.cancel().into_reqs();
+    assert_eq!(ladder(&reqs[0]), (0, 5, 16));
+    assert_eq!(row_of(&cache, &reqs[0]), row);
+    release_kv_cache(&mut reqs[0], &mut cache, false).unwrap();
+    empty_out(cache);
+}
+
 // §9.19 / §7.5: over-allocation is freed at release from ceil_align(committed).
 #[test]
 fn over_allocation_is_freed_from_the_committed_page_end() {

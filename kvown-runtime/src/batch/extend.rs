@@ -40,7 +40,8 @@ pub fn prepare_for_extend(mut batch: ScheduleBatch<Ready>) -> ScheduleBatch<Exte
 /// follow.
 ///
 /// Transactional: on error nothing was evicted, taken or written, and the prepared batch is
-/// handed back. A request holding KV in another cache fails with [`KvError::OtherCache`].
+/// handed back. A request holding KV in another cache fails with [`KvError::OtherCache`], one
+/// holding a speculative reservation with [`KvError::ExtendOverReservation`].
 #[owner]
 pub fn alloc_for_extend<A: KvAllocator>(
     mut batch: ScheduleBatch<ExtendPrepared>,
@@ -51,6 +52,15 @@ pub fn alloc_for_extend<A: KvAllocator>(
     let mut tokens_needed = 0;
     for (req, shape) in batch.reqs.iter().zip(&mut batch.state.shapes) {
         if let Err(error) = cache.ensure_own(req) {
+            return Err(batch.fail(error));
+        }
+        let (committed, allocated) = (req.kv().kv_committed_len(), req.kv().kv_allocated_len());
+        if allocated > committed {
+            let error = KvError::ExtendOverReservation {
+                rid: req.rid(),
+                committed,
+                allocated,
+            };
             return Err(batch.fail(error));
         }
         if let Some(row) = req.kv().req_pool_idx() {
