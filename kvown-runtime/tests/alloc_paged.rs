@@ -4,7 +4,9 @@
 
 use std::collections::BTreeSet;
 
-use kvown_runtime::alloc::{AllocError, KvAllocator, KvSlot, PageId, PageState, PagedAllocator};
+use kvown_runtime::alloc::{
+    AllocError, ExtendShape, KvAllocator, KvSlot, PageId, PageState, PagedAllocator,
+};
 
 fn paged(num_pages: usize, page_size: usize) -> PagedAllocator {
     PagedAllocator::new(num_pages * page_size, page_size, false).unwrap()
@@ -371,27 +373,46 @@ fn need_sort_paged_frees_wait_in_release_and_merge_sorted_when_short() {
     allocator.check().unwrap();
 }
 
+// Slot runs are computed with their exclusive end, so the end of the last page must fit in a
+// u32 too (a pool whose last page ended at 2^32 was accepted, and allocating that page handed
+// out no slots in release builds).
 #[test]
-fn a_pool_may_end_exactly_at_the_u32_slot_range() {
-    // 65,535 pages of 65,536 slots after the padding page: the last slot is u32::MAX.
+fn a_pool_ends_where_a_u32_can_still_mark_the_end_of_its_last_page() {
+    // 65,534 pages of 65,536 slots after the padding page: the last page ends at 2^32 - 2^16.
     let page_size = 1 << 16;
-    let num_pages = (1 << 16) - 1;
+    let num_pages = (1 << 16) - 2;
     let mut allocator = PagedAllocator::new(num_pages * page_size, page_size, false).unwrap();
     let mut pages = Vec::new();
     allocator.alloc_page_ids(num_pages, &mut pages).unwrap();
     let last = *pages.iter().max().unwrap();
+    let first = last * page_size as KvSlot;
+    assert_eq!(u64::from(first) + page_size as u64, (1 << 32) - (1 << 16));
+    // The top page through every path that computes a run's end.
+    allocator.free_page_ids(&[last]).unwrap();
+    let mut out = Vec::new();
+    allocator.alloc(page_size, &mut out).unwrap();
     assert_eq!(
-        u64::from(last) * page_size as u64 + page_size as u64 - 1,
-        u64::from(u32::MAX)
+        out,
+        (first..first + page_size as KvSlot).collect::<Vec<_>>()
     );
-    assert!(allocator.is_page_allocated(last));
-    // One page more would need slot 2^32.
+    let mut rest = Vec::new();
+    let shape = ExtendShape {
+        prefix_len: 1,
+        seq_len: page_size,
+        last_loc: Some(first),
+    };
+    allocator.free_page_ids(&[last]).unwrap();
+    allocator.alloc_page_ids(1, &mut Vec::new()).unwrap();
+    allocator.alloc_extend(&[shape], &mut rest).unwrap();
+    assert_eq!(rest, out[1..], "fills the partial page up to its end");
+    allocator.check().unwrap();
+    // Pages up to 2^32 - 1 would put the end of the last one at 2^32.
     assert_eq!(
         PagedAllocator::new((num_pages + 1) * page_size, page_size, false),
         Err(AllocError::TooManySlots {
             num_pages: num_pages + 1,
             page_size,
-            slot_end: (1 << 32) + (1 << 16)
+            slot_end: 1 << 32
         })
     );
 }

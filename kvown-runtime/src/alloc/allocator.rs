@@ -50,7 +50,8 @@ impl<R: ReuseOrder> PageAllocator<R> {
             return Err(AllocError::ZeroPageSize);
         }
         let slot_end = (num_pages as u64 + 1).saturating_mul(page_size as u64);
-        if slot_end > u64::from(KvSlot::MAX) + 1 {
+        // The end of the last page is a slot id too (a run's exclusive end), so it must fit.
+        if slot_end > u64::from(KvSlot::MAX) {
             return Err(AllocError::TooManySlots {
                 num_pages,
                 page_size,

@@ -205,9 +205,10 @@ pub enum AllocError {
     /// A page size of 0.
     #[error("page size must be at least 1")]
     ZeroPageSize,
-    /// The pool's slot ids would not fit in [`KvSlot`].
+    /// The pool's slot ids, up to the end of its last page, would not fit in [`KvSlot`].
     #[error(
-        "{num_pages} pages of {page_size} slots need slot ids up to {slot_end}, beyond the u32 slot range"
+        "{num_pages} pages of {page_size} slots end at slot {slot_end}, past u32::MAX: take \
+         fewer or smaller pages, so that every slot id and the end of the last page fit in a u32"
     )]
     TooManySlots {
         /// Requested pages (excluding page 0).

@@ -10,7 +10,8 @@ impl PageAllocator<Fifo> {
     /// An allocator over slots `1..=size`, all free. `need_sort` sends frees to a release list
     /// that is merged and sorted when the free list alone is short.
     ///
-    /// Fails with [`AllocError::TooManySlots`] when `size` exceeds `u32::MAX`.
+    /// Fails with [`AllocError::TooManySlots`] when `size` exceeds `u32::MAX - 1` (the end of
+    /// the last slot, `size + 1`, must fit in a `u32` as well).
     pub fn new(size: usize, need_sort: bool) -> Result<Self, AllocError> {
         Self::with_pages(1, size, need_sort)
     }
