@@ -266,6 +266,14 @@ fn failing_decode_is_typed_and_changes_nothing() {
                 last_loc: 27,
             },
         ),
+        // The largest slot id: its successor does not fit (this overflowed in debug builds).
+        (
+            decode(6, KvSlot::MAX),
+            AllocError::LastLocNotAllocated {
+                request: 1,
+                last_loc: KvSlot::MAX,
+            },
+        ),
         (
             decode(5, 7),
             AllocError::OutOfMemory {

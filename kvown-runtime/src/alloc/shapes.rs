@@ -167,7 +167,9 @@ impl DecodeFill {
             self.new_pages += 1;
             page.map_or(0, |page| math.first_slot(page))
         } else {
-            last_loc + 1
+            // Wrapping: a bogus `last_loc` (up to `KvSlot::MAX`) fails the batch, and its
+            // slot is never used.
+            last_loc.wrapping_add(1)
         }
     }
 }
