@@ -147,6 +147,18 @@ fn an_unrepresentable_table_is_rejected() {
             max_context_len: 2
         })
     );
+    // Entries that a usize counts but whose bytes (4 each) the address space does not hold,
+    // and rows whose bookkeeping does not fit (these panicked in the allocation).
+    for (size, max_context_len) in [(1 << 62, 1), (0, 1 << 62), (1 << 60, 0)] {
+        assert_eq!(
+            ReqToTokenPool::new(size, max_context_len),
+            Err(SlotError::TableTooLarge {
+                rows: size + 1,
+                max_context_len
+            }),
+            "{size} x {max_context_len}"
+        );
+    }
 }
 
 #[test]

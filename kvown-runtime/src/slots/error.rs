@@ -54,7 +54,8 @@ pub enum SlotError {
         /// `max_context_len`.
         row_width: usize,
     },
-    /// `(size + 1) × max_context_len` entries do not fit in memory addresses.
+    /// `(size + 1) × max_context_len` entries, or the bookkeeping of `size + 1` rows, do not fit
+    /// in the address space.
     #[error("a table of {rows} rows × {max_context_len} positions overflows the address space")]
     TableTooLarge {
         /// `size + 1`.

@@ -36,13 +36,31 @@ pub(crate) struct TableEntries<'a> {
 
 impl ReqToTokenPool {
     /// A pool of `size` request rows of `max_context_len` positions, all free: `[1, …, size]`.
+    ///
+    /// Fails with [`SlotError::TableTooLarge`] when the table, or the per-row bookkeeping,
+    /// would exceed the address space (`isize::MAX` bytes).
     pub fn new(size: usize, max_context_len: usize) -> Result<Self, SlotError> {
         let too_large = SlotError::TableTooLarge {
             rows: size.saturating_add(1),
             max_context_len,
         };
-        let rows = size.checked_add(1).ok_or(too_large.clone())?;
-        let entries = rows.checked_mul(max_context_len).ok_or(too_large)?;
+        let addressable = |count: usize, element: usize| {
+            count
+                .checked_mul(element)
+                .is_some_and(|bytes| bytes <= isize::MAX as usize)
+        };
+        let Some(rows) = size.checked_add(1) else {
+            return Err(too_large);
+        };
+        let entries = match rows.checked_mul(max_context_len) {
+            Some(entries)
+                if addressable(entries, size_of::<KvSlot>())
+                    && addressable(rows, size_of::<Option<u64>>()) =>
+            {
+                entries
+            }
+            _ => return Err(too_large),
+        };
         Ok(Self {
             size,
             max_context_len,
