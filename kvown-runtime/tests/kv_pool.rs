@@ -78,6 +78,37 @@ fn layout_rejects_bad_shapes() {
     );
 }
 
+// A layout at the address space's edge has rows so wide that a call naming many slots (a slot
+// may repeat) asks for more elements than a usize counts: a length error, not an overflow.
+#[test]
+fn data_for_more_rows_than_a_usize_counts_is_a_length_error() {
+    let head_dim = 1 << 58;
+    let wide = KvLayout::new(1, 1, head_dim, 1, 1).unwrap();
+    let slots = [1 as KvSlot; 64];
+    let error = wide
+        .check_store(
+            KvDtype::F32,
+            0,
+            &slots,
+            KvSlice::F32(&[]),
+            KvSlice::F32(&[]),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            KvPoolError::DataLength {
+                tensor: KvTensor::K,
+                expected: usize::MAX,
+                got: 0,
+                rows: 64,
+                row_len
+            } if row_len == head_dim
+        ),
+        "{error}"
+    );
+}
+
 #[test]
 fn store_errors_leave_the_pool_unchanged() {
     let (mut pool, before) = filled_pool();

@@ -58,7 +58,7 @@ pub enum KvPoolError {
     DataLength {
         /// Which buffer the data is for.
         tensor: KvTensor,
-        /// Elements required.
+        /// Elements required (`usize::MAX` when `rows x row_len` exceeds it).
         expected: usize,
         /// Elements given.
         got: usize,

@@ -183,7 +183,8 @@ impl KvLayout {
             });
         }
         let row_len = self.row_len(tensor);
-        let expected = rows * row_len;
+        // Saturating: no slice holds `usize::MAX` elements, so a product past it never matches.
+        let expected = rows.saturating_mul(row_len);
         if data.len() != expected {
             return Err(KvPoolError::DataLength {
                 tensor,
