@@ -143,13 +143,15 @@ impl CudaKvPool {
         let element = self.dtype().size_bytes();
         for (tensor, data) in [(KvTensor::K, k), (KvTensor::V, v)] {
             let row_bytes = self.planner.shape(tensor).row_bytes;
-            if data.len() != rows * row_bytes {
+            // Saturating, as `KvLayout::check_data`: no buffer is `usize::MAX` bytes long.
+            if data.len() != rows.saturating_mul(row_bytes) {
+                let row_len = self.layout().row_len(tensor);
                 return Err(KvPoolError::DataLength {
                     tensor,
-                    expected: rows * row_bytes / element,
+                    expected: rows.saturating_mul(row_len),
                     got: data.len() / element,
                     rows,
-                    row_len: self.layout().row_len(tensor),
+                    row_len,
                 });
             }
         }
