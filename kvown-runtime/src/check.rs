@@ -96,6 +96,19 @@ pub enum Violation {
         /// the prefix cache holds.
         unclaimed_pages: usize,
     },
+    /// Pages the allocator counts as held that neither the prefix cache nor a request passed to
+    /// the check holds, while every held row is accounted for.
+    #[error(
+        "{count} pages are allocated but held by no one (the first: page {first}): a free the \
+         allocator reported done but lost, or a row naming one page at two page positions; \
+         reclaim_leaks gives them back"
+    )]
+    UnclaimedPages {
+        /// The lowest such page.
+        first: PageId,
+        /// How many there are.
+        count: usize,
+    },
     /// A prefix-cache node holds more (or fewer) locks than the requests passed to the check
     /// hold on it and below it: a request dropped between its match and its release leaks its
     /// lock, and the locked prefix can never be evicted.
@@ -228,6 +241,13 @@ impl<A: AsPageAllocator> KvCache<A> {
             && let Err(mismatch) = tree.check_lock_holders(census.lock_holders.iter().copied())
         {
             return Err(mismatch.into());
+        }
+        let unclaimed = census.unclaimed_pages(allocator);
+        if let Some(&first) = unclaimed.first() {
+            return Err(Violation::UnclaimedPages {
+                first,
+                count: unclaimed.len(),
+            });
         }
         census.check_accounting(allocator, 0)
     }

@@ -537,7 +537,7 @@ fn the_checker_finds_a_page_freed_behind_its_holders_back() {
 #[test]
 fn the_checker_finds_pages_a_lost_free_left_to_no_one_and_reclaim_frees_them() {
     // Request 2's release reports success but the allocator keeps its two pages: they are held
-    // by no one, and only the accounting identity can see it (no row or lock is left).
+    // by no one (no row or lock is left to name a request).
     let (mut cache, faults) = faulty_cache(64);
     let mut reqs = extend_eight_token_requests(2, &mut cache).into_reqs();
     let row = reqs[1].kv().req_pool_idx().unwrap();
@@ -549,11 +549,9 @@ fn the_checker_finds_pages_a_lost_free_left_to_no_one_and_reclaim_frees_them() {
     faults.lose_next_free();
     release_kv_cache(&mut reqs[1], &mut cache, false).unwrap();
     let live = ..1;
-    let lost = Violation::Accounting {
-        free: 48,
-        cached: 0,
-        request_owned: 8,
-        capacity: 64,
+    let lost = Violation::UnclaimedPages {
+        first: *lost_pages.iter().min().unwrap(),
+        count: 2,
     };
     assert_eq!(cache.check(&reqs[live]), Err(lost.clone()));
 
@@ -572,6 +570,39 @@ fn the_checker_finds_pages_a_lost_free_left_to_no_one_and_reclaim_frees_them() {
     assert!(reclaimed.rows.is_empty() && reclaimed.locks.is_empty());
     assert!(!reclaimed.is_empty(), "pages alone are a leak");
     cache.check(&reqs[live]).unwrap();
+    release_all_and_check_whole(&mut reqs, &mut cache);
+}
+
+#[test]
+fn the_checker_finds_a_page_a_row_names_twice_and_the_one_it_names_nowhere() {
+    // The extend takes two pages but the row names the first twice: the accounting balances
+    // (two pages held, eight positions owned), so only the page census can see it.
+    let (mut cache, faults) = faulty_cache(64);
+    faults.alias_next_extend();
+    let mut reqs = extend_eight_token_requests(1, &mut cache).into_reqs();
+    let row = cache
+        .req_to_token()
+        .row(reqs[0].kv().req_pool_idx().unwrap())
+        .unwrap()[..8]
+        .to_vec();
+    assert_eq!(row[..4], row[4..], "one page named at both page positions");
+    let held: Vec<PageId> = (1..=16)
+        .filter(|&page| cache.allocator().inner.is_page_allocated(page))
+        .collect();
+    let named = row[0] / 4;
+    let unnamed: Vec<PageId> = held.iter().copied().filter(|&page| page != named).collect();
+    assert_eq!((held.len(), unnamed.len()), (2, 1));
+    assert_eq!(
+        cache.check(&reqs),
+        Err(Violation::UnclaimedPages {
+            first: unnamed[0],
+            count: 1
+        })
+    );
+    // The release frees the one page the row names; reclaiming gives back the other.
+    release_kv_cache(&mut reqs[0], &mut cache, false).unwrap();
+    let reclaimed = reclaim_leaks(&mut cache, &mut reqs).unwrap();
+    assert_eq!(reclaimed.pages, unnamed);
     release_all_and_check_whole(&mut reqs, &mut cache);
 }
 

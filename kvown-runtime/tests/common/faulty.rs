@@ -27,6 +27,8 @@ pub struct Faults {
     lose_next: Rc<Cell<bool>>,
     /// Whether the next extend allocation is refused.
     refuse_next_extend: Rc<Cell<bool>>,
+    /// Whether the next extend allocation reports its first page's slots for its second page.
+    alias_next_extend: Rc<Cell<bool>>,
 }
 
 impl Faults {
@@ -63,6 +65,17 @@ impl Faults {
     )]
     pub fn refuse_next_extend(&self) {
         self.refuse_next_extend.set(true);
+    }
+
+    /// Makes the next extend allocation take its pages but report the first page's slots for
+    /// the second page as well, as a backend that mixes up its page table would: the request
+    /// names one page twice and the other one nowhere.
+    #[allow(
+        dead_code,
+        reason = "used by wrapped_allocator.rs, not by batch_proptest.rs"
+    )]
+    pub fn alias_next_extend(&self) {
+        self.alias_next_extend.set(true);
     }
 
     /// Runs `free` while the budget lasts, spending one free when it succeeds; otherwise
@@ -107,6 +120,15 @@ pub struct Faulty<A> {
 }
 
 impl<A: KvAllocator> Faulty<A> {
+    /// Carries out an armed aliasing on the extend's output from `start` (disarmed by this
+    /// call): the second page's slots become the first page's.
+    fn alias(&self, out: &mut [KvSlot], start: usize) {
+        let page_size = self.inner.page_size();
+        if self.faults.alias_next_extend.take() && out.len() >= start + 2 * page_size {
+            out.copy_within(start..start + page_size, start + page_size);
+        }
+    }
+
     /// The armed refusal of the extend `reqs`, if any (disarmed by this call): the tokens it
     /// asked for, and the room there was.
     fn refusal(&self, reqs: &[ExtendShape]) -> Result<(), AllocError> {
@@ -164,7 +186,10 @@ impl<A: KvAllocator> KvAllocator for Faulty<A> {
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
         self.refusal(reqs)?;
-        self.inner.alloc_extend(reqs, out)
+        let start = out.len();
+        self.inner.alloc_extend(reqs, out)?;
+        self.alias(out, start);
+        Ok(())
     }
 
     fn alloc_decode(
@@ -223,7 +248,10 @@ impl<A: KvAllocator> KvAllocator for Faulty<A> {
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
         self.refusal(reqs)?;
-        self.inner.alloc_extend_rows(reqs, rows, out)
+        let start = out.len();
+        self.inner.alloc_extend_rows(reqs, rows, out)?;
+        self.alias(out, start);
+        Ok(())
     }
 
     fn alloc_decode_table<I>(
