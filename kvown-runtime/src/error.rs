@@ -133,14 +133,15 @@ pub enum KvError {
         /// Allocated length.
         allocated: usize,
     },
-    /// An extend continues a request from its committed length, so it must own no slots past
-    /// it (a speculative reservation would be written over and leak).
+    /// The non-speculative extend and decode continue a request from its committed length, so
+    /// it must own no slots past it: a speculative reservation would be written over and leak
+    /// (extend), or the new token would land past positions committed without KV (decode).
     #[error(
-        "request {rid}: cannot extend from committed length {committed} while {allocated} slots \
-         are allocated; extend only requests without a speculative reservation (a prefill \
-         continuing), and decode the others"
+        "request {rid} holds a speculative reservation (committed {committed}, allocated \
+         {allocated}); the non-speculative extend and decode continue from the committed \
+         length: keep decoding it speculatively (alloc_for_spec_decode), or release it"
     )]
-    ExtendOverReservation {
+    ReservationHeld {
         /// The request.
         rid: u64,
         /// Its committed length, where the extend would start.

@@ -611,7 +611,7 @@ fn an_extend_over_a_speculative_reservation_is_refused_and_changes_nothing() {
         alloc_for_extend(prepare_for_extend(ScheduleBatch::new(reqs)), &mut cache).unwrap_err();
     assert_eq!(
         failure.error,
-        KvError::ExtendOverReservation {
+        KvError::ReservationHeld {
             rid: 1,
             committed: 5,
             allocated: 16
@@ -623,6 +623,50 @@ fn an_extend_over_a_speculative_reservation_is_refused_and_changes_nothing() {
     assert_eq!(row_of(&cache, &reqs[0]), row);
     release_kv_cache(&mut reqs[0], &mut cache, false).unwrap();
     empty_out(cache);
+}
+
+// The plain decode writes the new token at the allocated length and commits one more: over a
+// speculative reservation that would commit positions no step wrote (and cache them as the
+// prompt's KV at release). It is refused; once the reservation is all committed, a plain
+// decode goes on where it ends.
+#[test]
+fn a_plain_decode_over_a_speculative_reservation_is_refused_and_changes_nothing() {
+    let page_size = 4;
+    let mut cache = cache(256, page_size, true);
+    let batch = extend(vec![Req::new(1, tokens(0, 5))], &mut cache);
+    let mut batch = reserve(batch, &mut cache, 8);
+    commit_spec_tokens(&mut batch, &[2]).unwrap();
+    assert_eq!(ladder(&batch.reqs()[0]), (0, 7, 16));
+    let (before, row) = (state(&cache), row_of(&cache, &batch.reqs()[0]));
+    let clock = batch.reqs()[0].kv().decode_batch_idx();
+    let (batch, error) = prepare_for_decode(batch, &cache).unwrap_err();
+    assert_eq!(
+        error,
+        KvError::ReservationHeld {
+            rid: 1,
+            committed: 7,
+            allocated: 16
+        }
+    );
+    assert_eq!(state(&cache), before);
+    assert_eq!(ladder(&batch.reqs()[0]), (0, 7, 16));
+    assert_eq!(row_of(&cache, &batch.reqs()[0]), row);
+    assert_eq!(
+        batch.reqs()[0].kv().decode_batch_idx(),
+        clock,
+        "no clock tick"
+    );
+
+    let mut batch = batch;
+    commit_spec_tokens(&mut batch, &[9]).unwrap();
+    assert_eq!(ladder(&batch.reqs()[0]), (0, 16, 16));
+    let batch = decode(batch, &mut cache);
+    assert_eq!(ladder(&batch.reqs()[0]), (0, 17, 17));
+    assert_eq!(
+        batch.out_cache_loc(),
+        &row_of(&cache, &batch.reqs()[0])[16..17]
+    );
+    release_all_and_empty_out(batch.into_reqs(), cache);
 }
 
 // §9.19 / §7.5: over-allocation is freed at release from ceil_align(committed).

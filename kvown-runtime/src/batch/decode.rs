@@ -12,8 +12,9 @@ use crate::request::Req;
 /// (`kv_allocated_len`) exists in its row, and counts the pages the step takes. Owns
 /// `decode_batch_idx`.
 ///
-/// Fails (changing nothing) when a request holds no KV, holds it in another cache, or its row
-/// is full.
+/// Fails (changing nothing) when a request holds no KV, holds it in another cache, holds a
+/// speculative reservation ([`KvError::ReservationHeld`]: its committed length is short of
+/// its allocated one), or its row is full.
 #[owner]
 pub fn prepare_for_decode<A: KvAllocator>(
     mut batch: ScheduleBatch<Ready>,
@@ -79,7 +80,7 @@ pub fn alloc_for_decode<A: KvAllocator>(
 }
 
 /// Checks in one branch-light pass that every request holds a row of this cache whose next
-/// position exists, and returns how many of the new tokens open a page (all of them for page
+/// position exists and equals its committed length, and returns how many of the new tokens open a page (all of them for page
 /// size 1): the pages the step takes. The first invalid request's typed error comes from
 /// [`first_decode_error`].
 fn count_opening_pages<A: KvAllocator>(reqs: &[Req], cache: &KvCache<A>) -> Result<usize, KvError> {
@@ -94,9 +95,14 @@ fn count_opening_pages<A: KvAllocator>(reqs: &[Req], cache: &KvCache<A>) -> Resu
     for req in reqs {
         let kv = req.kv();
         let seq_len = kv.kv_allocated_len();
-        // The new token goes to position `seq_len`, which must exist: `1 <= seq_len < width`.
+        // The new token goes to position `seq_len`, which must exist: `1 <= seq_len < width`,
+        // and be the committed length's (no speculative reservation in between).
         let fits = seq_len.wrapping_sub(1) < width.saturating_sub(1);
-        valid &= kv.req_pool_idx().is_some_and(|row| row <= rows) & fits & (kv.kv_cache() == own);
+        let unreserved = kv.kv_committed_len() == seq_len;
+        valid &= kv.req_pool_idx().is_some_and(|row| row <= rows)
+            & fits
+            & unreserved
+            & (kv.kv_cache() == own);
         // A mask, not a division, for powers of two.
         opening += usize::from(match page_mask {
             Some(mask) => seq_len & mask == 0,
@@ -121,6 +127,14 @@ fn first_decode_error<A: KvAllocator>(reqs: &[Req], cache: &KvCache<A>) -> KvErr
             Ok(row) => row,
             Err(error) => return error,
         };
+        let committed = req.kv().kv_committed_len();
+        if committed != seq_len {
+            return KvError::ReservationHeld {
+                rid: req.rid(),
+                committed,
+                allocated: seq_len,
+            };
+        }
         if seq_len == 0 || seq_len >= width {
             return KvError::RowTooShort {
                 rid: req.rid(),

@@ -41,7 +41,7 @@ pub fn prepare_for_extend(mut batch: ScheduleBatch<Ready>) -> ScheduleBatch<Exte
 ///
 /// Transactional: on error nothing was evicted, taken or written, and the prepared batch is
 /// handed back. A request holding KV in another cache fails with [`KvError::OtherCache`], one
-/// holding a speculative reservation with [`KvError::ExtendOverReservation`].
+/// holding a speculative reservation with [`KvError::ReservationHeld`].
 #[owner]
 pub fn alloc_for_extend<A: KvAllocator>(
     mut batch: ScheduleBatch<ExtendPrepared>,
@@ -56,7 +56,7 @@ pub fn alloc_for_extend<A: KvAllocator>(
         }
         let (committed, allocated) = (req.kv().kv_committed_len(), req.kv().kv_allocated_len());
         if allocated > committed {
-            let error = KvError::ExtendOverReservation {
+            let error = KvError::ReservationHeld {
                 rid: req.rid(),
                 committed,
                 allocated,
