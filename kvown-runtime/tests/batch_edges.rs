@@ -550,6 +550,32 @@ fn retraction_clears_out_cache_loc_only_when_it_removes_requests() {
     release_all_and_empty_out(batch.into_reqs(), cache);
 }
 
+// `out_cache_loc` and `out_positions` pair slots with requests by their place in the batch, and
+// `reqs_mut` lets the requests be reordered: it clears them (a request used to be paired with
+// another's positions after a swap).
+#[test]
+fn handing_out_the_requests_mutably_clears_the_last_allocations_slots() {
+    let mut cache = cache(256, 4, false);
+    let mut batch = extend(
+        vec![Req::new(1, tokens(0, 3)), Req::new(2, tokens(100, 9))],
+        &mut cache,
+    );
+    let positions: Vec<(u64, std::ops::Range<usize>)> = batch
+        .out_positions()
+        .map(|(req, range)| (req.rid(), range))
+        .collect();
+    assert_eq!(positions, [(1, 0..3), (2, 0..9)]);
+    assert_eq!(batch.out_cache_loc().len(), 12);
+    batch.reqs_mut().swap(0, 1);
+    assert_eq!(batch.out_positions().count(), 0);
+    assert!(batch.out_cache_loc().is_empty());
+    // The next allocation describes the batch as it is then.
+    let batch = decode(batch, &mut cache);
+    let rids: Vec<u64> = batch.out_positions().map(|(req, _)| req.rid()).collect();
+    assert_eq!(rids, [2, 1]);
+    release_all_and_empty_out(batch.into_reqs(), cache);
+}
+
 // §9.19: the reservation never shrinks; zero need allocates nothing but still applies the max;
 // row[cur:nxt] is filled in request order.
 #[test]

@@ -137,14 +137,17 @@ impl ScheduleBatch<Ready> {
         &self.reqs
     }
 
-    /// The requests, mutable (their KV records stay owned by the batch flow).
+    /// The requests, mutable (their KV records stay owned by the batch flow). They may be
+    /// reordered through it, so the last allocation's `out_cache_loc` and `out_positions`, which
+    /// pair slots with requests by their place in the batch, are cleared: read them first.
     pub fn reqs_mut(&mut self) -> &mut [Req] {
+        self.forget_out_cache_loc();
         &mut self.reqs
     }
 
     /// The KV slots of the last allocation's new tokens, in request order (sglang
     /// `out_cache_loc`; empty after a speculative reservation, which writes only the table, and
-    /// after the requests changed).
+    /// after the requests changed or were handed out mutably).
     pub fn out_cache_loc(&self) -> &[KvSlot] {
         &self.out_cache_loc
     }
