@@ -283,21 +283,38 @@ impl<D: DeviceAllocOps> MirroredAllocator<D> {
         Ok(())
     }
 
-    /// Takes the kernel rows of a batch of `count` requests into `self.rows`, before the host is
-    /// asked: a row the device table lacks, or a count that does not match, is a caller bug that
-    /// panics here, with nothing changed on either side.
-    fn set_rows(&mut self, rows: impl Iterator<Item = ReqRow>, count: usize) {
+    /// Takes the kernel rows of a batch into `self.rows`, before the host is asked: one row per
+    /// request, with `ends`, the end of the positions each request's step writes. A row the
+    /// device table lacks, an end past its rows' width, or a row count that differs from the
+    /// requests' is a caller bug that panics here, with nothing changed on either side.
+    fn set_rows(
+        &mut self,
+        rows: impl Iterator<Item = ReqRow>,
+        ends: impl ExactSizeIterator<Item = usize>,
+    ) {
         self.rows.clear();
-        self.rows.extend(rows.map(kernel_row));
+        let count = ends.len();
+        let (device_rows, row_len) = (self.device.rows(), self.device.row_len());
+        let mut ends = ends;
+        for row in rows {
+            let row = kernel_row(row);
+            let end = ends.next().expect("one request-to-token row per request");
+            assert!(
+                (row as usize) < device_rows,
+                "request row {row} is outside the device table of {device_rows} rows"
+            );
+            assert!(
+                end <= row_len,
+                "request row {row} is written up to position {end}, past the device table's \
+                 {row_len} positions"
+            );
+            self.rows.push(row);
+        }
         assert_eq!(
             self.rows.len(),
             count,
             "one request-to-token row per request"
         );
-        let device_rows = self.device.rows();
-        if let Some(&row) = self.rows.iter().find(|&&row| row as usize >= device_rows) {
-            panic!("request row {row} is outside the device table of {device_rows} rows");
-        }
     }
 
     /// Sets `self.rows` to `count` requests without a row: the replay writes `out_cache_loc` only.
@@ -472,7 +489,7 @@ impl<D: DeviceAllocOps> KvAllocator for MirroredAllocator<D> {
         rows: impl Iterator<Item = ReqRow>,
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
-        self.set_rows(rows, reqs.len());
+        self.set_rows(rows, reqs.iter().map(|req| req.seq_len));
         self.host.alloc_extend(reqs, out)?;
         self.replay_extend(reqs);
         Ok(())
@@ -488,7 +505,8 @@ impl<D: DeviceAllocOps> KvAllocator for MirroredAllocator<D> {
         I: ExactSizeIterator<Item = DecodeRow> + Clone,
     {
         let shapes = DecodeRow::read_shapes(reqs.clone(), table)?;
-        self.set_rows(reqs.clone().map(|req| req.row), shapes.len());
+        let ends = shapes.iter().map(|shape| shape.seq_len);
+        self.set_rows(reqs.clone().map(|req| req.row), ends);
         self.host.alloc_decode_table(reqs, table, out)?;
         self.replay_decode(&shapes);
         Ok(())

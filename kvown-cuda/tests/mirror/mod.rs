@@ -713,29 +713,32 @@ fn mirror_refuses_what_it_cannot_follow() {
     ));
 }
 
-/// A batch whose rows the device table lacks is a caller bug: it panics before the host (or the
-/// device) changes.
+/// A batch whose rows the device table lacks, or that writes past their width, is a caller bug:
+/// it panics before the host (or the device) changes (the width was checked only by the device
+/// replay, after the host had allocated).
 #[test]
 fn rows_outside_the_device_table_panic_before_anything_changes() {
     let table = ReqToTokenPool::new(ROWS, WIDTH).unwrap();
-    let Some(half) = OnHost.make::<Lifo>(64, 4, ROWS + 1, WIDTH) else {
+    let Some(half) = OnHost.make::<Lifo>(1024, 4, ROWS + 1, WIDTH) else {
         return;
     };
-    let host = PagedAllocator::new(64, 4, false).unwrap();
+    let host = PagedAllocator::new(1024, 4, false).unwrap();
     let mut mirror = MirroredAllocator::new(host, half, &table).unwrap();
-    let shape = ExtendShape {
+    let shape = |seq_len| ExtendShape {
         prefix_len: 0,
-        seq_len: 8,
+        seq_len,
         last_loc: None,
     };
     let before: Vec<PageId> = mirror.host().free_pages().collect();
     let outside = ROWS + 1;
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        mirror.alloc_extend_rows(&[shape], [outside].into_iter(), &mut Vec::new())
-    }));
-    assert!(result.is_err(), "row {outside} must be refused");
-    assert_eq!(mirror.host().free_pages().collect::<Vec<_>>(), before);
-    assert_eq!(mirror.device().available_size(), 64);
+    for (row, seq_len) in [(outside, 8), (1, WIDTH + 4)] {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            mirror.alloc_extend_rows(&[shape(seq_len)], [row].into_iter(), &mut Vec::new())
+        }));
+        assert!(result.is_err(), "row {row} up to {seq_len} must be refused");
+        assert_eq!(mirror.host().free_pages().collect::<Vec<_>>(), before);
+        assert_eq!(mirror.device().available_size(), 1024);
+    }
 }
 
 /// `verify` reports the first slot where a device row and the host's differ.
