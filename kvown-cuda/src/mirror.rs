@@ -323,6 +323,22 @@ impl<D: DeviceAllocOps> MirroredAllocator<D> {
         self.rows.resize(count, NO_ROW);
     }
 
+    /// The device computes an extend's positions, rounded up to a page, in `u32`: a shape past
+    /// that (possible only without a row to bound it) is a caller bug that panics here, before
+    /// the host is asked.
+    fn check_extend_positions(&self, reqs: &[ExtendShape]) {
+        let page_size = self.host.page_size();
+        if let Some(shape) = reqs
+            .iter()
+            .find(|shape| shape.seq_len.saturating_add(page_size - 1) > u32::MAX as usize)
+        {
+            panic!(
+                "an extend to position {} rounds up past u32::MAX, the device's position range",
+                shape.seq_len
+            );
+        }
+    }
+
     /// Replays a batched extend the host has applied, for the rows in `self.rows`.
     fn replay_extend(&mut self, reqs: &[ExtendShape]) {
         let out = replayed("alloc_extend", self.device.alloc_extend(reqs, &self.rows));
@@ -438,8 +454,9 @@ impl<D: DeviceAllocOps> KvAllocator for MirroredAllocator<D> {
         reqs: &[ExtendShape],
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
-        self.host.alloc_extend(reqs, out)?;
+        self.check_extend_positions(reqs);
         self.set_no_rows(reqs.len());
+        self.host.alloc_extend(reqs, out)?;
         self.replay_extend(reqs);
         Ok(())
     }
@@ -489,6 +506,7 @@ impl<D: DeviceAllocOps> KvAllocator for MirroredAllocator<D> {
         rows: impl Iterator<Item = ReqRow>,
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
+        self.check_extend_positions(reqs);
         self.set_rows(rows, reqs.iter().map(|req| req.seq_len));
         self.host.alloc_extend(reqs, out)?;
         self.replay_extend(reqs);

@@ -166,6 +166,11 @@ impl<R: ReuseOrder> AllocPlanner<R> {
                 }
             };
             self.check_request_row(request, row, seq_len)?;
+            // The kernel rounds positions up to a page in u32 arithmetic.
+            to_u32(
+                "seq_len + page_size - 1",
+                seq_len.saturating_add(page_size - 1),
+            )?;
             let new_pages = seq_len.div_ceil(page_size) - prefix_len.div_ceil(page_size);
             params.extend([
                 to_u32("prefix_len", prefix_len)?,
@@ -495,6 +500,21 @@ mod tests {
             })
         ));
         assert!(planner.plan_extend(&[fresh(33)], &[NO_ROW]).is_ok());
+        // Without a row, only the u32 positions of the kernel bound an extend: rounded up to a
+        // page, its end must fit.
+        let top = u32::MAX as usize - 3;
+        let at_top = planner.plan_extend(&[fresh(top)], &[NO_ROW]);
+        assert!(
+            !matches!(at_top, Err(CudaError::TooLarge { .. })),
+            "{at_top:?}"
+        );
+        assert!(matches!(
+            planner.plan_extend(&[fresh(top + 1)], &[NO_ROW]),
+            Err(CudaError::TooLarge {
+                what: "seq_len + page_size - 1",
+                ..
+            })
+        ));
         assert!(planner.plan_decode(&[decode(3, 5)], &[0]).is_ok());
         // Past the last page, and in the padding page: each at the offset its length implies,
         // so only the range test can refuse them.

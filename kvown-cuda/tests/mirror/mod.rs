@@ -741,6 +741,34 @@ fn rows_outside_the_device_table_panic_before_anything_changes() {
     }
 }
 
+/// The device computes an extend's positions, rounded up to a page, in u32: a rowless extend
+/// near u32::MAX is refused before the host allocates (the kernel wrapped and handed out a
+/// slot of a page already in use).
+#[test]
+fn a_rowless_extend_past_the_devices_position_range_panics_before_anything_changes() {
+    let table = ReqToTokenPool::new(2, 16).unwrap();
+    let Some(half) = OnHost.make::<Lifo>(64, 4, 3, 16) else {
+        return;
+    };
+    let host = PagedAllocator::new(64, 4, false).unwrap();
+    let mut mirror = MirroredAllocator::new(host, half, &table).unwrap();
+    let mut held = Vec::new();
+    mirror.alloc(8, &mut held).unwrap();
+    let before: Vec<PageId> = mirror.host().free_pages().collect();
+    let prefix_len = u32::MAX as usize - 1;
+    let shape = ExtendShape {
+        prefix_len,
+        seq_len: prefix_len + 1,
+        last_loc: Some(held[1]),
+    };
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        mirror.alloc_extend(&[shape], &mut Vec::new())
+    }));
+    assert!(result.is_err(), "the extend must be refused");
+    assert_eq!(mirror.host().free_pages().collect::<Vec<_>>(), before);
+    assert_eq!(mirror.device().available_size(), 56);
+}
+
 /// `verify` reports the first slot where a device row and the host's differ.
 #[test]
 fn verify_reports_a_row_that_differs() {
