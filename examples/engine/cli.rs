@@ -111,14 +111,20 @@ pub struct Args {
     pub plot: PathBuf,
 }
 
+/// The lowest `--arrival-rate`: one request every 10,000 steps.
+const MIN_ARRIVAL_RATE: f64 = 1e-4;
+
 impl Args {
     /// Rejects flag combinations the engine cannot run.
     pub fn validate(&self) -> Result<(), String> {
         if self.requests == 0 || self.max_running == 0 || self.chunk_size == 0 {
             return Err("--requests, --max-running and --chunk-size must be positive".into());
         }
-        if self.arrival_rate.is_nan() || self.arrival_rate <= 0.0 {
-            return Err("--arrival-rate must be positive".into());
+        // Below this the workload's arrival steps (counted one by one) would run for hours.
+        if self.arrival_rate.is_nan() || self.arrival_rate < MIN_ARRIVAL_RATE {
+            return Err(format!(
+                "--arrival-rate must be at least {MIN_ARRIVAL_RATE} requests per step"
+            ));
         }
         if !(0.0..=1.0).contains(&self.shared_prefix_fraction)
             || !(0.0..=1.0).contains(&self.accept_rate)
@@ -172,7 +178,11 @@ mod tests {
                 &["--requests", "0"][..],
                 "--requests, --max-running and --chunk-size",
             ),
-            (&["--arrival-rate", "0"], "--arrival-rate must be positive"),
+            (&["--arrival-rate", "0"], "--arrival-rate must be at least"),
+            (
+                &["--arrival-rate", "1e-20"],
+                "--arrival-rate must be at least",
+            ),
             (&["--accept-rate", "1.5"], "--accept-rate must be in [0, 1]"),
             (&["--spec-tokens", "0"], "--spec-tokens must be positive"),
             (&["--page-size", "0"], "--page-size must be positive"),

@@ -70,7 +70,10 @@ fn request_table(args: &Args, jobs: &[workload::Job]) -> Result<ReqToTokenPool, 
         .max()
         .unwrap_or(1);
     let width = longest + args.spec_reserve().unwrap_or(1) + args.page_size;
-    ReqToTokenPool::new(args.max_running + 1, width).map_err(|e| e.to_string())
+    // One row per running request (no more than there are requests) and one for the request
+    // whose chunked prefill continues next step.
+    let rows = args.max_running.min(jobs.len()) + 1;
+    ReqToTokenPool::new(rows, width).map_err(|e| e.to_string())
 }
 
 fn run(args: &Args) -> Result<Summary, String> {
@@ -187,5 +190,49 @@ fn main() -> ExitCode {
             eprintln!("engine: FAILED: {error}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs the engine on the CPU with `flags` after the defaults, plotting to a temporary file
+    /// named after `test`.
+    fn run_with(test: &str, flags: &[&str]) -> Summary {
+        let plot = std::env::temp_dir().join(format!("kvown-engine-{test}.svg"));
+        let plot = plot.to_str().expect("a UTF-8 temporary path");
+        let args = Args::try_parse_from(
+            ["engine", "--backend", "cpu", "--json", "--plot", plot]
+                .into_iter()
+                .chain(flags.iter().copied()),
+        )
+        .expect("flags that parse");
+        run(&args).expect("the engine runs")
+    }
+
+    #[test]
+    fn a_request_whose_life_fits_its_extend_pages_is_admitted_without_headroom() {
+        // One page of 16 slots, requests of at most 8 + 4 tokens: each fits the page whole,
+        // but the headroom of a spare page kept it waiting forever.
+        let flags = [
+            "--pool-tokens",
+            "16",
+            "--page-size",
+            "16",
+            "--requests",
+            "3",
+        ];
+        let lengths = ["--prompt-len", "4..8", "--output-len", "2..4"];
+        let summary = run_with("tiny-pool", &[&flags[..], &lengths[..]].concat());
+        assert_eq!((summary.finished, summary.aborted), (3, 0));
+    }
+
+    #[test]
+    fn any_max_running_is_bounded_by_the_requests() {
+        // `--max-running usize::MAX` overflowed sizing the request table.
+        let flags = ["--max-running", "18446744073709551615", "--requests", "20"];
+        let summary = run_with("max-running", &flags);
+        assert_eq!(summary.finished, 20);
     }
 }

@@ -225,7 +225,12 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
             .map_err(|e| format!("init_next_round_input {}: {e}", req.rid()))?;
             let prefix = req.prefix_len();
             let need = ceil_align(req.extend_end(), page_size) - ceil_align(prefix, page_size);
-            let spec_need = spec_reserve.map_or(page_size, |r| ceil_align(r, page_size));
+            // Headroom for the next decode steps, but never more than the request can still use:
+            // one whose whole life fits in the pages of its extend needs none (it was neither
+            // admitted nor aborted as too large).
+            let spec_need = spec_reserve
+                .map_or(page_size, |r| ceil_align(r, page_size))
+                .min(self.lifetime_need(&req) - ceil_align(req.extend_end(), page_size));
             if reserved + need + spec_need > self.cache.available_with_eviction() {
                 self.unlock(&mut req)?;
                 if continuing {
