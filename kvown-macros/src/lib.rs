@@ -11,6 +11,7 @@
 
 mod diag;
 mod guarded;
+mod method_token;
 mod owner;
 mod seal;
 mod support_path;

@@ -14,6 +14,7 @@ use syn::{
 };
 
 use super::parse::{FieldModel, GuardedStruct, Ownership, ReadMode};
+use crate::method_token::{is_type_name, token_name};
 use crate::seal::{DeeperPaths, path_from_child, widen_one_level};
 
 /// Std derives mirrored onto the generated init struct.
@@ -258,15 +259,8 @@ fn token_path(owner: &Path) -> Path {
     let segments: Vec<&Ident> = owner.segments.iter().map(|s| &s.ident).collect();
     let mut path = owner.clone();
     let n = segments.len();
-    let is_method = n >= 2
-        && segments[n - 2]
-            .to_string()
-            .starts_with(|c: char| c.is_ascii_uppercase());
-    if is_method {
-        let token = Ident::new(
-            &format!("{}_{}", segments[n - 2], segments[n - 1]),
-            segments[n - 1].span(),
-        );
+    if n >= 2 && is_type_name(segments[n - 2]) {
+        let token = token_name(segments[n - 2], segments[n - 1]);
         let mut kept: syn::punctuated::Punctuated<syn::PathSegment, syn::Token![::]> =
             owner.segments.iter().take(n - 2).cloned().collect();
         kept.push(token.into());

@@ -8,6 +8,7 @@ use syn::{Attribute, Block, Ident, ImplItemFn, ItemFn, ItemImpl, Visibility};
 
 use super::count::count_writes;
 use super::parse::OwnerOptions;
+use crate::method_token::token_name;
 use crate::seal::{DeeperPaths, widen_one_level};
 
 /// Everything that names one owner.
@@ -53,7 +54,7 @@ impl OwnerPlan {
         OwnerPlan {
             support: options.support.clone(),
             binding: options.binding.clone(),
-            token: Ident::new(&format!("{type_name}_{name}"), name.span()),
+            token: token_name(type_name, name),
             module: format_ident!("__kvown_owner_{}_{}", type_name, name),
             site_name: format!("{type_name}::{name}"),
             vis: method.vis.clone(),

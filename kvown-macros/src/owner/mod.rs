@@ -11,6 +11,7 @@ use quote::{ToTokens, quote};
 use syn::{FnArg, ImplItem, ItemFn, ItemImpl, Signature};
 
 use crate::diag::Diagnostics;
+use crate::method_token::is_type_name;
 use expand::OwnerPlan;
 
 /// Expands `#[owner]` on a free function.
@@ -38,6 +39,17 @@ pub(crate) fn expand_fn(args: TokenStream, input: TokenStream) -> TokenStream {
         );
         let errors = diagnostics.into_compile_errors();
         return quote!(#errors #item);
+    }
+    if is_type_name(&item.sig.ident) {
+        diagnostics.error_at(
+            &item.sig.ident,
+            format!(
+                "#[owner] function `{}` starts with an upper-case letter, the shape of a method \
+                 owner's capability token (`Type_method`), so it could pass for a method owner; \
+                 give it a snake_case name",
+                item.sig.ident
+            ),
+        );
     }
     let binds = check_binding_is_free(&item.sig, &options.binding, &mut diagnostics);
     let plan = OwnerPlan::free_fn(&options, &item, binds);
@@ -71,14 +83,14 @@ pub(crate) fn expand_impl(args: TokenStream, input: TokenStream) -> TokenStream 
         let errors = diagnostics.into_compile_errors();
         return quote!(#errors #item);
     }
-    let Some(type_name) = parse::self_type_name(&item.self_ty) else {
-        diagnostics.error_at(
-            &item.self_ty,
-            "#[kvown::owners] needs a named type (`impl Type` or `impl<T> Type<T>`)",
-        );
-        strip_owner_attrs(&mut item);
-        let errors = diagnostics.into_compile_errors();
-        return quote!(#errors #item);
+    let type_name = match parse::self_type_name(&item.self_ty) {
+        Ok(type_name) => type_name,
+        Err(error) => {
+            diagnostics.push(error);
+            strip_owner_attrs(&mut item);
+            let errors = diagnostics.into_compile_errors();
+            return quote!(#errors #item);
+        }
     };
 
     let mut owner_methods = Vec::new();

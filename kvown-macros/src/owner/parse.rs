@@ -4,6 +4,7 @@ use proc_macro2::{Span, TokenStream};
 use syn::{Attribute, Ident, Type};
 
 use crate::diag::Diagnostics;
+use crate::method_token::is_owner_type_name;
 use crate::support_path::{default_support_path, parse_support_path};
 
 /// Options of one owner.
@@ -99,12 +100,37 @@ pub(crate) fn take_owner_attr(attrs: &mut Vec<Attribute>) -> Option<Attribute> {
     Some(attrs.remove(index))
 }
 
-/// The name of the impl's self type: `Batch` for `impl<T> Batch<T>`.
-pub(crate) fn self_type_name(ty: &Type) -> Option<Ident> {
-    match ty {
-        Type::Path(path) if path.qself.is_none() => {
-            path.path.segments.last().map(|s| s.ident.clone())
-        }
-        _ => None,
+/// The name of the impl's self type (`Batch` for `impl<T> Batch<T>`), or the error to report:
+/// the method tokens are named after it and defined in the impl's module, so the type must be a
+/// single UpperCamelCase identifier naming a type in scope there (see [`crate::method_token`]).
+pub(crate) fn self_type_name(ty: &Type) -> syn::Result<Ident> {
+    let Type::Path(path) = ty else {
+        return Err(syn::Error::new_spanned(
+            ty,
+            "#[kvown::owners] needs a named type (`impl Type` or `impl<T> Type<T>`)",
+        ));
+    };
+    let single =
+        path.qself.is_none() && path.path.leading_colon.is_none() && path.path.segments.len() == 1;
+    if !single {
+        return Err(syn::Error::new_spanned(
+            ty,
+            "#[kvown::owners] needs the impl's type named by one identifier (`impl Batch`, \
+             `impl<T> Batch<T>`): `#[owned_by(path::Batch::method)]` finds the owner through the \
+             module where that name means this type; import the type (`use path::Batch;`) or \
+             put the impl block in its module",
+        ));
     }
+    let ident = &path.path.segments[0].ident;
+    if !is_owner_type_name(ident) {
+        return Err(syn::Error::new_spanned(
+            ident,
+            format!(
+                "#[kvown::owners] needs an UpperCamelCase type name without `_` (found `{ident}`): \
+                 a method owner is listed as `Type::method` and its capability token is named \
+                 `Type_method`, which must not be readable as another type's or function's"
+            ),
+        ));
+    }
+    Ok(ident.clone())
 }
