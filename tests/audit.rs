@@ -226,3 +226,24 @@ fn an_owner_compiled_out_registers_no_site() {
     assert!(names.contains(&"Sched::decode"), "{names:?}");
     assert!(!names.contains(&"Sched::compiled_out"), "{names:?}");
 }
+
+/// A raw-identifier field, registered and counted under its plain name.
+#[kvown::guarded]
+pub struct RawReq {
+    #[owned_by(raw_alloc)]
+    r#type: usize,
+}
+
+#[kvown::owner]
+pub fn raw_alloc(req: &mut RawReq) {
+    req.set_type(owner, 1);
+    *req.type_mut(owner) += 1;
+}
+
+#[test]
+fn a_raw_field_is_registered_and_counted_by_its_plain_name() {
+    AuditTable::collect()
+        .unwrap()
+        .of_structs(&["RawReq"])
+        .assert_matches(&[("RawReq", "type", "raw_alloc", 2)]);
+}

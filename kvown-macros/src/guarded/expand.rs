@@ -6,6 +6,7 @@
 
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote, quote_spanned};
+use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{
@@ -269,8 +270,10 @@ fn token_path(owner: &Path) -> Path {
     path_from_child(&path)
 }
 
+/// An owner path as the audit register and the messages show it: `a::Batch::move` for
+/// `a::Batch::r#move`, matching the owner site's own name.
 fn path_text(path: &Path) -> String {
-    quote!(#path).to_string().replace(' ', "")
+    quote!(#path).to_string().replace(' ', "").replace("r#", "")
 }
 
 /// Getter, setter and `_mut` accessor of one owned field.
@@ -378,8 +381,9 @@ fn registration(
     ownership: &Ownership,
 ) -> TokenStream {
     let cfg = &field.cfg_attrs;
-    let struct_text = struct_name.to_string();
-    let field_text = field.ident.to_string();
+    let struct_text = struct_name.unraw().to_string();
+    // Unrawed, as the owner's write count records it (`set_type` writes `type`).
+    let field_text = field.ident.unraw().to_string();
     let owners: Vec<String> = ownership.owners.iter().map(path_text).collect();
     let line = quote_spanned!(field.ident.span()=> ::core::line!());
     quote! {

@@ -1,7 +1,7 @@
 //! The typed model of a `#[guarded]` struct and its `#[owned_by(..)]` fields.
 
 use proc_macro2::TokenStream;
-use quote::ToTokens;
+use quote::{ToTokens, format_ident};
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
 use syn::{Attribute, Fields, Ident, ItemStruct, Path, Token, Type, Visibility};
@@ -147,7 +147,7 @@ pub(crate) fn parse(
     }
 
     let mut support = default_support_path();
-    let mut init_name = Ident::new(&format!("{}Init", item.ident), item.ident.span());
+    let mut init_name = format_ident!("{}Init", item.ident, span = item.ident.span());
     let options = syn::meta::parser(|meta| {
         if meta.path.is_ident("crate") {
             support = parse_support_path(&meta)?;

@@ -3,6 +3,7 @@
 
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote, quote_spanned};
+use syn::ext::IdentExt;
 use syn::visit_mut::VisitMut;
 use syn::{Attribute, Block, Ident, ImplItemFn, ItemFn, ItemImpl, Visibility};
 
@@ -37,7 +38,7 @@ impl OwnerPlan {
             binding: options.binding.clone(),
             token: name.clone(),
             module: format_ident!("__kvown_owner_{}", name),
-            site_name: name.to_string(),
+            site_name: name.unraw().to_string(),
             vis: item.vis.clone(),
             cfg_attrs: cfg_attrs(&item.attrs),
             binds,
@@ -56,7 +57,7 @@ impl OwnerPlan {
             binding: options.binding.clone(),
             token: token_name(type_name, name),
             module: format_ident!("__kvown_owner_{}_{}", type_name, name),
-            site_name: format!("{type_name}::{name}"),
+            site_name: format!("{}::{}", type_name.unraw(), name.unraw()),
             vis: method.vis.clone(),
             cfg_attrs: cfg_attrs(&method.attrs),
             binds,
