@@ -27,7 +27,9 @@ struct SealedField<'a> {
     ty: Type,
 }
 
-pub(crate) fn expand(model: &GuardedStruct) -> TokenStream {
+/// Expands `model`; the owned fields in `refused` (whose generated names were refused) get no
+/// accessors and no owner trait.
+pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
     let private = {
         let support = &model.support;
         quote!(#support::__private)
@@ -74,6 +76,9 @@ pub(crate) fn expand(model: &GuardedStruct) -> TokenStream {
         let Some(ownership) = &field.model.ownership else {
             continue;
         };
+        if refused.contains(&&field.model.ident) {
+            continue;
+        }
         let trait_name = owner_trait_name(name, &field.model.ident);
         let cfg = &field.model.cfg_attrs;
         trait_exports.push(quote!(

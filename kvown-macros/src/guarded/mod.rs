@@ -18,8 +18,8 @@ pub(crate) fn expand(args: TokenStream, input: TokenStream) -> TokenStream {
             return quote!(#errors #fallback);
         }
     };
-    validate::validate(&model, &mut diagnostics);
-    let expansion = expand::expand(&model);
+    let refused = validate::validate(&model, &mut diagnostics);
+    let expansion = expand::expand(&model, &refused);
     let errors = diagnostics.into_compile_errors();
     quote!(#errors #expansion)
 }

@@ -1,9 +1,11 @@
 //! Checks on a parsed `#[guarded]` struct that the macro can see itself.
 
 use quote::ToTokens;
+use syn::ext::IdentExt;
 use syn::visit::{self, Visit};
 use syn::{Type, Visibility};
 
+use super::expand::owner_trait_name;
 use super::parse::GuardedStruct;
 use crate::diag::Diagnostics;
 
@@ -23,14 +25,38 @@ const INTERIOR_MUTABLE: &[&str] = &[
     "RwLock",
 ];
 
-/// Records every problem of `model` in `diagnostics`.
-pub(crate) fn validate(model: &GuardedStruct, diagnostics: &mut Diagnostics) {
+/// Records every problem of `model` in `diagnostics`. Returns the owned fields whose generated
+/// names were refused (their accessors and owner trait are left out of the expansion, so the
+/// error is not followed by duplicate-definition errors from the generated code).
+pub(crate) fn validate<'m>(
+    model: &'m GuardedStruct,
+    diagnostics: &mut Diagnostics,
+) -> Vec<&'m syn::Ident> {
+    let mut refused = Vec::new();
     let mut any_owned = false;
+    let mut owner_traits: Vec<(syn::Ident, &syn::Ident)> = Vec::new();
     for field in &model.fields {
         let Some(ownership) = &field.ownership else {
             continue;
         };
         any_owned = true;
+        let trait_name = owner_trait_name(&model.item.ident, &field.ident);
+        if !accessor_names_are_clear(&field.ident, diagnostics) {
+            refused.push(&field.ident);
+        } else if let Some((_, earlier)) = owner_traits.iter().find(|(name, _)| *name == trait_name)
+        {
+            refused.push(&field.ident);
+            diagnostics.error_at(
+                &field.ident,
+                format!(
+                    "owned fields `{earlier}` and `{}` would share the owner trait `{trait_name}` \
+                     (its name drops the `_`s of the field's); rename one of them",
+                    field.ident
+                ),
+            );
+        } else {
+            owner_traits.push((trait_name, &field.ident));
+        }
         if let Visibility::Public(token) = &field.vis {
             diagnostics.error_at(
                 token,
@@ -96,6 +122,36 @@ pub(crate) fn validate(model: &GuardedStruct, diagnostics: &mut Diagnostics) {
             ),
         );
     }
+    refused
+}
+
+/// Errors when an owned field's name would make an accessor name ambiguous: `set_x` and `x_mut`
+/// would read as the setter of `x_mut` or the `_mut` accessor of `set_x` (to readers and to the
+/// owners' write count, which tells writes apart by accessor name), and `fields` and
+/// `into_init` would clash with the generated `fields_mut()` and `into_init()`. Returns whether the names are clear (no error recorded).
+fn accessor_names_are_clear(ident: &syn::Ident, diagnostics: &mut Diagnostics) -> bool {
+    let name = ident.unraw().to_string();
+    let problem = if let Some(rest) = name.strip_prefix("set_") {
+        format!(
+            "starts with `set_`, so its `_mut` accessor `{name}_mut` reads as the setter of `{rest}_mut`"
+        )
+    } else if let Some(rest) = name.strip_suffix("_mut") {
+        format!(
+            "ends with `_mut`, so its setter `set_{name}` reads as the `_mut` accessor of `set_{rest}`"
+        )
+    } else if name == "fields" {
+        "would get a `fields_mut` accessor, the name of the generated split-borrow view".to_string()
+    } else if name == "into_init" {
+        "would get an `into_init` getter, the name of the generated conversion into the init struct"
+            .to_string()
+    } else {
+        return true;
+    };
+    diagnostics.error_at(
+        ident,
+        format!("owned field `{ident}` {problem}; rename the field"),
+    );
+    false
 }
 
 /// The first interior-mutable type inside `ty` (also inside generic arguments), if any.
