@@ -247,3 +247,39 @@ fn a_raw_field_is_registered_and_counted_by_its_plain_name() {
         .of_structs(&["RawReq"])
         .assert_matches(&[("RawReq", "type", "raw_alloc", 2)]);
 }
+
+/// Writes the count must see: inside a std macro, inside a local `macro_rules!`, through a
+/// rebound capability and in UFCS form.
+#[kvown::guarded]
+#[derive(Default)]
+pub struct MacroReq {
+    #[owned_by(macro_alloc)]
+    len: usize,
+}
+
+#[kvown::owner]
+pub fn macro_alloc(req: &mut MacroReq) {
+    assert!({
+        req.set_len(owner, 1);
+        true
+    });
+    macro_rules! bump {
+        () => {
+            *req.len_mut(owner) += 1
+        };
+    }
+    bump!();
+    let cap = owner;
+    req.set_len(cap, req.len() + 1);
+    MacroReq::set_len(req, owner, req.len() + 1);
+}
+
+#[test]
+fn writes_in_macros_and_through_a_rebound_capability_are_counted() {
+    let mut req = MacroReq::default();
+    macro_alloc(&mut req);
+    assert_eq!(req.len(), 4);
+    let table = AuditTable::collect().unwrap().of_structs(&["MacroReq"]);
+    table.assert_matches(&[("MacroReq", "len", "macro_alloc", 4)]);
+    assert_eq!(table.rows()[0].delegations, 0, "{table}");
+}

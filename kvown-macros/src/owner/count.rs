@@ -1,25 +1,29 @@
 //! The syntactic write count of an owner body, for the audit register.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
+use proc_macro2::{Delimiter, TokenStream, TokenTree};
 use syn::ext::IdentExt;
 use syn::visit::{self, Visit};
-use syn::{Block, Expr, Ident};
+use syn::{Block, Expr, Ident, Local, Pat};
 
-/// Guarded writes an owner body makes, found by syntax: `x.set_<field>(owner, ..)` and
-/// `x.<field>_mut(owner)` are writes of `<field>`; any other call that passes `owner` delegates.
+/// Guarded writes an owner body makes, found by syntax: `x.set_<field>(cap, ..)`,
+/// `x.<field>_mut(cap)` and `Type::set_<field>(x, cap, ..)` are writes of `<field>`, where `cap`
+/// is the capability binding or a local it was moved into (`let cap = owner;`). Macro arguments
+/// are scanned token by token for the same shapes. Any other use of the capability hands it on.
 #[derive(Default)]
 pub(crate) struct WriteCount {
     /// Writes per field name.
     pub(crate) per_field: BTreeMap<String, u32>,
-    /// Calls that hand the capability to a helper.
+    /// Calls that hand the capability to a helper, and other uses the count cannot follow
+    /// (the capability stored in a struct or tuple, or passed to a macro).
     pub(crate) delegations: u32,
 }
 
 /// Counts the writes in `block` made with the capability bound as `binding`.
 pub(crate) fn count_writes(block: &Block, binding: &Ident) -> WriteCount {
     let mut counter = Counter {
-        binding,
+        names: BTreeSet::from([binding.unraw().to_string()]),
         count: WriteCount::default(),
     };
     counter.visit_block(block);
@@ -36,43 +40,193 @@ fn written_field(method: &str) -> Option<&str> {
     }
 }
 
-struct Counter<'a> {
-    binding: &'a Ident,
+struct Counter {
+    /// The capability's names: the binding and the locals it was moved into.
+    names: BTreeSet<String>,
     count: WriteCount,
 }
 
-impl Counter<'_> {
+impl Counter {
+    fn is_name(&self, ident: &Ident) -> bool {
+        self.names.contains(&ident.unraw().to_string())
+    }
+
     fn is_capability(&self, expr: &Expr) -> bool {
         match expr {
-            Expr::Path(path) => path.qself.is_none() && path.path.is_ident(self.binding),
+            Expr::Path(path) => {
+                path.qself.is_none() && path.path.get_ident().is_some_and(|i| self.is_name(i))
+            }
             Expr::Paren(inner) => self.is_capability(&inner.expr),
+            Expr::Group(inner) => self.is_capability(&inner.expr),
+            _ => false,
+        }
+    }
+
+    fn record_write(&mut self, field: &str) {
+        *self.count.per_field.entry(field.to_string()).or_default() += 1;
+    }
+
+    /// Records a call whose arguments are `args` and whose argument at `write_position` is the
+    /// capability when the call is the write of `field`; visits the other arguments.
+    fn record_call<'ast>(
+        &mut self,
+        field: Option<&str>,
+        write_position: usize,
+        args: impl IntoIterator<Item = &'ast Expr>,
+    ) {
+        let args: Vec<&Expr> = args.into_iter().collect();
+        let writes = field.filter(|_| {
+            args.get(write_position)
+                .is_some_and(|arg| self.is_capability(arg))
+        });
+        match writes {
+            Some(field) => self.record_write(field),
+            None if args.iter().any(|arg| self.is_capability(arg)) => self.count.delegations += 1,
+            None => {}
+        }
+        for arg in args {
+            if !self.is_capability(arg) {
+                self.visit_expr(arg);
+            }
+        }
+    }
+
+    /// Scans a macro's tokens, which syn leaves unparsed, for the write shapes; any other mention
+    /// of a capability name (not a field `.cap`, a path segment `a::cap` or a metavariable `$cap`)
+    /// counts as handing it on.
+    fn scan_tokens(&mut self, tokens: TokenStream) {
+        let trees: Vec<TokenTree> = tokens.into_iter().collect();
+        let punct_before = |i: usize| match i.checked_sub(1).map(|j| &trees[j]) {
+            Some(TokenTree::Punct(p)) => Some(p.as_char()),
+            _ => None,
+        };
+        let mut i = 0;
+        while i < trees.len() {
+            match &trees[i] {
+                TokenTree::Group(group) => self.scan_tokens(group.stream()),
+                TokenTree::Ident(ident) => {
+                    let before = punct_before(i);
+                    let call_args = match trees.get(i + 1) {
+                        Some(TokenTree::Group(g)) if g.delimiter() == Delimiter::Parenthesis => {
+                            Some(split_arguments(g.stream()))
+                        }
+                        _ => None,
+                    };
+                    let write_position = match before {
+                        Some('.') => Some(0),
+                        Some(':') => Some(1),
+                        _ => None,
+                    };
+                    let method = ident.unraw().to_string();
+                    if let (Some(args), Some(position), Some(field)) =
+                        (&call_args, write_position, written_field(&method))
+                        && args
+                            .get(position)
+                            .is_some_and(|a| self.is_capability_tokens(a))
+                    {
+                        self.record_write(field);
+                        for (k, arg) in args.iter().enumerate() {
+                            if k != position {
+                                self.scan_tokens(arg.clone());
+                            }
+                        }
+                        i += 2;
+                        continue;
+                    }
+                    if !matches!(before, Some('.' | ':' | '$')) && self.is_name(ident) {
+                        self.count.delegations += 1;
+                    }
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+    }
+
+    /// Whether a macro argument is exactly a capability name (possibly in parentheses).
+    fn is_capability_tokens(&self, tokens: &TokenStream) -> bool {
+        let mut trees = tokens.clone().into_iter();
+        match (trees.next(), trees.next()) {
+            (Some(TokenTree::Ident(ident)), None) => self.is_name(&ident),
+            (Some(TokenTree::Group(group)), None)
+                if matches!(group.delimiter(), Delimiter::Parenthesis | Delimiter::None) =>
+            {
+                self.is_capability_tokens(&group.stream())
+            }
             _ => false,
         }
     }
 }
 
-impl<'ast> Visit<'ast> for Counter<'_> {
-    fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
-        let method = call.method.unraw().to_string();
-        let first_is_capability = call.args.first().is_some_and(|a| self.is_capability(a));
-        let field = if first_is_capability {
-            written_field(&method)
-        } else {
-            None
-        };
-        match field {
-            Some(field) => *self.count.per_field.entry(field.to_string()).or_default() += 1,
-            None if call.args.iter().any(|a| self.is_capability(a)) => self.count.delegations += 1,
-            None => {}
+/// Splits call arguments at their top-level commas.
+fn split_arguments(tokens: TokenStream) -> Vec<TokenStream> {
+    let mut args = vec![TokenStream::new()];
+    for tree in tokens {
+        match &tree {
+            TokenTree::Punct(p) if p.as_char() == ',' => args.push(TokenStream::new()),
+            _ => args.last_mut().expect("one argument").extend([tree]),
         }
-        visit::visit_expr_method_call(self, call);
+    }
+    args
+}
+
+/// The name a `let` pattern binds when it is one identifier (`cap`, `cap: &T`).
+fn bound_name(pat: &Pat) -> Option<String> {
+    match pat {
+        Pat::Ident(pat) if pat.subpat.is_none() => Some(pat.ident.unraw().to_string()),
+        Pat::Type(typed) => bound_name(&typed.pat),
+        _ => None,
+    }
+}
+
+impl<'ast> Visit<'ast> for Counter {
+    fn visit_expr_method_call(&mut self, call: &'ast syn::ExprMethodCall) {
+        if self.is_capability(&call.receiver) {
+            // A method of the capability itself (a helper trait implemented for tokens).
+            self.count.delegations += 1;
+        } else {
+            self.visit_expr(&call.receiver);
+        }
+        let method = call.method.unraw().to_string();
+        self.record_call(written_field(&method), 0, &call.args);
     }
 
     fn visit_expr_call(&mut self, call: &'ast syn::ExprCall) {
-        if call.args.iter().any(|a| self.is_capability(a)) {
+        self.visit_expr(&call.func);
+        // `Type::set_<field>(x, cap, ..)`: the receiver comes first, the capability second.
+        let method = match &*call.func {
+            Expr::Path(path) => path
+                .path
+                .segments
+                .last()
+                .map(|s| s.ident.unraw().to_string()),
+            _ => None,
+        };
+        let field = method.as_deref().and_then(written_field);
+        self.record_call(field, 1, &call.args);
+    }
+
+    fn visit_expr_path(&mut self, path: &'ast syn::ExprPath) {
+        if path.qself.is_none() && path.path.get_ident().is_some_and(|i| self.is_name(i)) {
             self.count.delegations += 1;
         }
-        visit::visit_expr_call(self, call);
+        visit::visit_expr_path(self, path);
+    }
+
+    fn visit_local(&mut self, local: &'ast Local) {
+        if let Some(init) = &local.init
+            && init.diverge.is_none()
+            && self.is_capability(&init.expr)
+            && let Some(name) = bound_name(&local.pat)
+        {
+            self.names.insert(name);
+            return;
+        }
+        visit::visit_local(self, local);
+    }
+
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        self.scan_tokens(mac.tokens.clone());
     }
 }
 
@@ -96,5 +250,44 @@ mod tests {
         }});
         assert_eq!(writes, [("size".to_string(), 2)]);
         assert_eq!(delegations, 1, "`set_size_mut` is neither accessor");
+    }
+
+    #[test]
+    fn writes_through_a_rebound_capability_and_in_ufcs_form_count() {
+        let (writes, delegations) = count(syn::parse_quote! {{
+            let cap = owner;
+            let typed: &alloc = cap;
+            r.set_len(cap, 1);
+            *r.len_mut((typed)) += 1;
+            Req::set_len(r, owner, 2);
+            helper(r, typed);
+        }});
+        assert_eq!(writes, [("len".to_string(), 3)]);
+        assert_eq!(delegations, 1);
+    }
+
+    #[test]
+    fn writes_inside_macros_count_and_other_mentions_delegate() {
+        let (writes, delegations) = count(syn::parse_quote! {{
+            assert!({ r.set_len(owner, 7); true });
+            macro_rules! bump { () => { *r.len_mut(owner) += 1 }; ($o:expr) => { $o } }
+            debug_assert_eq!(Req::set_cap(r, owner, 1), ());
+            bump!(owner);
+            println!("{}", r.owner);
+        }});
+        assert_eq!(writes, [("cap".to_string(), 1), ("len".to_string(), 2)]);
+        assert_eq!(delegations, 1, "the macro that is handed the capability");
+    }
+
+    #[test]
+    fn other_uses_of_the_capability_delegate() {
+        let (writes, delegations) = count(syn::parse_quote! {{
+            let stored = Holder { cap: owner };
+            let pair = (owner, 1);
+            owner.act(r);
+            r.set_len(stored.cap, 1);
+        }});
+        assert!(writes.is_empty());
+        assert_eq!(delegations, 3);
     }
 }
