@@ -47,6 +47,10 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
     let Fields::Named(named) = &mut sealed.fields else {
         unreachable!("parse accepts only named fields")
     };
+    let self_type: Type = {
+        let (_, ty_generics, _) = sealed.generics.split_for_impl();
+        parse_quote!(#name #ty_generics)
+    };
     let mut fields = Vec::new();
     for (field, field_model) in named.named.iter_mut().zip(&model.fields) {
         DeeperPaths.visit_type_mut(&mut field.ty);
@@ -55,9 +59,11 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
         } else {
             widen_one_level(&field_model.vis)
         };
+        let mut ty = field.ty.clone();
+        SelfToStruct(&self_type).visit_type_mut(&mut ty);
         fields.push(SealedField {
             model: field_model,
-            ty: field.ty.clone(),
+            ty,
         });
     }
 
@@ -173,6 +179,23 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
         #[allow(unused_imports)]
         #outer_vis use #module::{#name, #init, #view};
         #(#trait_exports)*
+    }
+}
+
+/// Replaces `Self` in a copied field type by the struct's type (`Node<T>`): the init and view
+/// structs reuse the field types, and there `Self` would name them instead.
+struct SelfToStruct<'a>(&'a Type);
+
+impl VisitMut for SelfToStruct<'_> {
+    fn visit_type_mut(&mut self, ty: &mut Type) {
+        if let Type::Path(path) = ty
+            && path.qself.is_none()
+            && path.path.is_ident("Self")
+        {
+            *ty = self.0.clone();
+            return;
+        }
+        syn::visit_mut::visit_type_mut(self, ty);
     }
 }
 
