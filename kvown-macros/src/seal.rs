@@ -3,7 +3,7 @@
 
 use proc_macro2::{Group, Ident, Punct, Spacing, TokenStream, TokenTree};
 use syn::visit_mut::{self, VisitMut};
-use syn::{Path, UseTree, Visibility, parse_quote};
+use syn::{ItemMod, Path, UseTree, VisRestricted, Visibility, parse_quote};
 
 /// The visibility an item needs inside a child module to keep the reach it had when written
 /// in the parent: private becomes `pub(super)`, `pub(super)` becomes `pub(in super::super)`.
@@ -33,15 +33,29 @@ pub(crate) fn widen_one_level(vis: &Visibility) -> Visibility {
 /// Re-roots a relative path for use one module deeper: `super::x` -> `super::super::x`,
 /// `self::x` -> `super::x`. Absolute paths and single-segment `self` are left alone.
 fn deepen_path(path: &mut Path) {
+    deepen_path_at(path, 0);
+}
+
+/// [`deepen_path`] for a path written `depth` modules below the moved item (in a module
+/// declared inside an owner's body): only a path whose leading `super`s reach the moved item's
+/// module or beyond changes, since modules inside the item move with it.
+fn deepen_path_at(path: &mut Path, depth: usize) {
     if path.leading_colon.is_some() || path.segments.is_empty() {
         return;
     }
-    let first = path.segments[0].ident.to_string();
-    if first == "super" {
-        let span = path.segments[0].ident.span();
+    let supers = path
+        .segments
+        .iter()
+        .take_while(|s| s.ident == "super")
+        .count();
+    let span = path.segments[0].ident.span();
+    if supers > 0 && supers >= depth {
         path.segments.insert(0, Ident::new("super", span).into());
-    } else if first == "self" && path.segments.len() > 1 {
-        let span = path.segments[0].ident.span();
+    } else if supers == 0
+        && depth == 0
+        && path.segments[0].ident == "self"
+        && path.segments.len() > 1
+    {
         path.segments[0].ident = Ident::new("super", span);
     }
 }
@@ -66,18 +80,37 @@ pub(crate) fn path_from_child(path: &Path) -> Path {
 }
 
 /// Rewrites every relative path in a syntax tree (including inside macro invocations) so the
-/// tree means the same one module deeper.
-pub(crate) struct DeeperPaths;
+/// tree means the same one module deeper. Paths and visibilities inside modules declared in the
+/// tree change only where they reach out of those modules.
+#[derive(Default)]
+pub(crate) struct DeeperPaths {
+    /// How many modules declared inside the tree enclose the node being visited.
+    depth: usize,
+}
 
 impl VisitMut for DeeperPaths {
     fn visit_path_mut(&mut self, path: &mut Path) {
-        deepen_path(path);
+        deepen_path_at(path, self.depth);
         visit_mut::visit_path_mut(self, path);
+    }
+
+    fn visit_vis_restricted_mut(&mut self, vis: &mut VisRestricted) {
+        self.visit_path_mut(&mut vis.path);
+        // `pub(super)` deepened is `pub(in super::super)`: a longer path needs `in`.
+        if vis.in_token.is_none() && vis.path.segments.len() > 1 {
+            vis.in_token = Some(Default::default());
+        }
+    }
+
+    fn visit_item_mod_mut(&mut self, module: &mut ItemMod) {
+        self.depth += 1;
+        visit_mut::visit_item_mod_mut(self, module);
+        self.depth -= 1;
     }
 
     fn visit_use_tree_mut(&mut self, tree: &mut UseTree) {
         if let UseTree::Path(use_path) = tree {
-            if use_path.ident == "super" {
+            if use_path.ident == "super" && leading_use_supers(use_path) >= self.depth {
                 let span = use_path.ident.span();
                 let inner = std::mem::replace(
                     &mut *use_path.tree,
@@ -92,8 +125,11 @@ impl VisitMut for DeeperPaths {
                 });
                 return;
             }
-            if use_path.ident == "self" {
+            if use_path.ident == "self" && self.depth == 0 {
                 use_path.ident = Ident::new("super", use_path.ident.span());
+                return;
+            }
+            if use_path.ident == "super" || use_path.ident == "self" {
                 return;
             }
         }
@@ -101,39 +137,60 @@ impl VisitMut for DeeperPaths {
     }
 
     fn visit_macro_mut(&mut self, mac: &mut syn::Macro) {
-        mac.tokens = deepen_tokens(std::mem::take(&mut mac.tokens));
+        mac.tokens = deepen_tokens(std::mem::take(&mut mac.tokens), self.depth);
         visit_mut::visit_macro_mut(self, mac);
     }
 }
 
-/// Token-level form of [`DeeperPaths`] for macro arguments, which are not parsed:
-/// `super ::` gains one more `super`, `self ::` becomes `super ::`.
-fn deepen_tokens(tokens: TokenStream) -> TokenStream {
+/// The `super`s a use path starts with: 2 for `use super::super::x`.
+fn leading_use_supers(use_path: &syn::UsePath) -> usize {
+    let mut count = 1;
+    let mut tree = &*use_path.tree;
+    while let UseTree::Path(inner) = tree
+        && inner.ident == "super"
+    {
+        count += 1;
+        tree = &inner.tree;
+    }
+    count
+}
+
+/// Token-level form of [`DeeperPaths`] for macro arguments, which are not parsed: a path
+/// starting `super ::` gains one more `super` (when its `super`s reach out of the `depth`
+/// modules around it), `self ::` becomes `super ::` (outside any such module).
+fn deepen_tokens(tokens: TokenStream, depth: usize) -> TokenStream {
     let trees: Vec<TokenTree> = tokens.into_iter().collect();
-    let mut out = Vec::with_capacity(trees.len());
-    for (i, tree) in trees.iter().enumerate() {
-        let followed_by_path_sep = matches!(
+    let followed_by_path_sep = |i: usize| {
+        matches!(
             (trees.get(i + 1), trees.get(i + 2)),
             (Some(TokenTree::Punct(a)), Some(TokenTree::Punct(b)))
                 if a.as_char() == ':' && a.spacing() == Spacing::Joint && b.as_char() == ':'
-        );
+        )
+    };
+    let is_super = |i: usize| matches!(trees.get(i), Some(TokenTree::Ident(id)) if id == "super");
+    let mut out = Vec::with_capacity(trees.len());
+    for (i, tree) in trees.iter().enumerate() {
         let preceded_by_path_sep =
             i > 0 && matches!(&trees[i - 1], TokenTree::Punct(p) if p.as_char() == ':');
         match tree {
-            TokenTree::Ident(ident) if followed_by_path_sep && !preceded_by_path_sep => {
-                if ident == "super" {
+            TokenTree::Ident(ident) if followed_by_path_sep(i) && !preceded_by_path_sep => {
+                let mut supers = 0;
+                while is_super(i + 3 * supers) && followed_by_path_sep(i + 3 * supers) {
+                    supers += 1;
+                }
+                if ident == "super" && supers >= depth {
                     out.push(TokenTree::Ident(ident.clone()));
                     out.push(TokenTree::Punct(Punct::new(':', Spacing::Joint)));
                     out.push(TokenTree::Punct(Punct::new(':', Spacing::Alone)));
                     out.push(TokenTree::Ident(ident.clone()));
-                } else if ident == "self" {
+                } else if ident == "self" && depth == 0 {
                     out.push(TokenTree::Ident(Ident::new("super", ident.span())));
                 } else {
                     out.push(tree.clone());
                 }
             }
             TokenTree::Group(group) => {
-                let mut inner = Group::new(group.delimiter(), deepen_tokens(group.stream()));
+                let mut inner = Group::new(group.delimiter(), deepen_tokens(group.stream(), depth));
                 inner.set_span(group.span());
                 out.push(TokenTree::Group(inner));
             }
@@ -201,7 +258,7 @@ mod tests {
             use std::cell::Cell;
             fn f() -> self::D { super::g(); ::std::mem::drop(1); h() }
         };
-        DeeperPaths.visit_file_mut(&mut file);
+        DeeperPaths::default().visit_file_mut(&mut file);
         assert_eq!(
             text(&file),
             "usesuper::super::a::b;usesuper::c;usestd::cell::Cell;\
@@ -216,11 +273,36 @@ mod tests {
                 check!(super::g(), self::h, (super::super::k), self.len(), a::b);
             }
         };
-        DeeperPaths.visit_file_mut(&mut file);
+        DeeperPaths::default().visit_file_mut(&mut file);
         assert_eq!(
             text(&file),
             "fnf(&self){check!(super::super::g(),super::h,(super::super::super::k),\
              self.len(),a::b);}"
+        );
+    }
+
+    #[test]
+    fn modules_inside_the_tree_keep_their_own_relative_paths() {
+        let mut file: File = parse_quote! {
+            fn f() {
+                mod helpers {
+                    pub(super) fn two() -> usize { super::x() + self::inner::y() }
+                    pub(self) fn z() { super::super::w(); }
+                    use super::a;
+                    use self::inner::b;
+                    mod inner { pub(super) fn y() -> usize { super::super::x() + super::v() } }
+                    fn m() { check!(super::x(), self::inner::y(), super::super::q()); }
+                }
+            }
+        };
+        DeeperPaths::default().visit_file_mut(&mut file);
+        assert_eq!(
+            text(&file),
+            "fnf(){modhelpers{pub(insuper::super)fntwo()->usize{super::super::x()+self::inner::y()}\
+             pub(self)fnz(){super::super::super::w();}\
+             usesuper::super::a;useself::inner::b;\
+             modinner{pub(super)fny()->usize{super::super::super::x()+super::v()}}\
+             fnm(){check!(super::super::x(),self::inner::y(),super::super::super::q());}}}"
         );
     }
 }

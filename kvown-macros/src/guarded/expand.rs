@@ -43,7 +43,7 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
 
     let mut sealed = model.item.clone();
     sealed.vis = inner_vis.clone();
-    DeeperPaths.visit_generics_mut(&mut sealed.generics);
+    DeeperPaths::default().visit_generics_mut(&mut sealed.generics);
     let Fields::Named(named) = &mut sealed.fields else {
         unreachable!("parse accepts only named fields")
     };
@@ -53,7 +53,7 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
     };
     let mut fields = Vec::new();
     for (field, field_model) in named.named.iter_mut().zip(&model.fields) {
-        DeeperPaths.visit_type_mut(&mut field.ty);
+        DeeperPaths::default().visit_type_mut(&mut field.ty);
         field.vis = if field_model.ownership.is_some() {
             Visibility::Inherited
         } else {

@@ -76,8 +76,8 @@ fn cfg_attrs(attrs: &[Attribute]) -> Vec<Attribute> {
 /// `#[owner] fn f` -> a hidden module holding the token `f` and the function, re-exported.
 pub(crate) fn free_fn(plan: &OwnerPlan, mut item: ItemFn) -> TokenStream {
     let registration = registration(plan, &item.block, item.sig.ident.span());
-    DeeperPaths.visit_signature_mut(&mut item.sig);
-    DeeperPaths.visit_block_mut(&mut item.block);
+    DeeperPaths::default().visit_signature_mut(&mut item.sig);
+    DeeperPaths::default().visit_block_mut(&mut item.block);
     item.vis = widen_one_level(&item.vis);
     prepend_prologue(plan, &mut item.block);
     wrap(plan, quote!(#item), registration)
@@ -87,14 +87,14 @@ pub(crate) fn free_fn(plan: &OwnerPlan, mut item: ItemFn) -> TokenStream {
 /// `Type_method` and an inherent impl with the method, the token re-exported.
 pub(crate) fn method(plan: &OwnerPlan, block: &ItemImpl, mut method: ImplItemFn) -> TokenStream {
     let registration = registration(plan, &method.block, method.sig.ident.span());
-    DeeperPaths.visit_signature_mut(&mut method.sig);
-    DeeperPaths.visit_block_mut(&mut method.block);
+    DeeperPaths::default().visit_signature_mut(&mut method.sig);
+    DeeperPaths::default().visit_block_mut(&mut method.block);
     method.vis = widen_one_level(&method.vis);
     prepend_prologue(plan, &mut method.block);
     let mut generics = block.generics.clone();
-    DeeperPaths.visit_generics_mut(&mut generics);
+    DeeperPaths::default().visit_generics_mut(&mut generics);
     let mut self_ty = (*block.self_ty).clone();
-    DeeperPaths.visit_type_mut(&mut self_ty);
+    DeeperPaths::default().visit_type_mut(&mut self_ty);
     let (impl_generics, _, where_clause) = generics.split_for_impl();
     let attrs = &block.attrs;
     let unsafety = &block.unsafety;

@@ -1,0 +1,45 @@
+//! A module declared inside an owner's body keeps its meaning when the owner is sealed one
+//! module deeper: `pub(super)` and `super::` paths that reach the owner's module are re-rooted,
+//! `self::` paths and paths between the nested modules are not.
+
+mod app {
+    #[kvown::guarded]
+    #[derive(Default)]
+    pub struct Req {
+        #[owned_by(alloc)]
+        len: usize,
+    }
+
+    fn base() -> usize {
+        1
+    }
+
+    #[kvown::owner]
+    pub fn alloc(req: &mut Req) {
+        mod helpers {
+            pub(super) fn two() -> usize {
+                super::base() + self::inner::one()
+            }
+
+            mod inner {
+                pub(super) fn one() -> usize {
+                    super::super::base()
+                }
+            }
+
+            pub(in super::super) fn three() -> usize {
+                two() + 1
+            }
+        }
+        use helpers::two;
+        req.set_len(owner, two() + helpers::three());
+    }
+}
+
+use app::{Req, alloc};
+
+fn main() {
+    let mut req = Req::default();
+    alloc(&mut req);
+    assert_eq!(req.len(), 5);
+}
