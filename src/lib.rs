@@ -255,9 +255,12 @@
 //! # }
 //! ```
 //!
-//! Write counts are syntactic: `x.set_f(owner, ..)` and `x.f_mut(owner)` calls in the owner's
-//! body count as writes of every field named `f` the owner owns; any other call that passes
-//! `owner` counts as a delegation.
+//! Write counts are syntactic: `x.set_f(cap, ..)`, `x.f_mut(cap)` and `T::set_f(x, cap, ..)`
+//! calls in the owner's body count as writes of every field named `f` the owner owns, where `cap`
+//! is `owner` or a local it was moved into (`let cap = owner;`); macro arguments and
+//! `macro_rules!` bodies are scanned for the same calls (counted where written). Any other use
+//! of `owner` (a helper call, a macro it is handed to, a struct or tuple it is stored in) counts
+//! as a delegation.
 //!
 //! ## Known limits
 //!
@@ -274,7 +277,17 @@
 //!   is named `Type_method`.
 //! * Audit write counts are syntactic and matched by field name; owner sites are matched to
 //!   declared owners by name (`f` or `Type::method`) within the struct's crate, preferring the
-//!   module the owner path names.
+//!   module the owner path names and falling back to every site of that name when the path goes
+//!   through a re-export.
+//! * Interior-mutable owned fields are refused by type name: a type alias, a renamed import, a
+//!   wrapper struct around a `Cell` or a type parameter is not seen (stable Rust cannot ask
+//!   whether a type is `Freeze`).
+//! * A method owner's token is `Type_method` in the impl block's module, so `#[owners]` needs
+//!   the impl's type as one UpperCamelCase identifier without `_`, and a free `#[owner]` cannot
+//!   start with an upper-case letter. Owned field names cannot start with `set_`, end with
+//!   `_mut`, be `fields` or `into_init`, or differ from another owned field's only in `_`s.
+//! * `#[owner]` on an associated function of an impl without `#[owners]` (or in a trait) gets
+//!   rustc's `module is not supported in impls`: the macro cannot see where it is applied.
 //! * rustc's wording drifts between versions: the `.stderr` snapshots are blessed with the
 //!   toolchain pinned in `rust-toolchain.toml`.
 //!
