@@ -100,19 +100,26 @@ impl<A> KvCache<A> {
 }
 
 impl<A: KvAllocator> KvCache<A> {
-    /// Bundles the three parts; their page sizes must agree.
+    /// Bundles the three parts; their page sizes must agree, and the prefix cache must be
+    /// empty ([`KvError::PrefixCacheNotEmpty`]: the allocator cannot know which of its pages a
+    /// tree filled elsewhere holds).
     pub fn new(
         allocator: A,
         req_to_token: ReqToTokenPool,
         tree: TreeCache,
     ) -> Result<Self, KvError> {
-        if let TreeCache::Radix(radix) = &tree
-            && radix.page_size() != allocator.page_size()
-        {
-            return Err(KvError::PageSizeMismatch {
-                allocator: allocator.page_size(),
-                cache: radix.page_size(),
-            });
+        if let TreeCache::Radix(radix) = &tree {
+            if radix.page_size() != allocator.page_size() {
+                return Err(KvError::PageSizeMismatch {
+                    allocator: allocator.page_size(),
+                    cache: radix.page_size(),
+                });
+            }
+            if radix.total_size() > 0 {
+                return Err(KvError::PrefixCacheNotEmpty {
+                    cached: radix.total_size(),
+                });
+            }
         }
         Ok(KvCache {
             id: CacheId::next(),

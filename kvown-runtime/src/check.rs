@@ -66,6 +66,21 @@ pub enum Violation {
         /// Row width.
         width: usize,
     },
+    /// `cache_protected_len` differs from the length of the prefix the request's lock keeps in
+    /// the prefix cache (0 without a lock): the protected range would not be cached, or a
+    /// locked prefix not counted as protected.
+    #[error(
+        "request {rid}: protected length {protected} differs from the {locked} tokens its prefix \
+         lock covers"
+    )]
+    ProtectedNotLocked {
+        /// The request.
+        rid: u64,
+        /// `cache_protected_len`.
+        protected: usize,
+        /// Length of the locked prefix (0 without a lock).
+        locked: usize,
+    },
     /// `cache_protected_len` is not page-aligned.
     #[error(
         "request {rid}: protected length {protected} is not a multiple of page size {page_size}"
@@ -157,6 +172,17 @@ pub enum Violation {
         first: Holder,
         /// The other.
         second: Holder,
+    },
+    /// A page id past the pool's pages, in the prefix cache or a request's row (an allocator
+    /// that handed out a slot it does not have).
+    #[error("page {page}, held by {holder:?}, is outside the pool's pages 0..{pages}")]
+    PageOutOfRange {
+        /// The page.
+        page: usize,
+        /// Pages in the pool, padding page included.
+        pages: usize,
+        /// Who holds it.
+        holder: Holder,
     },
     /// A request's locked prefix points at a page the prefix cache does not hold.
     #[error(
@@ -300,6 +326,7 @@ impl<A: AsPageAllocator> KvCache<A> {
                 lock_holders.push(req.last_node().node);
             }
             let Some(row) = kv.req_pool_idx() else {
+                protected_is_locked(req)?;
                 continue;
             };
             holding += 1;
@@ -334,6 +361,7 @@ impl<A: AsPageAllocator> KvCache<A> {
                     page_size,
                 });
             }
+            protected_is_locked(req)?;
             let slots = self
                 .req_to_token
                 .row(row)
@@ -342,7 +370,7 @@ impl<A: AsPageAllocator> KvCache<A> {
                 holders.claim(slot as usize / page_size, Holder::Request(req.rid()))?;
             }
             for (position, &slot) in slots[..protected].iter().enumerate() {
-                if holders.0[slot as usize / page_size] != Some(Holder::Tree) {
+                if holders.0.get(slot as usize / page_size) != Some(&Some(Holder::Tree)) {
                     return Err(Violation::PrefixNotCached {
                         rid: req.rid(),
                         position,
@@ -361,6 +389,19 @@ impl<A: AsPageAllocator> KvCache<A> {
             request_owned,
         })
     }
+}
+
+/// The protected prefix of `req` is exactly the one its lock keeps cached (none without one).
+fn protected_is_locked(req: &Req) -> Result<(), Violation> {
+    let (protected, locked) = (req.kv().cache_protected_len(), req.last_node().len);
+    if protected != locked {
+        return Err(Violation::ProtectedNotLocked {
+            rid: req.rid(),
+            protected,
+            locked,
+        });
+    }
+    Ok(())
 }
 
 /// What the requests passed to a check hold, after each of them passed its own checks.
@@ -436,9 +477,17 @@ struct PageHolders(Vec<Option<Holder>>);
 
 impl PageHolders {
     fn claim(&mut self, page: usize, holder: Holder) -> Result<(), Violation> {
-        match self.0[page] {
+        let pages = self.0.len();
+        let Some(held) = self.0.get_mut(page) else {
+            return Err(Violation::PageOutOfRange {
+                page,
+                pages,
+                holder,
+            });
+        };
+        match *held {
             None => {
-                self.0[page] = Some(holder);
+                *held = Some(holder);
                 Ok(())
             }
             Some(first) if first == holder && holder != Holder::Free => Ok(()),

@@ -76,8 +76,8 @@ pub enum KvError {
         /// The request.
         rid: u64,
     },
-    /// The request already holds KV where the operation needs a fresh request.
-    #[error("request {rid} already holds KV; release it before matching a new prefix")]
+    /// The request still holds KV or a prefix lock where the operation needs a released one.
+    #[error("request {rid} still holds KV or a prefix lock; release it (release_kv_cache) first")]
     AlreadyHeld {
         /// The request.
         rid: u64,
@@ -148,6 +148,16 @@ pub enum KvError {
         committed: usize,
         /// Its allocated length.
         allocated: usize,
+    },
+    /// A cache is built around an empty prefix cache.
+    #[error(
+        "the prefix cache already holds {cached} tokens, whose pages the allocator does not \
+         know as cached; build the KvCache with an empty RadixCache and fill it through the \
+         batch flow"
+    )]
+    PrefixCacheNotEmpty {
+        /// Tokens the prefix cache holds.
+        cached: usize,
     },
     /// A per-request argument list does not match the batch.
     #[error("expected one entry per request ({expected}), got {got}")]

@@ -248,6 +248,21 @@ mod tests {
     }
 
     #[test]
+    fn a_protected_prefix_without_its_lock_is_reported() {
+        // A whole page protected, but the request holds no prefix lock (Disabled tree).
+        let (cache, mut req) = extended();
+        rewrite_ladder(&mut req, (4, 20, 20));
+        assert_eq!(
+            cache.check([&req]),
+            Err(Violation::ProtectedNotLocked {
+                rid: 7,
+                protected: 4,
+                locked: 0,
+            })
+        );
+    }
+
+    #[test]
     fn each_broken_rung_of_the_ladder_is_reported_alone() {
         // One rung broken each time, the other two holding.
         let broken = [

@@ -7,7 +7,7 @@ use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator, ceil_align};
 use kvown_runtime::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, alloc_for_spec_decode, check_decode_mem,
     commit_spec_tokens, new_tokens_required_next_decode, prepare_for_decode, prepare_for_extend,
-    prepare_for_spec_decode, release_kv_cache, retract_decode,
+    prepare_for_spec_decode, release_kv_cache, reset_for_retract, retract_decode,
 };
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::Violation;
@@ -794,6 +794,49 @@ fn registering_pages_keys_only_tokens_that_exist() {
     assert_eq!(ladder(req), (8, 8, 8));
     assert_eq!(cache.tree().protected_size(), 8);
     release_all_and_empty_out(batch.into_reqs(), cache);
+}
+
+// A request that matched a prefix holds its lock but no row: resetting it for retraction would
+// drop its protected length and keep the lock, and its extend would then take the tree's pages
+// as its own (and free them at release). The reset is refused until it is released.
+#[test]
+fn resetting_a_matched_request_for_retraction_is_refused() {
+    let mut cache = cache(64, 4, true);
+    let mut first = extend(vec![Req::new(1, tokens(0, 9))], &mut cache)
+        .into_reqs()
+        .pop()
+        .unwrap();
+    release_kv_cache(&mut first, &mut cache, true).unwrap();
+    let mut req = Req::new(2, tokens(0, 12));
+    init_next_round_input(&mut req, &mut cache, usize::MAX).unwrap();
+    assert_eq!(req.kv().cache_protected_len(), 8);
+    let record = req.kv().clone();
+    assert_eq!(
+        reset_for_retract(&mut req),
+        Err(KvError::AlreadyHeld { rid: 2 })
+    );
+    assert_eq!(req.kv(), &record);
+    assert!(!req.is_retracted);
+    cache.check([&req]).unwrap();
+    release_kv_cache(&mut req, &mut cache, false).unwrap();
+    reset_for_retract(&mut req).unwrap();
+    assert!(req.is_retracted);
+    empty_out(cache);
+}
+
+// A cache is built around an empty prefix cache: the allocator cannot know which of its pages
+// a tree filled elsewhere holds (one was accepted, and its pages counted as free and cached at
+// once).
+#[test]
+fn a_cache_is_refused_a_prefix_cache_that_already_holds_pages() {
+    let mut tree = RadixCache::new(4);
+    tree.insert(&[1, 2, 3, 4], &[4, 5, 6, 7]).unwrap();
+    let allocator = PagedAllocator::new(64, 4, false).unwrap();
+    let rows = ReqToTokenPool::new(4, 32).unwrap();
+    assert!(matches!(
+        KvCache::new(allocator, rows, TreeCache::Radix(tree)),
+        Err(KvError::PrefixCacheNotEmpty { cached: 4 })
+    ));
 }
 
 // Edge case: released after matching but before allocation: only the lock is dropped.

@@ -604,6 +604,36 @@ fn the_checker_finds_a_page_a_row_names_twice_and_the_one_it_names_nowhere() {
     release_all_and_check_whole(&mut reqs, &mut cache);
 }
 
+#[test]
+fn the_checker_names_a_page_past_the_pool_instead_of_panicking() {
+    // The extend's first page comes back as slots past the pool: the checker (and a reclaim,
+    // which runs the same census) used to index past their page table and panic.
+    let (mut cache, faults) = faulty_cache(64);
+    faults.stray_next_extend();
+    let mut reqs = extend_eight_token_requests(1, &mut cache).into_reqs();
+    let row = cache
+        .req_to_token()
+        .row(reqs[0].kv().req_pool_idx().unwrap())
+        .unwrap()[0];
+    let stray = Violation::PageOutOfRange {
+        page: row as usize / 4,
+        pages: 17,
+        holder: Holder::Request(1),
+    };
+    assert_eq!(row as usize / 4, 19, "the first page moved 18 pages up");
+    assert_eq!(cache.check(&reqs), Err(stray.clone()));
+    let (allocator, table) = (
+        cache.allocator().inner.clone(),
+        cache.req_to_token().clone(),
+    );
+    assert_eq!(
+        reclaim_leaks(&mut cache, &mut reqs).unwrap_err(),
+        ReclaimError::Violation(stray)
+    );
+    assert_eq!(cache.allocator().inner, allocator);
+    assert_eq!(cache.req_to_token(), &table);
+}
+
 /// Extends two requests, decodes them across a page boundary, reserves speculatively, then
 /// releases everything: each step's `out_cache_loc` and rows, in order.
 fn batch_flow_trace<A: KvAllocator + AsPageAllocator>(allocator: A) -> Vec<Vec<KvSlot>> {

@@ -55,10 +55,11 @@ pub fn release_kv_cache<A: KvAllocator>(
 /// After a retraction's release (sglang `reset_for_retract`): clocks and protected length back
 /// to zero, the retraction counted, the request marked retracted for re-admission.
 ///
-/// Fails with [`KvError::AlreadyHeld`] if the request still holds KV.
+/// Fails with [`KvError::AlreadyHeld`] if the request still holds KV or a prefix lock (release
+/// it first: a reset that kept the lock would leave the matched prefix unprotected).
 #[owner]
 pub fn reset_for_retract(req: &mut Req) -> Result<(), KvError> {
-    if req.kv().holds_kv() {
+    if req.kv().holds_kv() || req.last_node != TreePos::ROOT {
         return Err(KvError::AlreadyHeld { rid: req.rid() });
     }
     req.retraction_count += 1;

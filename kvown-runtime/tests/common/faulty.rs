@@ -29,6 +29,8 @@ pub struct Faults {
     refuse_next_extend: Rc<Cell<bool>>,
     /// Whether the next extend allocation reports its first page's slots for its second page.
     alias_next_extend: Rc<Cell<bool>>,
+    /// Whether the next extend allocation reports slots past the pool for its first page.
+    stray_next_extend: Rc<Cell<bool>>,
 }
 
 impl Faults {
@@ -78,6 +80,16 @@ impl Faults {
         self.alias_next_extend.set(true);
     }
 
+    /// Makes the next extend allocation take its pages but report, for its first page, the
+    /// slots of a page past the end of the pool, as a backend with a corrupt page table would.
+    #[allow(
+        dead_code,
+        reason = "used by wrapped_allocator.rs, not by batch_proptest.rs"
+    )]
+    pub fn stray_next_extend(&self) {
+        self.stray_next_extend.set(true);
+    }
+
     /// Runs `free` while the budget lasts, spending one free when it succeeds; otherwise
     /// refuses with [`AllocError::NotAllocated`] naming `first` (the first slot of the call),
     /// changing nothing.
@@ -120,12 +132,19 @@ pub struct Faulty<A> {
 }
 
 impl<A: KvAllocator> Faulty<A> {
-    /// Carries out an armed aliasing on the extend's output from `start` (disarmed by this
-    /// call): the second page's slots become the first page's.
-    fn alias(&self, out: &mut [KvSlot], start: usize) {
+    /// Carries out the armed corruptions of the extend's output from `start` (disarmed by this
+    /// call): aliasing makes the second page's slots the first page's; straying moves the first
+    /// page's slots past the pool.
+    fn corrupt(&self, out: &mut [KvSlot], start: usize) {
         let page_size = self.inner.page_size();
         if self.faults.alias_next_extend.take() && out.len() >= start + 2 * page_size {
             out.copy_within(start..start + page_size, start + page_size);
+        }
+        if self.faults.stray_next_extend.take() {
+            let past_the_pool = (self.inner.capacity() + 2 * page_size) as KvSlot;
+            for slot in out[start..].iter_mut().take(page_size) {
+                *slot += past_the_pool;
+            }
         }
     }
 
@@ -188,7 +207,7 @@ impl<A: KvAllocator> KvAllocator for Faulty<A> {
         self.refusal(reqs)?;
         let start = out.len();
         self.inner.alloc_extend(reqs, out)?;
-        self.alias(out, start);
+        self.corrupt(out, start);
         Ok(())
     }
 
@@ -250,7 +269,7 @@ impl<A: KvAllocator> KvAllocator for Faulty<A> {
         self.refusal(reqs)?;
         let start = out.len();
         self.inner.alloc_extend_rows(reqs, rows, out)?;
-        self.alias(out, start);
+        self.corrupt(out, start);
         Ok(())
     }
 
