@@ -5,6 +5,11 @@
 //! name to designate exactly one owner, `Type` is an UpperCamelCase identifier without `_` (so
 //! `Type_method` splits one way only) and no free owner function starts with an upper-case
 //! letter (so no function's token has the shape of a method's).
+//!
+//! `#[guarded]` finds the token by name only, so an imported `Type_method` (a glob import the
+//! module's own `Type` shadows only in part) is taken as the token of the `Type` named there; a
+//! check through the type itself is not possible for a generic type named without its
+//! parameters (README, "Known limits").
 
 use proc_macro2::Ident;
 use quote::format_ident;
