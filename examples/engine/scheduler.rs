@@ -214,7 +214,8 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
                 }
                 None => break,
             };
-            if self.lifetime_need(&req) > self.cache.allocator().capacity() {
+            let lifetime_need = self.lifetime_need(&req);
+            if lifetime_need > self.cache.allocator().capacity() {
                 self.stats.aborted += 1;
                 continue;
             }
@@ -230,7 +231,7 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
             // admitted nor aborted as too large).
             let spec_need = spec_reserve
                 .map_or(page_size, |r| ceil_align(r, page_size))
-                .min(self.lifetime_need(&req) - ceil_align(req.extend_end(), page_size));
+                .min(lifetime_need - ceil_align(req.extend_end(), page_size));
             if reserved + need + spec_need > self.cache.available_with_eviction() {
                 self.unlock(&mut req)?;
                 if continuing {

@@ -10,7 +10,7 @@
 #[path = "common/faulty.rs"]
 mod faulty;
 
-use faulty::{Faults, Faulty};
+use faulty::{ExtendFault, Faults, Faulty};
 use kvown_runtime::alloc::{
     AllocError, AsPageAllocator, DecodeShape, ExtendShape, KvAllocator, KvSlot, Lifo,
     PageAllocator, PageId, PagedAllocator,
@@ -256,7 +256,7 @@ fn a_refused_extend_allocation_leaves_the_row_pool_as_it_was() {
         Req::new(7, (0..6).collect()),
         Req::new(8, (0..5).collect()),
     ]));
-    faults.refuse_next_extend();
+    faults.fault_next_extend(ExtendFault::Refuse);
     let failure = alloc_for_extend(prepared, &mut cache).unwrap_err();
     assert_eq!(
         failure.error,
@@ -576,7 +576,7 @@ fn the_checker_finds_a_page_a_row_names_twice_and_the_one_it_names_nowhere() {
     // The extend takes two pages but the row names the first twice: the accounting balances
     // (two pages held, eight positions owned), so only the page census can see it.
     let (mut cache, faults) = faulty_cache(64);
-    faults.alias_next_extend();
+    faults.fault_next_extend(ExtendFault::Alias);
     let mut reqs = extend_eight_token_requests(1, &mut cache).into_reqs();
     let row = cache
         .req_to_token()
@@ -609,7 +609,7 @@ fn the_checker_names_a_page_past_the_pool_instead_of_panicking() {
     // The extend's first page comes back as slots past the pool: the checker (and a reclaim,
     // which runs the same census) used to index past their page table and panic.
     let (mut cache, faults) = faulty_cache(64);
-    faults.stray_next_extend();
+    faults.fault_next_extend(ExtendFault::Stray);
     let mut reqs = extend_eight_token_requests(1, &mut cache).into_reqs();
     let row = cache
         .req_to_token()

@@ -25,12 +25,26 @@ pub struct Faults {
     smuggled: Rc<Cell<Option<PageId>>>,
     /// Whether the next free is lost: reported done, nothing freed.
     lose_next: Rc<Cell<bool>>,
-    /// Whether the next extend allocation is refused.
-    refuse_next_extend: Rc<Cell<bool>>,
-    /// Whether the next extend allocation reports its first page's slots for its second page.
-    alias_next_extend: Rc<Cell<bool>>,
-    /// Whether the next extend allocation reports slots past the pool for its first page.
-    stray_next_extend: Rc<Cell<bool>>,
+    /// What goes wrong with the next extend allocation, if anything.
+    next_extend: Rc<Cell<Option<ExtendFault>>>,
+}
+
+/// How an extend allocation goes wrong (armed with [`Faults::fault_next_extend`]).
+#[allow(
+    dead_code,
+    reason = "used by wrapped_allocator.rs, not by batch_proptest.rs"
+)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExtendFault {
+    /// Refused with [`AllocError::OutOfMemory`], changing nothing, as a device out of memory
+    /// would after the host's count said it fits.
+    Refuse,
+    /// The pages are taken, but the first page's slots are reported for the second page too,
+    /// as a backend that mixes up its page table would: one page named twice, one nowhere.
+    Alias,
+    /// The pages are taken, but the first page's slots are reported past the end of the pool,
+    /// as a backend with a corrupt page table would.
+    Stray,
 }
 
 impl Faults {
@@ -59,35 +73,13 @@ impl Faults {
         self.lose_next.set(true);
     }
 
-    /// Makes the next extend allocation fail with [`AllocError::OutOfMemory`], changing
-    /// nothing, as a device out of memory would after the host's count said it fits.
+    /// Makes the next extend allocation go wrong as `fault` says.
     #[allow(
         dead_code,
         reason = "used by wrapped_allocator.rs, not by batch_proptest.rs"
     )]
-    pub fn refuse_next_extend(&self) {
-        self.refuse_next_extend.set(true);
-    }
-
-    /// Makes the next extend allocation take its pages but report the first page's slots for
-    /// the second page as well, as a backend that mixes up its page table would: the request
-    /// names one page twice and the other one nowhere.
-    #[allow(
-        dead_code,
-        reason = "used by wrapped_allocator.rs, not by batch_proptest.rs"
-    )]
-    pub fn alias_next_extend(&self) {
-        self.alias_next_extend.set(true);
-    }
-
-    /// Makes the next extend allocation take its pages but report, for its first page, the
-    /// slots of a page past the end of the pool, as a backend with a corrupt page table would.
-    #[allow(
-        dead_code,
-        reason = "used by wrapped_allocator.rs, not by batch_proptest.rs"
-    )]
-    pub fn stray_next_extend(&self) {
-        self.stray_next_extend.set(true);
+    pub fn fault_next_extend(&self, fault: ExtendFault) {
+        self.next_extend.set(Some(fault));
     }
 
     /// Runs `free` while the budget lasts, spending one free when it succeeds; otherwise
@@ -132,32 +124,37 @@ pub struct Faulty<A> {
 }
 
 impl<A: KvAllocator> Faulty<A> {
-    /// Carries out the armed corruptions of the extend's output from `start` (disarmed by this
-    /// call): aliasing makes the second page's slots the first page's; straying moves the first
-    /// page's slots past the pool.
-    fn corrupt(&self, out: &mut [KvSlot], start: usize) {
-        let page_size = self.inner.page_size();
-        if self.faults.alias_next_extend.take() && out.len() >= start + 2 * page_size {
-            out.copy_within(start..start + page_size, start + page_size);
-        }
-        if self.faults.stray_next_extend.take() {
-            let past_the_pool = (self.inner.capacity() + 2 * page_size) as KvSlot;
-            for slot in out[start..].iter_mut().take(page_size) {
-                *slot += past_the_pool;
-            }
-        }
-    }
-
-    /// The armed refusal of the extend `reqs`, if any (disarmed by this call): the tokens it
-    /// asked for, and the room there was.
-    fn refusal(&self, reqs: &[ExtendShape]) -> Result<(), AllocError> {
-        match self.faults.refuse_next_extend.take() {
-            true => Err(AllocError::OutOfMemory {
+    /// Runs the extend `reqs` with `extend` (on `inner`, appending to `out`) under the armed
+    /// [`ExtendFault`], if any (disarmed by this call).
+    fn extend_with_fault(
+        &mut self,
+        reqs: &[ExtendShape],
+        out: &mut Vec<KvSlot>,
+        extend: impl FnOnce(&mut A, &mut Vec<KvSlot>) -> Result<(), AllocError>,
+    ) -> Result<(), AllocError> {
+        let fault = self.faults.next_extend.take();
+        if fault == Some(ExtendFault::Refuse) {
+            return Err(AllocError::OutOfMemory {
                 requested: reqs.iter().map(|req| req.seq_len - req.prefix_len).sum(),
                 available: self.inner.available_size(),
-            }),
-            false => Ok(()),
+            });
         }
+        let start = out.len();
+        extend(&mut self.inner, out)?;
+        let page_size = self.inner.page_size();
+        match fault {
+            Some(ExtendFault::Alias) if out.len() >= start + 2 * page_size => {
+                out.copy_within(start..start + page_size, start + page_size);
+            }
+            Some(ExtendFault::Stray) => {
+                let past_the_pool = (self.inner.capacity() + 2 * page_size) as KvSlot;
+                for slot in out[start..].iter_mut().take(page_size) {
+                    *slot += past_the_pool;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// Passes a free on to `inner` while the budget lasts ([`Faults::spend`]), with the
@@ -204,11 +201,7 @@ impl<A: KvAllocator> KvAllocator for Faulty<A> {
         reqs: &[ExtendShape],
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
-        self.refusal(reqs)?;
-        let start = out.len();
-        self.inner.alloc_extend(reqs, out)?;
-        self.corrupt(out, start);
-        Ok(())
+        self.extend_with_fault(reqs, out, |inner, out| inner.alloc_extend(reqs, out))
     }
 
     fn alloc_decode(
@@ -266,11 +259,9 @@ impl<A: KvAllocator> KvAllocator for Faulty<A> {
         rows: impl Iterator<Item = ReqRow>,
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
-        self.refusal(reqs)?;
-        let start = out.len();
-        self.inner.alloc_extend_rows(reqs, rows, out)?;
-        self.corrupt(out, start);
-        Ok(())
+        self.extend_with_fault(reqs, out, |inner, out| {
+            inner.alloc_extend_rows(reqs, rows, out)
+        })
     }
 
     fn alloc_decode_table<I>(
