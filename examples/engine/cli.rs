@@ -140,7 +140,7 @@ impl Args {
         if self.pool_tokens < self.page_size {
             return Err("--pool-tokens must hold at least one page of --page-size".into());
         }
-        if self.spec_tokens > self.pool_tokens / 2 {
+        if self.spec && self.spec_tokens > self.pool_tokens / 2 {
             return Err(
                 "--spec-tokens: the reservation, 2 x --spec-tokens, must fit in --pool-tokens"
                     .into(),
@@ -191,11 +191,11 @@ mod tests {
                 "--pool-tokens must hold",
             ),
             (
-                &["--pool-tokens", "64", "--spec-tokens", "33"],
+                &["--spec", "--pool-tokens", "64", "--spec-tokens", "33"],
                 "2 x --spec-tokens",
             ),
             (
-                &["--spec-tokens", "18446744073709551615"],
+                &["--spec", "--spec-tokens", "18446744073709551615"],
                 "2 x --spec-tokens",
             ),
         ] {
@@ -203,7 +203,12 @@ mod tests {
             assert!(error.contains(message), "{flags:?}: {error}");
         }
         assert_eq!(
-            args(&["--pool-tokens", "64", "--spec-tokens", "32"]).validate(),
+            args(&["--spec", "--pool-tokens", "64", "--spec-tokens", "32"]).validate(),
+            Ok(())
+        );
+        // Without --spec nothing is reserved: a pool under 2 x the default --spec-tokens runs.
+        assert_eq!(
+            args(&["--pool-tokens", "4", "--page-size", "1"]).validate(),
             Ok(())
         );
     }

@@ -229,6 +229,33 @@ mod tests {
     }
 
     #[test]
+    fn a_request_that_fits_the_pool_alone_is_not_aborted_for_the_chunked_one() {
+        // Each request's life takes the whole pool (1 + 81 tokens and a page of headroom in six
+        // pages of 16). The second one, prefilling a chunk per step, held pages outside the
+        // running batch, and the first, unable to grow, was aborted as if it could not fit.
+        let flags = [
+            "--pool-tokens",
+            "96",
+            "--prompt-len",
+            "1",
+            "--output-len",
+            "81",
+            "--max-running",
+            "2",
+            "--chunk-size",
+            "1",
+            "--requests",
+            "2",
+            "--seed",
+            "0",
+            "--check",
+        ];
+        let summary = run_with("chunked-holds-pages", &flags);
+        assert_eq!((summary.finished, summary.aborted), (2, 0));
+        assert!(summary.retractions > 0, "the chunked request is retracted");
+    }
+
+    #[test]
     fn any_max_running_is_bounded_by_the_requests() {
         // `--max-running usize::MAX` overflowed sizing the request table.
         let flags = ["--max-running", "18446744073709551615", "--requests", "20"];

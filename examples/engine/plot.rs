@@ -52,10 +52,8 @@ fn draw(stats: &Stats, pool_pages: usize, path: &Path) -> Result<(), Box<dyn std
             .label(label)
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color));
     }
-    let mut marked = stats.retraction_steps.clone();
-    marked.dedup();
     chart
-        .draw_series(marked.iter().map(|&step| {
+        .draw_series(stats.retraction_steps.iter().map(|&step| {
             PathElement::new([(step, 0), (step, pool_pages / 20)], RED.stroke_width(1))
         }))?
         .label("retraction")

@@ -9,7 +9,7 @@ use kvown::alloc::{AsPageAllocator, KvAllocator, KvSlot, ceil_align};
 use kvown::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, alloc_for_spec_decode, check_decode_mem,
     commit_spec_tokens, new_tokens_required_next_decode, prepare_for_decode, prepare_for_extend,
-    prepare_for_spec_decode, release_kv_cache, retract_decode,
+    prepare_for_spec_decode, release_kv_cache, reset_for_retract, retract_decode,
 };
 use kvown::cache::KvCache;
 use kvown::radix::TreePos;
@@ -43,7 +43,7 @@ pub struct Stats {
     pub steps: u64,
     /// Requests that finished normally.
     pub finished: u64,
-    /// Requests aborted because they cannot fit alone.
+    /// Requests aborted because they cannot fit the pool alone.
     pub aborted: u64,
     /// Retraction events (requests retracted).
     pub retractions: u64,
@@ -299,17 +299,20 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
             return Ok(());
         }
         let spec_reserve = self.args.spec_reserve();
-        let fits = timed(&mut self.step_ns, || {
-            check_decode_mem(self.running.reqs(), &mut self.cache, spec_reserve)
-        })
-        .map_err(|e| format!("check_decode_mem: {e}"))?;
+        let mut fits = self.decode_fits()?;
+        if !fits && self.chunked.is_some() {
+            // The chunked request holds pages outside the running batch, where `retract_decode`
+            // cannot reach them: it goes first, or a running request that fits the pool alone
+            // could be aborted for want of them.
+            self.retract_chunked()?;
+            fits = self.decode_fits()?;
+        }
         if !fits {
             let outcome = timed(&mut self.step_ns, || {
                 retract_decode(&mut self.running, &mut self.cache, spec_reserve)
             })
             .map_err(|e| format!("retract_decode: {e}"))?;
-            self.stats.retractions += outcome.retracted.len() as u64;
-            self.stats.retraction_steps.push(self.stats.steps);
+            self.record_retractions(outcome.retracted.len());
             self.stats.aborted += outcome.aborted.len() as u64;
             for req in outcome.retracted.into_iter().rev() {
                 self.waiting.push_front(req);
@@ -325,6 +328,39 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
         };
         self.sample_verify()?;
         self.release_finished()
+    }
+
+    /// Whether the running batch's next decode step fits, evicting the prefix-cache shortfall.
+    fn decode_fits(&mut self) -> Result<bool, String> {
+        let spec_reserve = self.args.spec_reserve();
+        timed(&mut self.step_ns, || {
+            check_decode_mem(self.running.reqs(), &mut self.cache, spec_reserve)
+        })
+        .map_err(|e| format!("check_decode_mem: {e}"))
+    }
+
+    /// Releases the chunked request's KV (its cached prefix stays in the tree, unlocked) and
+    /// re-queues it first, to recompute on re-admission.
+    fn retract_chunked(&mut self) -> Result<(), String> {
+        let Some(mut req) = self.chunked.take() else {
+            return Ok(());
+        };
+        timed(&mut self.step_ns, || {
+            release_kv_cache(&mut req, &mut self.cache, false)?;
+            reset_for_retract(&mut req)
+        })
+        .map_err(|e| format!("retract chunked request {}: {e}", req.rid()))?;
+        self.record_retractions(1);
+        self.waiting.push_front(req);
+        Ok(())
+    }
+
+    /// Counts `count` retractions at this step.
+    fn record_retractions(&mut self, count: usize) {
+        self.stats.retractions += count as u64;
+        if count > 0 && self.stats.retraction_steps.last() != Some(&self.stats.steps) {
+            self.stats.retraction_steps.push(self.stats.steps);
+        }
     }
 
     fn plain_decode(&mut self, running: ScheduleBatch) -> Result<ScheduleBatch, String> {
