@@ -798,3 +798,28 @@ fn path_slots_into_copies_any_range_and_refuses_a_start_past_the_end_or_a_wrong_
         Err(RadixError::HintOutOfRange { len: 11, .. })
     ));
 }
+
+// The tree takes any page of `u32` slots, the last one (ending at 2^32, past every pool) too:
+// reading its slots back must not step past `u32::MAX` (a debug panic; `cached_slots` gave
+// nothing for it in release builds).
+#[test]
+fn the_slots_of_the_last_page_of_the_u32_range_read_back_without_overflow() {
+    let last = u32::MAX;
+    // Large pages keep the page id, and so the tree's page index, small.
+    for page_size in [256, 1 << 16] {
+        let slots: Vec<KvSlot> = (last - (page_size as u32 - 1)..=last).collect();
+        let k = key(page_size, 1, 0);
+        let mut cache = RadixCache::new(page_size);
+        let outcome = cache.insert(&k, &slots).unwrap();
+        let at = TreePos {
+            node: outcome.last_node,
+            len: page_size,
+        };
+        assert_eq!(path_slots(&cache, at), slots, "page size {page_size}");
+        let mut tail = vec![0; 1];
+        cache.path_slots_into(at, page_size - 1, &mut tail).unwrap();
+        assert_eq!(tail, [last]);
+        assert_eq!(cache.cached_slots().collect::<Vec<_>>(), slots);
+        cache.check().unwrap();
+    }
+}

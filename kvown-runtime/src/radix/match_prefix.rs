@@ -77,8 +77,10 @@ impl RadixCache {
                 let page = entry.page_id((position - entry.start()) / page_size, page_size);
                 let first = page * page_size as u32 + offset as u32;
                 let run_out = &mut out[position - start..position - start + run];
-                for (slot, value) in run_out.iter_mut().zip(first..) {
-                    *slot = value;
+                // By offset, not `first..`: the run may end the last page of the `u32` range,
+                // whose end `first..` would step to.
+                for (offset, slot) in run_out.iter_mut().enumerate() {
+                    *slot = first + offset as u32;
                 }
                 position += run;
             }

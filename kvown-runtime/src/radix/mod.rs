@@ -184,7 +184,8 @@ impl RadixCache {
     pub fn cached_slots(&self) -> impl Iterator<Item = KvSlot> + '_ {
         let page_size = self.page_size as u32;
         self.cached_pages()
-            .flat_map(move |page| page * page_size..(page + 1) * page_size)
+            // Inclusive: the last page of the `u32` range ends at 2^32.
+            .flat_map(move |page| page * page_size..=page * page_size + (page_size - 1))
     }
 
     /// Heap and inline bytes of the cache's bookkeeping, token ids of the keys excluded: node
