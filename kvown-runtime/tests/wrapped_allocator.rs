@@ -285,6 +285,48 @@ fn a_refused_extend_allocation_leaves_the_row_pool_as_it_was() {
     release_all_and_check_whole(&mut all, &mut cache);
 }
 
+// The extend clears the batch's `out_cache_loc` before the allocator appends to it; when the
+// allocator then refuses, the batch handed back (and readied again with `cancel`) must not pair
+// the last allocation's positions with slots it no longer has.
+#[test]
+fn a_refused_extend_allocation_leaves_out_cache_loc_and_out_positions_agreeing() {
+    let (mut cache, faults) = faulty_cache(64);
+    let batch = extend_eight_token_requests(1, &mut cache);
+    let prepared = prepare_for_decode(batch, &cache)
+        .map_err(|(_, error)| error)
+        .unwrap();
+    let batch = alloc_for_decode(prepared, &mut cache)
+        .map_err(|failure| failure.error)
+        .unwrap();
+    let positions = |batch: &ScheduleBatch| -> Vec<(usize, usize)> {
+        batch
+            .out_positions()
+            .map(|(_, range)| (range.start, range.end))
+            .collect()
+    };
+    assert_eq!(positions(&batch), [(8, 9)]);
+    assert_eq!(batch.out_cache_loc().len(), 1);
+
+    // An extend of the same batch (nothing new to back), refused by the allocator.
+    faults.fault_next_extend(ExtendFault::Refuse);
+    let failure = alloc_for_extend(prepare_for_extend(batch), &mut cache).unwrap_err();
+    assert!(matches!(
+        failure.error,
+        KvError::Alloc(AllocError::OutOfMemory { .. })
+    ));
+    let batch = failure.batch.cancel();
+    let named: usize = positions(&batch)
+        .iter()
+        .map(|(start, end)| end - start)
+        .sum();
+    assert_eq!(
+        named,
+        batch.out_cache_loc().len(),
+        "out_positions names exactly the slots of out_cache_loc"
+    );
+    release_all_and_check_whole(&mut batch.into_reqs(), &mut cache);
+}
+
 #[test]
 fn a_refused_release_of_a_speculative_over_allocation_changes_nothing() {
     // Committed 9 of 16 allocated: the release frees [0, 9) and the over-allocation [12, 16)

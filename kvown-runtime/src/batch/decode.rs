@@ -55,7 +55,9 @@ pub fn alloc_for_decode<A: KvAllocator>(
     if let Err(error) = cache.reserve(new_pages * cache.page_size()) {
         return Err(batch.fail(error));
     }
-    batch.out_cache_loc.clear();
+    // The allocator appends to a cleared `out_cache_loc`; forgotten with it, the last
+    // allocation's positions are not paired with its slots if the allocator refuses.
+    batch.forget_out_cache_loc();
     // `prepare_for_decode` checked every request: it holds a row of this cache (its own: a
     // request is not `Clone`), and its next position exists. The batch stayed sealed since.
     let rows = batch.reqs.iter().map(|req| DecodeRow {

@@ -110,7 +110,9 @@ pub fn alloc_for_extend<A: KvAllocator>(
             })
         })
         .collect();
-    batch.out_cache_loc.clear();
+    // The allocator appends to a cleared `out_cache_loc`; forgotten with it, the last
+    // allocation's positions are not paired with its slots if the allocator refuses.
+    batch.forget_out_cache_loc();
     if let Err(error) = cache.allocator.alloc_extend_rows(
         &batch.state.shapes,
         req_rows.iter().copied(),

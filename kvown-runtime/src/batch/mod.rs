@@ -84,7 +84,10 @@ pub struct ScheduleBatch<S = Ready> {
 pub struct AllocFailure<S> {
     /// Why the allocation failed.
     pub error: KvError,
-    /// The batch, exactly as prepared (boxed: the failure path is cold, the `Ok` path is not).
+    /// The batch, exactly as prepared (boxed: the failure path is cold, the `Ok` path is not),
+    /// except after the allocator itself refused the slots: then the last allocation's
+    /// `out_cache_loc` (and with it `out_positions`) is forgotten, as the batch flow cleared it
+    /// for the allocator to fill.
     pub batch: Box<ScheduleBatch<S>>,
 }
 
