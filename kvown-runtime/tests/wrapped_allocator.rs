@@ -285,6 +285,40 @@ fn a_refused_extend_allocation_leaves_the_row_pool_as_it_was() {
     release_all_and_check_whole(&mut all, &mut cache);
 }
 
+// The batch flow evicts the shortfall before it asks the allocator for the slots; an allocator
+// that then refuses cannot undo the eviction. The evicted entries were unlocked cache, so the
+// cache stays consistent, and a retry finds the room already made.
+#[test]
+fn an_extend_refused_by_the_allocator_after_the_eviction_leaves_the_entries_evicted() {
+    let (mut cache, faults) = faulty_cache_with(16, TreeCache::Radix(RadixCache::new(4)));
+    let mut cached = extend_eight_token_requests(1, &mut cache).into_reqs();
+    release_kv_cache(&mut cached[0], &mut cache, true).unwrap();
+    assert_eq!(
+        (cache.available_size(), cache.tree().evictable_size()),
+        (8, 8)
+    );
+    let mut req = Req::new(2, (0..12).map(|t| t + 900).collect());
+    init_next_round_input(&mut req, &mut cache, usize::MAX).unwrap();
+    let prepared = prepare_for_extend(ScheduleBatch::new(vec![req]));
+
+    faults.fault_next_extend(ExtendFault::Refuse);
+    let failure = alloc_for_extend(prepared, &mut cache).unwrap_err();
+    assert!(matches!(
+        failure.error,
+        KvError::Alloc(AllocError::OutOfMemory { .. })
+    ));
+    assert_eq!(
+        (cache.available_size(), cache.tree().evictable_size()),
+        (16, 0),
+        "the shortfall was evicted before the allocator refused"
+    );
+    cache.check([]).unwrap();
+    let batch = alloc_for_extend(*failure.batch, &mut cache)
+        .map_err(|failure| failure.error)
+        .unwrap();
+    release_all_and_check_whole(&mut batch.into_reqs(), &mut cache);
+}
+
 // The extend clears the batch's `out_cache_loc` before the allocator appends to it; when the
 // allocator then refuses, the batch handed back (and readied again with `cancel`) must not pair
 // the last allocation's positions with slots it no longer has.

@@ -39,8 +39,10 @@ pub fn prepare_for_extend(mut batch: ScheduleBatch<Ready>) -> ScheduleBatch<Exte
 /// prefix copied into a new row ([`KvAllocator::row_written`]), so a copy of the table can
 /// follow.
 ///
-/// Transactional: on error nothing was evicted, taken or written, and the prepared batch is
-/// handed back. A request holding KV in another cache fails with [`KvError::OtherCache`], one
+/// Transactional: on error nothing was taken or written, and the prepared batch is handed
+/// back. Nothing was evicted either, except when the allocator itself refuses the slots after
+/// the batch flow evicted the shortfall for them (a device out of memory; the host allocators
+/// never do): the unlocked prefix-cache entries evicted then stay evicted. A request holding KV in another cache fails with [`KvError::OtherCache`], one
 /// holding a speculative reservation with [`KvError::ReservationHeld`].
 #[owner]
 pub fn alloc_for_extend<A: KvAllocator>(
