@@ -1,7 +1,8 @@
 //! Token allocator (page size 1): slot range, FIFO reuse, need_sort, typed errors.
 
 use kvown_runtime::alloc::{
-    AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageState, TokenAllocator,
+    AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageState, PagedAllocator,
+    TokenAllocator,
 };
 
 fn alloc(allocator: &mut TokenAllocator, n: usize) -> Vec<KvSlot> {
@@ -208,4 +209,18 @@ fn a_pool_beyond_the_u32_slot_range_is_rejected() {
             slot_end: 1 << 32
         })
     );
+    // So is one whose page count plus the padding page overflows (it panicked counting it).
+    for allocator in [
+        TokenAllocator::new(usize::MAX, false).map(drop),
+        PagedAllocator::new(usize::MAX, 1, false).map(drop),
+    ] {
+        assert_eq!(
+            allocator,
+            Err(AllocError::TooManySlots {
+                num_pages: usize::MAX,
+                page_size: 1,
+                slot_end: u64::MAX
+            })
+        );
+    }
 }

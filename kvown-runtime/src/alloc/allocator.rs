@@ -49,7 +49,9 @@ impl<R: ReuseOrder> PageAllocator<R> {
         if page_size == 0 {
             return Err(AllocError::ZeroPageSize);
         }
-        let slot_end = (num_pages as u64 + 1).saturating_mul(page_size as u64);
+        let slot_end = (num_pages as u64)
+            .saturating_add(1)
+            .saturating_mul(page_size as u64);
         // The end of the last page is a slot id too (a run's exclusive end), so it must fit.
         if slot_end > u64::from(KvSlot::MAX) {
             return Err(AllocError::TooManySlots {

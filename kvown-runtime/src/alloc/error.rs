@@ -215,7 +215,7 @@ pub enum AllocError {
         num_pages: usize,
         /// Requested page size.
         page_size: usize,
-        /// One past the largest slot id the pool would use.
+        /// One past the largest slot id the pool would use (`u64::MAX` when that overflows).
         slot_end: u64,
     },
 }
