@@ -327,6 +327,21 @@ fn new_tokens_required_next_decode_formulas() {
     release_all_and_empty_out(batch.into_reqs(), cache);
 }
 
+// The count is a plain function of its arguments: a page size no pool has makes the total
+// saturate (as an overflowing reservation does), not overflow (a debug panic).
+#[test]
+fn new_tokens_required_next_decode_saturates_instead_of_overflowing() {
+    let reqs = [Req::new(1, tokens(0, 3)), Req::new(2, tokens(0, 3))];
+    assert_eq!(
+        new_tokens_required_next_decode(&reqs, usize::MAX, None),
+        usize::MAX
+    );
+    assert_eq!(
+        new_tokens_required_next_decode(&reqs, 4, Some(usize::MAX)),
+        usize::MAX
+    );
+}
+
 // §9.17: check_decode_mem evicts only the shortfall.
 #[test]
 fn check_decode_mem_evicts_only_the_shortfall() {

@@ -72,12 +72,19 @@ pub type KvSlot = u32;
 pub type PageId = u32;
 
 /// Rounds `n` up to a multiple of `page_size`.
+///
+/// # Panics
+/// If `page_size` is 0, or (in debug builds; release builds wrap) if the result exceeds
+/// `usize::MAX`.
 #[inline]
 pub const fn ceil_align(n: usize, page_size: usize) -> usize {
     n.div_ceil(page_size) * page_size
 }
 
 /// Rounds `n` down to a multiple of `page_size`.
+///
+/// # Panics
+/// If `page_size` is 0.
 #[inline]
 pub const fn floor_align(n: usize, page_size: usize) -> usize {
     n / page_size * page_size

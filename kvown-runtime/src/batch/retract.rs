@@ -12,19 +12,22 @@ use crate::request::Req;
 /// Without speculation (`spec_reserve = None`) only requests whose next token opens a page
 /// need one. With speculation, each request tops its allocation up to
 /// `ceil_align(committed + reserve, page_size)`. A reservation past `usize::MAX` counts as
-/// `usize::MAX` slots less what the request holds (more than any pool), not an overflow.
+/// `usize::MAX` slots less what the request holds (more than any pool), not an overflow; so
+/// does a total past `usize::MAX`.
+///
+/// # Panics
+/// If `page_size` is 0 (pass the cache's, [`KvCache::page_size`]).
 pub fn new_tokens_required_next_decode<'a>(
     reqs: impl IntoIterator<Item = &'a Req>,
     page_size: usize,
     spec_reserve: Option<usize>,
 ) -> usize {
     match spec_reserve {
-        None => {
-            reqs.into_iter()
-                .filter(|req| req.kv().kv_allocated_len() % page_size == 0)
-                .count()
-                * page_size
-        }
+        None => reqs
+            .into_iter()
+            .filter(|req| req.kv().kv_allocated_len() % page_size == 0)
+            .count()
+            .saturating_mul(page_size),
         Some(reserve) => reqs
             .into_iter()
             .map(|req| {
