@@ -112,11 +112,14 @@ pub enum Violation {
         unclaimed_pages: usize,
     },
     /// Pages the allocator counts as held that neither the prefix cache nor a request passed to
-    /// the check holds, while every held row is accounted for.
+    /// the check holds, while every held row is accounted for: a free the allocator reported
+    /// done but lost ([`reclaim_leaks`](crate::reclaim::reclaim_leaks) gives them back), or a
+    /// row naming one page at two page positions (the request's count of owned slots then
+    /// includes them, so a reclaim refuses until that request is released).
     #[error(
         "{count} pages are allocated but held by no one (the first: page {first}): a free the \
-         allocator reported done but lost, or a row naming one page at two page positions; \
-         reclaim_leaks gives them back"
+         allocator reported done but lost (reclaim_leaks gives them back), or a row naming one \
+         page at two page positions (release that request, then reclaim_leaks)"
     )]
     UnclaimedPages {
         /// The lowest such page.
@@ -198,9 +201,9 @@ pub enum Violation {
     },
     /// The accounting identity failed.
     #[error(
-        "accounting: {free} free + {cached} cached + {request_owned} request-owned = {} slots, \
-         but the pool has {capacity}",
-        .free + .cached + .request_owned
+        "accounting: {free} free + {cached} cached + {request_owned} request-owned + \
+         {unclaimed} held by no one = {} slots, but the pool has {capacity}",
+        .free + .cached + .request_owned + .unclaimed
     )]
     Accounting {
         /// Slots free in the allocator.
@@ -209,6 +212,10 @@ pub enum Violation {
         cached: usize,
         /// Slots requests hold in their own ranges.
         request_owned: usize,
+        /// Slots of pages the allocator holds but neither the prefix cache nor a request does:
+        /// counted by [`reclaim_leaks`](crate::reclaim::reclaim_leaks) as the leak it would
+        /// give back; 0 in [`KvCache::check`], which reports such pages first.
+        unclaimed: usize,
         /// Slots the allocator can hand out.
         capacity: usize,
     },
@@ -455,6 +462,7 @@ impl Census {
                 free,
                 cached: self.cached,
                 request_owned: self.request_owned,
+                unclaimed,
                 capacity,
             });
         }

@@ -673,6 +673,28 @@ fn the_checker_finds_a_page_a_row_names_twice_and_the_one_it_names_nowhere() {
             count: 1
         })
     );
+    // While the request is live its row counts eight positions on one page: the unclaimed
+    // page cannot be a leak, and reclaiming refuses, with a sum that adds up.
+    let refused = reclaim_leaks(&mut cache, &mut reqs).unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            ReclaimError::Violation(Violation::Accounting {
+                free: 56,
+                cached: 0,
+                request_owned: 8,
+                capacity: 64,
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    assert!(
+        refused
+            .to_string()
+            .contains("= 68 slots, but the pool has 64"),
+        "{refused}"
+    );
     // The release frees the one page the row names; reclaiming gives back the other.
     release_kv_cache(&mut reqs[0], &mut cache, false).unwrap();
     let reclaimed = reclaim_leaks(&mut cache, &mut reqs).unwrap();
