@@ -78,7 +78,10 @@ impl<R: ReuseOrder> AllocPlanner<R> {
             return Err(AllocError::ZeroPageSize.into());
         }
         let num_pages = size / page_size;
-        let slot_end = (num_pages as u64 + 1) * page_size as u64;
+        // Saturating, as the host allocator: an overflow is a pool too large, not a panic.
+        let slot_end = (num_pages as u64)
+            .saturating_add(1)
+            .saturating_mul(page_size as u64);
         if slot_end > u64::from(u32::MAX) {
             return Err(AllocError::TooManySlots {
                 num_pages,
@@ -452,6 +455,28 @@ mod tests {
         }
         assert_eq!(six_out::<Lifo>().capacity(), 64);
         assert_eq!(six_out::<Lifo>().available_size(), 40);
+    }
+
+    /// A pool whose slot range overflows `u64` is too large, as the host allocator says; its
+    /// end was computed with a multiplication that overflowed.
+    #[test]
+    fn a_pool_past_the_u64_range_is_too_many_slots() {
+        use kvown_runtime::alloc::{AllocError, PagedAllocator};
+        for (size, page_size) in [(usize::MAX, usize::MAX), (usize::MAX, 1)] {
+            let host = PagedAllocator::new(size, page_size, false).unwrap_err();
+            let planner = AllocPlanner::<Lifo>::new(size, page_size, 1, 1).unwrap_err();
+            let CudaError::Alloc(error) = planner else {
+                panic!("{size} / {page_size}: {planner}");
+            };
+            assert_eq!(error, host, "{size} / {page_size}");
+            assert!(matches!(
+                error,
+                AllocError::TooManySlots {
+                    slot_end: u64::MAX,
+                    ..
+                }
+            ));
+        }
     }
 
     /// The planner checks what it is given before it plans a launch: one row per request, rows
