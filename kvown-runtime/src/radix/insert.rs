@@ -68,7 +68,8 @@ impl RadixCache {
     /// extending the caller's own leaf by one page is O(page size), amortized.
     ///
     /// # Errors
-    /// Refuses (changing nothing) unaligned or overlong keys, `slots` of another length or not
+    /// Refuses (changing nothing but, perhaps, the page index's capacity, counted by
+    /// [`RadixCache::bookkeeping_bytes`]) unaligned or overlong keys, `slots` of another length or not
     /// in whole pages, an unknown or unlocked `from.node`, a `from.len` off its path, and new
     /// pages that are cached already ([`RadixError::PageCached`]) or named twice
     /// ([`RadixError::PageRepeated`]).

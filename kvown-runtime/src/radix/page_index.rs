@@ -5,8 +5,9 @@ use std::fmt;
 
 use crate::alloc::PageId;
 
-/// A set of page ids as a bit vector, one bit per id up to the largest ever held (1/8 byte per
-/// pool page at most); it grows on demand and never shrinks.
+/// A set of page ids as a bit vector, one bit per id up to the largest ever held: 1/8 byte per
+/// pool page in a `KvCache`, up to 512 MiB for a tree used on its own with page ids near
+/// `u32::MAX`. It grows on demand and never shrinks.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub(super) struct PageIndex {
     words: Vec<u64>,
