@@ -133,8 +133,10 @@ pub fn alloc_for_spec_decode<A: KvAllocator>(
 /// `kv_committed_len` on the speculative path. Skip finished or retracted requests by passing
 /// 0 for them.
 ///
-/// All or nothing: fails when `accepted` does not match the batch or a commit would pass the
-/// allocated length.
+/// All or nothing: fails when `accepted` does not match the batch
+/// ([`KvError::BatchLengthMismatch`]), a request given a non-zero count holds no KV
+/// ([`KvError::NotHeld`]), or a commit would pass the allocated length
+/// ([`KvError::CommitBeyondAllocation`]).
 #[owner]
 pub fn commit_spec_tokens(
     batch: &mut ScheduleBatch<Ready>,
