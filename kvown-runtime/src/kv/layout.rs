@@ -226,6 +226,10 @@ impl KvLayout {
 
     /// The slots of `pages`, page by page (`page * page_size + 0..page_size`). Pages are not
     /// checked here; call [`KvLayout::check_pages`] first.
+    ///
+    /// # Panics
+    /// In debug builds, on a page whose slots pass `u32::MAX` (one `check_pages` refuses);
+    /// release builds wrap.
     pub fn page_slots(&self, pages: &[PageId]) -> Vec<KvSlot> {
         let page_size = self.page_size as KvSlot;
         pages
