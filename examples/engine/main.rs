@@ -39,8 +39,44 @@ use device_copy::DeviceCopy;
 use report::Summary;
 use scheduler::Engine;
 
-/// Steps after which the loop gives up (a scheduler that stops making progress).
-const MAX_STEPS: u64 = 10_000_000;
+/// Steps in a row in which no request arrives or completes after which the loop gives up (a
+/// scheduler that stops making progress).
+const MAX_STALLED_STEPS: u64 = 10_000_000;
+
+/// Gives the run up when, for `limit` steps in a row, no request arrives and none completes.
+/// (A run may take many more steps than that in all: a low `--arrival-rate` spaces out the
+/// arrivals, each of which is progress.)
+struct Watchdog {
+    limit: u64,
+    /// (requests yet to arrive, requests completed) when last seen changing.
+    seen: (usize, u64),
+    since_step: u64,
+}
+
+impl Watchdog {
+    fn new(limit: u64) -> Self {
+        Watchdog {
+            limit,
+            seen: (usize::MAX, 0),
+            since_step: 0,
+        }
+    }
+
+    /// Records the state after `step`: `pending` requests yet to arrive, `completed` finished
+    /// or aborted.
+    fn observe(&mut self, step: u64, pending: usize, completed: u64) -> Result<(), String> {
+        if (pending, completed) != self.seen {
+            self.seen = (pending, completed);
+            self.since_step = step;
+        } else if step - self.since_step >= self.limit {
+            return Err(format!(
+                "no progress: no request arrived or completed in {} steps (at step {step})",
+                self.limit
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// The CUDA device to run on (`None`: the host), and the summary's line saying which and why.
 fn backend(args: &Args) -> Result<(Option<Arc<CudaDevice>>, String), String> {
@@ -121,12 +157,15 @@ fn serve<A: KvAllocator + AsPageAllocator + DeviceCopy>(
         ProgressStyle::with_template("{bar:40} {pos}/{len} requests  {msg}")
             .map_err(|e| e.to_string())?,
     );
+    let mut watchdog = Watchdog::new(MAX_STALLED_STEPS);
     let start = Instant::now();
     while !engine.is_done() {
-        if engine.stats.steps >= MAX_STEPS {
-            return Err(format!("no progress after {MAX_STEPS} steps"));
-        }
         engine.step()?;
+        watchdog.observe(
+            engine.stats.steps,
+            engine.pending_arrivals(),
+            engine.completed(),
+        )?;
         if args.check {
             engine.check()?;
         }
@@ -253,6 +292,21 @@ mod tests {
         let summary = run_with("chunked-holds-pages", &flags);
         assert_eq!((summary.finished, summary.aborted), (2, 0));
         assert!(summary.retractions > 0, "the chunked request is retracted");
+    }
+
+    #[test]
+    fn the_watchdog_counts_steps_without_an_arrival_or_a_completion() {
+        let mut watchdog = Watchdog::new(3);
+        // An arrival or a completion every few steps: a long run, never stalled.
+        for step in 1..=30 {
+            let pending = 30 - step as usize / 2;
+            assert_eq!(watchdog.observe(step, pending, 0), Ok(()), "step {step}");
+        }
+        for step in 31..=33 {
+            assert_eq!(watchdog.observe(step, 15, 1), Ok(()), "step {step}");
+        }
+        let error = watchdog.observe(34, 15, 1).unwrap_err();
+        assert!(error.contains("no progress"), "{error}");
     }
 
     #[test]

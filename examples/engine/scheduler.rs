@@ -119,6 +119,11 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
             && self.running.is_empty()
     }
 
+    /// Requests of the workload that have not arrived yet.
+    pub fn pending_arrivals(&self) -> usize {
+        self.arrivals.len()
+    }
+
     /// Requests finished or aborted so far.
     pub fn completed(&self) -> u64 {
         self.stats.finished + self.stats.aborted
