@@ -140,9 +140,12 @@ impl Args {
         if self.pool_tokens < self.page_size {
             return Err("--pool-tokens must hold at least one page of --page-size".into());
         }
-        if self.spec && self.spec_tokens > self.pool_tokens / 2 {
+        // The pool holds whole pages only: `--pool-tokens` past the last whole page is unused.
+        let usable = self.pool_tokens / self.page_size * self.page_size;
+        if self.spec && self.spec_tokens > usable / 2 {
             return Err(
-                "--spec-tokens: the reservation, 2 x --spec-tokens, must fit in --pool-tokens"
+                "--spec-tokens: the reservation, 2 x --spec-tokens, must fit in the whole pages \
+                 of --pool-tokens"
                     .into(),
             );
         }
@@ -204,6 +207,32 @@ mod tests {
         }
         assert_eq!(
             args(&["--spec", "--pool-tokens", "64", "--spec-tokens", "32"]).validate(),
+            Ok(())
+        );
+        // 100 slots make one page of 64: a reservation of 100 fits --pool-tokens but not the
+        // pool, and every request was aborted.
+        let flags = [
+            "--spec",
+            "--pool-tokens",
+            "100",
+            "--page-size",
+            "64",
+            "--spec-tokens",
+            "50",
+        ];
+        let error = args(&flags).validate().unwrap_err();
+        assert!(error.contains("2 x --spec-tokens"), "{error}");
+        assert_eq!(
+            args(&[
+                "--spec",
+                "--pool-tokens",
+                "100",
+                "--page-size",
+                "64",
+                "--spec-tokens",
+                "32"
+            ])
+            .validate(),
             Ok(())
         );
         // Without --spec nothing is reserved: a pool under 2 x the default --spec-tokens runs.
