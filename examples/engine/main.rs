@@ -269,7 +269,7 @@ mod tests {
 
     #[test]
     fn a_request_that_fits_the_pool_alone_is_not_aborted_for_the_chunked_one() {
-        // Each request's life takes the whole pool (1 + 81 tokens and a page of headroom in six
+        // Each request's life takes the whole pool (1 + 81 tokens, 81 of them computed, in six
         // pages of 16). The second one, prefilling a chunk per step, held pages outside the
         // running batch, and the first, unable to grow, was aborted as if it could not fit.
         let flags = [
@@ -307,6 +307,40 @@ mod tests {
         }
         let error = watchdog.observe(34, 15, 1).unwrap_err();
         assert!(error.contains("no progress"), "{error}");
+    }
+
+    #[test]
+    fn a_request_whose_computed_positions_fill_the_pool_is_not_aborted() {
+        // The last output token's K/V is never computed: 1 + 96 tokens need 96 positions, six
+        // pages of 16, with or without a page boundary after them. The lifetime need counted
+        // 98 (the whole sequence and one more) and aborted requests that fit exactly.
+        for (pool, page, prompt, output, spec) in [
+            ("96", "16", "1", "96", None),
+            ("7", "1", "4", "4", None),
+            // Speculative: at most 4 + 4 - 2 positions committed when the last reservation of
+            // 2 x 2 is made.
+            ("10", "1", "4", "4", Some("2")),
+            ("16", "16", "5", "4", Some("4")),
+        ] {
+            let mut flags = vec![
+                "--pool-tokens",
+                pool,
+                "--page-size",
+                page,
+                "--prompt-len",
+                prompt,
+                "--output-len",
+                output,
+                "--requests",
+                "3",
+                "--check",
+            ];
+            if let Some(tokens) = spec {
+                flags.extend(["--spec", "--spec-tokens", tokens]);
+            }
+            let summary = run_with("exact-fit", &flags);
+            assert_eq!((summary.finished, summary.aborted), (3, 0), "{flags:?}");
+        }
     }
 
     #[test]

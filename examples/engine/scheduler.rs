@@ -174,15 +174,18 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
         Ok(())
     }
 
-    /// Slots a request could ever need: its whole sequence, one page for the next token, and
-    /// the speculative reservation.
+    /// Slots a request could ever hold. Its last output token is sampled but never computed,
+    /// so its K/V covers the rest of the sequence: `computed = prompt + outputs - 1` positions.
+    /// A plain decode step allocates the one position it commits; a speculative one reserves
+    /// `committed + reserve` before it, with at most `computed - 1` positions committed then.
     fn lifetime_need(&self, req: &Req) -> usize {
         let rest = self.output_len[req.rid() as usize] - req.output_ids().len();
-        let reserve = self.args.spec_reserve().unwrap_or(1);
-        ceil_align(
-            req.fill_ids().len() + rest + reserve,
-            self.cache.page_size(),
-        )
+        let computed = req.fill_ids().len() + rest - 1;
+        let held = match self.args.spec_reserve() {
+            None => computed,
+            Some(reserve) => (computed - 1 + reserve).max(computed),
+        };
+        ceil_align(held, self.cache.page_size())
     }
 
     /// Drops the prefix lock `init_next_round_input` took for a request that is not admitted.
