@@ -98,14 +98,19 @@ fn backend(args: &Args) -> Result<(Option<Arc<CudaDevice>>, String), String> {
     }
 }
 
-/// The request-to-token table: rows for the running requests, wide enough for the longest job.
+/// The request-to-token table: rows for the running requests, wide enough for the longest job
+/// or for the whole pool, whichever is less (a request that cannot fit the pool is aborted
+/// before it takes a row).
 fn request_table(args: &Args, jobs: &[workload::Job]) -> Result<ReqToTokenPool, String> {
     let longest = jobs
         .iter()
-        .map(|job| job.prompt.len() + job.output_len)
+        .map(|job| job.prompt.len().saturating_add(job.output_len))
         .max()
         .unwrap_or(1);
-    let width = longest + args.spec_reserve().unwrap_or(1) + args.page_size;
+    let pool = args.pool_tokens / args.page_size * args.page_size;
+    let width = longest
+        .saturating_add(args.spec_reserve().unwrap_or(1) + args.page_size)
+        .min(pool);
     // One row per running request (no more than there are requests) and one for the request
     // whose chunked prefill continues next step.
     let rows = args.max_running.min(jobs.len()) + 1;
@@ -340,6 +345,28 @@ mod tests {
             }
             let summary = run_with("exact-fit", &flags);
             assert_eq!((summary.finished, summary.aborted), (3, 0), "{flags:?}");
+        }
+    }
+
+    #[test]
+    fn a_request_whose_output_cannot_fit_the_pool_is_aborted() {
+        // Output lengths are numbers, not tokens: one past the pool is aborted. The table was
+        // as wide as the longest job (16 TB for 10^12 tokens, an abort on allocation), and
+        // near usize::MAX the lengths overflowed (a follow-up prompt of usize::MAX tokens, a
+        // panic; or a table narrower than a job, a failed extend).
+        for output in [
+            "1000000000000",
+            "18446744073709551615",
+            "18446744073709551000..18446744073709551615",
+        ] {
+            for spec in [false, true] {
+                let mut flags = vec!["--output-len", output, "--requests", "3", "--check"];
+                if spec {
+                    flags.push("--spec");
+                }
+                let summary = run_with("huge-output", &flags);
+                assert_eq!((summary.finished, summary.aborted), (0, 3), "{flags:?}");
+            }
         }
     }
 

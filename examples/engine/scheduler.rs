@@ -178,14 +178,16 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
     /// so its K/V covers the rest of the sequence: `computed = prompt + outputs - 1` positions.
     /// A plain decode step allocates the one position it commits; a speculative one reserves
     /// `committed + reserve` before it, with at most `computed - 1` positions committed then.
+    /// An output length near `usize::MAX` saturates to `usize::MAX` (more than any pool).
     fn lifetime_need(&self, req: &Req) -> usize {
         let rest = self.output_len[req.rid() as usize] - req.output_ids().len();
-        let computed = req.fill_ids().len() + rest - 1;
+        let computed = req.fill_ids().len().saturating_add(rest) - 1;
         let held = match self.args.spec_reserve() {
             None => computed,
-            Some(reserve) => (computed - 1 + reserve).max(computed),
+            Some(reserve) => (computed - 1).saturating_add(reserve).max(computed),
         };
-        ceil_align(held, self.cache.page_size())
+        held.checked_next_multiple_of(self.cache.page_size())
+            .unwrap_or(usize::MAX)
     }
 
     /// Drops the prefix lock `init_next_round_input` took for a request that is not admitted.

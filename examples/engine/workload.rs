@@ -74,7 +74,10 @@ pub fn generate(args: &Args) -> Vec<Job> {
                 &jobs[jobs.len() - back]
             });
             match follow_up {
-                Some(parent) if parent.prompt.len() + parent.output_len < args.prompt_len.max => {
+                Some(parent)
+                    if parent.prompt.len().saturating_add(parent.output_len)
+                        < args.prompt_len.max =>
+                {
                     prompt.extend_from_slice(&parent.prompt);
                     prompt.extend((0..parent.output_len).map(|i| output_token(parent.rid, i)));
                 }
