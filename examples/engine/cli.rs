@@ -228,32 +228,15 @@ mod tests {
             args(&["--spec", "--pool-tokens", "64", "--spec-tokens", "32"]).validate(),
             Ok(())
         );
-        // 100 slots make one page of 64: a reservation of 100 fits --pool-tokens but not the
-        // pool, and every request was aborted.
-        let flags = [
-            "--spec",
-            "--pool-tokens",
-            "100",
-            "--page-size",
-            "64",
-            "--spec-tokens",
-            "50",
-        ];
-        let error = args(&flags).validate().unwrap_err();
+        // 100 slots make one page of 64: a reservation of 2 x 50 fits --pool-tokens but not the
+        // pool (every request was aborted); 2 x 32 fits the page.
+        let one_page = |spec_tokens| {
+            let flags = ["--spec", "--pool-tokens", "100", "--page-size", "64"];
+            args(&[&flags[..], &["--spec-tokens", spec_tokens]].concat()).validate()
+        };
+        let error = one_page("50").unwrap_err();
         assert!(error.contains("2 x --spec-tokens"), "{error}");
-        assert_eq!(
-            args(&[
-                "--spec",
-                "--pool-tokens",
-                "100",
-                "--page-size",
-                "64",
-                "--spec-tokens",
-                "32"
-            ])
-            .validate(),
-            Ok(())
-        );
+        assert_eq!(one_page("32"), Ok(()));
         assert_eq!(
             args(&["--requests", "1000", "--arrival-rate", "0.0001"]).validate(),
             Ok(())
