@@ -43,14 +43,17 @@ fn deepen_path_at(path: &mut Path, depth: usize) {
     if path.leading_colon.is_some() || path.segments.is_empty() {
         return;
     }
+    // A leading `self` before the `super`s (`self::super::x`) changes nothing.
+    let skip = usize::from(path.segments[0].ident == "self");
     let supers = path
         .segments
         .iter()
+        .skip(skip)
         .take_while(|s| s.ident == "super")
         .count();
     let span = path.segments[0].ident.span();
     if supers > 0 && supers >= depth {
-        path.segments.insert(0, Ident::new("super", span).into());
+        path.segments.insert(skip, Ident::new("super", span).into());
     } else if supers == 0
         && depth == 0
         && path.segments[0].ident == "self"
@@ -129,9 +132,8 @@ impl VisitMut for DeeperPaths {
                 use_path.ident = Ident::new("super", use_path.ident.span());
                 return;
             }
-            if use_path.ident == "super" || use_path.ident == "self" {
-                return;
-            }
+            // Otherwise visit the rest of the tree: a `super` there (`self::super::x`) is
+            // deepened where its `super`s reach out.
         }
         visit_mut::visit_use_tree_mut(self, tree);
     }
@@ -156,8 +158,8 @@ fn leading_use_supers(use_path: &syn::UsePath) -> usize {
 }
 
 /// Token-level form of [`DeeperPaths`] for macro arguments, which are not parsed: a path
-/// starting `super ::` gains one more `super` (when its `super`s reach out of the `depth`
-/// modules around it), `self ::` becomes `super ::` (outside any such module).
+/// starting `super ::` (or `self :: super ::`) gains one more `super` (when its `super`s reach
+/// out of the `depth` modules around it), `self ::` becomes `super ::` (outside any such module).
 fn deepen_tokens(tokens: TokenStream, depth: usize) -> TokenStream {
     let trees: Vec<TokenTree> = tokens.into_iter().collect();
     let followed_by_path_sep = |i: usize| {
@@ -174,15 +176,17 @@ fn deepen_tokens(tokens: TokenStream, depth: usize) -> TokenStream {
             i > 0 && matches!(&trees[i - 1], TokenTree::Punct(p) if p.as_char() == ':');
         match tree {
             TokenTree::Ident(ident) if followed_by_path_sep(i) && !preceded_by_path_sep => {
+                // A leading `self` before the `super`s (`self::super::x`) changes nothing.
+                let first = if ident == "self" { i + 3 } else { i };
                 let mut supers = 0;
-                while is_super(i + 3 * supers) && followed_by_path_sep(i + 3 * supers) {
+                while is_super(first + 3 * supers) && followed_by_path_sep(first + 3 * supers) {
                     supers += 1;
                 }
-                if ident == "super" && supers >= depth {
+                if supers > 0 && supers >= depth {
                     out.push(TokenTree::Ident(ident.clone()));
                     out.push(TokenTree::Punct(Punct::new(':', Spacing::Joint)));
                     out.push(TokenTree::Punct(Punct::new(':', Spacing::Alone)));
-                    out.push(TokenTree::Ident(ident.clone()));
+                    out.push(TokenTree::Ident(Ident::new("super", ident.span())));
                 } else if ident == "self" && depth == 0 {
                     out.push(TokenTree::Ident(Ident::new("super", ident.span())));
                 } else {
@@ -257,12 +261,14 @@ mod tests {
             use self::c;
             use std::cell::Cell;
             fn f() -> self::D { super::g(); ::std::mem::drop(1); h() }
+            fn l(&self) -> usize { self.len() }
         };
         DeeperPaths::default().visit_file_mut(&mut file);
         assert_eq!(
             text(&file),
             "usesuper::super::a::b;usesuper::c;usestd::cell::Cell;\
-             fnf()->super::D{super::super::g();::std::mem::drop(1);h()}"
+             fnf()->super::D{super::super::g();::std::mem::drop(1);h()}\
+             fnl(&self)->usize{self.len()}"
         );
     }
 
@@ -290,7 +296,12 @@ mod tests {
                     pub(self) fn z() { super::super::w(); }
                     use super::a;
                     use self::inner::b;
-                    mod inner { pub(super) fn y() -> usize { super::super::x() + super::v() } }
+                    mod inner {
+                        pub(super) fn y() -> usize { super::super::x() + super::v() }
+                        use super::super::p;
+                        use super::u;
+                        fn n() { check!(x, super::super::q(), super::v(), super::a::b); }
+                    }
                     fn m() { check!(super::x(), self::inner::y(), super::super::q()); }
                 }
             }
@@ -301,8 +312,37 @@ mod tests {
             "fnf(){modhelpers{pub(insuper::super)fntwo()->usize{super::super::x()+self::inner::y()}\
              pub(self)fnz(){super::super::super::w();}\
              usesuper::super::a;useself::inner::b;\
-             modinner{pub(super)fny()->usize{super::super::super::x()+super::v()}}\
+             modinner{pub(super)fny()->usize{super::super::super::x()+super::v()}\
+             usesuper::super::super::p;usesuper::u;\
+             fnn(){check!(x,super::super::super::q(),super::v(),super::a::b);}}\
              fnm(){check!(super::super::x(),self::inner::y(),super::super::super::q());}}}"
+        );
+    }
+
+    #[test]
+    fn a_leading_self_before_supers_changes_nothing() {
+        let mut file: File = parse_quote! {
+            use self::super::a;
+            fn f() {
+                self::super::g();
+                check!(self::super::h());
+                mod helpers {
+                    pub(in self::super) fn two() { self::super::x(); }
+                    use self::super::b;
+                    fn m() { check!(self::super::y(), self::z()); }
+                    mod inner { use self::super::c; fn n() { self::super::w(); } }
+                }
+            }
+        };
+        DeeperPaths::default().visit_file_mut(&mut file);
+        assert_eq!(
+            text(&file),
+            "usesuper::super::a;\
+             fnf(){self::super::super::g();check!(self::super::super::h());\
+             modhelpers{pub(inself::super::super)fntwo(){self::super::super::x();}\
+             useself::super::super::b;\
+             fnm(){check!(self::super::super::y(),self::z());}\
+             modinner{useself::super::c;fnn(){self::super::w();}}}}"
         );
     }
 }

@@ -1,6 +1,6 @@
 //! A module declared inside an owner's body keeps its meaning when the owner is sealed one
 //! module deeper: `pub(super)` and `super::` paths that reach the owner's module are re-rooted,
-//! `self::` paths and paths between the nested modules are not.
+//! `self::` paths and paths between the nested modules are not; `self::super::` is `super::`.
 
 mod app {
     #[kvown::guarded]
@@ -30,9 +30,14 @@ mod app {
             pub(in super::super) fn three() -> usize {
                 two() + 1
             }
+
+            pub(in self::super) fn four() -> usize {
+                use self::super::base;
+                self::super::base() + base() + self::three() + 1
+            }
         }
         use helpers::two;
-        req.set_len(owner, two() + helpers::three());
+        req.set_len(owner, two() + helpers::three() + helpers::four());
     }
 }
 
@@ -41,5 +46,5 @@ use app::{Req, alloc};
 fn main() {
     let mut req = Req::default();
     alloc(&mut req);
-    assert_eq!(req.len(), 5);
+    assert_eq!(req.len(), 11);
 }
