@@ -170,10 +170,10 @@ fn split_arguments(tokens: TokenStream) -> Vec<TokenStream> {
     args
 }
 
-/// The name a `let` pattern binds when it is one identifier (`cap`, `cap: &T`).
+/// The name a `let` pattern binds to the whole value (`cap`, `cap: &T`, `cap @ _`).
 fn bound_name(pat: &Pat) -> Option<String> {
     match pat {
-        Pat::Ident(pat) if pat.subpat.is_none() => Some(pat.ident.unraw().to_string()),
+        Pat::Ident(pat) => Some(pat.ident.unraw().to_string()),
         Pat::Type(typed) => bound_name(&typed.pat),
         _ => None,
     }
@@ -277,6 +277,70 @@ mod tests {
         }});
         assert_eq!(writes, [("cap".to_string(), 1), ("len".to_string(), 2)]);
         assert_eq!(delegations, 1, "the macro that is handed the capability");
+    }
+
+    #[test]
+    fn a_capability_in_an_invisible_group_is_still_the_capability() {
+        // Macro-expanded input wraps an `$owner:expr` in a group without delimiters.
+        let owner = proc_macro2::Group::new(Delimiter::None, quote::quote!(owner));
+        let (writes, delegations) = count(syn::parse_quote! {{ r.set_len(#owner, 1); }});
+        assert_eq!(writes, [("len".to_string(), 1)]);
+        assert_eq!(delegations, 0);
+    }
+
+    #[test]
+    fn a_binding_with_a_subpattern_is_another_name_of_the_capability() {
+        let (writes, delegations) = count(syn::parse_quote! {{
+            let cap @ _ = owner;
+            r.set_len(cap, 1);
+        }});
+        assert_eq!(writes, [("len".to_string(), 1)]);
+        assert_eq!(delegations, 0);
+    }
+
+    #[test]
+    fn macro_writes_take_the_capability_exactly_and_calls_only_in_parentheses() {
+        let (writes, delegations) = count(syn::parse_quote! {{
+            check!(*r.len_mut((owner)) += 1);
+            check!(Req::set_len(r.inner, owner, 1));
+            check!(r.set_cap(owner.clone(), 1));
+        }});
+        assert_eq!(writes, [("len".to_string(), 2)]);
+        assert_eq!(
+            delegations, 1,
+            "`owner.clone()` is not the capability itself"
+        );
+        let (writes, delegations) = count(syn::parse_quote! {{
+            check!(r.set_len({ owner }, 1));
+            check!(r.set_len[owner]);
+        }});
+        assert!(
+            writes.is_empty(),
+            "a block or index is not a capability argument or call"
+        );
+        assert_eq!(delegations, 2);
+    }
+
+    #[test]
+    fn macro_scanning_resumes_after_a_write() {
+        let (writes, delegations) = count(syn::parse_quote! {{
+            check!(r.len(), r.set_len(owner, 7), owner);
+        }});
+        assert_eq!(writes, [("len".to_string(), 1)]);
+        assert_eq!(
+            delegations, 1,
+            "the capability after the write is handed on"
+        );
+    }
+
+    #[test]
+    fn in_macros_only_a_bare_capability_name_is_handed_on() {
+        let (_, delegations) = count(syn::parse_quote! {{
+            check!(r.owner, a::owner, $owner);
+        }});
+        assert_eq!(delegations, 0);
+        let (_, delegations) = count(syn::parse_quote! {{ check!(owner); }});
+        assert_eq!(delegations, 1);
     }
 
     #[test]
