@@ -32,3 +32,58 @@ pub(crate) fn is_owner_type_name(ident: &Ident) -> bool {
 pub(crate) fn token_name(type_name: &Ident, method: &Ident) -> Ident {
     format_ident!("{}_{}", type_name, method, span = method.span())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ident(text: &str) -> Ident {
+        syn::parse_str(text).unwrap()
+    }
+
+    #[test]
+    fn type_names_start_upper_case_raw_or_not() {
+        for (name, is_type) in [
+            ("Batch", true),
+            ("B", true),
+            ("r#Batch", true),
+            ("Batch_Req", true),
+            ("batch", false),
+            ("r#move", false),
+            ("_Batch", false),
+            ("Érable", false),
+        ] {
+            assert_eq!(is_type_name(&ident(name)), is_type, "{name}");
+        }
+    }
+
+    #[test]
+    fn owner_type_names_are_type_names_without_underscores() {
+        for (name, allowed) in [
+            ("Batch", true),
+            ("ReqKvInfo", true),
+            ("r#Batch", true),
+            ("Batch_Req", false),
+            ("Batch_", false),
+            ("batch", false),
+            ("batch_req", false),
+            ("_Batch", false),
+        ] {
+            assert_eq!(is_owner_type_name(&ident(name)), allowed, "{name}");
+        }
+    }
+
+    #[test]
+    fn tokens_are_named_type_underscore_method_without_raw_prefixes() {
+        for (type_name, method, token) in [
+            ("Batch", "retract", "Batch_retract"),
+            ("Req", "r#move", "Req_move"),
+            ("r#Req", "set_len", "Req_set_len"),
+        ] {
+            assert_eq!(
+                token_name(&ident(type_name), &ident(method)).to_string(),
+                token
+            );
+        }
+    }
+}

@@ -555,4 +555,40 @@ mod tests {
             assert!(!is_copy_by_syntax(ty), "{}", ty.to_token_stream());
         }
     }
+
+    #[test]
+    fn self_in_field_types_becomes_the_struct_type() {
+        let node: Type = parse_quote!(Node<T>);
+        for (written, copied) in [
+            (quote::quote!(Self), "Node<T>"),
+            (quote::quote!(Vec<Self>), "Vec<Node<T>>"),
+            (quote::quote!(Option<Box<Self>>), "Option<Box<Node<T>>>"),
+            (quote::quote!([Self; 2]), "[Node<T>;2]"),
+            (quote::quote!(<Self as Tr>::Out), "<Node<T>asTr>::Out"),
+            (quote::quote!(Vec<u32>), "Vec<u32>"),
+        ] {
+            let mut ty: Type = syn::parse2(written.clone()).unwrap();
+            SelfToStruct(&node).visit_type_mut(&mut ty);
+            assert_eq!(ty.to_token_stream().to_string().replace(' ', ""), copied);
+        }
+    }
+
+    #[test]
+    fn owner_tokens_are_found_from_the_hidden_module() {
+        for (owner, token) in [
+            (quote::quote!(alloc), "super::alloc"),
+            (quote::quote!(sched::retract), "super::sched::retract"),
+            (quote::quote!(Batch::retract), "super::Batch_retract"),
+            (
+                quote::quote!(sched::Batch::retract),
+                "super::sched::Batch_retract",
+            ),
+            (quote::quote!(a::b::Req::r#move), "super::a::b::Req_move"),
+            (quote::quote!(crate::a::Batch::go), "crate::a::Batch_go"),
+        ] {
+            let path: Path = syn::parse2(owner.clone()).unwrap();
+            let found = token_path(&path).to_token_stream().to_string();
+            assert_eq!(found.replace(' ', ""), token, "{owner}");
+        }
+    }
 }

@@ -180,3 +180,35 @@ fn type_text(tokens: &impl ToTokens) -> String {
         .replace(' ', "")
         .replace(',', ", ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accessor_names_of_owned_fields_must_read_one_way() {
+        for (name, clear) in [
+            ("len", true),
+            ("settings", true),
+            ("r#type", true),
+            ("mutex", true),
+            ("field", true),
+            ("into", true),
+            ("set_len", false),
+            ("r#set_len", false),
+            ("len_mut", false),
+            ("fields", false),
+            ("into_init", false),
+        ] {
+            let mut diagnostics = Diagnostics::new();
+            let ident: syn::Ident = syn::parse_str(name).unwrap();
+            assert_eq!(
+                accessor_names_are_clear(&ident, &mut diagnostics),
+                clear,
+                "{name}"
+            );
+            let errors = diagnostics.into_compile_errors().to_string();
+            assert_eq!(errors.is_empty(), clear, "{name}: {errors}");
+        }
+    }
+}

@@ -134,3 +134,27 @@ pub(crate) fn self_type_name(ty: &Type) -> syn::Result<Ident> {
     }
     Ok(ident.clone())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_self_types_are_one_upper_camel_case_identifier() {
+        let named = |ty: Type| self_type_name(&ty).map(|ident| ident.to_string());
+        assert_eq!(named(syn::parse_quote!(Batch)).unwrap(), "Batch");
+        assert_eq!(named(syn::parse_quote!(Batch<T>)).unwrap(), "Batch");
+        assert_eq!(named(syn::parse_quote!(r#Req)).unwrap(), "r#Req");
+        for refused in [
+            syn::parse_quote!(other::Batch),
+            syn::parse_quote!(::Batch),
+            syn::parse_quote!(<T as Tr>::Batch),
+            syn::parse_quote!(Batch_Req),
+            syn::parse_quote!(batch),
+            syn::parse_quote!(&Batch),
+        ] {
+            let text = quote::ToTokens::to_token_stream(&refused).to_string();
+            assert!(named(refused).is_err(), "{text}");
+        }
+    }
+}
