@@ -112,30 +112,7 @@ impl VisitMut for DeeperPaths {
     }
 
     fn visit_use_tree_mut(&mut self, tree: &mut UseTree) {
-        if let UseTree::Path(use_path) = tree {
-            if use_path.ident == "super" && leading_use_supers(use_path) >= self.depth {
-                let span = use_path.ident.span();
-                let inner = std::mem::replace(
-                    &mut *use_path.tree,
-                    UseTree::Glob(syn::UseGlob {
-                        star_token: Default::default(),
-                    }),
-                );
-                *use_path.tree = UseTree::Path(syn::UsePath {
-                    ident: Ident::new("super", span),
-                    colon2_token: use_path.colon2_token,
-                    tree: Box::new(inner),
-                });
-                return;
-            }
-            if use_path.ident == "self" && self.depth == 0 {
-                use_path.ident = Ident::new("super", use_path.ident.span());
-                return;
-            }
-            // Otherwise visit the rest of the tree: a `super` there (`self::super::x`) is
-            // deepened where its `super`s reach out.
-        }
-        visit_mut::visit_use_tree_mut(self, tree);
+        self.deepen_use_tree(tree, 0);
     }
 
     fn visit_macro_mut(&mut self, mac: &mut syn::Macro) {
@@ -144,17 +121,45 @@ impl VisitMut for DeeperPaths {
     }
 }
 
-/// The `super`s a use path starts with: 2 for `use super::super::x`.
-fn leading_use_supers(use_path: &syn::UsePath) -> usize {
-    let mut count = 1;
-    let mut tree = &*use_path.tree;
-    while let UseTree::Path(inner) = tree
-        && inner.ident == "super"
-    {
-        count += 1;
-        tree = &inner.tree;
+impl DeeperPaths {
+    /// Deepens a use tree that `supers` leading `super`s precede (1 for `super::x` in
+    /// `use super::{super::x}`): the `super` at which the path leaves the modules declared
+    /// around it (the first one, outside them) gains another; `self::` becomes `super::` outside
+    /// them.
+    fn deepen_use_tree(&mut self, tree: &mut UseTree, supers: usize) {
+        match tree {
+            UseTree::Path(use_path) if use_path.ident == "super" && supers + 1 >= self.depth => {
+                let inner = std::mem::replace(
+                    &mut *use_path.tree,
+                    UseTree::Glob(syn::UseGlob {
+                        star_token: Default::default(),
+                    }),
+                );
+                *use_path.tree = UseTree::Path(syn::UsePath {
+                    ident: Ident::new("super", use_path.ident.span()),
+                    colon2_token: use_path.colon2_token,
+                    tree: Box::new(inner),
+                });
+            }
+            UseTree::Path(use_path) if use_path.ident == "super" => {
+                self.deepen_use_tree(&mut use_path.tree, supers + 1);
+            }
+            UseTree::Path(use_path) if use_path.ident == "self" => {
+                if self.depth == 0 {
+                    use_path.ident = Ident::new("super", use_path.ident.span());
+                } else {
+                    self.deepen_use_tree(&mut use_path.tree, supers);
+                }
+            }
+            UseTree::Group(group) => {
+                for item in &mut group.items {
+                    self.deepen_use_tree(item, supers);
+                }
+            }
+            // Past a name, no `super` can follow.
+            _ => {}
+        }
     }
-    count
 }
 
 /// Token-level form of [`DeeperPaths`] for macro arguments, which are not parsed: a path
@@ -257,6 +262,7 @@ mod tests {
     #[test]
     fn a_sealed_tree_rewrites_relative_paths_and_use_trees() {
         let mut file: File = parse_quote! {
+            use {super::x, self::y};
             use super::a::b;
             use self::c;
             use std::cell::Cell;
@@ -266,7 +272,7 @@ mod tests {
         DeeperPaths::default().visit_file_mut(&mut file);
         assert_eq!(
             text(&file),
-            "usesuper::super::a::b;usesuper::c;usestd::cell::Cell;\
+            "use{super::super::x,super::y};usesuper::super::a::b;usesuper::c;usestd::cell::Cell;\
              fnf()->super::D{super::super::g();::std::mem::drop(1);h()}\
              fnl(&self)->usize{self.len()}"
         );
@@ -330,7 +336,12 @@ mod tests {
                     pub(in self::super) fn two() { self::super::x(); }
                     use self::super::b;
                     fn m() { check!(self::super::y(), self::z()); }
-                    mod inner { use self::super::c; fn n() { self::super::w(); } }
+                    mod inner {
+                        use self::super::c;
+                        use super::{super::d, e};
+                        use self::super::{self as up, super::super::f};
+                        fn n() { self::super::w(); }
+                    }
                 }
             }
         };
@@ -342,7 +353,8 @@ mod tests {
              modhelpers{pub(inself::super::super)fntwo(){self::super::super::x();}\
              useself::super::super::b;\
              fnm(){check!(self::super::super::y(),self::z());}\
-             modinner{useself::super::c;fnn(){self::super::w();}}}}"
+             modinner{useself::super::c;usesuper::{super::super::d,e};\
+             useself::super::{selfasup,super::super::super::f};fnn(){self::super::w();}}}}"
         );
     }
 }

@@ -22,8 +22,10 @@ mod app {
             }
 
             mod inner {
+                use super::{super::base as outer_base};
+
                 pub(super) fn one() -> usize {
-                    super::super::base()
+                    super::super::base() + outer_base() - 1
                 }
             }
 
