@@ -21,6 +21,24 @@ pub enum Holder {
     Request(u64),
 }
 
+/// Which part of a request's protected prefix differs from the path its lock holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefixPart {
+    /// The request's token.
+    Token,
+    /// The request's slot: in its row, or among the matched slots it has yet to write there.
+    Slot,
+}
+
+impl std::fmt::Display for PrefixPart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PrefixPart::Token => "token",
+            PrefixPart::Slot => "slot",
+        })
+    }
+}
+
 /// A broken invariant: a bug in kvown, a misuse of its internals, or (the leaks
 /// [`Violation::UnclaimedRow`] and [`Violation::LockCount`]) a request dropped while it held KV
 /// or a prefix lock, or left out of the requests passed to the check;
@@ -199,6 +217,21 @@ pub enum Violation {
         /// The slot there.
         slot: KvSlot,
     },
+    /// A request's protected prefix is not the prefix its lock keeps cached: at `position`
+    /// its token or its slot differs from the prefix cache's path, so it would attend to the
+    /// KV of another prefix.
+    #[error(
+        "request {rid}: the {part} at position {position} of its protected prefix differs from \
+         the prefix cache's path it locks (it would read another prefix's KV)"
+    )]
+    PrefixMismatch {
+        /// The request.
+        rid: u64,
+        /// The first position that differs.
+        position: usize,
+        /// What differs there (the token where both do).
+        part: PrefixPart,
+    },
     /// The accounting identity failed.
     #[error(
         "accounting: {free} free + {cached} cached + {request_owned} request-owned + \
@@ -334,6 +367,7 @@ impl<A: AsPageAllocator> KvCache<A> {
             }
             let Some(row) = kv.req_pool_idx() else {
                 protected_is_locked(req)?;
+                self.prefix_matches_lock(req, &req.prefix_indices)?;
                 continue;
             };
             holding += 1;
@@ -385,6 +419,7 @@ impl<A: AsPageAllocator> KvCache<A> {
                     });
                 }
             }
+            self.prefix_matches_lock(req, &slots[..protected])?;
             request_owned += ceil_align(allocated, page_size) - protected;
         }
         Ok(Census {
@@ -395,6 +430,24 @@ impl<A: AsPageAllocator> KvCache<A> {
             cached,
             request_owned,
         })
+    }
+}
+
+impl<A> KvCache<A> {
+    /// The tokens and `slots` of `req`'s protected prefix are those of the path its lock
+    /// holds. A lock on a node no longer live is left to the lock check.
+    fn prefix_matches_lock(&self, req: &Req, slots: &[KvSlot]) -> Result<(), Violation> {
+        let Some(tree) = self.tree.radix() else {
+            return Ok(());
+        };
+        match tree.path_difference(req.last_node(), req.fill_ids(), slots) {
+            Ok(Some((position, part))) => Err(Violation::PrefixMismatch {
+                rid: req.rid(),
+                position,
+                part,
+            }),
+            Ok(None) | Err(_) => Ok(()),
+        }
     }
 }
 
@@ -505,5 +558,98 @@ impl PageHolders {
                 second: holder,
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PrefixPart, Violation};
+    use crate::alloc::PagedAllocator;
+    use crate::batch::{ScheduleBatch, alloc_for_extend, prepare_for_extend, release_kv_cache};
+    use crate::cache::{KvCache, TreeCache};
+    use crate::radix::RadixCache;
+    use crate::request::Req;
+    use crate::slots::ReqToTokenPool;
+    use crate::tree_cache::init_next_round_input;
+
+    type Cache = KvCache<PagedAllocator>;
+
+    /// 16 pages of 4 slots and a radix cache holding two paths of two pages, tokens `0..8` and
+    /// `20..28`.
+    fn cache_with_two_paths() -> Cache {
+        let allocator = PagedAllocator::new(64, 4, false).unwrap();
+        let rows = ReqToTokenPool::new(4, 32).unwrap();
+        let tree = TreeCache::Radix(RadixCache::new(4));
+        let mut cache = KvCache::new(allocator, rows, tree).unwrap();
+        for (rid, first) in [(1, 0), (2, 20)] {
+            let mut req = admitted(&mut cache, rid, (first..first + 9).collect());
+            release_kv_cache(&mut req, &mut cache, true).unwrap();
+        }
+        cache
+    }
+
+    /// A request for `prompt` after its prefix match: a lock on the cached prefix, no row.
+    fn matched(cache: &mut Cache, rid: u64, prompt: Vec<u32>) -> Req {
+        let mut req = Req::new(rid, prompt);
+        init_next_round_input(&mut req, cache, usize::MAX).unwrap();
+        req
+    }
+
+    /// A request for `prompt`, matched and extended.
+    fn admitted(cache: &mut Cache, rid: u64, prompt: Vec<u32>) -> Req {
+        let batch = prepare_for_extend(ScheduleBatch::new(vec![matched(cache, rid, prompt)]));
+        let batch = alloc_for_extend(batch, cache).map_err(|f| f.error).unwrap();
+        batch.into_reqs().pop().unwrap()
+    }
+
+    fn mismatch(rid: u64, position: usize, part: PrefixPart) -> Result<(), Violation> {
+        Err(Violation::PrefixMismatch {
+            rid,
+            position,
+            part,
+        })
+    }
+
+    #[test]
+    fn a_row_whose_prefix_names_other_cached_slots_is_a_slot_mismatch() {
+        let mut cache = cache_with_two_paths();
+        let req = admitted(&mut cache, 3, (0..8).chain([100, 101]).collect());
+        assert_eq!(req.kv().cache_protected_len(), 8);
+        assert_eq!(cache.check([&req]), Ok(()));
+        // The prefix's two pages swapped: both still the tree's, in the wrong order.
+        let row = req.kv().req_pool_idx().unwrap();
+        cache.req_to_token.row_mut(row).unwrap()[..8].rotate_left(4);
+        assert_eq!(cache.check([&req]), mismatch(3, 0, PrefixPart::Slot));
+    }
+
+    #[test]
+    fn a_lock_on_another_prompts_path_is_a_token_mismatch() {
+        let mut cache = cache_with_two_paths();
+        let mut req = admitted(&mut cache, 3, (0..8).chain([100]).collect());
+        // The lock, the protected length and the row's prefix all moved to the path of
+        // `20..28`, consistently, but the request's tokens are `0..8`.
+        let tree = cache.tree.radix_mut().unwrap();
+        let other = tree.match_prefix(&(20..28).collect::<Vec<_>>());
+        tree.move_lock(req.last_node.node, other.node).unwrap();
+        req.last_node = other;
+        let row = req.kv().req_pool_idx().unwrap();
+        let prefix = &mut cache.req_to_token.row_mut(row).unwrap()[..8];
+        cache
+            .tree
+            .radix()
+            .unwrap()
+            .path_slots_into(other, 0, prefix)
+            .unwrap();
+        assert_eq!(cache.check([&req]), mismatch(3, 0, PrefixPart::Token));
+    }
+
+    #[test]
+    fn matched_slots_that_differ_from_the_path_are_a_slot_mismatch() {
+        let mut cache = cache_with_two_paths();
+        let mut req = matched(&mut cache, 4, (20..28).chain([5]).collect());
+        assert_eq!(req.prefix_indices.len(), 8);
+        assert_eq!(cache.check([&req]), Ok(()));
+        req.prefix_indices.swap(4, 5);
+        assert_eq!(cache.check([&req]), mismatch(4, 4, PrefixPart::Slot));
     }
 }

@@ -3,7 +3,9 @@
 use std::collections::HashSet;
 
 use super::node::{NOT_EVICTABLE, NodeId};
-use super::{RadixCache, RadixError};
+use super::{RadixCache, RadixError, TreePos};
+use crate::alloc::KvSlot;
+use crate::check::PrefixPart;
 
 /// Returns an [`RadixError::Inconsistent`] at `node` unless `expected == found`.
 fn expect_eq(
@@ -141,6 +143,57 @@ impl RadixCache {
         expect_eq(root, "evictable tokens", evictable, self.evictable_size)?;
         expect_eq(root, "protected tokens", protected, self.protected_size)?;
         expect_eq(root, "total tokens", evictable + protected, self.total_size)
+    }
+}
+
+impl RadixCache {
+    /// The first position of the path `[0, at.len)` at which `tokens` or `slots` differ from
+    /// the tree's (the token where both do; a side that ends early differs where it ends), or
+    /// `None` when both agree with it. Fails when `at` is not a live position.
+    ///
+    /// Cost: O(at.len + nodes on the path); for the cache-level checker.
+    pub(crate) fn path_difference(
+        &self,
+        at: TreePos,
+        tokens: &[u32],
+        slots: &[KvSlot],
+    ) -> Result<Option<(usize, PrefixPart)>, RadixError> {
+        let page_size = self.page_size;
+        // The path's nodes with the part of each key on it, root side first.
+        let mut path = Vec::new();
+        let (mut node, mut end) = (self.node_at(at)?, at.len);
+        while end > 0 {
+            let entry = &self.arena[node];
+            path.push((node, entry.start(), end));
+            end = entry.start();
+            node = entry.parent;
+        }
+        for &(node, start, end) in path.iter().rev() {
+            let entry = &self.arena[node];
+            for page in 0..(end - start) / page_size {
+                let first_slot = entry.page_id(page, page_size) as usize * page_size;
+                let tree_tokens = entry.page_tokens(page, page_size);
+                let first = start + page * page_size;
+                let range = first..first + page_size;
+                let slots_agree = slots.get(range.clone()).is_some_and(|slots| {
+                    (slots.iter().map(|&slot| slot as usize)).eq(first_slot..first_slot + page_size)
+                });
+                if slots_agree && tokens.get(range) == Some(tree_tokens) {
+                    continue;
+                }
+                // Rarely: find the first position that differs.
+                for (offset, &token) in tree_tokens.iter().enumerate() {
+                    let position = first + offset;
+                    if tokens.get(position) != Some(&token) {
+                        return Ok(Some((position, PrefixPart::Token)));
+                    }
+                    if slots.get(position).map(|&slot| slot as usize) != Some(first_slot + offset) {
+                        return Ok(Some((position, PrefixPart::Slot)));
+                    }
+                }
+            }
+        }
+        Ok(None)
     }
 }
 
