@@ -574,18 +574,22 @@ mod tests {
 
     type Cache = KvCache<PagedAllocator>;
 
-    /// 16 pages of 4 slots and a radix cache holding two paths of two pages, tokens `0..8` and
-    /// `20..28`.
-    fn cache_with_two_paths() -> Cache {
+    /// 16 pages of 4 slots and a radix cache holding the first two pages of each of `prompts`.
+    fn cache_with_paths(prompts: [[u32; 8]; 2]) -> Cache {
         let allocator = PagedAllocator::new(64, 4, false).unwrap();
         let rows = ReqToTokenPool::new(4, 32).unwrap();
         let tree = TreeCache::Radix(RadixCache::new(4));
         let mut cache = KvCache::new(allocator, rows, tree).unwrap();
-        for (rid, first) in [(1, 0), (2, 20)] {
-            let mut req = admitted(&mut cache, rid, (first..first + 9).collect());
+        for (rid, prompt) in (1..).zip(prompts) {
+            let mut req = admitted(&mut cache, rid, prompt.into_iter().chain([99]).collect());
             release_kv_cache(&mut req, &mut cache, true).unwrap();
         }
         cache
+    }
+
+    /// Two paths with nothing in common: tokens `0..8` and `20..28`.
+    fn cache_with_two_paths() -> Cache {
+        cache_with_paths([[0, 1, 2, 3, 4, 5, 6, 7], [20, 21, 22, 23, 24, 25, 26, 27]])
     }
 
     /// A request for `prompt` after its prefix match: a lock on the cached prefix, no row.
@@ -624,12 +628,13 @@ mod tests {
 
     #[test]
     fn a_lock_on_another_prompts_path_is_a_token_mismatch() {
-        let mut cache = cache_with_two_paths();
+        // Two paths that share their first page and part of the second.
+        let mut cache = cache_with_paths([[0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2, 3, 4, 5, 9, 9]]);
         let mut req = admitted(&mut cache, 3, (0..8).chain([100]).collect());
-        // The lock, the protected length and the row's prefix all moved to the path of
-        // `20..28`, consistently, but the request's tokens are `0..8`.
+        // The lock, the protected length and the row's prefix all moved to the other path,
+        // consistently, but the request's tokens are `0..8`: they part at position 6.
         let tree = cache.tree.radix_mut().unwrap();
-        let other = tree.match_prefix(&(20..28).collect::<Vec<_>>());
+        let other = tree.match_prefix(&[0, 1, 2, 3, 4, 5, 9, 9]);
         tree.move_lock(req.last_node.node, other.node).unwrap();
         req.last_node = other;
         let row = req.kv().req_pool_idx().unwrap();
@@ -640,7 +645,10 @@ mod tests {
             .unwrap()
             .path_slots_into(other, 0, prefix)
             .unwrap();
-        assert_eq!(cache.check([&req]), mismatch(3, 0, PrefixPart::Token));
+        let violation = cache.check([&req]);
+        assert_eq!(violation, mismatch(3, 6, PrefixPart::Token));
+        let message = violation.unwrap_err().to_string();
+        assert!(message.contains("the token at position 6"), "{message}");
     }
 
     #[test]
@@ -649,7 +657,10 @@ mod tests {
         let mut req = matched(&mut cache, 4, (20..28).chain([5]).collect());
         assert_eq!(req.prefix_indices.len(), 8);
         assert_eq!(cache.check([&req]), Ok(()));
-        req.prefix_indices.swap(4, 5);
-        assert_eq!(cache.check([&req]), mismatch(4, 4, PrefixPart::Slot));
+        req.prefix_indices.swap(5, 6);
+        let violation = cache.check([&req]);
+        assert_eq!(violation, mismatch(4, 5, PrefixPart::Slot));
+        let message = violation.unwrap_err().to_string();
+        assert!(message.contains("the slot at position 5"), "{message}");
     }
 }

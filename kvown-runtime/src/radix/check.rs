@@ -172,17 +172,8 @@ impl RadixCache {
             let entry = &self.arena[node];
             for page in 0..(end - start) / page_size {
                 let first_slot = entry.page_id(page, page_size) as usize * page_size;
-                let tree_tokens = entry.page_tokens(page, page_size);
                 let first = start + page * page_size;
-                let range = first..first + page_size;
-                let slots_agree = slots.get(range.clone()).is_some_and(|slots| {
-                    (slots.iter().map(|&slot| slot as usize)).eq(first_slot..first_slot + page_size)
-                });
-                if slots_agree && tokens.get(range) == Some(tree_tokens) {
-                    continue;
-                }
-                // Rarely: find the first position that differs.
-                for (offset, &token) in tree_tokens.iter().enumerate() {
+                for (offset, &token) in entry.page_tokens(page, page_size).iter().enumerate() {
                     let position = first + offset;
                     if tokens.get(position) != Some(&token) {
                         return Ok(Some((position, PrefixPart::Token)));
