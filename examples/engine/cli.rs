@@ -119,6 +119,9 @@ const MIN_ARRIVAL_RATE: f64 = 1e-4;
 /// (`--requests 1000000 --arrival-rate 0.0001`) would need hours and hundreds of gigabytes.
 const MAX_ARRIVAL_STEPS: f64 = 1e7;
 
+/// The most `--requests`: the workload is drawn up front, every prompt in memory.
+const MAX_REQUESTS: usize = 10_000_000;
+
 impl Args {
     /// Rejects flag combinations the engine cannot run.
     pub fn validate(&self) -> Result<(), String> {
@@ -130,6 +133,9 @@ impl Args {
             return Err(format!(
                 "--arrival-rate must be at least {MIN_ARRIVAL_RATE} requests per step"
             ));
+        }
+        if self.requests > MAX_REQUESTS {
+            return Err(format!("--requests must be at most {MAX_REQUESTS}"));
         }
         if self.requests as f64 / self.arrival_rate > MAX_ARRIVAL_STEPS {
             return Err(format!(
@@ -192,6 +198,15 @@ mod tests {
                 &["--requests", "0"][..],
                 "--requests, --max-running and --chunk-size",
             ),
+            (
+                &[
+                    "--requests",
+                    "18446744073709551615",
+                    "--arrival-rate",
+                    "1e30",
+                ],
+                "--requests must be at most",
+            ),
             (&["--arrival-rate", "0"], "--arrival-rate must be at least"),
             (
                 &["--arrival-rate", "1e-20"],
@@ -202,7 +217,7 @@ mod tests {
                 "--requests / --arrival-rate",
             ),
             (
-                &["--requests", "1000000000", "--arrival-rate", "0.0001"],
+                &["--requests", "1001", "--arrival-rate", "0.0001"],
                 "--requests / --arrival-rate",
             ),
             (&["--accept-rate", "1.5"], "--accept-rate must be in [0, 1]"),
