@@ -239,6 +239,8 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     /// Runs the engine on the CPU with `flags` after the defaults, plotting to a temporary file
@@ -253,6 +255,57 @@ mod tests {
         )
         .expect("flags that parse");
         run(&args).expect("the engine runs")
+    }
+
+    proptest! {
+        // 48 cases (quick in a debug `cargo test`), or `PROPTEST_CASES` for a soak run.
+        #![proptest_config(match std::env::var_os("PROPTEST_CASES") {
+            Some(_) => ProptestConfig::default(),
+            None => ProptestConfig::with_cases(48),
+        })]
+
+        /// Small random workloads in pools that every request fits alone, tight or with a few
+        /// pages to spare, with and without speculation, prefix sharing and chunked prefill:
+        /// every request finishes, with the checker passing on every step.
+        #[test]
+        fn every_request_that_fits_the_pool_alone_finishes(
+            page in prop::sample::select(vec![1usize, 2, 3, 4, 16]),
+            (prompt_min, prompt_max) in (1usize..40, 0usize..40).prop_map(|(a, b)| (a, a + b)),
+            (output_min, output_max) in (1usize..40, 0usize..40).prop_map(|(a, b)| (a, a + b)),
+            spec_tokens in prop::option::of(1usize..4),
+            spare_pages in 0usize..3,
+            max_running in 1usize..6,
+            chunk in 1usize..64,
+            requests in 2usize..20,
+            shared in prop::sample::select(vec!["0", "0.5", "1"]),
+            seed in 0u64..1000,
+        ) {
+            // The most positions a request ever holds (prompts never pass --prompt-len's max):
+            // all but its last output's, or with speculation a reservation on top of all but
+            // the last two.
+            let computed = prompt_max + output_max - 1;
+            let held =
+                spec_tokens.map_or(computed, |tokens| computed.max(computed - 1 + 2 * tokens));
+            let pool = (held.div_ceil(page) + spare_pages) * page;
+            let (prompt, output) = (
+                format!("{prompt_min}..{prompt_max}"),
+                format!("{output_min}..{output_max}"),
+            );
+            let numbers = [pool, page, max_running, chunk, requests].map(|n| n.to_string());
+            let seed = seed.to_string();
+            let mut flags = vec![
+                "--check", "--prompt-len", &prompt, "--output-len", &output,
+                "--pool-tokens", &numbers[0], "--page-size", &numbers[1],
+                "--max-running", &numbers[2], "--chunk-size", &numbers[3],
+                "--requests", &numbers[4], "--shared-prefix-fraction", shared, "--seed", &seed,
+            ];
+            let spec = spec_tokens.map(|tokens| tokens.to_string());
+            if let Some(tokens) = &spec {
+                flags.extend(["--spec", "--spec-tokens", tokens]);
+            }
+            let summary = run_with("fits-alone", &flags);
+            prop_assert_eq!((summary.finished, summary.aborted), (requests as u64, 0));
+        }
     }
 
     #[test]
