@@ -19,10 +19,11 @@ const MAX_POINTS: usize = 4096;
 /// The points `(step, pages)` of `values` (one per step, from step 1), thinned to at most
 /// [`MAX_POINTS`].
 fn thinned(values: &[usize]) -> Vec<(u64, usize)> {
-    let bucket = values.len().div_ceil(MAX_POINTS / 2).max(1);
     if values.len() <= MAX_POINTS {
         return (1..).zip(values.iter().copied()).collect();
     }
+    // Up to two points per bucket.
+    let bucket = values.len().div_ceil(MAX_POINTS / 2);
     let mut points = Vec::with_capacity(MAX_POINTS);
     for (index, chunk) in values.chunks(bucket).enumerate() {
         let first = index * bucket;
