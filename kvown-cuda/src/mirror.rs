@@ -156,7 +156,9 @@ impl<R: ReuseOrder> DeviceAllocOps for CudaPagedAllocator<R> {
 /// driver error): the host cannot take the operation back and the device copy would be stale
 /// for good, so kernels must not read it. A batch whose rows do not fit the device table (a
 /// caller bug: the batch flow's rows come from the table checked at construction) panics before
-/// either side changes.
+/// either side changes, and so does a rowless extend or decode whose positions the device's
+/// `u32` positions cannot hold (an extend's `seq_len` rounded up to a page, a decode's
+/// `seq_len`, past `u32::MAX`).
 #[derive(Debug)]
 pub struct MirroredAllocator<D: DeviceAllocOps> {
     host: PageAllocator<D::Order>,
@@ -339,6 +341,18 @@ impl<D: DeviceAllocOps> MirroredAllocator<D> {
         }
     }
 
+    /// The device takes a decode's position (`seq_len`) as a `u32`: a shape past that (possible
+    /// only without a row to bound it) is a caller bug that panics here, before the host is
+    /// asked.
+    fn check_decode_positions(reqs: &[DecodeShape]) {
+        if let Some(shape) = reqs.iter().find(|shape| shape.seq_len > u32::MAX as usize) {
+            panic!(
+                "a decode to position {} is past u32::MAX, the device's position range",
+                shape.seq_len
+            );
+        }
+    }
+
     /// Replays a batched extend the host has applied, for the rows in `self.rows`.
     fn replay_extend(&mut self, reqs: &[ExtendShape]) {
         let out = replayed("alloc_extend", self.device.alloc_extend(reqs, &self.rows));
@@ -466,6 +480,7 @@ impl<D: DeviceAllocOps> KvAllocator for MirroredAllocator<D> {
         reqs: &[DecodeShape],
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
+        Self::check_decode_positions(reqs);
         self.host.alloc_decode(reqs, out)?;
         self.set_no_rows(reqs.len());
         self.replay_decode(reqs);

@@ -769,6 +769,39 @@ fn a_rowless_extend_past_the_devices_position_range_panics_before_anything_chang
     assert_eq!(mirror.device().available_size(), 56);
 }
 
+/// A rowless decode's position is a `u32` on the device too: a decode to position `u32::MAX`
+/// or past it, which the host accepts (it opens a page here), is refused before the host
+/// allocates (the device planner refused it after the host had taken the page, so the replay
+/// panicked with the two halves apart).
+#[test]
+fn a_rowless_decode_past_the_devices_position_range_panics_before_anything_changes() {
+    let table = ReqToTokenPool::new(2, 16).unwrap();
+    let Some(half) = OnHost.make::<Lifo>(64, 4, 3, 16) else {
+        return;
+    };
+    let host = PagedAllocator::new(64, 4, false).unwrap();
+    let mut mirror = MirroredAllocator::new(host, half, &table).unwrap();
+    let mut held = Vec::new();
+    mirror.alloc(8, &mut held).unwrap();
+    let before: Vec<PageId> = mirror.host().free_pages().collect();
+    // `seq_len - 1` stored tokens fill whole pages: the new token opens one.
+    let shape = DecodeShape {
+        seq_len: u32::MAX as usize + 2,
+        last_loc: held[3],
+    };
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        mirror.alloc_decode(&[shape], &mut Vec::new())
+    }));
+    let message = result.expect_err("the decode must be refused");
+    let message = message
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .unwrap_or_default();
+    assert!(!message.contains("device mirror lost"), "{message}");
+    assert_eq!(mirror.host().free_pages().collect::<Vec<_>>(), before);
+    assert_eq!(mirror.device().available_size(), 56);
+}
+
 /// `verify` reports the first slot where a device row and the host's differ.
 #[test]
 fn verify_reports_a_row_that_differs() {
