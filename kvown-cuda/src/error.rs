@@ -145,7 +145,8 @@ pub enum MirrorError {
     /// [`MirroredAllocator::verify`](crate::MirroredAllocator::verify): the device free list is
     /// not the host's (`None`: the list ended there).
     #[error(
-        "the device free list differs from the host's at position {position}: host page          {host:?}, device page {device:?}"
+        "the device free list differs from the host's at position {position}: host page \
+         {host:?}, device page {device:?}"
     )]
     FreeListDiverged {
         /// First position (from the head) where they differ.
@@ -158,7 +159,8 @@ pub enum MirrorError {
     /// [`MirroredAllocator::verify`](crate::MirroredAllocator::verify): a device
     /// request-to-token row is not the host's.
     #[error(
-        "device row {row} differs from the host's at position {position}: host slot {host},          device slot {device}"
+        "device row {row} differs from the host's at position {position}: host slot {host}, \
+         device slot {device}"
     )]
     RowDiverged {
         /// The row.
@@ -175,4 +177,49 @@ pub enum MirrorError {
 /// `value` as a kernel `u32` index, or [`CudaError::TooLarge`].
 pub(crate) fn to_u32(what: &'static str, value: usize) -> Result<u32, CudaError> {
     u32::try_from(value).map_err(|_| CudaError::TooLarge { what, value })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Messages read as one sentence: no runs of spaces left by a string continued onto the
+    /// next line without a `\`.
+    #[test]
+    fn messages_have_no_runs_of_spaces() {
+        let errors = [
+            MirrorError::FreeListDiverged {
+                position: 2,
+                host: Some(3),
+                device: None,
+            },
+            MirrorError::RowDiverged {
+                row: 1,
+                position: 4,
+                host: 17,
+                device: 18,
+            },
+            MirrorError::NeedSort,
+            MirrorError::HostInUse {
+                free_pages: 1,
+                num_pages: 2,
+                in_free_group: false,
+            },
+        ];
+        for error in errors {
+            let message = error.to_string();
+            assert!(!message.contains("  "), "{message:?}");
+        }
+        let message = MirrorError::FreeListDiverged {
+            position: 2,
+            host: Some(3),
+            device: None,
+        }
+        .to_string();
+        assert_eq!(
+            message,
+            "the device free list differs from the host's at position 2: host page Some(3), \
+             device page None"
+        );
+    }
 }
