@@ -18,7 +18,8 @@ pub const ROW_BLOCK_MAX: u32 = 256;
 pub struct RowShape {
     /// Index into [`WORD_BYTES`] of the kernel variant (`_w{WORD_BYTES[word]}`).
     pub word: usize,
-    /// Words per row: the kernels' `row_words` argument.
+    /// Words per row: the kernels' `row_words` argument (saturated at `u32::MAX`; rows past
+    /// `u32::MAX - ROW_BLOCK_MAX` words are refused by [`KvPlanner::plan_rows`]).
     pub row_words: u32,
     /// Bytes per row.
     pub row_bytes: usize,
@@ -63,7 +64,8 @@ pub enum PageCopy {
 
 /// The shape and dtype of a device KV pool, and the launches each [`kvown_runtime::kv::KvPool`]
 /// call makes. Every `plan_*` changes nothing and returns `Err` exactly where the host pool does
-/// (plus a grid-size limit), `Ok(None)` when there is nothing to launch.
+/// (plus the kernels' grid-size and row-length limits), `Ok(None)` when there is nothing to
+/// launch.
 #[derive(Debug, Clone, Copy)]
 pub struct KvPlanner {
     layout: KvLayout,
@@ -95,7 +97,7 @@ impl KvPlanner {
             .expect("rows are a whole number of 2-byte elements");
         RowShape {
             word,
-            row_words: (row_bytes / WORD_BYTES[word]) as u32,
+            row_words: u32::try_from(row_bytes / WORD_BYTES[word]).unwrap_or(u32::MAX),
             row_bytes,
         }
     }
@@ -111,6 +113,22 @@ impl KvPlanner {
                 )
                 .into(),
             ));
+        }
+        // Threads stride over a row's words by up to ROW_BLOCK_MAX in u32: the last step must
+        // not wrap.
+        for tensor in [KvTensor::K, KvTensor::V] {
+            let shape = self.shape(tensor);
+            let words = shape.row_bytes / WORD_BYTES[shape.word];
+            if words > (u32::MAX - ROW_BLOCK_MAX) as usize {
+                return Err(KvPoolError::Backend(
+                    format!(
+                        "{tensor:?} rows of {words} words of {} bytes exceed the kernels' \
+                         32-bit word index",
+                        WORD_BYTES[shape.word]
+                    )
+                    .into(),
+                ));
+            }
         }
         if rows == 0 {
             return Ok(None);
@@ -219,5 +237,31 @@ mod tests {
             matches!(error, KvPoolError::Backend(_)) && error.to_string().contains("2147483648"),
             "{error}"
         );
+    }
+
+    /// A row too long for the kernels' `u32` word index is a typed error, not a launch with
+    /// its word count cut to 32 bits (here to 0 words: a store that wrote nothing). The layout
+    /// is valid: its two rows of 2^35 f32 elements fit the address space.
+    #[test]
+    fn rows_past_the_kernels_word_range_are_refused() {
+        let layout = KvLayout::new(1, 1 << 35, 1, 1, 1).unwrap();
+        let planner = KvPlanner::new(layout, KvDtype::F32);
+        let error = planner.plan_rows(1).unwrap_err();
+        assert!(
+            matches!(error, KvPoolError::Backend(_)) && error.to_string().contains("words"),
+            "{error}"
+        );
+        let error = planner.plan_load(0, &[1]).unwrap_err();
+        assert!(matches!(error, KvPoolError::Backend(_)), "{error}");
+        // The longest row a kernel thread can stride over without wrapping its index.
+        let words = (u32::MAX - ROW_BLOCK_MAX) as usize;
+        let fits = KvLayout::new(1, words, 8, 1, 1).unwrap();
+        let [k, _] = KvPlanner::new(fits, KvDtype::F16)
+            .plan_rows(1)
+            .unwrap()
+            .expect("launches");
+        assert_eq!(k.shape.row_words as usize, words);
+        let over = KvLayout::new(1, words + 1, 8, 1, 1).unwrap();
+        assert!(KvPlanner::new(over, KvDtype::F16).plan_rows(1).is_err());
     }
 }
