@@ -29,7 +29,7 @@ use kvown_runtime::slots::{ReqRow, ReqToTokenPool};
 use crate::alloc::{CudaPagedAllocator, DeviceSlots};
 use crate::detect::CudaDevice;
 use crate::error::{CudaError, MirrorError};
-use crate::plan::NO_ROW;
+use crate::plan::{NO_ROW, extend_fits_u32};
 
 /// The device half of a [`MirroredAllocator`]: a paged allocator whose free list and
 /// request-to-token table live where kernels read them, driven with operations the host
@@ -325,19 +325,13 @@ impl<D: DeviceAllocOps> MirroredAllocator<D> {
         self.rows.resize(count, NO_ROW);
     }
 
-    /// The device computes an extend's positions, rounded up to a page, in `u32`: a shape past
-    /// that (possible only without a row to bound it) is a caller bug that panics here, before
-    /// the host is asked.
+    /// The device computes an extend's positions, rounded up to a page, its new slots and the
+    /// batch's `out_cache_loc` in `u32`: a batch past that (possible only without a row to bound
+    /// it, or with nearly 2^32 slots) is a caller bug that panics here, before the host is
+    /// asked.
     fn check_extend_positions(&self, reqs: &[ExtendShape]) {
-        let page_size = self.host.page_size();
-        if let Some(shape) = reqs
-            .iter()
-            .find(|shape| shape.seq_len.saturating_add(page_size - 1) > u32::MAX as usize)
-        {
-            panic!(
-                "an extend to position {} rounds up past u32::MAX, the device's position range",
-                shape.seq_len
-            );
+        if let Err(error) = extend_fits_u32(self.host.page_size(), reqs) {
+            panic!("an extend the device cannot compute in u32: {error}");
         }
     }
 

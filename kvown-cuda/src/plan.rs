@@ -169,11 +169,7 @@ impl<R: ReuseOrder> AllocPlanner<R> {
                 }
             };
             self.check_request_row(request, row, seq_len)?;
-            // The kernel rounds positions up to a page in u32 arithmetic.
-            to_u32(
-                "seq_len + page_size - 1",
-                seq_len.saturating_add(page_size - 1),
-            )?;
+            request_fits_u32(page_size, shape)?;
             let new_pages = seq_len.div_ceil(page_size) - prefix_len.div_ceil(page_size);
             params.extend([
                 to_u32("prefix_len", prefix_len)?,
@@ -186,6 +182,8 @@ impl<R: ReuseOrder> AllocPlanner<R> {
             out_start += seq_len - prefix_len;
             page_start += new_pages;
         }
+        // The kernel indexes out_cache_loc in u32.
+        to_u32("out_len", out_start)?;
         self.plan(
             params,
             reqs.len(),
@@ -395,6 +393,35 @@ impl<R: ReuseOrder> AllocPlanner<R> {
     }
 }
 
+/// Checks that an extend batch fits the `u32` arithmetic of `alloc_extend`: each request's
+/// positions rounded up to a page, its threads' strided index over its new positions, and the
+/// batch's `out_cache_loc` index. The shapes alone decide it (an invalid shape passes here and
+/// is refused by its own check).
+pub(crate) fn extend_fits_u32(page_size: usize, reqs: &[ExtendShape]) -> Result<(), CudaError> {
+    let mut out_len = 0usize;
+    for shape in reqs {
+        request_fits_u32(page_size, shape)?;
+        out_len = out_len.saturating_add(shape.seq_len.saturating_sub(shape.prefix_len));
+    }
+    to_u32("out_len", out_len).map(drop)
+}
+
+/// One request of [`extend_fits_u32`].
+fn request_fits_u32(page_size: usize, shape: &ExtendShape) -> Result<(), CudaError> {
+    // The kernel rounds positions up to a page in u32 arithmetic.
+    to_u32(
+        "seq_len + page_size - 1",
+        shape.seq_len.saturating_add(page_size - 1),
+    )?;
+    // Each thread steps by the block over the new positions; its last step must not wrap.
+    let new_slots = shape.seq_len.saturating_sub(shape.prefix_len);
+    to_u32(
+        "seq_len - prefix_len + ALLOC_BLOCK - 1",
+        new_slots.saturating_add(ALLOC_BLOCK as usize - 1),
+    )
+    .map(drop)
+}
+
 fn check_row_count(requests: usize, rows: usize) -> Result<(), CudaError> {
     if requests == rows {
         Ok(())
@@ -526,15 +553,17 @@ mod tests {
         ));
         assert!(planner.plan_extend(&[fresh(33)], &[NO_ROW]).is_ok());
         // Without a row, only the u32 positions of the kernel bound an extend: rounded up to a
-        // page, its end must fit.
+        // page, its end must fit. (One new slot each, after a prefix ending in page 1.)
         let top = u32::MAX as usize - 3;
-        let at_top = planner.plan_extend(&[fresh(top)], &[NO_ROW]);
-        assert!(
-            !matches!(at_top, Err(CudaError::TooLarge { .. })),
-            "{at_top:?}"
-        );
+        let one_more = |seq_len: usize| ExtendShape {
+            prefix_len: seq_len - 1,
+            seq_len,
+            last_loc: Some(4 + ((seq_len - 2) % 4) as KvSlot),
+        };
+        let at_top = planner.plan_extend(&[one_more(top)], &[NO_ROW]);
+        assert!(at_top.is_ok(), "{at_top:?}");
         assert!(matches!(
-            planner.plan_extend(&[fresh(top + 1)], &[NO_ROW]),
+            planner.plan_extend(&[one_more(top + 1)], &[NO_ROW]),
             Err(CudaError::TooLarge {
                 what: "seq_len + page_size - 1",
                 ..
@@ -583,6 +612,55 @@ mod tests {
                 pages: 7,
                 free: 10,
                 num_pages: 16
+            })
+        ));
+    }
+
+    /// An extend batch whose `out_cache_loc` outgrows the kernel's `u32` index is refused: here
+    /// 65538 requests each finish their partial page of 65536 slots (no new pages), 2^32 + 65533
+    /// slots in all, and the last request's `out_start + k` wrapped onto request 0's slots.
+    #[test]
+    fn an_extend_batch_past_the_u32_out_cache_loc_is_too_large() {
+        let page_size = 1 << 16;
+        let planner = AllocPlanner::<Lifo>::new(65534 * page_size, page_size, 1, 1).unwrap();
+        let finish = ExtendShape {
+            prefix_len: 1,
+            seq_len: page_size,
+            last_loc: Some(page_size as KvSlot),
+        };
+        // 65537 requests fill out_cache_loc up to index u32::MAX - 1.
+        let fits = vec![finish; 65537];
+        let plan = planner.plan_extend(&fits, &vec![NO_ROW; fits.len()]);
+        assert_eq!(plan.unwrap().out_len, u32::MAX as usize);
+        let over = vec![finish; 65538];
+        assert!(matches!(
+            planner.plan_extend(&over, &vec![NO_ROW; over.len()]),
+            Err(CudaError::TooLarge {
+                what: "out_len",
+                ..
+            })
+        ));
+    }
+
+    /// An extend of nearly 2^32 new slots is refused: `alloc_extend`'s threads stride over the
+    /// new positions in `u32` steps of a block, and the last step wrapped back to the start, so
+    /// the kernel never finished.
+    #[test]
+    fn an_extend_whose_thread_stride_wraps_is_too_large() {
+        let size = u32::MAX as usize - 2;
+        let planner = AllocPlanner::<Lifo>::new(size, 1, 1, 1).unwrap();
+        let fresh = |seq_len| ExtendShape {
+            prefix_len: 0,
+            seq_len,
+            last_loc: None,
+        };
+        let top = (u32::MAX - ALLOC_BLOCK + 1) as usize;
+        assert!(planner.plan_extend(&[fresh(top)], &[NO_ROW]).is_ok());
+        assert!(matches!(
+            planner.plan_extend(&[fresh(top + 1)], &[NO_ROW]),
+            Err(CudaError::TooLarge {
+                what: "seq_len - prefix_len + ALLOC_BLOCK - 1",
+                ..
             })
         ));
     }
