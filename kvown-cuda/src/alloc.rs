@@ -216,13 +216,11 @@ impl<R: ReuseOrder> CudaPagedAllocator<R> {
     /// Writes `slots` to `req_to_token[row][start..start + slots.len()]` (the prefix part of
     /// sglang `write_cache_indices`, e.g. slots matched in the prefix cache).
     pub fn write_row(&mut self, row: u32, start: usize, slots: &[KvSlot]) -> Result<(), CudaError> {
-        let end = start + slots.len();
-        self.planner.check_row(0, row, end)?;
+        let range = self.planner.row_range(row, start, slots.len())?;
         if slots.is_empty() {
             return Ok(());
         }
-        let base = row as usize * self.planner.row_len();
-        let mut target = self.req_to_token.slice_mut(base + start..base + end);
+        let mut target = self.req_to_token.slice_mut(range);
         self.device.stream().memcpy_htod(slots, &mut target)?;
         Ok(())
     }
@@ -235,12 +233,11 @@ impl<R: ReuseOrder> CudaPagedAllocator<R> {
 
     /// Reads `req_to_token[row][..len]` back to the host (synchronises the stream).
     pub fn read_row(&self, row: u32, len: usize) -> Result<Vec<KvSlot>, CudaError> {
-        self.planner.check_row(0, row, len)?;
-        let base = row as usize * self.planner.row_len();
+        let range = self.planner.row_range(row, 0, len)?;
         Ok(self
             .device
             .stream()
-            .clone_dtoh(&self.req_to_token.slice(base..base + len))?)
+            .clone_dtoh(&self.req_to_token.slice(range))?)
     }
 
     /// The free list, head first, copied from the device (synchronises the stream).

@@ -5,6 +5,7 @@
 //! kernel sources compiled for the CPU.
 
 use std::marker::PhantomData;
+use std::ops::Range;
 
 use kvown_runtime::alloc::{AllocError, DecodeShape, ExtendShape, KvSlot, PageId, ReuseOrder};
 
@@ -362,6 +363,16 @@ impl<R: ReuseOrder> AllocPlanner<R> {
         Ok(())
     }
 
+    /// The table entries of positions `start..start + len` of `row`, as a range of the
+    /// row-major table, once `row` exists and the positions fit in it (an end past `usize` is
+    /// [`CudaError::RowOverflow`] with `end = usize::MAX`).
+    pub fn row_range(&self, row: u32, start: usize, len: usize) -> Result<Range<usize>, CudaError> {
+        let end = start.saturating_add(len);
+        self.check_row(0, row, end)?;
+        let base = row as usize * self.row_len;
+        Ok(base + start..base + end)
+    }
+
     /// [`AllocPlanner::check_row`] for a request's row, which may be [`NO_ROW`].
     fn check_request_row(&self, request: usize, row: u32, end: usize) -> Result<(), CudaError> {
         if row == NO_ROW {
@@ -660,6 +671,31 @@ mod tests {
             planner.plan_extend(&[fresh(top + 1)], &[NO_ROW]),
             Err(CudaError::TooLarge {
                 what: "seq_len - prefix_len + ALLOC_BLOCK - 1",
+                ..
+            })
+        ));
+    }
+
+    /// A row range is checked without overflow: a start near `usize::MAX` is a row overflow,
+    /// not a panic (debug) or a wrapped end that passes the check (release).
+    #[test]
+    fn row_ranges_past_usize_are_row_overflows() {
+        let planner = AllocPlanner::<Lifo>::new(64, 4, 3, 16).unwrap();
+        assert_eq!(planner.row_range(2, 4, 12).unwrap(), 36..48);
+        assert_eq!(planner.row_range(1, 16, 0).unwrap(), 32..32);
+        assert!(matches!(
+            planner.row_range(1, usize::MAX, 1),
+            Err(CudaError::RowOverflow {
+                end: usize::MAX,
+                row_len: 16,
+                ..
+            })
+        ));
+        assert!(matches!(
+            planner.row_range(3, 0, 1),
+            Err(CudaError::RowOutOfRange {
+                row: 3,
+                rows: 3,
                 ..
             })
         ));

@@ -150,11 +150,10 @@ impl<R: ReuseOrder> DeviceAllocOps for EmulatedAllocator<R> {
     }
 
     fn write_row(&mut self, row: u32, start: usize, slots: &[KvSlot]) -> Result<(), CudaError> {
-        self.planner.check_row(0, row, start + slots.len())?;
-        let base = row as usize * self.planner.row_len();
+        let range = self.planner.row_range(row, start, slots.len())?;
         self.process
             .get_mut()
-            .send_ok(&format!("write {} {}", base + start, buffer(slots)));
+            .send_ok(&format!("write {} {}", range.start, buffer(slots)));
         Ok(())
     }
 
@@ -165,9 +164,11 @@ impl<R: ReuseOrder> DeviceAllocOps for EmulatedAllocator<R> {
     }
 
     fn read_row(&self, row: u32, len: usize) -> Result<Vec<KvSlot>, CudaError> {
-        self.planner.check_row(0, row, len)?;
-        let base = row as usize * self.planner.row_len();
-        Ok(send_buffer(&self.process, &format!("read {base} {len}")))
+        let range = self.planner.row_range(row, 0, len)?;
+        Ok(send_buffer(
+            &self.process,
+            &format!("read {} {len}", range.start),
+        ))
     }
 
     /// The emulator's `out_cache_loc` is already on the host.

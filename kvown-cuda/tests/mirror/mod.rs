@@ -11,7 +11,7 @@
 //! last device `out_cache_loc` must equal the host's, and the invariant checker must pass; a
 //! refused allocation must leave the host and the whole device table exactly as they were.
 
-use kvown_cuda::{DeviceAllocOps, MirrorError, MirroredAllocator};
+use kvown_cuda::{CudaError, DeviceAllocOps, MirrorError, MirroredAllocator};
 use kvown_runtime::alloc::{
     DecodeShape, ExtendShape, KvAllocator, KvSlot, Lifo, PageAllocator, PageId, PagedAllocator,
     ReuseOrder, TokenAllocator,
@@ -800,6 +800,31 @@ fn a_rowless_decode_past_the_devices_position_range_panics_before_anything_chang
     assert!(!message.contains("device mirror lost"), "{message}");
     assert_eq!(mirror.host().free_pages().collect::<Vec<_>>(), before);
     assert_eq!(mirror.device().available_size(), 56);
+}
+
+/// A device row write or read past a row is refused with the row's bounds, also when its end
+/// is past `usize` (it overflowed: a panic in debug builds, a wrapped end that passed the
+/// check in release builds).
+#[test]
+fn device_row_ranges_past_usize_are_refused() {
+    let Some(mut half) = OnHost.make::<Lifo>(64, 4, 3, 16) else {
+        return;
+    };
+    for start in [17, usize::MAX] {
+        assert!(
+            matches!(
+                half.write_row(1, start, &[5]),
+                Err(CudaError::RowOverflow { row_len: 16, .. })
+            ),
+            "{start}"
+        );
+    }
+    assert!(matches!(
+        half.read_row(1, 17),
+        Err(CudaError::RowOverflow { row_len: 16, .. })
+    ));
+    half.write_row(2, 15, &[7]).unwrap();
+    assert_eq!(half.read_row(2, 16).unwrap()[15], 7);
 }
 
 /// `verify` reports the first slot where a device row and the host's differ.
