@@ -68,7 +68,8 @@ pub struct AllocPlanner<R: ReuseOrder> {
 
 impl<R: ReuseOrder> AllocPlanner<R> {
     /// A planner over `size / page_size` pages, all free in order `[1, 2, …]` (ring head 0), and
-    /// a table of `rows × row_len` slots.
+    /// a table of `rows × row_len` slots. `rows` and `row_len` must fit the kernels' `u32` indices
+    /// ([`CudaError::TooLarge`]).
     pub fn new(
         size: usize,
         page_size: usize,
@@ -91,8 +92,9 @@ impl<R: ReuseOrder> AllocPlanner<R> {
             }
             .into());
         }
-        // Row indices stay below NO_ROW.
+        // Row indices stay below NO_ROW; the kernels' row stride is a u32.
         to_u32("rows", rows)?;
+        to_u32("row_len", row_len)?;
         rows.checked_mul(row_len).ok_or(CudaError::TooLarge {
             what: "rows * row_len",
             value: usize::MAX,
@@ -699,5 +701,22 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// The kernels take the table's row length as a `u32` stride: a longer row is refused when
+    /// the planner is built, not by every allocation that launches (the device allocator was
+    /// built, then each launch failed with `TooLarge`, which a mirror's replay turns into a
+    /// panic after the host has allocated).
+    #[test]
+    fn a_row_past_the_kernels_u32_stride_is_too_large() {
+        let long = u32::MAX as usize + 1;
+        assert!(matches!(
+            AllocPlanner::<Lifo>::new(64, 4, 1, long),
+            Err(CudaError::TooLarge {
+                what: "row_len",
+                ..
+            })
+        ));
+        assert!(AllocPlanner::<Lifo>::new(64, 4, 1, long - 1).is_ok());
     }
 }
