@@ -39,7 +39,7 @@ extern "C" __global__ void alloc_extend(const u32* __restrict__ extend_params, u
     if (req >= num_reqs) {
         return;
     }
-    const u32* params = extend_params + 6u * req;
+    const u32* params = extend_params + (u64)6u * req;
     const u32 prefix_len = params[0];
     const u32 seq_len = params[1];
     const u32 last_loc = params[2];
@@ -80,7 +80,7 @@ extern "C" __global__ void alloc_decode(const u32* __restrict__ decode_params, u
     if (req >= num_reqs) {
         return;
     }
-    const u32* params = decode_params + 4u * req;
+    const u32* params = decode_params + (u64)4u * req;
     const u32 seq_len = params[0];
     const u32 last_loc = params[1];
     const u32 row = params[2];
