@@ -139,11 +139,14 @@ pub enum MirrorError {
         device_row_len: usize,
     },
     /// A device call failed: creating the device half, or reading it back for
+    /// [`MirroredAllocator::new`](crate::MirroredAllocator::new) or
     /// [`MirroredAllocator::verify`](crate::MirroredAllocator::verify).
     #[error("the device half failed: {0}")]
     Device(#[from] CudaError),
-    /// [`MirroredAllocator::verify`](crate::MirroredAllocator::verify): the device free list is
-    /// not the host's (`None`: the list ended there).
+    /// [`MirroredAllocator::verify`](crate::MirroredAllocator::verify) (or
+    /// [`MirroredAllocator::new`](crate::MirroredAllocator::new), for a device half with every
+    /// page free in another order): the device free list is not the host's (`None`: the list
+    /// ended there).
     #[error(
         "the device free list differs from the host's at position {position}: host page \
          {host:?}, device page {device:?}"

@@ -175,6 +175,9 @@ impl<D: DeviceAllocOps> MirroredAllocator<D> {
     /// be fresh (every page free, in the initial order, no open free group), have the same pages,
     /// and the device table must hold `table`'s rows. `need_sort` is refused: its release list
     /// is merged and sorted lazily on the host, which the device free list does not follow.
+    /// The device free list is read back once to check its order
+    /// ([`MirrorError::FreeListDiverged`] for a device that has every page back in another
+    /// order).
     pub fn new(
         host: PageAllocator<D::Order>,
         device: D,
@@ -206,6 +209,10 @@ impl<D: DeviceAllocOps> MirroredAllocator<D> {
                 num_pages,
             });
         }
+        // Every page free is not enough: pages given back in another order would be handed
+        // out in that order.
+        let host_free: Vec<PageId> = host.free_pages().collect();
+        same_free_lists(&host_free, &device.free_list()?)?;
         let (rows, row_len) = (table.size() + 1, table.max_context_len());
         if device.rows() < rows || device.row_len() < row_len {
             return Err(MirrorError::TableTooSmall {
@@ -252,20 +259,8 @@ impl<D: DeviceAllocOps> MirroredAllocator<D> {
         table: &ReqToTokenPool,
         rows: impl IntoIterator<Item = (ReqRow, usize)>,
     ) -> Result<(), MirrorError> {
-        let device_free = self.device.free_list()?;
         let host_free: Vec<PageId> = self.host.free_pages().collect();
-        if device_free != host_free {
-            let position = host_free
-                .iter()
-                .zip(&device_free)
-                .position(|(host, device)| host != device)
-                .unwrap_or(host_free.len().min(device_free.len()));
-            return Err(MirrorError::FreeListDiverged {
-                position,
-                host: host_free.get(position).copied(),
-                device: device_free.get(position).copied(),
-            });
-        }
+        same_free_lists(&host_free, &self.device.free_list()?)?;
         for (row, len) in rows {
             let host_row = table
                 .row(row)
@@ -411,6 +406,23 @@ impl<R: ReuseOrder> MirroredAllocator<CudaPagedAllocator<R>> {
         )?;
         Self::new(host, device_half, table)
     }
+}
+
+/// [`MirrorError::FreeListDiverged`] at the first position where the free lists differ.
+fn same_free_lists(host_free: &[PageId], device_free: &[PageId]) -> Result<(), MirrorError> {
+    if device_free == host_free {
+        return Ok(());
+    }
+    let position = host_free
+        .iter()
+        .zip(device_free)
+        .position(|(host, device)| host != device)
+        .unwrap_or(host_free.len().min(device_free.len()));
+    Err(MirrorError::FreeListDiverged {
+        position,
+        host: host_free.get(position).copied(),
+        device: device_free.get(position).copied(),
+    })
 }
 
 /// The value of a device replay. The host has applied the operation and cannot take it back, so
