@@ -459,13 +459,15 @@ impl<D: DeviceAllocOps> KvAllocator for MirroredAllocator<D> {
 
     /// Whole pages, as an extend from 0 of a request with no row ([`NO_ROW`]).
     fn alloc(&mut self, num_tokens: usize, out: &mut Vec<KvSlot>) -> Result<(), AllocError> {
-        self.host.alloc(num_tokens, out)?;
-        self.set_no_rows(1);
-        self.replay_extend(&[ExtendShape {
+        let shape = [ExtendShape {
             prefix_len: 0,
             seq_len: num_tokens,
             last_loc: None,
-        }]);
+        }];
+        self.check_extend_positions(&shape);
+        self.host.alloc(num_tokens, out)?;
+        self.set_no_rows(1);
+        self.replay_extend(&shape);
         Ok(())
     }
 
