@@ -293,11 +293,11 @@ fn run_allocator<R: ReuseOrder>(
     println!("page {page_size} seed {seed}: {extends} extends, {decodes} decodes, {ooms} refused");
 }
 
-/// Every allocator configuration of the scenarios: LIFO pages of 16 and 64, and page size 1
-/// in both reuse orders (the paged allocator and the token one).
+/// Every allocator configuration of the scenarios: LIFO pages of 3, 7 (not powers of two), 16
+/// and 64, and page size 1 in both reuse orders (the paged allocator and the token one).
 fn allocator_scenarios(make: &impl MakeDevice, seeds: std::ops::RangeInclusive<u64>, steps: usize) {
     for seed in seeds {
-        for page_size in [16, 64] {
+        for page_size in [3, 7, 16, 64] {
             let size = page_size * (40 + 20 * seed as usize);
             let cpu = PagedAllocator::new(size, page_size, false).unwrap();
             let Some(mut device) = make.make::<Lifo>(size, page_size, ROWS, ROW_LEN) else {
