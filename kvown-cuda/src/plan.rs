@@ -254,7 +254,20 @@ impl<R: ReuseOrder> AllocPlanner<R> {
     }
 
     /// Records that `plan` was launched: its pages left the head of the free list.
+    ///
+    /// # Panics
+    /// When `plan` is stale: planned before another commit, or committed already (its ring head
+    /// is not the current one, or it takes more pages than are free).
     pub fn commit(&mut self, plan: &AllocPlan) {
+        assert!(
+            plan.free_head as usize == self.free_head && plan.pages <= self.free_len,
+            "stale allocation plan: planned at ring head {} for {} pages, the head is now at {} \
+             with {} pages free",
+            plan.free_head,
+            plan.pages,
+            self.free_head,
+            self.free_len
+        );
         self.free_head = (self.free_head + plan.pages) % self.num_pages.max(1);
         self.free_len -= plan.pages;
     }
@@ -327,19 +340,40 @@ impl<R: ReuseOrder> AllocPlanner<R> {
                 num_pages: self.num_pages,
             });
         }
-        let first = if R::FREED_FIRST {
-            (self.free_head + self.num_pages - pages.len()) % self.num_pages
-        } else {
-            (self.free_head + self.free_len) % self.num_pages
-        };
+        let first = self.freed_first(pages.len());
         Ok(Some(FreePlan {
             pages,
             first: to_u32("first", first)?,
         }))
     }
 
+    /// The ring position where `count` freed pages start, `count` being at most the pages out:
+    /// just before the head (`Lifo`) or just after the tail (`Fifo`).
+    fn freed_first(&self, count: usize) -> usize {
+        if R::FREED_FIRST {
+            (self.free_head + self.num_pages - count) % self.num_pages.max(1)
+        } else {
+            (self.free_head + self.free_len) % self.num_pages.max(1)
+        }
+    }
+
     /// Records that `plan` was launched: its pages joined the free list.
+    ///
+    /// # Panics
+    /// When `plan` is stale: planned before another commit, or committed already (it would
+    /// overfill the ring, or start elsewhere than freed pages now go).
     pub fn commit_free(&mut self, plan: &FreePlan) {
+        let count = plan.pages.len();
+        assert!(
+            self.free_len + count <= self.num_pages
+                && plan.first as usize == self.freed_first(count),
+            "stale free plan: {count} pages from ring position {}, with {} of {} pages free and \
+             the head at {}",
+            plan.first,
+            self.free_len,
+            self.num_pages,
+            self.free_head
+        );
         if R::FREED_FIRST {
             self.free_head = plan.first as usize;
         }
@@ -718,5 +752,32 @@ mod tests {
             })
         ));
         assert!(AllocPlanner::<Lifo>::new(64, 4, 1, long - 1).is_ok());
+    }
+
+    /// A plan committed twice, or after another commit, is a stale plan: committing it again
+    /// moved the head and took its pages a second time without a word (and, past the free
+    /// pages, underflowed the free count).
+    #[test]
+    #[should_panic(expected = "stale")]
+    fn committing_an_allocation_plan_twice_panics() {
+        let mut planner = six_out::<Lifo>();
+        let shape = ExtendShape {
+            prefix_len: 0,
+            seq_len: 4,
+            last_loc: None,
+        };
+        let plan = planner.plan_extend(&[shape], &[NO_ROW]).unwrap();
+        planner.commit(&plan);
+        planner.commit(&plan);
+    }
+
+    /// The same for a free plan: the pages would join the free list twice.
+    #[test]
+    #[should_panic(expected = "stale")]
+    fn committing_a_free_plan_twice_panics() {
+        let mut planner = six_out::<Fifo>();
+        let plan = planner.plan_free_pages(&[2, 5]).unwrap().unwrap();
+        planner.commit_free(&plan);
+        planner.commit_free(&plan);
     }
 }
