@@ -158,7 +158,8 @@ impl<R: ReuseOrder> DeviceAllocOps for CudaPagedAllocator<R> {
 /// caller bug: the batch flow's rows come from the table checked at construction) panics before
 /// either side changes, and so does a rowless extend or decode whose positions the device's
 /// `u32` positions cannot hold (an extend's `seq_len` rounded up to a page, a decode's
-/// `seq_len`, past `u32::MAX`).
+/// `seq_len`, past `u32::MAX`) unless it needs more pages than are free (then it gets the
+/// host's error).
 #[derive(Debug)]
 pub struct MirroredAllocator<D: DeviceAllocOps> {
     host: PageAllocator<D::Order>,
@@ -323,9 +324,18 @@ impl<D: DeviceAllocOps> MirroredAllocator<D> {
     /// The device computes an extend's positions, rounded up to a page, its new slots and the
     /// batch's `out_cache_loc` in `u32`: a batch past that (possible only without a row to bound
     /// it, or with nearly 2^32 slots) is a caller bug that panics here, before the host is
-    /// asked.
+    /// asked. A batch that needs more pages than are free is left to the host, which refuses
+    /// it with its error.
     fn check_extend_positions(&self, reqs: &[ExtendShape]) {
-        if let Err(error) = extend_fits_u32(self.host.page_size(), reqs) {
+        let page_size = self.host.page_size();
+        let new_pages = reqs.iter().fold(0usize, |pages, shape| {
+            let new = shape.seq_len.div_ceil(page_size);
+            pages.saturating_add(new.saturating_sub(shape.prefix_len.div_ceil(page_size)))
+        });
+        if new_pages > self.host.free_page_count() {
+            return;
+        }
+        if let Err(error) = extend_fits_u32(page_size, reqs) {
             panic!("an extend the device cannot compute in u32: {error}");
         }
     }

@@ -769,6 +769,36 @@ fn a_rowless_extend_past_the_devices_position_range_panics_before_anything_chang
     assert_eq!(mirror.device().available_size(), 56);
 }
 
+/// An allocation past the device's `u32` positions that the host refuses anyway (it needs more
+/// pages than are free) gets the host's error, as from the host alone, not the panic kept for
+/// allocations the host would make.
+#[test]
+fn allocations_the_host_refuses_are_errors_whatever_their_positions() {
+    use kvown_runtime::alloc::AllocError;
+    let table = ReqToTokenPool::new(2, 16).unwrap();
+    let Some(half) = OnHost.make::<Lifo>(64, 4, 3, 16) else {
+        return;
+    };
+    let host = PagedAllocator::new(64, 4, false).unwrap();
+    let mut mirror = MirroredAllocator::new(host, half, &table).unwrap();
+    let huge = 1 << 40;
+    assert!(matches!(
+        mirror.alloc(huge, &mut Vec::new()),
+        Err(AllocError::OutOfMemory { .. })
+    ));
+    let shape = ExtendShape {
+        prefix_len: 0,
+        seq_len: huge,
+        last_loc: None,
+    };
+    assert!(matches!(
+        mirror.alloc_extend(&[shape], &mut Vec::new()),
+        Err(AllocError::OutOfMemory { .. })
+    ));
+    assert_eq!(mirror.device().available_size(), 64);
+    assert_eq!(mirror.host().free_page_count(), 16);
+}
+
 /// A rowless decode's position is a `u32` on the device too: a decode to position `u32::MAX`
 /// or past it, which the host accepts (it opens a page here), is refused before the host
 /// allocates (the device planner refused it after the host had taken the page, so the replay
