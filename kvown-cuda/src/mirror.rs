@@ -158,8 +158,8 @@ impl<R: ReuseOrder> DeviceAllocOps for CudaPagedAllocator<R> {
 /// caller bug: the batch flow's rows come from the table checked at construction) panics before
 /// either side changes, and so does a rowless extend or decode whose positions the device's
 /// `u32` positions cannot hold (an extend's `seq_len` rounded up to a page, a decode's
-/// `seq_len`, past `u32::MAX`) unless it needs more pages than are free (then it gets the
-/// host's error).
+/// `seq_len`, past `u32::MAX`) unless the host is sure to refuse it (then it gets the host's
+/// error).
 #[derive(Debug)]
 pub struct MirroredAllocator<D: DeviceAllocOps> {
     host: PageAllocator<D::Order>,
@@ -340,16 +340,40 @@ impl<D: DeviceAllocOps> MirroredAllocator<D> {
         }
     }
 
-    /// The device takes a decode's position (`seq_len`) as a `u32`: a shape past that (possible
+    /// The device takes a decode's position (`seq_len`) as a `u32`: a batch past that (possible
     /// only without a row to bound it) is a caller bug that panics here, before the host is
-    /// asked.
-    fn check_decode_positions(reqs: &[DecodeShape]) {
-        if let Some(shape) = reqs.iter().find(|shape| shape.seq_len > u32::MAX as usize) {
-            panic!(
-                "a decode to position {} is past u32::MAX, the device's position range",
-                shape.seq_len
-            );
+    /// asked, unless the host refuses the batch anyway (then it gets the host's error).
+    fn check_decode_positions(&self, reqs: &[DecodeShape]) {
+        let Some(shape) = reqs.iter().find(|shape| shape.seq_len > u32::MAX as usize) else {
+            return;
+        };
+        if self.host_refuses_decode(reqs) {
+            return;
         }
+        panic!(
+            "a decode to position {} is past u32::MAX, the device's position range",
+            shape.seq_len
+        );
+    }
+
+    /// Whether the host is sure to refuse this decode batch: a request too short, a last slot
+    /// outside a held page or at another offset than its length implies, or more new pages
+    /// than are free.
+    fn host_refuses_decode(&self, reqs: &[DecodeShape]) -> bool {
+        let page_size = self.host.page_size();
+        let mut new_pages = 0usize;
+        for &DecodeShape { seq_len, last_loc } in reqs {
+            let Some(stored) = seq_len.checked_sub(1).filter(|&stored| stored > 0) else {
+                return true;
+            };
+            let page = (last_loc as usize / page_size) as PageId;
+            let offset = (last_loc as usize + 1) % page_size;
+            if !self.host.is_page_allocated(page) || offset != stored % page_size {
+                return true;
+            }
+            new_pages += usize::from(stored % page_size == 0);
+        }
+        new_pages > self.host.free_page_count()
     }
 
     /// Replays a batched extend the host has applied, for the rows in `self.rows`.
@@ -498,7 +522,7 @@ impl<D: DeviceAllocOps> KvAllocator for MirroredAllocator<D> {
         reqs: &[DecodeShape],
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
-        Self::check_decode_positions(reqs);
+        self.check_decode_positions(reqs);
         self.host.alloc_decode(reqs, out)?;
         self.set_no_rows(reqs.len());
         self.replay_decode(reqs);

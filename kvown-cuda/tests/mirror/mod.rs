@@ -795,8 +795,23 @@ fn allocations_the_host_refuses_are_errors_whatever_their_positions() {
         mirror.alloc_extend(&[shape], &mut Vec::new()),
         Err(AllocError::OutOfMemory { .. })
     ));
-    assert_eq!(mirror.device().available_size(), 64);
-    assert_eq!(mirror.host().free_page_count(), 16);
+    // Decodes past u32 positions with a last slot in no held page, or at the wrong offset.
+    let decode = |last_loc| DecodeShape {
+        seq_len: u32::MAX as usize + 2,
+        last_loc,
+    };
+    assert!(matches!(
+        mirror.alloc_decode(&[decode(7)], &mut Vec::new()),
+        Err(AllocError::LastLocNotAllocated { .. })
+    ));
+    let mut held = Vec::new();
+    mirror.alloc(4, &mut held).unwrap();
+    assert!(matches!(
+        mirror.alloc_decode(&[decode(held[0])], &mut Vec::new()),
+        Err(AllocError::LastLocMismatch { .. })
+    ));
+    assert_eq!(mirror.device().available_size(), 60);
+    assert_eq!(mirror.host().free_page_count(), 15);
 }
 
 /// A rowless decode's position is a `u32` on the device too: a decode to position `u32::MAX`
