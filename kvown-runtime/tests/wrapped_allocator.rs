@@ -445,11 +445,15 @@ fn the_provided_alloc_page_ids_hands_out_what_the_paged_allocators_own_does() {
         assert_eq!(by_default, by_own);
         assert_eq!(wrapped.0, own);
     }
-    let mut out = vec![99];
-    let error = wrapped.alloc_page_ids(usize::MAX, &mut out).unwrap_err();
-    assert!(matches!(error, AllocError::OutOfMemory { .. }), "{error}");
-    assert_eq!(out, [99]);
-    assert_eq!(wrapped.0, own);
+    // Far more pages than the pool has: refused before anything is reserved for their slots
+    // (2^40 pages of 4 slots aborted the process reserving 16 TiB).
+    for num_pages in [usize::MAX, 1 << 40] {
+        let mut out = vec![99];
+        let error = wrapped.alloc_page_ids(num_pages, &mut out).unwrap_err();
+        assert!(matches!(error, AllocError::OutOfMemory { .. }), "{error}");
+        assert_eq!(out, [99]);
+        assert_eq!(wrapped.0, own);
+    }
 }
 
 #[test]

@@ -215,13 +215,15 @@ pub trait KvAllocator {
         out: &mut Vec<PageId>,
     ) -> Result<(), AllocError> {
         let page_size = self.page_size();
-        let num_tokens =
-            num_pages
-                .checked_mul(page_size)
-                .ok_or_else(|| AllocError::OutOfMemory {
-                    requested: usize::MAX,
-                    available: self.available_size(),
-                })?;
+        let available = self.available_size();
+        // Refused before the slots' buffer is reserved, which for a huge count would abort.
+        let num_tokens = num_pages
+            .checked_mul(page_size)
+            .filter(|&tokens| tokens <= available)
+            .ok_or(AllocError::OutOfMemory {
+                requested: num_pages.saturating_mul(page_size),
+                available,
+            })?;
         let mut slots = Vec::with_capacity(num_tokens);
         self.alloc(num_tokens, &mut slots)?;
         out.extend(
