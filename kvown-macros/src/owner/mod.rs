@@ -8,6 +8,7 @@ mod parse;
 
 use proc_macro2::TokenStream;
 use quote::{ToTokens, quote};
+use syn::ext::IdentExt;
 use syn::{FnArg, ImplItem, ItemFn, ItemImpl, Signature};
 
 use crate::diag::Diagnostics;
@@ -138,13 +139,20 @@ fn check_binding_is_free(
 ) -> bool {
     let mut free = true;
     for input in &sig.inputs {
-        if let FnArg::Typed(typed) = input
-            && let syn::Pat::Ident(pat) = &*typed.pat
-            && pat.ident == *binding
-        {
+        let FnArg::Typed(typed) = input else {
+            continue;
+        };
+        // The binding would shadow a name bound anywhere in the parameter's pattern
+        // (`(owner, n): (u32, u32)`, `S { owner, .. }: S`), not only a plain `owner: T`.
+        let mut finder = BindingFinder {
+            binding,
+            found: Vec::new(),
+        };
+        syn::visit::Visit::visit_pat(&mut finder, &typed.pat);
+        for ident in finder.found {
             free = false;
             diagnostics.error_at(
-                &pat.ident,
+                ident,
                 format!(
                     "parameter `{binding}` clashes with the owner's capability binding; \
                      rename it, or rename the binding with #[owner(token = name)]"
@@ -153,6 +161,21 @@ fn check_binding_is_free(
         }
     }
     free
+}
+
+/// The identifiers a pattern binds under the capability binding's name.
+struct BindingFinder<'a> {
+    binding: &'a syn::Ident,
+    found: Vec<&'a syn::Ident>,
+}
+
+impl<'a> syn::visit::Visit<'a> for BindingFinder<'a> {
+    fn visit_pat_ident(&mut self, pat: &'a syn::PatIdent) {
+        if pat.ident.unraw() == self.binding.unraw() {
+            self.found.push(&pat.ident);
+        }
+        syn::visit::visit_pat_ident(self, pat);
+    }
 }
 
 /// Removes `#[owner]` attributes so an erroneous block is still emitted as plain Rust.
