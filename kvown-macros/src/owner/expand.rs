@@ -1,8 +1,8 @@
 //! Code generation for owners: the sealed module, the capability token, the body prologue and
 //! the audit registration.
 
-use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned};
+use proc_macro2::{Span, TokenStream, TokenTree};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::visit_mut::VisitMut;
 use syn::{Attribute, Block, Ident, ImplItemFn, ItemFn, ItemImpl, Visibility};
@@ -153,6 +153,11 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
 
 /// Binds the capability at the top of the body. The token itself lives in a hygienic local
 /// that user code cannot name; the body sees only the borrow.
+///
+/// The binding is made once with the attribute's hygiene and once more for each mention of its
+/// name in the body: a body that a `macro_rules!` pastes in from its caller (`fn $name() $body`)
+/// names `owner` with the caller's hygiene, which a binding spanned on the attribute (written
+/// in the macro) does not reach. Only tokens written in the body carry those spans.
 fn prepend_prologue(plan: &OwnerPlan, block: &mut Block) {
     if !plan.binds {
         return;
@@ -164,10 +169,14 @@ fn prepend_prologue(plan: &OwnerPlan, block: &mut Block) {
         ..
     } = plan;
     let capability = Ident::new("__kvown_capability", Span::mixed_site());
+    let mut bindings = vec![binding.clone()];
+    bindings.extend(mentions(block.to_token_stream(), binding));
     let prologue: Block = syn::parse_quote! {{
         let #capability = #token { _seal: #support::__private::OwnerSeal::new() };
-        #[allow(unused_variables)]
-        let #binding: &#token = &#capability;
+        #(
+            #[allow(unused_variables)]
+            let #bindings: &#token = &#capability;
+        )*
     }};
     let mut stmts = prologue.stmts;
     stmts.append(&mut block.stmts);
@@ -194,5 +203,47 @@ fn registration(plan: &OwnerPlan, body: &Block, name_span: Span) -> TokenStream 
                 delegations: #delegations,
             }
         }
+    }
+}
+
+/// The binding's name as each bare mention of it in `tokens` spells it (with that mention's span
+/// and hygiene). A name after `.`, `::` or `$` is a field, a path segment or a metavariable.
+fn mentions(tokens: TokenStream, binding: &Ident) -> Vec<Ident> {
+    let mut found = Vec::new();
+    let mut after_punct = None;
+    for tree in tokens {
+        match &tree {
+            TokenTree::Group(group) => found.extend(mentions(group.stream(), binding)),
+            TokenTree::Ident(ident)
+                if ident.unraw() == binding.unraw()
+                    && !matches!(after_punct, Some('.' | ':' | '$')) =>
+            {
+                let mut named = binding.clone();
+                named.set_span(ident.span());
+                found.push(named);
+            }
+            _ => {}
+        }
+        after_punct = match &tree {
+            TokenTree::Punct(punct) => Some(punct.as_char()),
+            _ => None,
+        };
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_bare_mentions_of_the_binding_get_a_binding() {
+        let binding = Ident::new("owner", Span::call_site());
+        let body = quote!({
+            r.set_len(owner, 1);
+            check!(r.owner, a::owner, $owner, (r#owner));
+            owners(owner2);
+        });
+        assert_eq!(mentions(body, &binding).len(), 2);
     }
 }
