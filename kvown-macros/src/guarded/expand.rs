@@ -70,6 +70,21 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
     let generics = &sealed.generics;
     let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
     let impl_header = quote!(impl #impl_generics #name #ty_generics #where_clause);
+    // A `?Sized` parameter (a struct with an unsized tail) makes the struct and its init struct
+    // possibly unsized: what moves them by value asks for those parameters to be `Sized` (and is
+    // usable once the tail is sized); otherwise no bound is added.
+    let maybe_unsized = maybe_sized_params(generics);
+    let sized_bounds = quote!(#(#maybe_unsized: ::core::marker::Sized,)*);
+    let from_where = if maybe_unsized.is_empty() {
+        quote!(#where_clause)
+    } else {
+        let predicates = where_clause.map(|w| &w.predicates);
+        let comma = predicates
+            .filter(|p| !p.empty_or_trailing())
+            .map(|_| quote!(,));
+        quote!(where #predicates #comma #sized_bounds)
+    };
+    let into_init_where = (!maybe_unsized.is_empty()).then(|| quote!(where #sized_bounds));
     let view_generics = with_view_lifetime(generics);
     let (_, view_ty_generics, _) = view_generics.split_for_impl();
 
@@ -107,6 +122,7 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
             ownership,
             &trait_name,
             &inner_vis,
+            &maybe_unsized,
         ));
         registrations.push(registration(&private, name, field.model, ownership));
     }
@@ -143,7 +159,7 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
             #view_struct
 
             impl #impl_generics ::core::convert::From<#init #ty_generics> for #name #ty_generics
-            #where_clause
+            #from_where
             {
                 #[inline]
                 fn from(init: #init #ty_generics) -> Self {
@@ -156,7 +172,7 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
                 /// struct literal of this type would be.
                 #[inline]
                 #[allow(dead_code)]
-                pub(super) fn into_init(self) -> #init #ty_generics {
+                pub(super) fn into_init(self) -> #init #ty_generics #into_init_where {
                     #init { #( #(#cfgs)* #idents: self.#idents, )* }
                 }
 
@@ -311,6 +327,7 @@ fn field_accessors(
     ownership: &Ownership,
     trait_name: &Ident,
     inner_vis: &Visibility,
+    maybe_unsized: &[&Ident],
 ) -> TokenStream {
     let model = field.model;
     let ty = &field.ty;
@@ -337,6 +354,10 @@ fn field_accessors(
     // A `Copy` value has no destructor, so its setter can be `const` (a `const fn` owner can
     // call it); other types are assigned through `_mut`, which is always `const`.
     let setter_constness = by_value.then(|| quote!(const));
+    // The setter takes the value by value: with a `?Sized` parameter around, the field's type
+    // may be the unsized tail.
+    let setter_where =
+        (!maybe_unsized.is_empty()).then(|| quote!(where #ty: ::core::marker::Sized));
     let read_doc = format!("Reads `{ident}` (free: no capability needed).");
     let set_doc =
         format!("Writes `{ident}`. Only its owners' capabilities satisfy `{trait_name}`.");
@@ -354,7 +375,7 @@ fn field_accessors(
 
             #[doc = #set_doc]
             #[inline(always)]
-            #inner_vis #setter_constness fn #setter(&mut self, _owner: &impl #trait_name, value: #ty) {
+            #inner_vis #setter_constness fn #setter(&mut self, _owner: &impl #trait_name, value: #ty) #setter_where {
                 self.#ident = value;
             }
 
@@ -486,6 +507,28 @@ fn view_struct(
         #[allow(dead_code)]
         #inner_vis struct #view #view_generics #where_clause { #(#rows)* }
     }
+}
+
+/// The type parameters declared `?Sized` (in their bounds or in the where-clause).
+fn maybe_sized_params(generics: &Generics) -> Vec<&Ident> {
+    let maybe = |bound: &syn::TypeParamBound| matches!(bound, syn::TypeParamBound::Trait(t) if matches!(t.modifier, syn::TraitBoundModifier::Maybe(_)));
+    generics
+        .type_params()
+        .map(|param| &param.ident)
+        .filter(|ident| {
+            let inline = generics
+                .type_params()
+                .any(|p| p.ident == **ident && p.bounds.iter().any(maybe));
+            let in_where = generics.where_clause.iter().any(|clause| {
+                clause.predicates.iter().any(|predicate| {
+                    matches!(predicate, syn::WherePredicate::Type(t)
+                        if matches!(&t.bounded_ty, Type::Path(p) if p.qself.is_none() && p.path.is_ident(*ident))
+                            && t.bounds.iter().any(maybe))
+                })
+            });
+            inline || in_where
+        })
+        .collect()
 }
 
 /// The struct's generics with the view lifetime `'kvown` first.
