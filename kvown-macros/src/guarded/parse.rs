@@ -169,6 +169,19 @@ pub(crate) fn parse(
         let mut ownership: Option<Ownership> = None;
         let mut kept = Vec::with_capacity(field.attrs.len());
         for attr in std::mem::take(&mut field.attrs) {
+            if attr.path().is_ident("cfg_attr") && mentions_owned_by(attr.meta.to_token_stream()) {
+                // rustc expands `cfg_attr` after this macro has run: the field would look
+                // unowned here and then meet an unknown `#[owned_by]`.
+                diagnostics.error_at(
+                    &attr,
+                    format!(
+                        "`#[owned_by]` inside `#[cfg_attr]` is not seen by #[kvown::guarded], which \
+                         runs before `cfg_attr` is expanded; put `#[owned_by(..)]` on `{ident}` \
+                         itself (a `#[cfg]` on the field is honoured)"
+                    ),
+                );
+                continue;
+            }
             if !attr.path().is_ident("owned_by") {
                 kept.push(attr);
                 continue;
@@ -233,5 +246,14 @@ pub(crate) fn parse(
         init_name,
         item,
         fields,
+    })
+}
+
+/// Whether `tokens` (an attribute's meta) names `owned_by` anywhere.
+fn mentions_owned_by(tokens: TokenStream) -> bool {
+    tokens.into_iter().any(|tree| match tree {
+        proc_macro2::TokenTree::Ident(ident) => ident == "owned_by",
+        proc_macro2::TokenTree::Group(group) => mentions_owned_by(group.stream()),
+        _ => false,
     })
 }
