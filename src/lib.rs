@@ -288,6 +288,10 @@
 //!   `_mut`, be `fields` or `into_init`, or differ from another owned field's only in `_`s.
 //! * `#[owner]` on an associated function of an impl without `#[owners]` (or in a trait) gets
 //!   rustc's `module is not supported in impls`: the macro cannot see where it is applied.
+//! * Two guarded structs in one module can ask for the same owner trait name (`Req` with
+//!   `kv_len` and `ReqKv` with `len` both make `ReqKvLenOwner`, E0252); a `#[repr(packed)]`
+//!   struct cannot be guarded (accessors borrow its fields, E0793); construction through `From`
+//!   is not `const`.
 //! * rustc's wording drifts between versions: the `.stderr` snapshots are blessed with the
 //!   toolchain pinned in `rust-toolchain.toml`.
 //!
