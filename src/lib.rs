@@ -260,7 +260,7 @@
 //! is `owner` or a local it was moved into (`let cap = owner;`); macro arguments and
 //! `macro_rules!` bodies are scanned for the same calls (counted where written). Any other use
 //! of `owner` (a helper call, a macro it is handed to, a struct or tuple it is stored in) counts
-//! as a delegation.
+//! as a delegation. Items nested in the body (a helper `fn` there) are not the body's writes.
 //!
 //! ## Known limits
 //!

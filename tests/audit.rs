@@ -283,3 +283,32 @@ fn writes_in_macros_and_through_a_rebound_capability_are_counted() {
     table.assert_matches(&[("MacroReq", "len", "macro_alloc", 4)]);
     assert_eq!(table.rows()[0].delegations, 0, "{table}");
 }
+
+/// A helper `fn` nested in an owner's body takes its own `owner` parameter (it cannot capture the
+/// body's): its writes are delegated ones, not the owner's.
+#[kvown::guarded]
+#[derive(Default)]
+pub struct NestReq {
+    #[owned_by(nest_alloc)]
+    len: usize,
+}
+
+#[kvown::owner]
+pub fn nest_alloc(req: &mut NestReq) {
+    fn bump(req: &mut NestReq, owner: &impl NestReqLenOwner) {
+        *req.len_mut(owner) += 1;
+        *req.len_mut(owner) += 1;
+    }
+    req.set_len(owner, 1);
+    bump(req, owner);
+}
+
+#[test]
+fn writes_in_items_nested_in_an_owner_body_are_not_counted_as_its_own() {
+    let mut req = NestReq::default();
+    nest_alloc(&mut req);
+    assert_eq!(req.len(), 3);
+    let table = AuditTable::collect().unwrap().of_structs(&["NestReq"]);
+    table.assert_matches(&[("NestReq", "len", "nest_alloc", 1)]);
+    assert_eq!(table.rows()[0].delegations, 1, "{table}");
+}

@@ -228,6 +228,16 @@ impl<'ast> Visit<'ast> for Counter {
     fn visit_macro(&mut self, mac: &'ast syn::Macro) {
         self.scan_tokens(mac.tokens.clone());
     }
+
+    /// An item nested in the body (a helper `fn`, an `impl`, a `mod`...) cannot capture the
+    /// body's locals, so a capability name in it is some other binding: the helper's own
+    /// `owner: &impl ..` parameter, or a nested owner's capability, which has its own site.
+    /// Only a `macro_rules!` defined in the body is scanned (counted where written).
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        if let syn::Item::Macro(mac) = item {
+            self.visit_item_macro(mac);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -340,6 +350,23 @@ mod tests {
         }});
         assert_eq!(delegations, 0);
         let (_, delegations) = count(syn::parse_quote! {{ check!(owner); }});
+        assert_eq!(delegations, 1);
+    }
+
+    #[test]
+    fn items_nested_in_the_body_are_not_its_writes() {
+        let (writes, delegations) = count(syn::parse_quote! {{
+            fn bump(r: &mut Req, owner: &impl ReqLenOwner) { *r.len_mut(owner) += 1; }
+            mod nested {
+                #[kvown::owner]
+                fn inner(r: &mut Req) { r.set_len(owner, 1); helper(owner); }
+            }
+            impl Req { fn twice(&mut self, owner: &impl ReqLenOwner) { self.set_len(owner, 2); } }
+            macro_rules! bump_here { () => { *r.len_mut(owner) += 1 } }
+            r.set_len(owner, 1);
+            bump(r, owner);
+        }});
+        assert_eq!(writes, [("len".to_string(), 2)]);
         assert_eq!(delegations, 1);
     }
 
