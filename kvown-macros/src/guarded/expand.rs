@@ -199,19 +199,54 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
 }
 
 /// Replaces `Self` in a copied field type by the struct's type (`Node<T>`): the init and view
-/// structs reuse the field types, and there `Self` would name them instead.
+/// structs reuse the field types, and there `Self` would name them instead. A path that starts
+/// with `Self` (`[u8; Self::N]` in an array length) becomes `<Node<T>>::N`.
 struct SelfToStruct<'a>(&'a Type);
+
+impl SelfToStruct<'_> {
+    /// `Self::rest` as `<Struct>::rest`, or `None` when `path` does not start with `Self::`.
+    fn qualified(&self, qself: &Option<syn::QSelf>, path: &Path) -> Option<TokenStream> {
+        let first = path.segments.first()?;
+        if qself.is_some()
+            || path.leading_colon.is_some()
+            || path.segments.len() < 2
+            || first.ident != "Self"
+            || !first.arguments.is_none()
+        {
+            return None;
+        }
+        let ty = self.0;
+        let rest = path.segments.iter().skip(1);
+        Some(quote!(<#ty> #(:: #rest)*))
+    }
+}
 
 impl VisitMut for SelfToStruct<'_> {
     fn visit_type_mut(&mut self, ty: &mut Type) {
-        if let Type::Path(path) = ty
-            && path.qself.is_none()
-            && path.path.is_ident("Self")
-        {
-            *ty = self.0.clone();
-            return;
+        if let Type::Path(path) = ty {
+            if path.qself.is_none() && path.path.is_ident("Self") {
+                *ty = self.0.clone();
+                return;
+            }
+            if let Some(tokens) = self.qualified(&path.qself, &path.path)
+                && let Ok(qualified) = syn::parse2(tokens)
+            {
+                *ty = qualified;
+                return;
+            }
         }
         syn::visit_mut::visit_type_mut(self, ty);
+    }
+
+    fn visit_expr_path_mut(&mut self, expr: &mut syn::ExprPath) {
+        if let Some(tokens) = self.qualified(&expr.qself, &expr.path)
+            && let Ok(qualified) = syn::parse2::<syn::ExprPath>(tokens)
+        {
+            expr.qself = qualified.qself;
+            expr.path = qualified.path;
+            return;
+        }
+        syn::visit_mut::visit_expr_path_mut(self, expr);
     }
 }
 
@@ -608,6 +643,12 @@ mod tests {
             (quote::quote!(Option<Box<Self>>), "Option<Box<Node<T>>>"),
             (quote::quote!([Self; 2]), "[Node<T>;2]"),
             (quote::quote!(<Self as Tr>::Out), "<Node<T>asTr>::Out"),
+            (quote::quote!([u8; Self::N]), "[u8;<Node<T>>::N]"),
+            (
+                quote::quote!([u8; { Self::N + 1 }]),
+                "[u8;{<Node<T>>::N+1}]",
+            ),
+            (quote::quote!(Self::Assoc), "<Node<T>>::Assoc"),
             (quote::quote!(Vec<u32>), "Vec<u32>"),
         ] {
             let mut ty: Type = syn::parse2(written.clone()).unwrap();

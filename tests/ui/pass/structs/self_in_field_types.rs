@@ -1,5 +1,7 @@
 //! `Self` in owned and unowned field types (also of a generic struct): the generated init and
-//! view structs reuse the field types with `Self` replaced by the struct's type.
+//! view structs reuse the field types with `Self` replaced by the struct's type, also where a
+//! path starts with it (`[u8; Self::LEN]`, which the view struct, generic over its borrow, could
+//! not take: "generic `Self` types are currently not permitted in anonymous constants").
 
 #[kvown::guarded]
 #[derive(Debug, Clone, Default)]
@@ -16,7 +18,31 @@ pub fn grow<T: Clone>(node: &mut Node<T>) {
     node.set_parent(owner, Some(Box::new(parent)));
 }
 
+#[kvown::guarded]
+pub struct Frame {
+    #[owned_by(fill)]
+    head: [u8; Self::LEN],
+    tail: [u16; { Self::LEN / 2 }],
+}
+
+impl Frame {
+    pub const LEN: usize = 4;
+}
+
+#[kvown::owner]
+pub fn fill(frame: &mut Frame) {
+    frame.head_mut(owner)[0] = 1;
+}
+
 fn main() {
+    let mut frame = Frame::from(FrameInit {
+        head: [0; Frame::LEN],
+        tail: [0; 2],
+    });
+    fill(&mut frame);
+    frame.fields_mut().tail[1] = 7;
+    assert_eq!((frame.head()[0], frame.fields_mut().tail[1]), (1, 7));
+
     let mut node = Node::from(NodeInit {
         parent: None,
         children: vec![Node::default()],
