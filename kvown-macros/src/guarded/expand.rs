@@ -105,7 +105,7 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
         trait_exports.push(quote!(
             #(#cfg)*
             #[allow(unused_imports)]
-            #outer_vis use #module::#trait_name;
+            #outer_vis use self::#module::#trait_name;
         ));
         seals.push(seal_trait(name, field.model, &trait_name));
         owner_traits.push(owner_trait(
@@ -193,7 +193,7 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
         }
 
         #[allow(unused_imports)]
-        #outer_vis use #module::{#name, #init, #view};
+        #outer_vis use self::#module::{#name, #init, #view};
         #(#trait_exports)*
     }
 }

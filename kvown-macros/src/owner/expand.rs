@@ -147,7 +147,7 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
 
         #(#cfg_attrs)*
         #[allow(unused_imports)]
-        #vis use #module::#token;
+        #vis use self::#module::#token;
     }
 }
 

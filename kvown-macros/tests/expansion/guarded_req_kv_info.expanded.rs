@@ -119,6 +119,6 @@ mod __kvown_guarded_ReqKvInfo {
     ::kvown::__private::inventory::submit! { :: kvown :: __private :: GuardedField { struct_name : "ReqKvInfo" , field : "kv_committed_len" , owners : & ["alloc_for_extend" , "alloc_for_decode"] , module : :: core :: module_path ! () , file : :: core :: file ! () , line : :: core :: line ! () , } }
 }
 #[allow(unused_imports)]
-pub use __kvown_guarded_ReqKvInfo::{ReqKvInfo, ReqKvInfoInit, ReqKvInfoFieldsMut};
+pub use self::__kvown_guarded_ReqKvInfo::{ReqKvInfo, ReqKvInfoInit, ReqKvInfoFieldsMut};
 #[allow(unused_imports)]
-pub use __kvown_guarded_ReqKvInfo::ReqKvInfoKvCommittedLenOwner;
+pub use self::__kvown_guarded_ReqKvInfo::ReqKvInfoKvCommittedLenOwner;
