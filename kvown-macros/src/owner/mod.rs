@@ -105,7 +105,10 @@ pub(crate) fn expand_impl(args: TokenStream, input: TokenStream) -> TokenStream 
                         check_binding_is_free(&method.sig, &options.binding, &mut diagnostics);
                     owner_methods.push((options, method, binds));
                 }
-                None => kept.push(ImplItem::Fn(method)),
+                None => {
+                    refuse_owner_in_cfg_attr(&mut method.attrs, &mut diagnostics);
+                    kept.push(ImplItem::Fn(method));
+                }
             },
             other => kept.push(other),
         }
@@ -176,6 +179,40 @@ impl<'a> syn::visit::Visit<'a> for BindingFinder<'a> {
         }
         syn::visit::visit_pat_ident(self, pat);
     }
+}
+
+/// Errors on (and drops) a `#[cfg_attr(.., owner)]` on a method of an `#[owners]` block:
+/// rustc expands it after `#[owners]` has run, so the method would not be made an owner and
+/// the expanded `#[owner]` would meet a method inside an impl ("module is not supported in
+/// impls").
+fn refuse_owner_in_cfg_attr(attrs: &mut Vec<syn::Attribute>, diagnostics: &mut Diagnostics) {
+    attrs.retain(|attr| {
+        let hidden_owner = attr.path().is_ident("cfg_attr")
+            && matches!(&attr.meta, syn::Meta::List(list) if attributes_name_owner(list.tokens.clone()));
+        if hidden_owner {
+            diagnostics.error_at(
+                attr,
+                "`#[owner]` inside `#[cfg_attr]` is not seen by #[kvown::owners], which runs \
+                 before `cfg_attr` is expanded; write `#[owner]` on the method itself (a \
+                 `#[cfg]` on the method is honoured)",
+            );
+        }
+        !hidden_owner
+    });
+}
+
+/// Whether the attributes of a `cfg_attr(predicate, attrs..)` (past the predicate, which may
+/// itself name a cfg `owner`) name `owner` (`owner`, `kvown::owner`, `owner(token = cap)`).
+fn attributes_name_owner(tokens: TokenStream) -> bool {
+    let mut past_predicate = false;
+    tokens.into_iter().any(|tree| match tree {
+        proc_macro2::TokenTree::Punct(punct) if punct.as_char() == ',' => {
+            past_predicate = true;
+            false
+        }
+        proc_macro2::TokenTree::Ident(ident) => past_predicate && ident == "owner",
+        _ => false,
+    })
 }
 
 /// Removes `#[owner]` attributes so an erroneous block is still emitted as plain Rust.
