@@ -29,7 +29,7 @@ use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
 use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
 
-use super::{MakeDevice, OnGpu, OnHost, Rng, device};
+use super::{EmulatedAllocator, MakeDevice, OnGpu, OnHost, Rng, device};
 
 /// Request rows of the table (row 0, padding, comes on top).
 const ROWS: usize = 8;
@@ -741,20 +741,31 @@ fn rows_outside_the_device_table_panic_before_anything_changes() {
     }
 }
 
+/// A mirror on the emulated kernels.
+type EmulatedMirror = MirroredAllocator<EmulatedAllocator<Lifo>>;
+
+/// A mirror over 16 pages of 4 slots on the emulated kernels (a table of 2 rows of 16) with 8
+/// slots allocated: the mirror, those slots and the host's free list after them (`None` when
+/// the emulated kernels cannot be built).
+fn mirror_with_two_pages_held() -> Option<(EmulatedMirror, Vec<KvSlot>, Vec<PageId>)> {
+    let table = ReqToTokenPool::new(2, 16).unwrap();
+    let half = OnHost.make::<Lifo>(64, 4, 3, 16)?;
+    let host = PagedAllocator::new(64, 4, false).unwrap();
+    let mut mirror = MirroredAllocator::new(host, half, &table).unwrap();
+    let mut held = Vec::new();
+    mirror.alloc(8, &mut held).unwrap();
+    let before = mirror.host().free_pages().collect();
+    Some((mirror, held, before))
+}
+
 /// The device computes an extend's positions, rounded up to a page, in u32: a rowless extend
 /// near u32::MAX is refused before the host allocates (the kernel wrapped and handed out a
 /// slot of a page already in use).
 #[test]
 fn a_rowless_extend_past_the_devices_position_range_panics_before_anything_changes() {
-    let table = ReqToTokenPool::new(2, 16).unwrap();
-    let Some(half) = OnHost.make::<Lifo>(64, 4, 3, 16) else {
+    let Some((mut mirror, held, before)) = mirror_with_two_pages_held() else {
         return;
     };
-    let host = PagedAllocator::new(64, 4, false).unwrap();
-    let mut mirror = MirroredAllocator::new(host, half, &table).unwrap();
-    let mut held = Vec::new();
-    mirror.alloc(8, &mut held).unwrap();
-    let before: Vec<PageId> = mirror.host().free_pages().collect();
     let prefix_len = u32::MAX as usize - 1;
     let shape = ExtendShape {
         prefix_len,
@@ -820,15 +831,9 @@ fn allocations_the_host_refuses_are_errors_whatever_their_positions() {
 /// panicked with the two halves apart).
 #[test]
 fn a_rowless_decode_past_the_devices_position_range_panics_before_anything_changes() {
-    let table = ReqToTokenPool::new(2, 16).unwrap();
-    let Some(half) = OnHost.make::<Lifo>(64, 4, 3, 16) else {
+    let Some((mut mirror, held, before)) = mirror_with_two_pages_held() else {
         return;
     };
-    let host = PagedAllocator::new(64, 4, false).unwrap();
-    let mut mirror = MirroredAllocator::new(host, half, &table).unwrap();
-    let mut held = Vec::new();
-    mirror.alloc(8, &mut held).unwrap();
-    let before: Vec<PageId> = mirror.host().free_pages().collect();
     // `seq_len - 1` stored tokens fill whole pages: the new token opens one.
     let shape = DecodeShape {
         seq_len: u32::MAX as usize + 2,
