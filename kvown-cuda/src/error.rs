@@ -29,6 +29,17 @@ pub enum CudaError {
         /// Rows in the table.
         rows: usize,
     },
+    /// Two requests of one batch name the same request row: on the device they would write it
+    /// at once.
+    #[error("request {request} names row {row}, which request {first} of the batch names too")]
+    RowRepeated {
+        /// Position in the batch of the second request.
+        request: usize,
+        /// The row.
+        row: u32,
+        /// Position in the batch of the first.
+        first: usize,
+    },
     /// Positions past the end of a request-to-token row.
     #[error("request {request}: positions up to {end} do not fit a row of {row_len} tokens")]
     RowOverflow {

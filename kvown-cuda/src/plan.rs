@@ -19,6 +19,22 @@ pub const ALLOC_BLOCK: u32 = 256;
 /// extend from 0 with this row). `NO_ROW` in `alloc.cu`.
 pub const NO_ROW: u32 = u32::MAX;
 
+/// Each row (other than [`NO_ROW`]) is named by one request of the batch at most: the kernels
+/// write every request's row in parallel.
+fn check_rows_distinct(rows: &[u32]) -> Result<(), CudaError> {
+    let mut first_of = std::collections::HashMap::with_capacity(rows.len());
+    for (request, &row) in rows.iter().enumerate().filter(|&(_, &row)| row != NO_ROW) {
+        if let Some(first) = first_of.insert(row, request) {
+            return Err(CudaError::RowRepeated {
+                request,
+                row,
+                first,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Words per request in the `alloc_extend` parameter array:
 /// `prefix_len, seq_len, last_loc, row, out_start, page_start`.
 pub const EXTEND_PARAM_WORDS: usize = 6;
@@ -151,8 +167,9 @@ impl<R: ReuseOrder> AllocPlanner<R> {
     }
 
     /// The launch for a batched extend (sglang `alloc_extend`): request `i` gets slots for
-    /// positions `[prefix_len, seq_len)` in row `rows[i]` (none for [`NO_ROW`]). Changes
-    /// nothing; see [`AllocPlanner::commit`].
+    /// positions `[prefix_len, seq_len)` in row `rows[i]` (none for [`NO_ROW`]; any other row
+    /// once per batch, [`CudaError::RowRepeated`]). Changes nothing; see
+    /// [`AllocPlanner::commit`].
     pub fn plan_extend(&self, reqs: &[ExtendShape], rows: &[u32]) -> Result<AllocPlan, CudaError> {
         check_row_count(reqs.len(), rows.len())?;
         let page_size = self.page_size;
@@ -187,6 +204,7 @@ impl<R: ReuseOrder> AllocPlanner<R> {
         }
         // The kernel indexes out_cache_loc in u32.
         to_u32("out_len", out_start)?;
+        check_rows_distinct(rows)?;
         self.plan(
             params,
             reqs.len(),
@@ -197,8 +215,8 @@ impl<R: ReuseOrder> AllocPlanner<R> {
     }
 
     /// The launch for a batched decode (sglang `alloc_decode`): one slot per request, at
-    /// position `seq_len - 1` of row `rows[i]` (none for [`NO_ROW`]). Changes nothing; see
-    /// [`AllocPlanner::commit`].
+    /// position `seq_len - 1` of row `rows[i]` (none for [`NO_ROW`]; any other row once per
+    /// batch, [`CudaError::RowRepeated`]). Changes nothing; see [`AllocPlanner::commit`].
     pub fn plan_decode(&self, reqs: &[DecodeShape], rows: &[u32]) -> Result<AllocPlan, CudaError> {
         check_row_count(reqs.len(), rows.len())?;
         let mut params = Vec::with_capacity(reqs.len() * DECODE_PARAM_WORDS);
@@ -218,6 +236,7 @@ impl<R: ReuseOrder> AllocPlanner<R> {
             ]);
             page_start += usize::from((seq_len - 1) % self.page_size == 0);
         }
+        check_rows_distinct(rows)?;
         let blocks = reqs.len().div_ceil(ALLOC_BLOCK as usize);
         self.plan(
             params,
@@ -529,6 +548,51 @@ mod tests {
         }
         assert_eq!(six_out::<Lifo>().capacity(), 64);
         assert_eq!(six_out::<Lifo>().available_size(), 40);
+    }
+
+    /// Two requests of one batch may not name one row (the kernels would write it at once);
+    /// rowless requests are many.
+    #[test]
+    fn a_row_named_twice_in_a_batch_is_refused() {
+        let planner = AllocPlanner::<Lifo>::new(64, 4, 3, 16).unwrap();
+        let extend = ExtendShape {
+            prefix_len: 0,
+            seq_len: 4,
+            last_loc: None,
+        };
+        let repeated = |rows: &[u32]| match planner.plan_extend(&vec![extend; rows.len()], rows) {
+            Err(CudaError::RowRepeated {
+                request,
+                row,
+                first,
+            }) => Some((request, row, first)),
+            Err(other) => panic!("{other}"),
+            Ok(_) => None,
+        };
+        assert_eq!(repeated(&[1, 2, 1]), Some((2, 1, 0)));
+        assert_eq!(repeated(&[NO_ROW, 1, NO_ROW, 2]), None);
+        let decode = DecodeShape {
+            seq_len: 5,
+            last_loc: 7,
+        };
+        let error = planner.plan_decode(&[decode, decode], &[0, 0]).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                CudaError::RowRepeated {
+                    request: 1,
+                    row: 0,
+                    first: 0
+                }
+            ),
+            "{error}"
+        );
+        assert!(
+            planner
+                .plan_decode(&[decode, decode], &[NO_ROW, NO_ROW])
+                .is_ok()
+        );
+        assert!(planner.plan_decode(&[decode, decode], &[0, 1]).is_ok());
     }
 
     /// A pool whose slot range overflows `u64` is too large, as the host allocator says; its
