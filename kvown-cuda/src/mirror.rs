@@ -324,56 +324,38 @@ impl<D: DeviceAllocOps> MirroredAllocator<D> {
     /// The device computes an extend's positions, rounded up to a page, its new slots and the
     /// batch's `out_cache_loc` in `u32`: a batch past that (possible only without a row to bound
     /// it, or with nearly 2^32 slots) is a caller bug that panics here, before the host is
-    /// asked. A batch that needs more pages than are free is left to the host, which refuses
-    /// it with its error.
+    /// asked, unless the host refuses it anyway (then it gets the host's error).
     fn check_extend_positions(&self, reqs: &[ExtendShape]) {
-        let page_size = self.host.page_size();
-        let new_pages = reqs.iter().fold(0usize, |pages, shape| {
-            let new = shape.seq_len.div_ceil(page_size);
-            pages.saturating_add(new.saturating_sub(shape.prefix_len.div_ceil(page_size)))
-        });
-        if new_pages > self.host.free_page_count() {
+        let Err(error) = extend_fits_u32(self.host.page_size(), reqs) else {
             return;
-        }
-        if let Err(error) = extend_fits_u32(page_size, reqs) {
+        };
+        if !self.host_refuses(|host| host.alloc_extend(reqs, &mut Vec::new())) {
             panic!("an extend the device cannot compute in u32: {error}");
         }
     }
 
     /// The device takes a decode's position (`seq_len`) as a `u32`: a batch past that (possible
     /// only without a row to bound it) is a caller bug that panics here, before the host is
-    /// asked, unless the host refuses the batch anyway (then it gets the host's error).
+    /// asked, unless the host refuses it anyway (then it gets the host's error).
     fn check_decode_positions(&self, reqs: &[DecodeShape]) {
         let Some(shape) = reqs.iter().find(|shape| shape.seq_len > u32::MAX as usize) else {
             return;
         };
-        if self.host_refuses_decode(reqs) {
-            return;
+        if !self.host_refuses(|host| host.alloc_decode(reqs, &mut Vec::new())) {
+            panic!(
+                "a decode to position {} is past u32::MAX, the device's position range",
+                shape.seq_len
+            );
         }
-        panic!(
-            "a decode to position {} is past u32::MAX, the device's position range",
-            shape.seq_len
-        );
     }
 
-    /// Whether the host is sure to refuse this decode batch: a request too short, a last slot
-    /// outside a held page or at another offset than its length implies, or more new pages
-    /// than are free.
-    fn host_refuses_decode(&self, reqs: &[DecodeShape]) -> bool {
-        let page_size = self.host.page_size();
-        let mut new_pages = 0usize;
-        for &DecodeShape { seq_len, last_loc } in reqs {
-            let Some(stored) = seq_len.checked_sub(1).filter(|&stored| stored > 0) else {
-                return true;
-            };
-            let page = (last_loc as usize / page_size) as PageId;
-            let offset = (last_loc as usize + 1) % page_size;
-            if !self.host.is_page_allocated(page) || offset != stored % page_size {
-                return true;
-            }
-            new_pages += usize::from(stored % page_size == 0);
-        }
-        new_pages > self.host.free_page_count()
+    /// Whether the host refuses `call`, tried on a copy of it (O(pool pages): only for a batch
+    /// the device cannot compute, to tell a caller bug from a batch the host rejects anyway).
+    fn host_refuses(
+        &self,
+        call: impl FnOnce(&mut PageAllocator<D::Order>) -> Result<(), AllocError>,
+    ) -> bool {
+        call(&mut self.host.clone()).is_err()
     }
 
     /// Replays a batched extend the host has applied, for the rows in `self.rows`.
