@@ -7,11 +7,12 @@
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote, quote_spanned};
 use syn::ext::IdentExt;
+use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{
-    Attribute, Fields, GenericParam, Generics, Ident, Lifetime, LifetimeParam, Path, Type,
-    Visibility, parse_quote,
+    Attribute, Fields, GenericParam, Generics, Ident, Lifetime, LifetimeParam, Path, Token,
+    TraitBoundModifier, Type, TypeParamBound, Visibility, WherePredicate, parse_quote,
 };
 
 use super::parse::{FieldModel, GuardedStruct, Ownership, ReadMode};
@@ -74,17 +75,14 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
     // possibly unsized: what moves them by value asks for those parameters to be `Sized` (and is
     // usable once the tail is sized); otherwise no bound is added.
     let maybe_unsized = maybe_sized_params(generics);
-    let sized_bounds = quote!(#(#maybe_unsized: ::core::marker::Sized,)*);
-    let from_where = if maybe_unsized.is_empty() {
-        quote!(#where_clause)
-    } else {
-        let predicates = where_clause.map(|w| &w.predicates);
-        let comma = predicates
-            .filter(|p| !p.empty_or_trailing())
-            .map(|_| quote!(,));
-        quote!(where #predicates #comma #sized_bounds)
-    };
-    let into_init_where = (!maybe_unsized.is_empty()).then(|| quote!(where #sized_bounds));
+    let mut sized_generics = generics.clone();
+    for param in &maybe_unsized {
+        let bound: syn::WherePredicate = parse_quote!(#param: ::core::marker::Sized);
+        sized_generics.make_where_clause().predicates.push(bound);
+    }
+    let (_, _, from_where) = sized_generics.split_for_impl();
+    let into_init_where = (!maybe_unsized.is_empty())
+        .then(|| quote!(where #(#maybe_unsized: ::core::marker::Sized,)*));
     let view_generics = with_view_lifetime(generics);
     let (_, view_ty_generics, _) = view_generics.split_for_impl();
 
@@ -546,23 +544,26 @@ fn view_struct(
 
 /// The type parameters declared `?Sized` (in their bounds or in the where-clause).
 fn maybe_sized_params(generics: &Generics) -> Vec<&Ident> {
-    let maybe = |bound: &syn::TypeParamBound| matches!(bound, syn::TypeParamBound::Trait(t) if matches!(t.modifier, syn::TraitBoundModifier::Maybe(_)));
+    let relaxed = |bounds: &Punctuated<TypeParamBound, Token![+]>| {
+        bounds.iter().any(|bound| {
+            matches!(bound, TypeParamBound::Trait(t) if matches!(t.modifier, TraitBoundModifier::Maybe(_)))
+        })
+    };
+    let relaxed_in_where = |ident: &Ident| {
+        let predicates = generics
+            .where_clause
+            .iter()
+            .flat_map(|clause| &clause.predicates);
+        predicates.into_iter().any(|predicate| {
+            matches!(predicate, WherePredicate::Type(t)
+                if matches!(&t.bounded_ty, Type::Path(p) if p.qself.is_none() && p.path.is_ident(ident))
+                    && relaxed(&t.bounds))
+        })
+    };
     generics
         .type_params()
+        .filter(|param| relaxed(&param.bounds) || relaxed_in_where(&param.ident))
         .map(|param| &param.ident)
-        .filter(|ident| {
-            let inline = generics
-                .type_params()
-                .any(|p| p.ident == **ident && p.bounds.iter().any(maybe));
-            let in_where = generics.where_clause.iter().any(|clause| {
-                clause.predicates.iter().any(|predicate| {
-                    matches!(predicate, syn::WherePredicate::Type(t)
-                        if matches!(&t.bounded_ty, Type::Path(p) if p.qself.is_none() && p.path.is_ident(*ident))
-                            && t.bounds.iter().any(maybe))
-                })
-            });
-            inline || in_where
-        })
         .collect()
 }
 
