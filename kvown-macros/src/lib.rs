@@ -9,6 +9,7 @@
 //! Each macro parses its input into a typed model, validates it (reporting every problem in one
 //! build, as `syn::Error`s spanned on the offending tokens), then expands.
 
+mod cfg_attr;
 mod diag;
 mod guarded;
 mod method_token;

@@ -6,6 +6,7 @@ use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
 use syn::{Attribute, Fields, Ident, ItemStruct, Path, Token, Type, Visibility};
 
+use crate::cfg_attr::hides_attribute;
 use crate::diag::Diagnostics;
 use crate::support_path::{default_support_path, parse_support_path};
 
@@ -169,7 +170,7 @@ pub(crate) fn parse(
         let mut ownership: Option<Ownership> = None;
         let mut kept = Vec::with_capacity(field.attrs.len());
         for attr in std::mem::take(&mut field.attrs) {
-            if attr.path().is_ident("cfg_attr") && mentions_owned_by(attr.meta.to_token_stream()) {
+            if hides_attribute(&attr, "owned_by") {
                 // rustc expands `cfg_attr` after this macro has run: the field would look
                 // unowned here and then meet an unknown `#[owned_by]`.
                 diagnostics.error_at(
@@ -246,14 +247,5 @@ pub(crate) fn parse(
         init_name,
         item,
         fields,
-    })
-}
-
-/// Whether `tokens` (an attribute's meta) names `owned_by` anywhere.
-fn mentions_owned_by(tokens: TokenStream) -> bool {
-    tokens.into_iter().any(|tree| match tree {
-        proc_macro2::TokenTree::Ident(ident) => ident == "owned_by",
-        proc_macro2::TokenTree::Group(group) => mentions_owned_by(group.stream()),
-        _ => false,
     })
 }

@@ -11,6 +11,7 @@ use quote::{ToTokens, quote};
 use syn::ext::IdentExt;
 use syn::{FnArg, ImplItem, ItemFn, ItemImpl, Signature};
 
+use crate::cfg_attr::hides_attribute;
 use crate::diag::Diagnostics;
 use crate::method_token::is_type_name;
 use expand::OwnerPlan;
@@ -187,8 +188,7 @@ impl<'a> syn::visit::Visit<'a> for BindingFinder<'a> {
 /// impls").
 fn refuse_owner_in_cfg_attr(attrs: &mut Vec<syn::Attribute>, diagnostics: &mut Diagnostics) {
     attrs.retain(|attr| {
-        let hidden_owner = attr.path().is_ident("cfg_attr")
-            && matches!(&attr.meta, syn::Meta::List(list) if attributes_name_owner(list.tokens.clone()));
+        let hidden_owner = hides_attribute(attr, "owner");
         if hidden_owner {
             diagnostics.error_at(
                 attr,
@@ -199,20 +199,6 @@ fn refuse_owner_in_cfg_attr(attrs: &mut Vec<syn::Attribute>, diagnostics: &mut D
         }
         !hidden_owner
     });
-}
-
-/// Whether the attributes of a `cfg_attr(predicate, attrs..)` (past the predicate, which may
-/// itself name a cfg `owner`) name `owner` (`owner`, `kvown::owner`, `owner(token = cap)`).
-fn attributes_name_owner(tokens: TokenStream) -> bool {
-    let mut past_predicate = false;
-    tokens.into_iter().any(|tree| match tree {
-        proc_macro2::TokenTree::Punct(punct) if punct.as_char() == ',' => {
-            past_predicate = true;
-            false
-        }
-        proc_macro2::TokenTree::Ident(ident) => past_predicate && ident == "owner",
-        _ => false,
-    })
 }
 
 /// Removes `#[owner]` attributes so an erroneous block is still emitted as plain Rust.
