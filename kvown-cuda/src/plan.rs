@@ -502,14 +502,19 @@ mod tests {
 
     use super::*;
 
+    /// An extend from position 0 to `seq_len` (no prefix).
+    fn fresh(seq_len: usize) -> ExtendShape {
+        ExtendShape {
+            prefix_len: 0,
+            seq_len,
+            last_loc: None,
+        }
+    }
+
     /// A planner over 16 pages of 4 slots with the first 6 pages out (head at ring position 6).
     fn six_out<R: ReuseOrder>() -> AllocPlanner<R> {
         let mut planner = AllocPlanner::<R>::new(64, 4, 1, 1).unwrap();
-        let shape = ExtendShape {
-            prefix_len: 0,
-            seq_len: 24,
-            last_loc: None,
-        };
+        let shape = fresh(24);
         let plan = planner.plan_extend(&[shape], &[NO_ROW]).unwrap();
         planner.commit(&plan);
         planner
@@ -555,11 +560,7 @@ mod tests {
     #[test]
     fn a_row_named_twice_in_a_batch_is_refused() {
         let planner = AllocPlanner::<Lifo>::new(64, 4, 3, 16).unwrap();
-        let extend = ExtendShape {
-            prefix_len: 0,
-            seq_len: 4,
-            last_loc: None,
-        };
+        let extend = fresh(4);
         let repeated = |rows: &[u32]| match planner.plan_extend(&vec![extend; rows.len()], rows) {
             Err(CudaError::RowRepeated {
                 request,
@@ -626,11 +627,6 @@ mod tests {
         use kvown_runtime::alloc::{AllocError, DecodeShape};
         // 16 pages of 4 slots (slots 4..68), 2 rows of 32 positions.
         let planner = AllocPlanner::<Lifo>::new(64, 4, 2, 32).unwrap();
-        let fresh = |seq_len| ExtendShape {
-            prefix_len: 0,
-            seq_len,
-            last_loc: None,
-        };
         assert!(matches!(
             planner.plan_extend(&[fresh(4)], &[]),
             Err(CudaError::RowCountMismatch {
@@ -760,11 +756,6 @@ mod tests {
     fn an_extend_whose_thread_stride_wraps_is_too_large() {
         let size = u32::MAX as usize - 2;
         let planner = AllocPlanner::<Lifo>::new(size, 1, 1, 1).unwrap();
-        let fresh = |seq_len| ExtendShape {
-            prefix_len: 0,
-            seq_len,
-            last_loc: None,
-        };
         let top = (u32::MAX - ALLOC_BLOCK + 1) as usize;
         assert!(planner.plan_extend(&[fresh(top)], &[NO_ROW]).is_ok());
         assert!(matches!(
@@ -825,11 +816,7 @@ mod tests {
     #[should_panic(expected = "stale")]
     fn committing_an_allocation_plan_twice_panics() {
         let mut planner = six_out::<Lifo>();
-        let shape = ExtendShape {
-            prefix_len: 0,
-            seq_len: 4,
-            last_loc: None,
-        };
+        let shape = fresh(4);
         let plan = planner.plan_extend(&[shape], &[NO_ROW]).unwrap();
         planner.commit(&plan);
         planner.commit(&plan);
