@@ -100,9 +100,12 @@ impl<A> KvCache<A> {
 }
 
 impl<A: KvAllocator> KvCache<A> {
-    /// Bundles the three parts; their page sizes must agree, and the prefix cache must be
-    /// empty ([`KvError::PrefixCacheNotEmpty`]: the allocator cannot know which of its pages a
-    /// tree filled elsewhere holds).
+    /// Bundles the three parts, all of them unused: their page sizes must agree
+    /// ([`KvError::PageSizeMismatch`]), the prefix cache must be empty
+    /// ([`KvError::PrefixCacheNotEmpty`]), every slot of the allocator free with no free group
+    /// open ([`KvError::AllocatorInUse`]) and every row of the table free
+    /// ([`KvError::RowsInUse`]): slots or rows taken before the cache existed belong to no
+    /// request it knows, so its accounting could never add up.
     pub fn new(
         allocator: A,
         req_to_token: ReqToTokenPool,
@@ -120,6 +123,20 @@ impl<A: KvAllocator> KvCache<A> {
                     cached: radix.total_size(),
                 });
             }
+        }
+        let free = allocator.available_size();
+        if free != allocator.capacity() || allocator.in_free_group() {
+            return Err(KvError::AllocatorInUse {
+                taken: allocator.capacity() - free,
+                capacity: allocator.capacity(),
+                free_group_open: allocator.in_free_group(),
+            });
+        }
+        if req_to_token.available_size() != req_to_token.size() {
+            return Err(KvError::RowsInUse {
+                held: req_to_token.size() - req_to_token.available_size(),
+                rows: req_to_token.size(),
+            });
         }
         Ok(KvCache {
             id: CacheId::next(),

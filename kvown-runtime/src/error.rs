@@ -159,6 +159,31 @@ pub enum KvError {
         /// Tokens the prefix cache holds.
         cached: usize,
     },
+    /// A cache is built around an allocator that has slots taken or a free group open.
+    #[error(
+        "the allocator has {taken} of its {capacity} slots taken{}, by no request of the new \
+         cache; build the KvCache with an allocator whose slots are all free",
+        if *free_group_open { " and a free group open" } else { "" }
+    )]
+    AllocatorInUse {
+        /// Slots not available (allocated, or freed into a free group that is still open).
+        taken: usize,
+        /// The allocator's capacity in slots.
+        capacity: usize,
+        /// Whether a free group was open.
+        free_group_open: bool,
+    },
+    /// A cache is built around a request-to-token table with rows held.
+    #[error(
+        "the request-to-token table has {held} of its {rows} rows held, by no request of the \
+         new cache; build the KvCache with a fresh table (or `clear` it first)"
+    )]
+    RowsInUse {
+        /// Rows held.
+        held: usize,
+        /// Rows in the table (row 0, the padding row, not counted).
+        rows: usize,
+    },
     /// A per-request argument list does not match the batch.
     #[error("expected one entry per request ({expected}), got {got}")]
     BatchLengthMismatch {

@@ -854,6 +854,54 @@ fn a_cache_is_refused_a_prefix_cache_that_already_holds_pages() {
     ));
 }
 
+// A cache is built around an allocator and a table with nothing taken: slots or rows taken
+// before it existed belong to no request it knows (such parts were accepted, and the cache's
+// first check reported them as leaked). Parts used and given back are accepted.
+#[test]
+fn a_cache_is_refused_an_allocator_or_table_already_in_use() {
+    let fresh_rows = || ReqToTokenPool::new(4, 32).unwrap();
+    let fresh_allocator = || PagedAllocator::new(64, 4, false).unwrap();
+
+    let mut allocator = fresh_allocator();
+    allocator.alloc(8, &mut Vec::new()).unwrap();
+    let refused = KvCache::new(allocator, fresh_rows(), TreeCache::Disabled).unwrap_err();
+    assert_eq!(
+        refused,
+        KvError::AllocatorInUse {
+            taken: 8,
+            capacity: 64,
+            free_group_open: false
+        }
+    );
+    assert!(refused.to_string().contains("8 of its 64 slots taken"));
+
+    let mut allocator = fresh_allocator();
+    allocator.free_group_begin().unwrap();
+    assert_eq!(
+        KvCache::new(allocator, fresh_rows(), TreeCache::Disabled).unwrap_err(),
+        KvError::AllocatorInUse {
+            taken: 0,
+            capacity: 64,
+            free_group_open: true
+        }
+    );
+
+    let mut rows = fresh_rows();
+    rows.alloc(3).unwrap();
+    let refused = KvCache::new(fresh_allocator(), rows, TreeCache::Disabled).unwrap_err();
+    assert_eq!(refused, KvError::RowsInUse { held: 3, rows: 4 });
+    assert!(refused.to_string().contains("3 of its 4 rows held"));
+
+    let mut allocator = fresh_allocator();
+    let mut taken = Vec::new();
+    allocator.alloc(8, &mut taken).unwrap();
+    allocator.free(&taken).unwrap();
+    let mut rows = fresh_rows();
+    let row = rows.alloc(1).unwrap()[0];
+    rows.free(row).unwrap();
+    assert!(KvCache::new(allocator, rows, TreeCache::Disabled).is_ok());
+}
+
 // Edge case: released after matching but before allocation: only the lock is dropped.
 #[test]
 fn release_between_match_and_alloc_drops_only_the_lock() {
