@@ -129,7 +129,8 @@ fn run(args: &Args) -> Result<Summary, String> {
     match device {
         None => {
             let cache = KvCache::new(allocator, table, tree).map_err(|e| e.to_string())?;
-            let pool = new_host_pool(layout, kv_data::DTYPE);
+            let pool = new_host_pool(layout, kv_data::DTYPE)
+                .map_err(|e| format!("KV pool on the host: {e}"))?;
             serve(args, cache, pool, jobs, backend)
         }
         Some(device) => {

@@ -42,7 +42,7 @@ impl Backend {
     ) -> Result<Box<dyn KvPool>, KvPoolError> {
         match self {
             Backend::Cuda(device) => Ok(Box::new(CudaKvPool::new(device.clone(), layout, dtype)?)),
-            Backend::Host { .. } => Ok(new_host_pool(layout, dtype)),
+            Backend::Host { .. } => new_host_pool(layout, dtype),
         }
     }
 }

@@ -546,7 +546,7 @@ fn run_pool(make: &impl MakePool, seed: u64, coverage: &mut Coverage) -> Option<
     let mut rng = Rng(seed);
     let (layout, dtype) = random_pool(&mut rng);
     let mut device = make.make_pool(layout, dtype)?;
-    let mut host = new_host_pool(layout, dtype);
+    let mut host = new_host_pool(layout, dtype).unwrap();
     let planner = KvPlanner::new(layout, dtype);
     coverage.record_shapes(&planner);
     let (slots, pages) = (layout.slots(), layout.pages());

@@ -21,7 +21,7 @@ const V_ROW: usize = 4;
 
 /// A pool whose every row holds distinct non-zero values, and a snapshot of all its rows.
 fn filled_pool() -> (HostKvPool<f32>, Vec<(KvData, KvData)>) {
-    let mut pool = HostKvPool::<f32>::new(layout());
+    let mut pool = HostKvPool::<f32>::new(layout()).unwrap();
     let all: Vec<KvSlot> = (0..16).collect();
     for layer in 0..3 {
         let k: Vec<f32> = (0..16 * K_ROW)
@@ -297,7 +297,7 @@ fn row<T: KvElement>(seed: u16, len: usize, sign: f32) -> Vec<T> {
 }
 
 fn run_model<T: KvElement>(calls: &[(usize, Vec<(KvSlot, u16)>)]) {
-    let mut pool = new_host_pool(layout(), T::DTYPE);
+    let mut pool = new_host_pool(layout(), T::DTYPE).unwrap();
     let mut model: HashMap<(usize, KvSlot), (Vec<T>, Vec<T>)> = HashMap::new();
     for (layer, rows) in calls {
         let slots: Vec<KvSlot> = rows.iter().map(|&(slot, _)| slot).collect();

@@ -83,6 +83,17 @@ pub enum KvPoolError {
         /// Destination entries.
         dst: usize,
     },
+    /// The system allocator refused a host K or V buffer.
+    #[error(
+        "the host cannot allocate a K/V buffer of {buffer_bytes} bytes ({pool_bytes} bytes for \
+         the whole pool): give the pool fewer slots, layers or heads, or a narrower dtype"
+    )]
+    HostOutOfMemory {
+        /// Bytes of the buffer refused (one layer's K or V).
+        buffer_bytes: usize,
+        /// Bytes of every layer's K and V together.
+        pool_bytes: usize,
+    },
     /// The device backend failed (driver or launch error); see the source.
     #[error("KV backend failure: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),

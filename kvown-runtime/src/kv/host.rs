@@ -14,29 +14,32 @@ pub struct HostKvPool<T: KvElement> {
     v: Vec<Vec<T>>,
 }
 
-/// A boxed host pool of the given dtype, for callers that pick the dtype at run time.
-pub fn new_host_pool(layout: KvLayout, dtype: KvDtype) -> Box<dyn KvPool> {
-    match dtype {
-        KvDtype::F32 => Box::new(HostKvPool::<f32>::new(layout)),
-        KvDtype::F16 => Box::new(HostKvPool::<half::f16>::new(layout)),
-        KvDtype::Bf16 => Box::new(HostKvPool::<half::bf16>::new(layout)),
-    }
+/// A boxed host pool of the given dtype, for callers that pick the dtype at run time; fails
+/// as [`HostKvPool::new`] does.
+pub fn new_host_pool(layout: KvLayout, dtype: KvDtype) -> Result<Box<dyn KvPool>, KvPoolError> {
+    Ok(match dtype {
+        KvDtype::F32 => Box::new(HostKvPool::<f32>::new(layout)?),
+        KvDtype::F16 => Box::new(HostKvPool::<half::f16>::new(layout)?),
+        KvDtype::Bf16 => Box::new(HostKvPool::<half::bf16>::new(layout)?),
+    })
 }
 
 impl<T: KvElement> HostKvPool<T> {
-    /// A pool with every element zero.
-    pub fn new(layout: KvLayout) -> Self {
-        let buffers = |tensor| {
+    /// A pool with every element zero, written at once (the memory is taken now, not at the
+    /// first store). Fails with [`KvPoolError::HostOutOfMemory`] when the system allocator
+    /// refuses a buffer; nothing stays allocated then.
+    pub fn new(layout: KvLayout) -> Result<Self, KvPoolError> {
+        let buffers = |tensor| -> Result<Vec<Vec<T>>, KvPoolError> {
             let len = layout.slots() * layout.row_len(tensor);
             (0..layout.layers())
-                .map(|_| vec![T::default(); len])
+                .map(|_| zeroed::<T>(len, &layout))
                 .collect()
         };
-        Self {
+        Ok(Self {
             layout,
-            k: buffers(KvTensor::K),
-            v: buffers(KvTensor::V),
-        }
+            k: buffers(KvTensor::K)?,
+            v: buffers(KvTensor::V)?,
+        })
     }
 
     /// The whole buffer of `tensor` in `layer` (`slots()` rows), or `BadLayer`.
@@ -47,6 +50,19 @@ impl<T: KvElement> HostKvPool<T> {
             KvTensor::V => &self.v[layer],
         })
     }
+}
+
+/// `len` zero elements of one of `layout`'s buffers, or `HostOutOfMemory`.
+fn zeroed<T: KvElement>(len: usize, layout: &KvLayout) -> Result<Vec<T>, KvPoolError> {
+    let mut buffer = Vec::new();
+    buffer
+        .try_reserve_exact(len)
+        .map_err(|_| KvPoolError::HostOutOfMemory {
+            buffer_bytes: len * size_of::<T>(),
+            pool_bytes: layout.pool_bytes(T::DTYPE),
+        })?;
+    buffer.resize(len, T::default());
+    Ok(buffer)
 }
 
 /// `buffer[slots[t]] = rows[t]` for rows of `row_len`. Slots must be validated.
@@ -146,7 +162,7 @@ mod tests {
     }
 
     fn round_trip<T: KvElement>() {
-        let mut pool = HostKvPool::<T>::new(layout());
+        let mut pool = HostKvPool::<T>::new(layout()).unwrap();
         let slots = [4, 11, 0];
         let k = values::<T>(1.0, 3 * 6);
         let v = values::<T>(100.0, 3 * 4);
@@ -176,7 +192,7 @@ mod tests {
 
     #[test]
     fn store_writes_rows_in_nhd_layout() {
-        let mut pool = HostKvPool::<f32>::new(layout());
+        let mut pool = HostKvPool::<f32>::new(layout()).unwrap();
         let k = values::<f32>(1.0, 6);
         let v = values::<f32>(50.0, 4);
         pool.store_kv(0, &[2], KvSlice::F32(&k), KvSlice::F32(&v))
@@ -187,7 +203,7 @@ mod tests {
 
     #[test]
     fn copy_slots_reads_before_writing() {
-        let mut pool = HostKvPool::<f32>::new(layout());
+        let mut pool = HostKvPool::<f32>::new(layout()).unwrap();
         for layer in 0..2 {
             let k = values::<f32>(10.0 * layer as f32 + 1.0, 2 * 6);
             let v = values::<f32>(10.0 * layer as f32 + 5.0, 2 * 4);
@@ -204,7 +220,7 @@ mod tests {
 
     #[test]
     fn copy_pages_copies_every_row_of_the_page() {
-        let mut pool = HostKvPool::<f32>::new(layout());
+        let mut pool = HostKvPool::<f32>::new(layout()).unwrap();
         let k = values::<f32>(1.0, 4 * 6);
         let v = values::<f32>(70.0, 4 * 4);
         pool.store_kv(1, &[4, 5, 6, 7], KvSlice::F32(&k), KvSlice::F32(&v))
@@ -217,9 +233,25 @@ mod tests {
     }
 
     #[test]
+    fn a_pool_the_system_cannot_allocate_is_an_error() {
+        // 2^44 elements a row: 2^56 bytes a K buffer, past what x86-64 or AArch64 can map.
+        let huge = KvLayout::new(1, 1 << 22, 1 << 22, 4, 4).unwrap();
+        for dtype in KvDtype::ALL {
+            let error = new_host_pool(huge, dtype).err().expect("refused");
+            let element = dtype.size_bytes();
+            assert!(matches!(
+                error,
+                KvPoolError::HostOutOfMemory { buffer_bytes, pool_bytes }
+                    if buffer_bytes == (8 * element) << 44
+                        && pool_bytes == 2 * buffer_bytes
+            ));
+        }
+    }
+
+    #[test]
     fn boxed_pool_has_the_requested_dtype() {
         for dtype in KvDtype::ALL {
-            assert_eq!(new_host_pool(layout(), dtype).dtype(), dtype);
+            assert_eq!(new_host_pool(layout(), dtype).unwrap().dtype(), dtype);
         }
     }
 }

@@ -129,6 +129,12 @@ impl KvLayout {
             KvTensor::V => self.kv_heads * self.v_head_dim,
         }
     }
+    /// Bytes of every layer's K and V buffers with elements of `dtype` (fits: the layout was
+    /// checked at the widest dtype).
+    pub fn pool_bytes(&self, dtype: KvDtype) -> usize {
+        let row = self.row_len(KvTensor::K) + self.row_len(KvTensor::V);
+        self.layers * self.slots() * row * dtype.size_bytes()
+    }
 
     /// Checks that `layer` exists.
     pub fn check_layer(&self, layer: usize) -> Result<(), KvPoolError> {

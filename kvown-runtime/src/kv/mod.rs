@@ -10,7 +10,7 @@
 //! use kvown_runtime::kv::{HostKvPool, KvData, KvLayout, KvPool, KvSlice};
 //!
 //! // 2 layers, 1 KV head of 4 elements, 8 slots of capacity in pages of 4 (+ the padding page).
-//! let mut pool = HostKvPool::<f32>::new(KvLayout::new(2, 1, 4, 8, 4).unwrap());
+//! let mut pool = HostKvPool::<f32>::new(KvLayout::new(2, 1, 4, 8, 4).unwrap()).unwrap();
 //! let k = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
 //! let v = [0.5; 8];
 //! pool.store_kv(1, &[4, 9], KvSlice::F32(&k), KvSlice::F32(&v)).unwrap();
