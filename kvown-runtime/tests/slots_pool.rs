@@ -159,6 +159,15 @@ fn an_unrepresentable_table_is_rejected() {
             "{size} x {max_context_len}"
         );
     }
+    // A table the address space holds but no x86-64 or AArch64 host can map (2^56 bytes):
+    // the allocator's refusal is the same error (it aborted the process).
+    assert_eq!(
+        ReqToTokenPool::new(0, 1 << 54),
+        Err(SlotError::TableTooLarge {
+            rows: 1,
+            max_context_len: 1 << 54
+        })
+    );
 }
 
 #[test]

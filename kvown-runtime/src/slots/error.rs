@@ -55,8 +55,11 @@ pub enum SlotError {
         row_width: usize,
     },
     /// `(size + 1) × max_context_len` entries, or the bookkeeping of `size + 1` rows, do not fit
-    /// in the address space.
-    #[error("a table of {rows} rows × {max_context_len} positions overflows the address space")]
+    /// in the address space, or the system allocator refuses them.
+    #[error(
+        "a table of {rows} rows × {max_context_len} positions is more than this host can \
+         allocate: give it fewer rows or a shorter max_context_len"
+    )]
     TableTooLarge {
         /// `size + 1`.
         rows: usize,

@@ -1,5 +1,7 @@
 //! [`ReqToTokenPool`]: the `(size + 1) × max_context_len` table of KV slots and its free rows.
 
+use std::iter::repeat_n;
+
 use super::SlotError;
 use crate::alloc::KvSlot;
 
@@ -25,6 +27,14 @@ pub struct ReqToTokenPool {
     req_generation: Vec<u64>,
 }
 
+/// `items` in a vector, or `None` when the system allocator refuses the vector.
+fn collected<T>(items: impl ExactSizeIterator<Item = T>) -> Option<Vec<T>> {
+    let mut vector = Vec::new();
+    vector.try_reserve_exact(items.len()).ok()?;
+    vector.extend(items);
+    Some(vector)
+}
+
 /// The entries of a [`ReqToTokenPool`] (row `r`, position `p` at `r * width + p`), borrowed
 /// for one pass.
 pub(crate) struct TableEntries<'a> {
@@ -38,7 +48,8 @@ impl ReqToTokenPool {
     /// A pool of `size` request rows of `max_context_len` positions, all free: `[1, …, size]`.
     ///
     /// Fails with [`SlotError::TableTooLarge`] when the table, or the per-row bookkeeping,
-    /// would exceed the address space (`isize::MAX` bytes).
+    /// would exceed the address space (`isize::MAX` bytes) or the system allocator refuses it.
+    /// The table is zeroed at once: its memory is taken now, not at the first write.
     pub fn new(size: usize, max_context_len: usize) -> Result<Self, SlotError> {
         let too_large = SlotError::TableTooLarge {
             rows: size.saturating_add(1),
@@ -61,14 +72,21 @@ impl ReqToTokenPool {
             }
             _ => return Err(too_large),
         };
-        Ok(Self {
+        Self::allocate(size, max_context_len, entries).ok_or(too_large)
+    }
+
+    /// The pool for sizes checked against the address space, or `None` when the system
+    /// allocator refuses one of its vectors.
+    fn allocate(size: usize, max_context_len: usize, entries: usize) -> Option<Self> {
+        let rows = size + 1;
+        Some(Self {
             size,
             max_context_len,
-            table: vec![0; entries],
-            free_rows: (1..=size).collect(),
-            held: vec![false; rows],
-            assigned_to: vec![None; rows],
-            req_generation: vec![0; rows],
+            table: collected(repeat_n(0, entries))?,
+            free_rows: collected(1..rows)?,
+            held: collected(repeat_n(false, rows))?,
+            assigned_to: collected(repeat_n(None, rows))?,
+            req_generation: collected(repeat_n(0, rows))?,
         })
     }
 
