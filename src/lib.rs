@@ -286,6 +286,8 @@
 //!   the impl's type as one UpperCamelCase identifier without `_`, and a free `#[owner]` cannot
 //!   start with an upper-case letter. Owned field names cannot start with `set_`, end with
 //!   `_mut`, be `fields` or `into_init`, or differ from another owned field's only in `_`s.
+//!   An owned field `from` makes `Struct::from` its getter: build such a struct with
+//!   `StructInit { .. }.into()`.
 //! * `#[owner]` on an associated function of an impl without `#[owners]` (or in a trait) gets
 //!   rustc's `module is not supported in impls`: the macro cannot see where it is applied.
 //! * Two guarded structs in one module can ask for the same owner trait name (`Req` with
