@@ -83,7 +83,11 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
     let (_, _, from_where) = sized_generics.split_for_impl();
     let into_init_where = (!maybe_unsized.is_empty())
         .then(|| quote!(where #(#maybe_unsized: ::core::marker::Sized,)*));
-    let view_generics = with_view_lifetime(generics);
+    // The init and view structs declare the struct's generics again; in their bounds and
+    // where-clause `Self` would name them, not the struct.
+    let mut copied_generics = generics.clone();
+    SelfToStruct(&self_type).visit_generics_mut(&mut copied_generics);
+    let view_generics = with_view_lifetime(&copied_generics);
     let (_, view_ty_generics, _) = view_generics.split_for_impl();
 
     let mut seals = Vec::new();
@@ -130,7 +134,14 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
     let from_is_a_getter = fields.iter().any(|f| {
         f.model.ownership.is_some() && !refused.contains(&&f.model.ident) && f.model.ident == "from"
     });
-    let init_struct = init_struct(model, init, generics, &fields, &inner_vis, from_is_a_getter);
+    let init_struct = init_struct(
+        model,
+        init,
+        &copied_generics,
+        &fields,
+        &inner_vis,
+        from_is_a_getter,
+    );
     let view_struct = view_struct(&view, &view_generics, &fields, &inner_vis);
     let idents: Vec<&Ident> = fields.iter().map(|f| &f.model.ident).collect();
     let cfgs: Vec<&Vec<Attribute>> = fields.iter().map(|f| &f.model.cfg_attrs).collect();
@@ -201,8 +212,8 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
     }
 }
 
-/// Replaces `Self` in a copied field type by the struct's type (`Node<T>`): the init and view
-/// structs reuse the field types, and there `Self` would name them instead. A path that starts
+/// Replaces `Self` in a copied field type or generics by the struct's type (`Node<T>`): the init
+/// and view structs reuse the field types and generics, and there `Self` would name them instead. A path that starts
 /// with `Self` (`[u8; Self::N]` in an array length) becomes `<Node<T>>::N`.
 struct SelfToStruct<'a>(&'a Type);
 
