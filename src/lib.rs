@@ -257,8 +257,9 @@
 //!
 //! Write counts are syntactic: `x.set_f(cap, ..)`, `x.f_mut(cap)` and `T::set_f(x, cap, ..)`
 //! calls in the owner's body count as writes of every field named `f` the owner owns, where `cap`
-//! is `owner` or a local it was moved into (`let cap = owner;`); macro arguments and
-//! `macro_rules!` bodies are scanned for the same calls (counted where written). Any other use
+//! is `owner` or a local it was moved into (`let cap = owner;`), in that local's scope and until
+//! a pattern rebinds the name; macro arguments and `macro_rules!` bodies are scanned for the
+//! same calls (counted where written). Any other use
 //! of `owner` (a helper call, a macro it is handed to, a struct or tuple it is stored in) counts
 //! as a delegation. Items nested in the body (a helper `fn` there) are not the body's writes.
 //!

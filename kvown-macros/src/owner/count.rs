@@ -9,8 +9,10 @@ use syn::{Block, Expr, Ident, Local, Pat};
 
 /// Guarded writes an owner body makes, found by syntax: `x.set_<field>(cap, ..)`,
 /// `x.<field>_mut(cap)` and `Type::set_<field>(x, cap, ..)` are writes of `<field>`, where `cap`
-/// is the capability binding or a local it was moved into (`let cap = owner;`). Macro arguments
-/// are scanned token by token for the same shapes. Any other use of the capability hands it on.
+/// is the capability binding or a local it was moved into (`let cap = owner;`), within that
+/// local's scope; a name bound to anything else (a `let`, a closure parameter, a `match` arm or
+/// `for` pattern) is not the capability where it is in scope. Macro arguments are scanned token
+/// by token for the same shapes. Any other use of the capability hands it on.
 #[derive(Default)]
 pub(crate) struct WriteCount {
     /// Writes per field name.
@@ -41,12 +43,21 @@ fn written_field(method: &str) -> Option<&str> {
 }
 
 struct Counter {
-    /// The capability's names: the binding and the locals it was moved into.
+    /// The capability's names where the visit is: the binding and the locals it was moved into,
+    /// less the names a pattern in scope binds to something else.
     names: BTreeSet<String>,
     count: WriteCount,
 }
 
 impl Counter {
+    /// Visits a scope (a block, closure, `match` arm...): the names its patterns bind or rebind
+    /// are restored when it ends.
+    fn scoped(&mut self, visit: impl FnOnce(&mut Self)) {
+        let outer = self.names.clone();
+        visit(self);
+        self.names = outer;
+    }
+
     fn is_name(&self, ident: &Ident) -> bool {
         self.names.contains(&ident.unraw().to_string())
     }
@@ -213,16 +224,65 @@ impl<'ast> Visit<'ast> for Counter {
         visit::visit_expr_path(self, path);
     }
 
+    /// The initialiser is visited with the names before the `let`; its pattern then binds its
+    /// names (to the capability when it is moved in whole, otherwise to something else) until the
+    /// enclosing block ends.
     fn visit_local(&mut self, local: &'ast Local) {
-        if let Some(init) = &local.init
-            && init.diverge.is_none()
-            && self.is_capability(&init.expr)
-            && let Some(name) = bound_name(&local.pat)
-        {
-            self.names.insert(name);
-            return;
+        if let Some(init) = &local.init {
+            if init.diverge.is_none()
+                && self.is_capability(&init.expr)
+                && let Some(name) = bound_name(&local.pat)
+            {
+                self.names.insert(name);
+                return;
+            }
+            self.visit_expr(&init.expr);
+            if let Some((_, diverge)) = &init.diverge {
+                self.visit_expr(diverge);
+            }
         }
-        visit::visit_local(self, local);
+        self.visit_pat(&local.pat);
+    }
+
+    /// A name a pattern binds is not the capability while the binding is in scope.
+    fn visit_pat_ident(&mut self, pat: &'ast syn::PatIdent) {
+        self.names.remove(&pat.ident.unraw().to_string());
+        visit::visit_pat_ident(self, pat);
+    }
+
+    fn visit_block(&mut self, block: &'ast syn::Block) {
+        self.scoped(|counter| visit::visit_block(counter, block));
+    }
+
+    fn visit_expr_closure(&mut self, closure: &'ast syn::ExprClosure) {
+        self.scoped(|counter| visit::visit_expr_closure(counter, closure));
+    }
+
+    fn visit_arm(&mut self, arm: &'ast syn::Arm) {
+        self.scoped(|counter| visit::visit_arm(counter, arm));
+    }
+
+    fn visit_expr_for_loop(&mut self, for_loop: &'ast syn::ExprForLoop) {
+        self.visit_expr(&for_loop.expr);
+        self.scoped(|counter| {
+            counter.visit_pat(&for_loop.pat);
+            counter.visit_block(&for_loop.body);
+        });
+    }
+
+    /// An `if let` binds its names in the condition and the `then` branch, not in `else`.
+    fn visit_expr_if(&mut self, expr: &'ast syn::ExprIf) {
+        self.scoped(|counter| {
+            counter.visit_expr(&expr.cond);
+            counter.visit_block(&expr.then_branch);
+        });
+        if let Some((_, else_branch)) = &expr.else_branch {
+            self.visit_expr(else_branch);
+        }
+    }
+
+    fn visit_expr_while(&mut self, expr: &'ast syn::ExprWhile) {
+        self.scoped(|counter| visit::visit_expr_while(counter, expr));
     }
 
     fn visit_macro(&mut self, mac: &'ast syn::Macro) {
@@ -296,6 +356,56 @@ mod tests {
         let (writes, delegations) = count(syn::parse_quote! {{ r.set_len(#owner, 1); }});
         assert_eq!(writes, [("len".to_string(), 1)]);
         assert_eq!(delegations, 0);
+    }
+
+    #[test]
+    fn a_rebound_capability_is_the_capability_only_in_its_scope() {
+        let (writes, delegations) = count(syn::parse_quote! {{
+            {
+                let cap = owner;
+                r.set_len(cap, 1);
+            }
+            {
+                let cap = &log;
+                write(cap);
+            }
+            let cap = 3;
+            r.set_len(cap, 2);
+            print(cap);
+        }});
+        assert_eq!(writes, [("len".to_string(), 1)]);
+        assert_eq!(
+            delegations, 0,
+            "`cap` outside the block is not the capability"
+        );
+    }
+
+    #[test]
+    fn a_name_bound_to_something_else_shadows_the_capability_in_its_scope() {
+        let (writes, delegations) = count(syn::parse_quote! {{
+            let cap = owner;
+            {
+                let cap = 5;
+                print(cap);
+            }
+            r.set_len(cap, 1);
+            let bump = |r: &mut Req, owner: &Tok| r.set_len(owner, 2);
+            for cap in caps { print(cap); }
+            match found {
+                Some(owner) => print(owner),
+                None => r.set_len(owner, 3),
+            }
+            if let Some(owner) = found { print(owner) } else { *r.len_mut(owner) += 1 }
+            while let Some(cap) = next() { print(cap); }
+            let (owner, n) = (4, 5);
+            print(owner);
+            bump(r, cap);
+        }});
+        assert_eq!(writes, [("len".to_string(), 3)]);
+        assert_eq!(
+            delegations, 1,
+            "only `bump(r, cap)` hands the capability on"
+        );
     }
 
     #[test]
