@@ -119,6 +119,7 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
         ..
     } = plan;
     let token_vis = widen_one_level(vis);
+    let binding_placeholder = binding_placeholder(plan);
     let token_doc = format!(
         "Capability token of the owner `{site_name}`: only that owner's body can build one, \
          and code sees it only as the borrow `&{token}`."
@@ -140,6 +141,8 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
 
             impl #support::__private::OwnerToken for #token {}
 
+            #binding_placeholder
+
             #owner_item
 
             #registration
@@ -149,6 +152,26 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
         #[allow(unused_imports)]
         #vis use self::#module::#token;
     }
+}
+
+/// A function named like the capability binding, in the owner's hidden module, when the body
+/// gets the binding. It shadows what `use super::*` would bring in under that name in the value
+/// namespace: a `const owner`, a `static owner` or a unit `struct owner` there would turn
+/// `let owner = ..` into a pattern that matches the constant (or refuses to shadow it), while a
+/// function never does. Not needed (and it would clash) when the owner function has that name.
+fn binding_placeholder(plan: &OwnerPlan) -> Option<TokenStream> {
+    let OwnerPlan {
+        binding,
+        token,
+        binds,
+        ..
+    } = plan;
+    (*binds && binding.unraw() != token.unraw()).then(|| {
+        quote! {
+            #[allow(dead_code, non_snake_case)]
+            fn #binding() {}
+        }
+    })
 }
 
 /// Binds the capability at the top of the body. The token itself lives in a hygienic local
