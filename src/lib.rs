@@ -289,6 +289,8 @@
 //!   `_mut`, be `fields` or `into_init`, or differ from another owned field's only in `_`s.
 //!   An owned field `from` makes `Struct::from` its getter: build such a struct with
 //!   `StructInit { .. }.into()`.
+//! * Field types and generics are compiled inside the seal: items and macro calls in them are
+//!   refused (declare the `const` or type alias outside the struct and name it).
 //! * `#[owner]` on an associated function of an impl without `#[owners]` (or in a trait) gets
 //!   rustc's `module is not supported in impls`: the macro cannot see where it is applied.
 //! * Two guarded structs in one module can ask for the same owner trait name (`Req` with

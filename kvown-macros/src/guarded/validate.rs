@@ -113,6 +113,7 @@ pub(crate) fn validate<'m>(
             );
         }
     }
+    refuse_code_inside_the_seal(model, diagnostics);
     if !any_owned {
         diagnostics.error_at(
             &model.item.ident,
@@ -154,6 +155,70 @@ fn accessor_names_are_clear(ident: &syn::Ident, diagnostics: &mut Diagnostics) -
     false
 }
 
+/// Errors on every item and macro call inside the field types and generics. Those are emitted in
+/// the hidden module, where the owned fields are accessible: an item declared in an array
+/// length's block (`[u8; { fn f(r: &mut Req) { r.len = 9; } 4 }]`), or one a macro call
+/// expands to, could write owned fields or implement the sealed owner traits without being
+/// listed. Refusing them keeps the seal free of user code by construction (derives aside).
+fn refuse_code_inside_the_seal(model: &GuardedStruct, diagnostics: &mut Diagnostics) {
+    let name = &model.item.ident;
+    let mut finder = CodeFinder::default();
+    for field in &model.fields {
+        finder.visit_type(&field.ty);
+        finder.report(
+            diagnostics,
+            &format!("the type of `{name}::{}`", field.ident),
+        );
+    }
+    finder.visit_generics(&model.item.generics);
+    finder.report(diagnostics, &format!("the generics of `{name}`"));
+}
+
+/// Items and macro calls found in a syntax tree, with their spans.
+#[derive(Default)]
+struct CodeFinder {
+    items: Vec<proc_macro2::TokenStream>,
+    macros: Vec<syn::Path>,
+}
+
+impl CodeFinder {
+    /// Records an error for each finding, saying it is in `place`, and forgets them.
+    fn report(&mut self, diagnostics: &mut Diagnostics, place: &str) {
+        for item in self.items.drain(..) {
+            diagnostics.error_at(
+                item,
+                format!(
+                    "an item inside {place} would be compiled inside #[kvown::guarded]'s seal, \
+                     where it could write owned fields; declare it outside the struct (a `const` \
+                     or type alias in the struct's module) and name that here"
+                ),
+            );
+        }
+        for path in self.macros.drain(..) {
+            diagnostics.error_at(
+                &path,
+                format!(
+                    "a macro call inside {place} would expand inside #[kvown::guarded]'s seal, \
+                     where items it declares could write owned fields; move it to a type alias \
+                     or `const` outside the struct and name that here"
+                ),
+            );
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for CodeFinder {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        // Spanned on the item's first tokens (its attributes or keyword and name).
+        let head: proc_macro2::TokenStream = item.to_token_stream().into_iter().take(2).collect();
+        self.items.push(head);
+    }
+
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        self.macros.push(mac.path.clone());
+    }
+}
+
 /// The first interior-mutable type inside `ty` (also inside generic arguments), if any.
 fn interior_mutable_part(ty: &Type) -> Option<syn::PathSegment> {
     struct Finder(Option<syn::PathSegment>);
@@ -184,6 +249,57 @@ fn type_text(tokens: &impl ToTokens) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn items_and_macros_in_field_types_and_generics_are_refused() {
+        let count = |input: proc_macro2::TokenStream| {
+            let mut diagnostics = Diagnostics::new();
+            let model = crate::guarded::parse::parse(quote::quote!(), input, &mut diagnostics)
+                .unwrap_or_else(|_| panic!("a struct with named fields"));
+            refuse_code_inside_the_seal(&model, &mut diagnostics);
+            let errors = diagnostics.into_compile_errors().to_string();
+            errors.matches("compile_error").count()
+        };
+        let clean = quote::quote!(
+            struct S<T, const N: usize = { 2 + 2 }>
+            where
+                [T; N]: Sized,
+            {
+                #[owned_by(f)]
+                a: [u8; { Self::N / 2 }],
+                b: Vec<[T; N]>,
+            }
+        );
+        assert_eq!(
+            count(clean),
+            0,
+            "blocks without items are plain expressions"
+        );
+        let dirty = quote::quote!(
+            struct S<
+                const N: usize = {
+                    const M: usize = 1;
+                    M
+                },
+            >
+            where
+                [(); m!()]: Sized,
+            {
+                #[owned_by(f)]
+                a: [u8; {
+                    fn sneak() {}
+                    impl S {}
+                    4
+                }],
+                b: ty!(u8),
+                c: [u8; {
+                    n!();
+                    1
+                }],
+            }
+        );
+        assert_eq!(count(dirty), 6, "three items, three macro calls");
+    }
 
     #[test]
     fn accessor_names_of_owned_fields_must_read_one_way() {
