@@ -52,6 +52,17 @@ pub enum BackendChoice {
     Cuda,
 }
 
+/// What admission reserves for the decoding still to come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Admission {
+    /// The running batch's next decode step, and one page (or the speculative reservation) per
+    /// admitted request; growth past that is met by retraction.
+    NextStep,
+    /// sglang's estimate: each running request's remaining output times the new-token ratio,
+    /// and each admitted request's whole remaining output.
+    Ratio,
+}
+
 /// A continuous-batching serving loop over kvown's allocator, radix cache and KV pool, on a
 /// synthetic workload.
 #[derive(Debug, Parser)]
@@ -94,6 +105,20 @@ pub struct Args {
     /// Prefill tokens per step (chunked prefill splits longer prompts).
     #[arg(long, default_value_t = 2048)]
     pub chunk_size: usize,
+    /// What admission reserves for future decoding.
+    #[arg(long, value_enum, default_value_t = Admission::NextStep)]
+    pub admission: Admission,
+    /// `--admission ratio`: the initial new-token ratio (sglang `SGLANG_INIT_NEW_TOKEN_RATIO`).
+    #[arg(long, default_value_t = 0.7)]
+    pub new_token_ratio: f64,
+    /// `--admission ratio`: the lowest ratio, as a fraction of the initial one (sglang
+    /// `SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR`).
+    #[arg(long, default_value_t = 0.14)]
+    pub min_new_token_ratio_factor: f64,
+    /// `--admission ratio`: decode steps over which the ratio falls from the initial to the
+    /// lowest (sglang `SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS`).
+    #[arg(long, default_value_t = 600)]
+    pub new_token_ratio_decay_steps: u64,
     /// Random seed of the workload and the acceptance draws.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -166,7 +191,30 @@ impl Args {
                     .into(),
             );
         }
+        // Written to fail on NaN too.
+        if !(self.new_token_ratio > 0.0 && self.new_token_ratio <= 1.0) {
+            return Err("--new-token-ratio must be in (0, 1]".into());
+        }
+        if !(0.0..=1.0).contains(&self.min_new_token_ratio_factor) {
+            return Err("--min-new-token-ratio-factor must be in [0, 1]".into());
+        }
+        if self.new_token_ratio_decay_steps == 0 {
+            return Err("--new-token-ratio-decay-steps must be positive".into());
+        }
         Ok(())
+    }
+
+    /// The admission policy and its parameters, for the summary.
+    pub fn admission_summary(&self) -> String {
+        match self.admission {
+            Admission::NextStep => "next-step".to_string(),
+            Admission::Ratio => format!(
+                "ratio (new-token ratio {}, decaying to {:.3} over {} decode steps)",
+                self.new_token_ratio,
+                self.new_token_ratio * self.min_new_token_ratio_factor,
+                self.new_token_ratio_decay_steps
+            ),
+        }
     }
 
     /// Slots reserved ahead per request in speculative mode (`2 × tokens per step`), `None`
@@ -177,18 +225,21 @@ impl Args {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
+impl Args {
     /// The engine's flags: `flags` after the defaults.
-    fn args(flags: &[&str]) -> Args {
+    pub fn from_flags(flags: &[&str]) -> Args {
         Args::try_parse_from(std::iter::once("engine").chain(flags.iter().copied()))
             .expect("flags that parse")
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     #[test]
     fn the_defaults_run() {
-        assert_eq!(args(&[]).validate(), Ok(()));
+        assert_eq!(Args::from_flags(&[]).validate(), Ok(()));
     }
 
     #[test]
@@ -235,30 +286,50 @@ mod tests {
                 &["--spec", "--spec-tokens", "18446744073709551615"],
                 "2 x --spec-tokens",
             ),
+            (
+                &["--new-token-ratio", "0"],
+                "--new-token-ratio must be in (0, 1]",
+            ),
+            (
+                &["--new-token-ratio", "1.5"],
+                "--new-token-ratio must be in (0, 1]",
+            ),
+            (
+                &["--new-token-ratio", "NaN"],
+                "--new-token-ratio must be in (0, 1]",
+            ),
+            (
+                &["--min-new-token-ratio-factor=-0.1"],
+                "--min-new-token-ratio-factor must be in [0, 1]",
+            ),
+            (
+                &["--new-token-ratio-decay-steps", "0"],
+                "--new-token-ratio-decay-steps must be positive",
+            ),
         ] {
-            let error = args(flags).validate().unwrap_err();
+            let error = Args::from_flags(flags).validate().unwrap_err();
             assert!(error.contains(message), "{flags:?}: {error}");
         }
         assert_eq!(
-            args(&["--spec", "--pool-tokens", "64", "--spec-tokens", "32"]).validate(),
+            Args::from_flags(&["--spec", "--pool-tokens", "64", "--spec-tokens", "32"]).validate(),
             Ok(())
         );
         // 100 slots make one page of 64: a reservation of 2 x 50 fits --pool-tokens but not the
         // pool (every request was aborted); 2 x 32 fits the page.
         let one_page = |spec_tokens| {
             let flags = ["--spec", "--pool-tokens", "100", "--page-size", "64"];
-            args(&[&flags[..], &["--spec-tokens", spec_tokens]].concat()).validate()
+            Args::from_flags(&[&flags[..], &["--spec-tokens", spec_tokens]].concat()).validate()
         };
         let error = one_page("50").unwrap_err();
         assert!(error.contains("2 x --spec-tokens"), "{error}");
         assert_eq!(one_page("32"), Ok(()));
         assert_eq!(
-            args(&["--requests", "1000", "--arrival-rate", "0.0001"]).validate(),
+            Args::from_flags(&["--requests", "1000", "--arrival-rate", "0.0001"]).validate(),
             Ok(())
         );
         // Without --spec nothing is reserved: a pool under 2 x the default --spec-tokens runs.
         assert_eq!(
-            args(&["--pool-tokens", "4", "--page-size", "1"]).validate(),
+            Args::from_flags(&["--pool-tokens", "4", "--page-size", "1"]).validate(),
             Ok(())
         );
     }

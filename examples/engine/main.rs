@@ -13,6 +13,7 @@
 //! step with `--check`) then also copy the device free list and the held rows back and compare
 //! them with the host's. On the host nothing changes.
 
+mod admission;
 mod cli;
 mod device_copy;
 mod kv_data;
@@ -117,15 +118,25 @@ fn request_table(args: &Args, jobs: &[workload::Job]) -> Result<ReqToTokenPool, 
     ReqToTokenPool::new(rows, width).map_err(|e| e.to_string())
 }
 
+/// The host's bookkeeping for `jobs`: the paged allocator, the request table and the radix
+/// cache.
+fn host_bookkeeping(
+    args: &Args,
+    jobs: &[workload::Job],
+) -> Result<(PagedAllocator, ReqToTokenPool, TreeCache), String> {
+    let allocator =
+        PagedAllocator::new(args.pool_tokens, args.page_size, false).map_err(|e| e.to_string())?;
+    let table = request_table(args, jobs)?;
+    let tree = TreeCache::Radix(RadixCache::new(args.page_size));
+    Ok((allocator, table, tree))
+}
+
 fn run(args: &Args) -> Result<Summary, String> {
     args.validate()?;
     let jobs = workload::generate(args);
     let (device, backend) = backend(args)?;
     let layout = kv_data::layout(args.pool_tokens, args.page_size)?;
-    let allocator =
-        PagedAllocator::new(args.pool_tokens, args.page_size, false).map_err(|e| e.to_string())?;
-    let table = request_table(args, &jobs)?;
-    let tree = TreeCache::Radix(RadixCache::new(args.page_size));
+    let (allocator, table, tree) = host_bookkeeping(args, &jobs)?;
     match device {
         None => {
             let cache = KvCache::new(allocator, table, tree).map_err(|e| e.to_string())?;
@@ -200,6 +211,7 @@ fn serve<A: KvAllocator + AsPageAllocator + DeviceCopy>(
         prefix_cache_hit_rate: stats.prefix_hit_tokens as f64
             / stats.prefix_lookup_tokens.max(1) as f64,
         retractions: stats.retractions,
+        admission: args.admission_summary(),
         peak_pages_in_use: stats.peak_pages_in_use,
         pool_pages,
         kvown_ns_per_step_median: median,
@@ -249,12 +261,8 @@ mod tests {
     fn run_with(test: &str, flags: &[&str]) -> Summary {
         let plot = std::env::temp_dir().join(format!("kvown-engine-{test}.svg"));
         let plot = plot.to_str().expect("a UTF-8 temporary path");
-        let args = Args::try_parse_from(
-            ["engine", "--backend", "cpu", "--json", "--plot", plot]
-                .into_iter()
-                .chain(flags.iter().copied()),
-        )
-        .expect("flags that parse");
+        let args =
+            Args::from_flags(&[&["--backend", "cpu", "--json", "--plot", plot], flags].concat());
         run(&args).expect("the engine runs")
     }
 
@@ -266,8 +274,9 @@ mod tests {
         })]
 
         /// Small random workloads in pools that every request fits alone, tight or with a few
-        /// pages to spare, with and without speculation, prefix sharing and chunked prefill:
-        /// every request finishes, with the checker passing on every step.
+        /// pages to spare, with and without speculation, prefix sharing and chunked prefill,
+        /// under either admission policy (the ratio from timid to reckless, decaying slowly
+        /// or fast): every request finishes, with the checker passing on every step.
         #[test]
         fn every_request_that_fits_the_pool_alone_finishes(
             page in prop::sample::select(vec![1usize, 2, 3, 4, 16]),
@@ -280,6 +289,10 @@ mod tests {
             requests in 2usize..20,
             shared in prop::sample::select(vec!["0", "0.5", "1"]),
             seed in 0u64..1000,
+            ratio in prop::option::of((
+                prop::sample::select(vec!["0.01", "0.7", "1"]),
+                prop::sample::select(vec!["3", "600"]),
+            )),
         ) {
             // The most positions a request ever holds (prompts never pass --prompt-len's max):
             // all but its last output's, or with speculation a reservation on top of all but
@@ -303,6 +316,12 @@ mod tests {
             let spec = spec_tokens.map(|tokens| tokens.to_string());
             if let Some(tokens) = &spec {
                 flags.extend(["--spec", "--spec-tokens", tokens]);
+            }
+            if let Some((init, decay_steps)) = ratio {
+                flags.extend([
+                    "--admission", "ratio", "--new-token-ratio", init,
+                    "--new-token-ratio-decay-steps", decay_steps,
+                ]);
             }
             let summary = run_with("fits-alone", &flags);
             prop_assert_eq!((summary.finished, summary.aborted), (requests as u64, 0));

@@ -23,6 +23,8 @@ pub struct Summary {
     pub prefix_cache_hit_rate: f64,
     /// Requests retracted.
     pub retractions: u64,
+    /// The admission policy (`--admission`) and its parameters.
+    pub admission: String,
     /// Highest pages in use (request-owned plus cached).
     pub peak_pages_in_use: usize,
     /// Pages in the pool.
@@ -82,6 +84,7 @@ impl Summary {
             ),
             ("retractions", self.retractions.to_string()),
             ("aborts", self.aborted.to_string()),
+            ("admission", self.admission.clone()),
             (
                 "peak pages in use",
                 format!("{} of {}", self.peak_pages_in_use, self.pool_pages),

@@ -18,7 +18,8 @@ use kvown::tree_cache::{cache_unfinished_req, init_next_round_input};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::cli::Args;
+use crate::admission::{CLIP_MAX_NEW_TOKENS, NewTokenRatio};
+use crate::cli::{Admission, Args};
 use crate::device_copy::DeviceCopy;
 use crate::kv_data::{KvStore, TokenKv};
 use crate::workload::{Job, output_token};
@@ -79,6 +80,8 @@ pub struct Engine<'a, A> {
     running: ScheduleBatch,
     /// The `out_cache_loc` storage handed from each extend batch to the next.
     extend_buffer: Vec<KvSlot>,
+    /// The new-token ratio under `--admission ratio`.
+    new_token_ratio: Option<NewTokenRatio>,
     step_ns: u64,
     /// The run's counters.
     pub stats: Stats,
@@ -106,6 +109,13 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
             chunked: None,
             running: ScheduleBatch::new(Vec::new()),
             extend_buffer: Vec::new(),
+            new_token_ratio: (args.admission == Admission::Ratio).then(|| {
+                NewTokenRatio::new(
+                    args.new_token_ratio,
+                    args.min_new_token_ratio_factor,
+                    args.new_token_ratio_decay_steps,
+                )
+            }),
             step_ns: 0,
             stats: Stats::default(),
         }
@@ -167,7 +177,13 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
             let job = self.arrivals.pop_front().expect("front exists");
             self.waiting.push_back(Req::new(job.rid, job.prompt));
         }
-        self.extend()?;
+        let extended = self.extend()?;
+        if !extended && self.running.is_empty() {
+            // Idle: nothing to prefill or decode.
+            if let Some(ratio) = &mut self.new_token_ratio {
+                ratio.reset();
+            }
+        }
         self.decode()?;
         self.stats.kvown_ns_per_step.push(self.step_ns);
         self.record_occupancy();
@@ -180,7 +196,7 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
     /// `committed + reserve` before it, with at most `computed - 1` positions committed then.
     /// An output length near `usize::MAX` saturates to `usize::MAX` (more than any pool).
     fn lifetime_need(&self, req: &Req) -> usize {
-        let rest = self.output_len[req.rid() as usize] - req.output_ids().len();
+        let rest = self.outputs_left(req);
         let computed = req.fill_ids().len().saturating_add(rest) - 1;
         let held = match self.args.spec_reserve() {
             None => computed,
@@ -188,6 +204,33 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
         };
         held.checked_next_multiple_of(self.cache.page_size())
             .unwrap_or(usize::MAX)
+    }
+
+    /// Output tokens `req` has yet to produce.
+    fn outputs_left(&self, req: &Req) -> usize {
+        self.output_len[req.rid() as usize] - req.output_ids().len()
+    }
+
+    /// Slots an admitted request reserves past its extend's pages for the decoding to come,
+    /// never more than it can still use (`lifetime_need` less those pages; one whose whole life
+    /// fits in them needs none, or it would be neither admitted nor aborted): under `next-step`
+    /// one page, or the speculative reservation; under `ratio` its remaining output (clipped),
+    /// once its prompt is all in (a request mid-way in chunked prefill reserves none).
+    fn decode_headroom(&self, req: &Req, lifetime_need: usize) -> usize {
+        let page_size = self.cache.page_size();
+        let extended = ceil_align(req.extend_end(), page_size);
+        let wanted = match self.new_token_ratio {
+            None => self
+                .args
+                .spec_reserve()
+                .map_or(page_size, |r| ceil_align(r, page_size)),
+            Some(_) if req.extend_end() < req.fill_ids().len() => 0,
+            Some(_) => {
+                let growth = self.outputs_left(req).min(CLIP_MAX_NEW_TOKENS);
+                ceil_align(req.extend_end() + growth, page_size) - extended
+            }
+        };
+        wanted.min(lifetime_need - extended)
     }
 
     /// Drops the prefix lock `init_next_round_input` took for a request that is not admitted.
@@ -203,13 +246,19 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
 
     /// Admits the chunked request and waiting requests within the prefill budget, the
     /// request limit and the memory the pool can give (evictable prefix cache counted), then
-    /// allocates and stores their extend.
-    fn extend(&mut self) -> Result<(), String> {
+    /// allocates and stores their extend. Returns whether it extended any.
+    fn extend(&mut self) -> Result<bool, String> {
         let page_size = self.cache.page_size();
         let spec_reserve = self.args.spec_reserve();
         let mut budget = self.args.chunk_size;
-        let mut reserved = timed(&mut self.step_ns, || {
+        let next_step = timed(&mut self.step_ns, || {
             new_tokens_required_next_decode(self.running.reqs(), page_size, spec_reserve)
+        });
+        // Under `ratio`, the running batch's estimated growth, but never less than its next
+        // step: the requests admitted now decode in this step too.
+        let mut reserved = self.new_token_ratio.as_ref().map_or(next_step, |ratio| {
+            let remaining = self.running.reqs().iter().map(|req| self.outputs_left(req));
+            ratio.running_growth(remaining).max(next_step)
         });
         let mut admitted = Vec::new();
         let mut candidates: Vec<Req> = self.chunked.take().into_iter().collect();
@@ -235,14 +284,9 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
             })
             .map_err(|e| format!("init_next_round_input {}: {e}", req.rid()))?;
             let prefix = req.prefix_len();
-            let need = ceil_align(req.extend_end(), page_size) - ceil_align(prefix, page_size);
-            // Headroom for the next decode steps, but never more than the request can still use:
-            // one whose whole life fits in the pages of its extend needs none (it was neither
-            // admitted nor aborted as too large).
-            let spec_need = spec_reserve
-                .map_or(page_size, |r| ceil_align(r, page_size))
-                .min(lifetime_need - ceil_align(req.extend_end(), page_size));
-            if reserved + need + spec_need > self.cache.available_with_eviction() {
+            let need = ceil_align(req.extend_end(), page_size) - ceil_align(prefix, page_size)
+                + self.decode_headroom(&req, lifetime_need);
+            if reserved + need > self.cache.available_with_eviction() {
                 self.unlock(&mut req)?;
                 if continuing {
                     self.chunked = Some(req);
@@ -255,7 +299,7 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
                 self.stats.prefix_lookup_tokens += req.fill_ids().len() as u64;
                 self.stats.prefix_hit_tokens += prefix as u64;
             }
-            reserved += need + spec_need;
+            reserved += need;
             budget -= req.extend_end() - prefix;
             admitted.push(req);
             if budget == 0 {
@@ -263,7 +307,7 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
             }
         }
         if admitted.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let batch = ScheduleBatch::with_buffer(admitted, std::mem::take(&mut self.extend_buffer));
         let batch = timed(&mut self.step_ns, || {
@@ -299,15 +343,17 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
                 self.running.extend_reqs([req]);
             }
         }
-        self.release_finished()
+        self.release_finished()?;
+        Ok(true)
     }
 
-    /// Checks decode memory (retracting when the step does not fit), then runs one decode or
-    /// speculative step for the running batch.
+    /// Checks decode memory (retracting when the step does not fit), updates the new-token
+    /// ratio, then runs one decode or speculative step for the running batch.
     fn decode(&mut self) -> Result<(), String> {
         if self.running.is_empty() {
             return Ok(());
         }
+        let retractions_before = self.stats.retractions;
         let spec_reserve = self.args.spec_reserve();
         let mut fits = self.decode_fits()?;
         if !fits && self.chunked.is_some() {
@@ -327,9 +373,10 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
             for req in outcome.retracted.into_iter().rev() {
                 self.waiting.push_front(req);
             }
-            if self.running.is_empty() {
-                return Ok(());
-            }
+        }
+        self.update_new_token_ratio(self.stats.retractions > retractions_before);
+        if self.running.is_empty() {
+            return Ok(());
         }
         let running = std::mem::replace(&mut self.running, ScheduleBatch::new(Vec::new()));
         self.running = match spec_reserve {
@@ -338,6 +385,25 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
         };
         self.sample_verify()?;
         self.release_finished()
+    }
+
+    /// sglang's update at a decode step: after a retraction, the estimate from the requests
+    /// still running; otherwise one step of decay.
+    fn update_new_token_ratio(&mut self, retracted: bool) {
+        let Some(ratio) = &mut self.new_token_ratio else {
+            return;
+        };
+        if retracted {
+            let output_len = &self.output_len;
+            ratio.after_retraction(
+                self.running
+                    .reqs()
+                    .iter()
+                    .map(|req| (req.output_ids().len(), output_len[req.rid() as usize])),
+            );
+        } else {
+            ratio.decay();
+        }
     }
 
     /// Whether the running batch's next decode step fits, evicting the prefix-cache shortfall.
@@ -552,5 +618,143 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kvown::alloc::PagedAllocator;
+    use kvown::kv::new_host_pool;
+
+    use super::*;
+    use crate::{host_bookkeeping, kv_data, workload};
+
+    /// An engine on the host over the workload `args` describe.
+    fn host_engine(args: &Args) -> Engine<'_, PagedAllocator> {
+        let jobs = workload::generate(args);
+        let (allocator, table, tree) = host_bookkeeping(args, &jobs).expect("bookkeeping");
+        let cache = KvCache::new(allocator, table, tree).expect("a cache");
+        let layout = kv_data::layout(args.pool_tokens, args.page_size).expect("a layout");
+        let store = KvStore::new(new_host_pool(layout, kv_data::DTYPE));
+        Engine::new(args, cache, store, jobs)
+    }
+
+    /// Two requests of 16 prompt and `output` output tokens arriving at step 1, no shared
+    /// prefixes, pages of 16, a pool of `pool_pages`; then `flags`.
+    fn two_requests(output: &str, pool_pages: usize, flags: &[&str]) -> Args {
+        let pool = (pool_pages * 16).to_string();
+        let workload = [
+            "--requests",
+            "2",
+            "--arrival-rate",
+            "2",
+            "--prompt-len",
+            "16",
+            "--output-len",
+            output,
+            "--shared-prefix-fraction",
+            "0",
+            "--page-size",
+            "16",
+            "--pool-tokens",
+            &pool,
+        ];
+        Args::from_flags(&[&workload[..], flags].concat())
+    }
+
+    fn ratio(engine: &Engine<'_, PagedAllocator>) -> f64 {
+        engine
+            .new_token_ratio
+            .as_ref()
+            .expect("--admission ratio")
+            .current()
+    }
+
+    #[test]
+    fn ratio_admission_reserves_the_admitted_and_the_running_requests_growth() {
+        // Each request lives in 16 + 63 computed positions, five pages; the pool has nine.
+        let running_after_two_steps = |admission| {
+            let args = two_requests("64", 9, &["--admission", admission]);
+            let mut engine = host_engine(&args);
+            (0..2)
+                .map(|_| {
+                    engine.step().expect("a step");
+                    engine.running.len()
+                })
+                .collect::<Vec<_>>()
+        };
+        // next-step: a page of prompt and a page of headroom each; both fit at step 1.
+        assert_eq!(running_after_two_steps("next-step"), [2, 2]);
+        // ratio, step 1: the first request reserves its whole life (5 pages), and the second's
+        // 5 more do not fit. Step 2: the first (2 pages held) is expected to grow by
+        // 62 x 0.699 = 44 slots, and 44 + 80 slots do not fit the 112 free; without the
+        // running request's estimate they would.
+        assert_eq!(running_after_two_steps("ratio"), [1, 1]);
+    }
+
+    #[test]
+    fn the_new_token_ratio_decays_per_decode_step_and_resets_when_idle() {
+        // One request of 16 + 8 tokens arrives at step 100, another at step 200.
+        let args = Args::from_flags(&[
+            "--admission",
+            "ratio",
+            "--requests",
+            "2",
+            "--arrival-rate",
+            "0.01",
+            "--prompt-len",
+            "16",
+            "--output-len",
+            "8",
+        ]);
+        let mut engine = host_engine(&args);
+        let decay = 0.7 * 0.86 / 600.0;
+        for _ in 0..99 {
+            engine.step().expect("a step");
+            assert_eq!(ratio(&engine), 0.7, "idle at step {}", engine.stats.steps);
+        }
+        // Steps 100-106: the first output comes from the extend, the other seven from decode
+        // steps, each one step of decay.
+        for decoded in 1..=7 {
+            engine.step().expect("a step");
+            let expected = 0.7 - decoded as f64 * decay;
+            assert!((ratio(&engine) - expected).abs() < 1e-12, "{decoded}");
+        }
+        assert_eq!(engine.stats.finished, 1);
+        engine.step().expect("a step");
+        assert_eq!(ratio(&engine), 0.7, "idle again");
+    }
+
+    #[test]
+    fn a_retraction_sets_the_new_token_ratio_from_the_request_left_running() {
+        // Lives of 16 + 199 positions, 14 pages each, in a pool of 20. A ratio of 0.05 expects
+        // the first request to need 10 more slots at step 2 and lets the second in; the two
+        // outgrow the pool and the second (fewer outputs) is retracted.
+        let args = two_requests(
+            "200",
+            20,
+            &["--admission", "ratio", "--new-token-ratio", "0.05"],
+        );
+        let mut engine = host_engine(&args);
+        engine.step().expect("a step");
+        while engine.stats.retractions == 0 {
+            assert!(
+                ratio(&engine) < 0.05,
+                "decaying at step {}",
+                engine.stats.steps
+            );
+            assert!(engine.stats.steps < 400, "no retraction");
+            engine.step().expect("a step");
+        }
+        assert_eq!(engine.running.len(), 1);
+        // Its outputs when the estimate was made (before this step's decode), 20 steps of
+        // headroom, over 200 outputs + 1.
+        let decoded = engine.running.reqs()[0].output_ids().len() - 1;
+        let expected = (decoded + 20) as f64 / 201.0;
+        assert!(
+            expected < 1.0,
+            "{decoded} decoded: the cap would hide the estimate"
+        );
+        assert_eq!(ratio(&engine), expected);
     }
 }
