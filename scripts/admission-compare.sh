@@ -3,7 +3,8 @@
 # workloads and seeds: runs the release engine on the CPU for each (workload, seed, policy) and
 # prints a Markdown table of the medians over the seeds of steps, retractions, tokens prefilled
 # and prefix-cache hit rate, with the median per-seed ratio/next-step quotient of steps and
-# tokens prefilled. The counts are deterministic (a function of the flags), so one run each
+# tokens prefilled; a last row gives the median quotients over all runs and the retractions
+# in all. The counts are deterministic (a function of the flags), so one run each
 # suffices.
 #
 #   scripts/admission-compare.sh [SEED...]      (default seeds: 42 1 2 3)
@@ -44,6 +45,7 @@ work, count = sys.argv[1], int(sys.argv[2])
 names = sys.argv[3:3 + count]
 seeds = sys.argv[4 + count:]
 median = statistics.median
+pairs = []
 print("| workload | steps (next-step / ratio, quotient) | retractions | tokens prefilled"
       " (quotient) | prefix-cache hit rate |")
 print("|---|---|---|---|---|")
@@ -56,10 +58,17 @@ for index, name in enumerate(names):
         return median(r[key] / n[key] for n, r in zip(runs["next-step"], runs["ratio"]))
     for run in runs["next-step"] + runs["ratio"]:
         assert run["aborted"] == 0 and run["finished"] == run["requests"], run
+    pairs += zip(runs["next-step"], runs["ratio"])
     print(f"| {name} | {med('next-step', 'steps'):g} / {med('ratio', 'steps'):g}, "
           f"{quotient('steps'):.3f} | {med('next-step', 'retractions'):g} / "
           f"{med('ratio', 'retractions'):g} | {med('next-step', 'tokens_prefilled'):g} / "
           f"{med('ratio', 'tokens_prefilled'):g}, {quotient('tokens_prefilled'):.3f} | "
           f"{100 * med('next-step', 'prefix_cache_hit_rate'):.1f} % / "
           f"{100 * med('ratio', 'prefix_cache_hit_rate'):.1f} % |")
+def overall(key):
+    return median(r[key] / n[key] for n, r in pairs)
+retractions = [sum(run["retractions"] for run in side) for side in zip(*pairs)]
+print(f"| all {len(pairs)} runs (median quotient; total retractions) | {overall('steps'):.3f} | "
+      f"{retractions[0]} / {retractions[1]} | {overall('tokens_prefilled'):.3f} | "
+      f"{overall('prefix_cache_hit_rate'):.3f} |")
 EOF
