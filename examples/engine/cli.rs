@@ -59,7 +59,7 @@ pub enum Admission {
     /// admitted request; growth past that is met by retraction.
     NextStep,
     /// sglang's estimate: each running request's remaining output times the new-token ratio,
-    /// and each admitted request's whole remaining output.
+    /// and each admitted request's whole remaining output (both clipped at 4096 tokens).
     Ratio,
 }
 
@@ -106,7 +106,7 @@ pub struct Args {
     #[arg(long, default_value_t = 2048)]
     pub chunk_size: usize,
     /// What admission reserves for future decoding.
-    #[arg(long, value_enum, default_value_t = Admission::NextStep)]
+    #[arg(long, value_enum, default_value_t = Admission::Ratio)]
     pub admission: Admission,
     /// `--admission ratio`: the initial new-token ratio (sglang `SGLANG_INIT_NEW_TOKEN_RATIO`).
     #[arg(long, default_value_t = 0.7)]

@@ -350,7 +350,10 @@ mod tests {
         // Each request's life takes the whole pool (1 + 81 tokens, 81 of them computed, in six
         // pages of 16). The second one, prefilling a chunk per step, held pages outside the
         // running batch, and the first, unable to grow, was aborted as if it could not fit.
+        // `ratio` admission reserves the first request's whole life and never gets there.
         let flags = [
+            "--admission",
+            "next-step",
             "--pool-tokens",
             "96",
             "--prompt-len",
