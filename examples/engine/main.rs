@@ -1,11 +1,12 @@
 //! `cargo run --release --example engine`: a continuous-batching serving loop over kvown's
 //! paged allocator, radix prefix cache and KV pool, on a synthetic workload.
 //!
-//! Every step admits requests (memory checked, prefix cache counted, long prompts chunked),
-//! extends them, runs a decode or speculative step (retracting when it does not fit), stores
-//! synthetic K/V through the pool and releases finished requests into the prefix cache. At the
-//! end the invariant checker runs, the cache is evicted and the pool must be whole again; any
-//! leak or violation exits non-zero. See `--help` for the workload flags.
+//! Every step admits requests (memory checked against the running requests' estimated growth,
+//! prefix cache counted, long prompts chunked), extends them, runs a decode or speculative step
+//! (retracting when it does not fit), stores synthetic K/V through the pool and releases
+//! finished requests into the prefix cache. At the end the invariant checker runs, the cache is
+//! evicted and the pool must be whole again; any leak or violation exits non-zero. See `--help`
+//! for the workload flags.
 //!
 //! On CUDA (`--backend cuda`, or `auto` where a GPU works) the K/V pool is on the device and the
 //! allocator is a `MirroredAllocator`: the host allocator runs the batch flow, and the device
