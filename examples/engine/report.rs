@@ -83,7 +83,6 @@ impl Summary {
                 format!("{:.1} %", 100.0 * self.prefix_cache_hit_rate),
             ),
             ("retractions", self.retractions.to_string()),
-            ("aborts", self.aborted.to_string()),
             ("admission", self.admission.clone()),
             (
                 "peak pages in use",
