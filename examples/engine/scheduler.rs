@@ -635,7 +635,7 @@ mod tests {
         let (allocator, table, tree) = host_bookkeeping(args, &jobs).expect("bookkeeping");
         let cache = KvCache::new(allocator, table, tree).expect("a cache");
         let layout = kv_data::layout(args.pool_tokens, args.page_size).expect("a layout");
-        let store = KvStore::new(new_host_pool(layout, kv_data::DTYPE));
+        let store = KvStore::new(new_host_pool(layout, kv_data::DTYPE).unwrap());
         Engine::new(args, cache, store, jobs)
     }
 
