@@ -576,6 +576,30 @@ fn insert_refuses_bad_arguments_without_changing_anything() {
     cache.check().unwrap();
 }
 
+#[test]
+fn a_hint_past_its_node_is_reported_with_the_keys_length() {
+    let ps = 4;
+    let mut alloc = allocator(ps, 32);
+    let mut cache = RadixCache::new(ps);
+    let k = key(ps, 3, 0);
+    let slots = alloc_slots(&mut alloc, k.len());
+    let node = cache.insert(&k[..ps], &slots[..ps]).unwrap().last_node;
+    cache.inc_lock_ref(node).unwrap();
+    // The hint lies within the key but past the end of its node.
+    let past = TreePos { node, len: 2 * ps };
+    assert_eq!(
+        cache.insert_from(past, &k, &slots),
+        Err(RadixError::HintOutOfRange {
+            node,
+            len: 2 * ps,
+            node_end: ps,
+            key_len: k.len(),
+            page_size: ps,
+        })
+    );
+    cache.check().unwrap();
+}
+
 // The tree cannot know whether the caller allocated a page, but it refuses one it holds already
 // (which a later eviction would free twice) and one named twice in the same insert.
 #[test]

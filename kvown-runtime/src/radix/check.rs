@@ -161,7 +161,7 @@ impl RadixCache {
         let page_size = self.page_size;
         // The path's nodes with the part of each key on it, root side first.
         let mut path = Vec::new();
-        let (mut node, mut end) = (self.node_at(at)?, at.len);
+        let (mut node, mut end) = (self.node_at(at, at.len)?, at.len);
         while end > 0 {
             let entry = &self.arena[node];
             path.push((node, entry.start(), end));

@@ -322,7 +322,7 @@ impl RadixCache {
                 page_size,
             });
         }
-        let node = self.node_at(from)?;
+        let node = self.node_at(from, key.len())?;
         validate_pages(&slots[from.len..], from.len, page_size)?;
         Ok(node)
     }

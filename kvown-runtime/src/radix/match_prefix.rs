@@ -53,7 +53,7 @@ impl RadixCache {
         out: &mut [KvSlot],
     ) -> Result<(), RadixError> {
         let page_size = self.page_size;
-        let mut node = self.node_at(at)?;
+        let mut node = self.node_at(at, at.len)?;
         if start > at.len {
             return Err(RadixError::StartPastEnd { start, end: at.len });
         }
@@ -90,8 +90,9 @@ impl RadixCache {
         Ok(())
     }
 
-    /// The node on whose key `at.len` lies (`at.node` or an ancestor split off above it).
-    pub(super) fn node_at(&self, at: TreePos) -> Result<NodeId, RadixError> {
+    /// The node on whose key `at.len` lies (`at.node` or an ancestor split off above it);
+    /// [`RadixError::HintOutOfRange`] names `key_len` as the length of the key `at` is in.
+    pub(super) fn node_at(&self, at: TreePos, key_len: usize) -> Result<NodeId, RadixError> {
         self.ensure_live(at.node)?;
         let mut node = at.node;
         while self.arena[node].start() > at.len {
@@ -103,7 +104,7 @@ impl RadixCache {
                 node: at.node,
                 len: at.len,
                 node_end,
-                key_len: at.len,
+                key_len,
                 page_size: self.page_size,
             });
         }
