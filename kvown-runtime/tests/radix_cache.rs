@@ -154,6 +154,34 @@ fn locks_move_tokens_only_on_zero_one_transitions() {
 }
 
 #[test]
+fn unlocking_a_node_locked_only_through_its_descendant_is_refused() {
+    for ps in PAGE_SIZES {
+        let mut alloc = allocator(ps, 32);
+        let mut cache = RadixCache::new(ps);
+        let full = key(ps, 2, 0);
+        insert_fresh(&mut cache, &mut alloc, &full);
+        // Split: the upper node's count holds the leaf's lock, none of its own.
+        let upper = cache.match_prefix(&full[..ps]).node;
+        let leaf = cache.match_prefix(&full).node;
+        cache.inc_lock_ref(leaf).unwrap();
+        let before = format!("{cache:?}");
+        assert_eq!(
+            cache.dec_lock_ref(upper),
+            Err(RadixError::LockUnderflow { node: upper })
+        );
+        assert_eq!(
+            cache.move_lock(upper, leaf),
+            Err(RadixError::LockUnderflow { node: upper })
+        );
+        assert_eq!(format!("{cache:?}"), before, "ps {ps}");
+        // The leaf's own lock still goes, and with it every lock on the path.
+        cache.dec_lock_ref(leaf).unwrap();
+        assert_eq!(cache.evictable_size(), full.len());
+        cache.check().unwrap();
+    }
+}
+
+#[test]
 fn evict_is_lru_whole_node_and_spares_locked_nodes() {
     for ps in PAGE_SIZES {
         let mut alloc = allocator(ps, 32);

@@ -100,10 +100,11 @@ pub enum RadixError {
         /// The handle passed.
         node: NodeId,
     },
-    /// More unlocks than locks.
+    /// More unlocks of a node than locks taken on it.
     #[error(
-        "dec_lock_ref on node {node} whose lock count is 0; pair every dec_lock_ref with an \
-         earlier inc_lock_ref on the same node"
+        "dec_lock_ref on node {node}, on which no lock was taken (its descendants' locks are \
+         theirs to release); pair every dec_lock_ref with an earlier inc_lock_ref on the same \
+         node"
     )]
     LockUnderflow {
         /// The node passed.

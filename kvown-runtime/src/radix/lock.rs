@@ -1,8 +1,9 @@
 //! Locks: pinning a node and its path against eviction.
 //!
 //! A node's `lock_ref` counts the locks held on it or on any descendant, so it never exceeds its
-//! parent's. Its tokens count as protected while `lock_ref > 0` and as evictable otherwise; they
-//! move only when `lock_ref` crosses between 0 and 1. The root holds one lock forever.
+//! parent's; `own_locks` counts those taken on the node itself, the only ones an unlock of it
+//! may release. Its tokens count as protected while `lock_ref > 0` and as evictable otherwise;
+//! they move only when `lock_ref` crosses between 0 and 1. The root holds one lock forever.
 
 use std::cmp::Reverse;
 
@@ -18,6 +19,7 @@ impl RadixCache {
     pub fn inc_lock_ref(&mut self, node: NodeId) -> Result<(), RadixError> {
         self.ensure_live(node)?;
         self.lock_path(node, NodeId::ROOT);
+        self.count_own_lock(node, true);
         Ok(())
     }
 
@@ -26,10 +28,12 @@ impl RadixCache {
     /// Cost: O(nodes on the path).
     ///
     /// # Errors
-    /// [`RadixError::LockUnderflow`] (changing nothing) when `node` holds no lock.
+    /// [`RadixError::LockUnderflow`] (changing nothing) when no lock was taken on `node` itself
+    /// (one held on a descendant is that node's to release).
     pub fn dec_lock_ref(&mut self, node: NodeId) -> Result<(), RadixError> {
         self.ensure_unlockable(node)?;
         self.unlock_path(node, NodeId::ROOT);
+        self.count_own_lock(node, false);
         Ok(())
     }
 
@@ -51,14 +55,16 @@ impl RadixCache {
         let common = self.common_ancestor(from, to);
         self.lock_path(to, common);
         self.unlock_path(from, common);
+        self.count_own_lock(to, true);
+        self.count_own_lock(from, false);
         Ok(())
     }
 
-    /// Refuses a `node` that is unknown or holds no lock: the checks of
+    /// Refuses a `node` that is unknown or holds no lock of its own: the checks of
     /// [`RadixCache::dec_lock_ref`], changing nothing.
     pub(crate) fn ensure_unlockable(&self, node: NodeId) -> Result<(), RadixError> {
         self.ensure_live(node)?;
-        if self.arena[node].lock_ref == 0 {
+        if self.arena[node].own_locks == 0 {
             return Err(RadixError::LockUnderflow { node });
         }
         Ok(())
@@ -111,6 +117,19 @@ impl RadixCache {
         for &(node, count) in leaked {
             for _ in 0..count {
                 self.unlock_path(node, NodeId::ROOT);
+            }
+            self.arena[node].own_locks -= count as u32;
+        }
+    }
+
+    /// Counts a lock `taken` on (or released from) `node` itself; the root's one lock stays.
+    fn count_own_lock(&mut self, node: NodeId, taken: bool) {
+        if node != NodeId::ROOT {
+            let own = &mut self.arena[node].own_locks;
+            if taken {
+                *own += 1;
+            } else {
+                *own -= 1;
             }
         }
     }

@@ -45,7 +45,7 @@
 //! assert_eq!(allocator.available_size(), allocator.capacity());
 //! ```
 //!
-//! Storage: an arena of 56-byte nodes indexed by [`NodeId`]; each node stores its key pages
+//! Storage: an arena of 64-byte nodes indexed by [`NodeId`]; each node stores its key pages
 //! interleaved with their page ids (4 bytes per page); one hash map indexes children by
 //! (parent, first page). See [`RadixCache::bookkeeping_bytes`].
 //!

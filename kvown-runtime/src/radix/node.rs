@@ -48,6 +48,8 @@ pub(super) struct Node {
     pub(super) depth: u32,
     /// Locks held on this node or any descendant (the root holds one forever).
     pub(super) lock_ref: u32,
+    /// The locks of `lock_ref` taken on this node itself: only these can be released here.
+    pub(super) own_locks: u32,
     /// Live children.
     pub(super) child_count: u32,
     /// Next node in the same child-index chain; next free entry while the entry is free.
@@ -64,6 +66,7 @@ impl Node {
             parent: NodeId::NONE,
             depth: 0,
             lock_ref: 0,
+            own_locks: 0,
             child_count: 0,
             hash_next: NodeId::NONE,
             leaf_pos: NOT_EVICTABLE,
@@ -138,6 +141,7 @@ impl Arena {
     pub(super) fn new() -> Arena {
         let root = Node {
             lock_ref: 1,
+            own_locks: 1,
             ..Node::empty()
         };
         Arena {
@@ -212,7 +216,7 @@ impl IndexMut<NodeId> for Arena {
 }
 
 // The per-node budget the module docs promise.
-const _: () = assert!(size_of::<Node>() == 56);
+const _: () = assert!(size_of::<Node>() == 64);
 
 #[cfg(test)]
 mod tests {
