@@ -127,7 +127,7 @@ impl<A: KvAllocator> KvCache<A> {
         let free = allocator.available_size();
         if free != allocator.capacity() || allocator.in_free_group() {
             return Err(KvError::AllocatorInUse {
-                taken: allocator.capacity() - free,
+                taken: allocator.capacity().saturating_sub(free),
                 capacity: allocator.capacity(),
                 free_group_open: allocator.in_free_group(),
             });
