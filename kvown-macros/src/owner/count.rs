@@ -409,6 +409,21 @@ mod tests {
     }
 
     #[test]
+    fn writes_in_closures_and_loop_bodies_count() {
+        let (writes, delegations) = count(syn::parse_quote! {{
+            let bump = || *r.len_mut(owner) += 1;
+            for r in batch.iter_mut() { r.set_len(owner, 0); }
+            while r.len() < 4 { Req::set_cap(r, owner, 1); }
+            for _ in take(owner) {}
+        }});
+        assert_eq!(writes, [("cap".to_string(), 1), ("len".to_string(), 2)]);
+        assert_eq!(
+            delegations, 1,
+            "the capability handed to the loop's iterator"
+        );
+    }
+
+    #[test]
     fn a_binding_with_a_subpattern_is_another_name_of_the_capability() {
         let (writes, delegations) = count(syn::parse_quote! {{
             let cap @ _ = owner;
