@@ -259,6 +259,44 @@ fn mentions(tokens: TokenStream, binding: &Ident) -> Vec<Ident> {
 mod tests {
     use super::*;
 
+    /// The functions in the hidden module of `#[owner(args)] input`.
+    fn module_fns(args: TokenStream, input: TokenStream) -> Vec<String> {
+        let expanded: syn::File = syn::parse2(crate::owner::expand_fn(args, input))
+            .expect("the expansion is a list of items");
+        let module = expanded
+            .items
+            .iter()
+            .find_map(|item| match item {
+                syn::Item::Mod(module) => module.content.as_ref(),
+                _ => None,
+            })
+            .expect("the owner's hidden module");
+        module
+            .1
+            .iter()
+            .filter_map(|item| match item {
+                syn::Item::Fn(function) => Some(function.sig.ident.to_string()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_placeholder_fn_takes_the_binding_name_unless_the_owner_has_it() {
+        let grow = quote!(
+            fn grow(r: &mut Req) {
+                r.set_len(owner, 1);
+            }
+        );
+        assert_eq!(module_fns(quote!(), grow.clone()), ["owner", "grow"]);
+        assert_eq!(
+            module_fns(quote!(token = cap), grow.clone()),
+            ["cap", "grow"]
+        );
+        // A second `fn grow` would clash with the owner; the local binding shadows the owner.
+        assert_eq!(module_fns(quote!(token = grow), grow), ["grow"]);
+    }
+
     #[test]
     fn only_bare_mentions_of_the_binding_get_a_binding() {
         let binding = Ident::new("owner", Span::call_site());
