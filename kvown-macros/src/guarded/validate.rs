@@ -302,6 +302,40 @@ mod tests {
     }
 
     #[test]
+    fn owned_fields_with_refused_names_are_returned() {
+        let mut diagnostics = Diagnostics::new();
+        let model = crate::guarded::parse::parse(
+            quote::quote!(),
+            quote::quote!(
+                struct S {
+                    #[owned_by(f)]
+                    len: usize,
+                    #[owned_by(f)]
+                    set_cap: usize,
+                    #[owned_by(f)]
+                    top_k: usize,
+                    #[owned_by(f)]
+                    top_k_: usize,
+                    set_unowned: usize,
+                }
+            ),
+            &mut diagnostics,
+        )
+        .unwrap_or_else(|_| panic!("a struct with named fields"));
+        let refused: Vec<String> = validate(&model, &mut diagnostics)
+            .iter()
+            .map(|ident| ident.to_string())
+            .collect();
+        assert_eq!(
+            refused,
+            ["set_cap", "top_k_"],
+            "an accessor name read two ways, and the second field of one owner trait name"
+        );
+        let errors = diagnostics.into_compile_errors().to_string();
+        assert_eq!(errors.matches("compile_error").count(), 2, "{errors}");
+    }
+
+    #[test]
     fn accessor_names_of_owned_fields_must_read_one_way() {
         for (name, clear) in [
             ("len", true),
