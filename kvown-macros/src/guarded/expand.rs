@@ -213,8 +213,9 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
 }
 
 /// Replaces `Self` in a copied field type or generics by the struct's type (`Node<T>`): the init
-/// and view structs reuse the field types and generics, and there `Self` would name them instead. A path that starts
-/// with `Self` (`[u8; Self::N]` in an array length) becomes `<Node<T>>::N`.
+/// and view structs reuse the field types and generics, and there `Self` would name them
+/// instead. A path that starts with `Self` (`[u8; Self::N]` in an array length) becomes
+/// `<Node<T>>::N`.
 struct SelfToStruct<'a>(&'a Type);
 
 impl SelfToStruct<'_> {

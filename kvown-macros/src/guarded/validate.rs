@@ -129,7 +129,8 @@ pub(crate) fn validate<'m>(
 /// Errors when an owned field's name would make an accessor name ambiguous: `set_x` and `x_mut`
 /// would read as the setter of `x_mut` or the `_mut` accessor of `set_x` (to readers and to the
 /// owners' write count, which tells writes apart by accessor name), and `fields` and
-/// `into_init` would clash with the generated `fields_mut()` and `into_init()`. Returns whether the names are clear (no error recorded).
+/// `into_init` would clash with the generated `fields_mut()` and `into_init()`. Returns whether
+/// the names are clear (no error recorded).
 fn accessor_names_are_clear(ident: &syn::Ident, diagnostics: &mut Diagnostics) -> bool {
     let name = ident.unraw().to_string();
     let problem = if let Some(rest) = name.strip_prefix("set_") {
