@@ -215,7 +215,8 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
     /// never more than it can still use (`lifetime_need` less those pages; one whose whole life
     /// fits in them needs none, or it would be neither admitted nor aborted): under `next-step`
     /// one page, or the speculative reservation; under `ratio` its remaining output (clipped),
-    /// once its prompt is all in (a request mid-way in chunked prefill reserves none).
+    /// or the speculative reservation if larger (it decodes in this step), once its prompt is
+    /// all in (a request mid-way in chunked prefill reserves none).
     fn decode_headroom(&self, req: &Req, lifetime_need: usize) -> usize {
         let page_size = self.cache.page_size();
         let extended = ceil_align(req.extend_end(), page_size);
@@ -226,7 +227,10 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
                 .map_or(page_size, |r| ceil_align(r, page_size)),
             Some(_) if req.extend_end() < req.fill_ids().len() => 0,
             Some(_) => {
-                let growth = self.outputs_left(req).min(CLIP_MAX_NEW_TOKENS);
+                let growth = self
+                    .outputs_left(req)
+                    .min(CLIP_MAX_NEW_TOKENS)
+                    .max(self.args.spec_reserve().unwrap_or(0));
                 ceil_align(req.extend_end() + growth, page_size) - extended
             }
         };
@@ -690,6 +694,35 @@ mod tests {
         // 62 x 0.699 = 44 slots, and 44 + 80 slots do not fit the 112 free; without the
         // running request's estimate they would.
         assert_eq!(running_after_two_steps("ratio"), [1, 1]);
+    }
+
+    #[test]
+    fn ratio_admission_reserves_an_admitted_requests_speculative_step() {
+        // Lives of 16 + 1 positions, and with a reservation of 2 x 16 ahead of the 16 committed
+        // at the first speculative step, three pages each, in a pool of five. The admitted
+        // request decodes in the same step, so it must leave room for that reservation (two
+        // pages past its prompt's), not only for its one remaining output (one page): the
+        // second request waits instead of being admitted and retracted in the same step.
+        let args = two_requests(
+            "2",
+            5,
+            &["--admission", "ratio", "--spec", "--spec-tokens", "16"],
+        );
+        let mut engine = host_engine(&args);
+        engine.step().expect("a step");
+        assert_eq!(
+            (engine.stats.finished, engine.waiting.len()),
+            (1, 1),
+            "the first request finished, the second waits"
+        );
+        assert_eq!(
+            engine.stats.retractions, 0,
+            "nothing admitted was retracted"
+        );
+        while !engine.is_done() {
+            engine.step().expect("a step");
+        }
+        assert_eq!((engine.stats.finished, engine.stats.retractions), (2, 0));
     }
 
     #[test]
