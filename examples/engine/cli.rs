@@ -147,6 +147,25 @@ const MAX_ARRIVAL_STEPS: f64 = 1e7;
 /// The most `--requests`: the workload is drawn up front, every prompt in memory.
 const MAX_REQUESTS: usize = 10_000_000;
 
+/// `value` (finite, not negative) to three significant digits, without trailing zeros: fixed
+/// down to 0.0001, with an exponent below.
+fn three_significant_digits(value: f64) -> String {
+    let trim = |text: &str| match text.contains('.') {
+        true => text.trim_end_matches('0').trim_end_matches('.').to_string(),
+        false => text.to_string(),
+    };
+    if value == 0.0 {
+        "0".to_string()
+    } else if value < 1e-4 {
+        let text = format!("{value:.2e}");
+        let (mantissa, exponent) = text.split_once('e').expect("an exponent");
+        format!("{}e{exponent}", trim(mantissa))
+    } else {
+        let decimals = (2 - value.log10().floor() as i32).max(0) as usize;
+        trim(&format!("{value:.decimals$}"))
+    }
+}
+
 impl Args {
     /// Rejects flag combinations the engine cannot run.
     pub fn validate(&self) -> Result<(), String> {
@@ -208,10 +227,11 @@ impl Args {
     pub fn admission_summary(&self) -> String {
         match self.admission {
             Admission::NextStep => "next-step".to_string(),
+            // Debug writes small values with an exponent, as they were likely typed.
             Admission::Ratio => format!(
-                "ratio (new-token ratio {}, decaying to {:.3} over {} decode steps)",
+                "ratio (new-token ratio {:?}, decaying to {} over {} decode steps)",
                 self.new_token_ratio,
-                self.new_token_ratio * self.min_new_token_ratio_factor,
+                three_significant_digits(self.new_token_ratio * self.min_new_token_ratio_factor),
                 self.new_token_ratio_decay_steps
             ),
         }
@@ -240,6 +260,34 @@ mod tests {
     #[test]
     fn the_defaults_run() {
         assert_eq!(Args::from_flags(&[]).validate(), Ok(()));
+    }
+
+    #[test]
+    fn the_admission_summary_shows_small_ratios() {
+        let summary = |flags: &[&str]| Args::from_flags(flags).admission_summary();
+        assert_eq!(
+            summary(&[]),
+            "ratio (new-token ratio 0.7, decaying to 0.098 over 600 decode steps)"
+        );
+        // The lowest ratio, 0.00014, is not 0.
+        assert_eq!(
+            summary(&["--new-token-ratio", "0.001"]),
+            "ratio (new-token ratio 0.001, decaying to 0.00014 over 600 decode steps)"
+        );
+        assert_eq!(
+            summary(&[
+                "--new-token-ratio",
+                "1e-30",
+                "--min-new-token-ratio-factor",
+                "0.5"
+            ]),
+            "ratio (new-token ratio 1e-30, decaying to 5e-31 over 600 decode steps)"
+        );
+        assert_eq!(
+            summary(&["--min-new-token-ratio-factor", "0"]),
+            "ratio (new-token ratio 0.7, decaying to 0 over 600 decode steps)"
+        );
+        assert_eq!(summary(&["--admission", "next-step"]), "next-step");
     }
 
     #[test]
