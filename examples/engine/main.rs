@@ -318,11 +318,12 @@ mod tests {
             if let Some(tokens) = &spec {
                 flags.extend(["--spec", "--spec-tokens", tokens]);
             }
-            if let Some((init, decay_steps)) = ratio {
-                flags.extend([
+            match ratio {
+                Some((init, decay_steps)) => flags.extend([
                     "--admission", "ratio", "--new-token-ratio", init,
                     "--new-token-ratio-decay-steps", decay_steps,
-                ]);
+                ]),
+                None => flags.extend(["--admission", "next-step"]),
             }
             let summary = run_with("fits-alone", &flags);
             prop_assert_eq!((summary.finished, summary.aborted), (requests as u64, 0));
