@@ -343,8 +343,11 @@ mod tests {
             "3",
         ];
         let lengths = ["--prompt-len", "4..8", "--output-len", "2..4"];
-        let summary = run_with("tiny-pool", &[&flags[..], &lengths[..]].concat());
-        assert_eq!((summary.finished, summary.aborted), (3, 0));
+        for admission in ["next-step", "ratio"] {
+            let policy = ["--admission", admission];
+            let summary = run_with("tiny-pool", &[&flags[..], &lengths, &policy].concat());
+            assert_eq!((summary.finished, summary.aborted), (3, 0), "{admission}");
+        }
     }
 
     #[test]
@@ -421,8 +424,11 @@ mod tests {
             if let Some(tokens) = spec {
                 flags.extend(["--spec", "--spec-tokens", tokens]);
             }
-            let summary = run_with("exact-fit", &flags);
-            assert_eq!((summary.finished, summary.aborted), (3, 0), "{flags:?}");
+            for admission in ["next-step", "ratio"] {
+                let flags = [&flags[..], &["--admission", admission]].concat();
+                let summary = run_with("exact-fit", &flags);
+                assert_eq!((summary.finished, summary.aborted), (3, 0), "{flags:?}");
+            }
         }
     }
 
