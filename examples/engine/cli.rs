@@ -147,23 +147,14 @@ const MAX_ARRIVAL_STEPS: f64 = 1e7;
 /// The most `--requests`: the workload is drawn up front, every prompt in memory.
 const MAX_REQUESTS: usize = 10_000_000;
 
-/// `value` (finite, not negative) to three significant digits, without trailing zeros: fixed
-/// down to 0.0001, with an exponent below.
+/// `value` (finite, not negative) rounded to three significant digits, written as `{:?}` writes
+/// a float (an exponent below 1e-4) without a trailing `.0`.
 fn three_significant_digits(value: f64) -> String {
-    let trim = |text: &str| match text.contains('.') {
-        true => text.trim_end_matches('0').trim_end_matches('.').to_string(),
-        false => text.to_string(),
-    };
-    if value == 0.0 {
-        "0".to_string()
-    } else if value < 1e-4 {
-        let text = format!("{value:.2e}");
-        let (mantissa, exponent) = text.split_once('e').expect("an exponent");
-        format!("{}e{exponent}", trim(mantissa))
-    } else {
-        let decimals = (2 - value.log10().floor() as i32).max(0) as usize;
-        trim(&format!("{value:.decimals$}"))
-    }
+    let rounded: f64 = format!("{value:.2e}")
+        .parse()
+        .expect("a float written by format!");
+    let text = format!("{rounded:?}");
+    text.strip_suffix(".0").unwrap_or(&text).to_string()
 }
 
 impl Args {
