@@ -46,6 +46,10 @@ names = sys.argv[3:3 + count]
 seeds = sys.argv[4 + count:]
 median = statistics.median
 pairs = []
+
+def quotient(pairs, key):
+    """The median of ratio / next-step over (next-step, ratio) run pairs."""
+    return median(r[key] / n[key] for n, r in pairs)
 print("| workload | steps (next-step / ratio, quotient) | retractions | tokens prefilled"
       " (quotient) | prefix-cache hit rate |")
 print("|---|---|---|---|---|")
@@ -54,21 +58,20 @@ for index, name in enumerate(names):
             for policy in ("next-step", "ratio")}
     def med(policy, key):
         return median(run[key] for run in runs[policy])
-    def quotient(key):
-        return median(r[key] / n[key] for n, r in zip(runs["next-step"], runs["ratio"]))
     for run in runs["next-step"] + runs["ratio"]:
         assert run["aborted"] == 0 and run["finished"] == run["requests"], run
-    pairs += zip(runs["next-step"], runs["ratio"])
+    workload_pairs = list(zip(runs["next-step"], runs["ratio"]))
+    pairs += workload_pairs
     print(f"| {name} | {med('next-step', 'steps'):g} / {med('ratio', 'steps'):g}, "
-          f"{quotient('steps'):.3f} | {med('next-step', 'retractions'):g} / "
+          f"{quotient(workload_pairs, 'steps'):.3f} | {med('next-step', 'retractions'):g} / "
           f"{med('ratio', 'retractions'):g} | {med('next-step', 'tokens_prefilled'):g} / "
-          f"{med('ratio', 'tokens_prefilled'):g}, {quotient('tokens_prefilled'):.3f} | "
+          f"{med('ratio', 'tokens_prefilled'):g}, "
+          f"{quotient(workload_pairs, 'tokens_prefilled'):.3f} | "
           f"{100 * med('next-step', 'prefix_cache_hit_rate'):.1f} % / "
           f"{100 * med('ratio', 'prefix_cache_hit_rate'):.1f} % |")
-def overall(key):
-    return median(r[key] / n[key] for n, r in pairs)
 retractions = [sum(run["retractions"] for run in side) for side in zip(*pairs)]
-print(f"| all {len(pairs)} runs (median quotient; total retractions) | {overall('steps'):.3f} | "
-      f"{retractions[0]} / {retractions[1]} | {overall('tokens_prefilled'):.3f} | "
-      f"{overall('prefix_cache_hit_rate'):.3f} |")
+print(f"| all {len(pairs)} runs (median quotient; total retractions) | "
+      f"{quotient(pairs, 'steps'):.3f} | "
+      f"{retractions[0]} / {retractions[1]} | {quotient(pairs, 'tokens_prefilled'):.3f} | "
+      f"{quotient(pairs, 'prefix_cache_hit_rate'):.3f} |")
 EOF
