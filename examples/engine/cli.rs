@@ -4,7 +4,9 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use clap::{Parser, ValueEnum};
+use clap::error::ErrorKind;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 
 /// An inclusive range of lengths, written `min..max` (or a single `n`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,11 +89,12 @@ pub struct Args {
     /// Speculative decoding: reserve `2 × spec-tokens` slots ahead and commit accepted runs.
     #[arg(long)]
     pub spec: bool,
-    /// Tokens verified per speculative step (drafts + 1).
-    #[arg(long, default_value_t = 4)]
+    /// With `--spec`: tokens verified per speculative step (drafts + 1).
+    #[arg(long, default_value_t = 4, requires = "spec")]
     pub spec_tokens: usize,
-    /// Probability that each draft token is accepted (given the previous one was).
-    #[arg(long, default_value_t = 0.7)]
+    /// With `--spec`: probability that each draft token is accepted (given the previous one
+    /// was).
+    #[arg(long, default_value_t = 0.7, requires = "spec")]
     pub accept_rate: f64,
     /// Slots per page.
     #[arg(long, default_value_t = 16)]
@@ -157,7 +160,41 @@ fn three_significant_digits(value: f64) -> String {
     text.strip_suffix(".0").unwrap_or(&text).to_string()
 }
 
+/// The flags of `--admission ratio`, by clap id.
+const RATIO_FLAGS: [&str; 3] = [
+    "new_token_ratio",
+    "min_new_token_ratio_factor",
+    "new_token_ratio_decay_steps",
+];
+
 impl Args {
+    /// Parses the command line (the program name first), refusing flags that would be ignored:
+    /// the speculative ones without `--spec` (clap's `requires`) and the ratio's with
+    /// `--admission next-step`.
+    pub fn try_parse_flags<I, T>(flags: I) -> Result<Args, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let mut command = Args::command();
+        let matches = command.try_get_matches_from_mut(flags)?;
+        let args = Args::from_arg_matches(&matches)?;
+        if args.admission == Admission::NextStep {
+            let given = RATIO_FLAGS
+                .into_iter()
+                .find(|id| matches.value_source(id) == Some(ValueSource::CommandLine));
+            if let Some(id) = given {
+                let flag = id.replace('_', "-");
+                let message = format!(
+                    "--{flag} applies to `--admission ratio` only; it would be ignored with \
+                     `--admission next-step`"
+                );
+                return Err(command.error(ErrorKind::ArgumentConflict, message));
+            }
+        }
+        Ok(args)
+    }
+
     /// Rejects flag combinations the engine cannot run.
     pub fn validate(&self) -> Result<(), String> {
         if self.requests == 0 || self.max_running == 0 || self.chunk_size == 0 {
@@ -239,7 +276,7 @@ impl Args {
 impl Args {
     /// The engine's flags: `flags` after the defaults.
     pub fn from_flags(flags: &[&str]) -> Args {
-        Args::try_parse_from(std::iter::once("engine").chain(flags.iter().copied()))
+        Args::try_parse_flags(std::iter::once("engine").chain(flags.iter().copied()))
             .expect("flags that parse")
     }
 }
@@ -282,6 +319,55 @@ mod tests {
     }
 
     #[test]
+    fn flags_that_would_be_ignored_are_refused() {
+        let parse = |flags: &[&str]| {
+            Args::try_parse_flags(std::iter::once("engine").chain(flags.iter().copied()))
+        };
+        use clap::error::ErrorKind::{ArgumentConflict, MissingRequiredArgument};
+        for (flags, kind, named) in [
+            (
+                &["--spec-tokens", "8"][..],
+                MissingRequiredArgument,
+                "--spec",
+            ),
+            (&["--accept-rate", "0.5"], MissingRequiredArgument, "--spec"),
+            (
+                &["--admission", "next-step", "--new-token-ratio", "0.5"],
+                ArgumentConflict,
+                "--new-token-ratio applies to `--admission ratio` only",
+            ),
+            (
+                &[
+                    "--min-new-token-ratio-factor",
+                    "0.5",
+                    "--admission",
+                    "next-step",
+                ],
+                ArgumentConflict,
+                "--min-new-token-ratio-factor applies",
+            ),
+            (
+                &["--admission=next-step", "--new-token-ratio-decay-steps=3"],
+                ArgumentConflict,
+                "--new-token-ratio-decay-steps applies",
+            ),
+        ] {
+            let error = parse(flags).unwrap_err();
+            assert_eq!(error.kind(), kind, "{flags:?}: {error}");
+            assert!(error.to_string().contains(named), "{flags:?}: {error}");
+        }
+        // The same flags where they apply, and the defaults under either policy.
+        for flags in [
+            &["--spec", "--spec-tokens", "8", "--accept-rate", "0.5"][..],
+            &["--admission", "ratio", "--new-token-ratio", "0.5"],
+            &["--new-token-ratio-decay-steps", "3"],
+            &["--admission", "next-step"],
+        ] {
+            assert!(parse(flags).is_ok(), "{flags:?}");
+        }
+    }
+
+    #[test]
     fn validate_names_the_flag_at_fault() {
         for (flags, message) in [
             (
@@ -310,8 +396,14 @@ mod tests {
                 &["--requests", "1001", "--arrival-rate", "0.0001"],
                 "--requests / --arrival-rate",
             ),
-            (&["--accept-rate", "1.5"], "--accept-rate must be in [0, 1]"),
-            (&["--spec-tokens", "0"], "--spec-tokens must be positive"),
+            (
+                &["--spec", "--accept-rate", "1.5"],
+                "--accept-rate must be in [0, 1]",
+            ),
+            (
+                &["--spec", "--spec-tokens", "0"],
+                "--spec-tokens must be positive",
+            ),
             (&["--page-size", "0"], "--page-size must be positive"),
             (
                 &["--pool-tokens", "8", "--page-size", "16"],

@@ -27,7 +27,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvown::alloc::{AsPageAllocator, KvAllocator, PagedAllocator};
 use kvown::cache::{KvCache, TreeCache};
@@ -228,7 +227,7 @@ fn serve<A: KvAllocator + AsPageAllocator + DeviceCopy>(
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = Args::try_parse_flags(std::env::args_os()).unwrap_or_else(|error| error.exit());
     match run(&args) {
         Ok(summary) if args.json => match serde_json::to_string_pretty(&summary) {
             Ok(json) => {
