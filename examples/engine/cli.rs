@@ -8,6 +8,8 @@ use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 
+use crate::report::AdmissionSummary;
+
 /// An inclusive range of lengths, written `min..max` (or a single `n`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LenRange {
@@ -150,16 +152,6 @@ const MAX_ARRIVAL_STEPS: f64 = 1e7;
 /// The most `--requests`: the workload is drawn up front, every prompt in memory.
 const MAX_REQUESTS: usize = 10_000_000;
 
-/// `value` (finite, not negative) rounded to three significant digits, written as `{:?}` writes
-/// a float (an exponent below 1e-4) without a trailing `.0`.
-fn three_significant_digits(value: f64) -> String {
-    let rounded: f64 = format!("{value:.2e}")
-        .parse()
-        .expect("a float written by format!");
-    let text = format!("{rounded:?}");
-    text.strip_suffix(".0").unwrap_or(&text).to_string()
-}
-
 /// The flags of `--admission ratio`, by clap id.
 const RATIO_FLAGS: [&str; 3] = [
     "new_token_ratio",
@@ -252,16 +244,14 @@ impl Args {
     }
 
     /// The admission policy and its parameters, for the summary.
-    pub fn admission_summary(&self) -> String {
+    pub fn admission_summary(&self) -> AdmissionSummary {
         match self.admission {
-            Admission::NextStep => "next-step".to_string(),
-            // Debug writes small values with an exponent, as they were likely typed.
-            Admission::Ratio => format!(
-                "ratio (new-token ratio {:?}, decaying to {} over {} decode steps)",
-                self.new_token_ratio,
-                three_significant_digits(self.new_token_ratio * self.min_new_token_ratio_factor),
-                self.new_token_ratio_decay_steps
-            ),
+            Admission::NextStep => AdmissionSummary::NextStep,
+            Admission::Ratio => AdmissionSummary::Ratio {
+                new_token_ratio: self.new_token_ratio,
+                min_new_token_ratio: self.new_token_ratio * self.min_new_token_ratio_factor,
+                decay_steps: self.new_token_ratio_decay_steps,
+            },
         }
     }
 
@@ -292,7 +282,7 @@ mod tests {
 
     #[test]
     fn the_admission_summary_shows_small_ratios() {
-        let summary = |flags: &[&str]| Args::from_flags(flags).admission_summary();
+        let summary = |flags: &[&str]| Args::from_flags(flags).admission_summary().to_string();
         assert_eq!(
             summary(&[]),
             "ratio (new-token ratio 0.7, decaying to 0.098 over 600 decode steps)"

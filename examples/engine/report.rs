@@ -1,5 +1,7 @@
 //! The end-of-run summary, as a table or as JSON.
 
+use std::fmt;
+
 use serde::Serialize;
 
 use crate::scheduler::Stats;
@@ -24,7 +26,7 @@ pub struct Summary {
     /// Requests retracted.
     pub retractions: u64,
     /// The admission policy (`--admission`) and its parameters.
-    pub admission: String,
+    pub admission: AdmissionSummary,
     /// Highest pages in use (request-owned plus cached).
     pub peak_pages_in_use: usize,
     /// Pages in the pool.
@@ -47,6 +49,54 @@ pub struct Summary {
     pub plot: String,
     /// Leak check: pool and request table back at full capacity after releasing and evicting.
     pub leak_check: &'static str,
+}
+
+/// The admission policy and its parameters: one line in the table, in JSON an object tagged by
+/// `policy` (`"next-step"` or `"ratio"`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(tag = "policy", rename_all = "kebab-case")]
+pub enum AdmissionSummary {
+    /// `--admission next-step`.
+    NextStep,
+    /// `--admission ratio`: the new-token ratio falls from `new_token_ratio` to
+    /// `min_new_token_ratio` over `decay_steps` decode steps.
+    Ratio {
+        /// The initial ratio (`--new-token-ratio`).
+        new_token_ratio: f64,
+        /// The lowest ratio (`--new-token-ratio` x `--min-new-token-ratio-factor`).
+        min_new_token_ratio: f64,
+        /// `--new-token-ratio-decay-steps`.
+        decay_steps: u64,
+    },
+}
+
+impl fmt::Display for AdmissionSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            AdmissionSummary::NextStep => f.write_str("next-step"),
+            // Debug writes small values with an exponent, as they were likely typed.
+            AdmissionSummary::Ratio {
+                new_token_ratio,
+                min_new_token_ratio,
+                decay_steps,
+            } => write!(
+                f,
+                "ratio (new-token ratio {new_token_ratio:?}, decaying to {} over {decay_steps} \
+                 decode steps)",
+                three_significant_digits(min_new_token_ratio)
+            ),
+        }
+    }
+}
+
+/// `value` (finite, not negative) rounded to three significant digits, written as `{:?}` writes
+/// a float (an exponent below 1e-4) without a trailing `.0`.
+fn three_significant_digits(value: f64) -> String {
+    let rounded: f64 = format!("{value:.2e}")
+        .parse()
+        .expect("a float written by format!");
+    let text = format!("{rounded:?}");
+    text.strip_suffix(".0").unwrap_or(&text).to_string()
 }
 
 fn percentile(sorted: &[u64], fraction: f64) -> u64 {
@@ -83,7 +133,7 @@ impl Summary {
                 format!("{:.1} %", 100.0 * self.prefix_cache_hit_rate),
             ),
             ("retractions", self.retractions.to_string()),
-            ("admission", self.admission.clone()),
+            ("admission", self.admission.to_string()),
             (
                 "peak pages in use",
                 format!("{} of {}", self.peak_pages_in_use, self.pool_pages),
@@ -120,5 +170,33 @@ impl Summary {
         for (name, value) in rows {
             println!("{name:<width$}  {value}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admission_is_an_object_tagged_by_policy_in_json() {
+        let json = |admission| serde_json::to_value(admission).expect("serializable");
+        assert_eq!(
+            json(AdmissionSummary::NextStep),
+            serde_json::json!({ "policy": "next-step" })
+        );
+        let ratio = AdmissionSummary::Ratio {
+            new_token_ratio: 0.5,
+            min_new_token_ratio: 0.25,
+            decay_steps: 3,
+        };
+        assert_eq!(
+            json(ratio),
+            serde_json::json!({
+                "policy": "ratio",
+                "new_token_ratio": 0.5,
+                "min_new_token_ratio": 0.25,
+                "decay_steps": 3,
+            })
+        );
     }
 }
