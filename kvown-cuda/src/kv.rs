@@ -138,24 +138,11 @@ impl CudaKvPool {
         k: &CudaSlice<u8>,
         v: &CudaSlice<u8>,
     ) -> Result<(), KvPoolError> {
-        self.layout().check_layer(layer)?;
         let rows = slots.len();
-        let element = self.dtype().size_bytes();
-        for (tensor, data) in [(KvTensor::K, k), (KvTensor::V, v)] {
-            let row_bytes = self.planner.shape(tensor).row_bytes;
-            // Saturating, as `KvLayout::check_data`: no buffer is `usize::MAX` bytes long.
-            if data.len() != rows.saturating_mul(row_bytes) {
-                let row_len = self.layout().row_len(tensor);
-                return Err(KvPoolError::DataLength {
-                    tensor,
-                    expected: rows.saturating_mul(row_len),
-                    got: data.len() / element,
-                    rows,
-                    row_len,
-                });
-            }
-        }
-        match self.planner.plan_rows(rows)? {
+        match self
+            .planner
+            .plan_store_device(layer, rows, k.len(), v.len())?
+        {
             Some(launches) => self.store(layer, &launches, slots, k, v),
             None => Ok(()),
         }

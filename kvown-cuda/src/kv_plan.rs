@@ -161,6 +161,34 @@ impl KvPlanner {
         self.plan_rows(slots.len())
     }
 
+    /// `store_kv_device(layer, slots, k, v)` with `rows` device slots and K and V data of
+    /// `k_bytes` and `v_bytes` bytes: one `store_kv_wN` launch per tensor. The slots are on the
+    /// device, so only the layer and the data lengths (in bytes) are checked.
+    pub fn plan_store_device(
+        &self,
+        layer: usize,
+        rows: usize,
+        k_bytes: usize,
+        v_bytes: usize,
+    ) -> Result<Option<[RowLaunch; 2]>, KvPoolError> {
+        self.layout.check_layer(layer)?;
+        for (tensor, got) in [(KvTensor::K, k_bytes), (KvTensor::V, v_bytes)] {
+            let row_bytes = self.shape(tensor).row_bytes;
+            // Saturating, as `KvLayout::check_data`: no buffer is `usize::MAX` bytes long.
+            let expected = rows.saturating_mul(row_bytes);
+            if got != expected {
+                return Err(KvPoolError::DataBytes {
+                    tensor,
+                    expected,
+                    got,
+                    rows,
+                    row_bytes,
+                });
+            }
+        }
+        self.plan_rows(rows)
+    }
+
     /// `load_kv(layer, slots)`: one `gather_kv_wN` launch per tensor.
     pub fn plan_load(
         &self,
@@ -263,5 +291,50 @@ mod tests {
         assert_eq!(k.shape.row_words as usize, words);
         let over = KvLayout::new(1, words + 1, 8, 1, 1).unwrap();
         assert!(KvPlanner::new(over, KvDtype::F16).plan_rows(1).is_err());
+    }
+
+    /// Device data is checked and reported in bytes: data a part of an element too long or too
+    /// short is refused with its byte count (an element count rounded either way would read
+    /// "8 elements, expected 8").
+    #[test]
+    fn device_data_of_the_wrong_byte_length_is_refused_in_bytes() {
+        // Rows of 2 heads x 4 elements: 16 bytes of f16.
+        let layout = KvLayout::new(1, 2, 4, 4, 4).unwrap();
+        let planner = KvPlanner::new(layout, KvDtype::F16);
+        assert!(planner.plan_store_device(0, 1, 16, 16).unwrap().is_some());
+        assert!(planner.plan_store_device(0, 0, 0, 0).unwrap().is_none());
+        for (k_bytes, v_bytes, tensor, got) in [
+            (17, 16, KvTensor::K, 17),
+            (15, 16, KvTensor::K, 15),
+            (16, 17, KvTensor::V, 17),
+        ] {
+            let error = planner
+                .plan_store_device(0, 1, k_bytes, v_bytes)
+                .unwrap_err();
+            assert!(
+                matches!(
+                    error,
+                    KvPoolError::DataBytes {
+                        tensor: t,
+                        expected: 16,
+                        got: g,
+                        rows: 1,
+                        row_bytes: 16
+                    } if t == tensor && g == got
+                ),
+                "{error}"
+            );
+        }
+        assert_eq!(
+            planner
+                .plan_store_device(0, 1, 17, 16)
+                .unwrap_err()
+                .to_string(),
+            "K data has 17 bytes, expected 16 (1 slots x 16)"
+        );
+        assert!(matches!(
+            planner.plan_store_device(1, 1, 16, 16),
+            Err(KvPoolError::BadLayer { layer: 1, .. })
+        ));
     }
 }

@@ -67,6 +67,20 @@ pub enum KvPoolError {
         /// Elements per row.
         row_len: usize,
     },
+    /// K or V data given as device bytes does not hold exactly one row per slot.
+    #[error("{tensor:?} data has {got} bytes, expected {expected} ({rows} slots x {row_bytes})")]
+    DataBytes {
+        /// Which buffer the data is for.
+        tensor: KvTensor,
+        /// Bytes required (`usize::MAX` when `rows x row_bytes` exceeds it).
+        expected: usize,
+        /// Bytes given.
+        got: usize,
+        /// Slots in the call.
+        rows: usize,
+        /// Bytes per row.
+        row_bytes: usize,
+    },
     /// The data's dtype is not the pool's.
     #[error("dtype mismatch: the pool stores {pool}, the data is {got}")]
     DtypeMismatch {
