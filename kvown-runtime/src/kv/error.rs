@@ -15,7 +15,8 @@ pub enum KvTensor {
 /// Why a KV pool call was refused. The pool is unchanged whenever one of these is returned.
 #[derive(Debug, thiserror::Error)]
 pub enum KvPoolError {
-    /// A layout field is zero or the slot count does not fit in a [`KvSlot`].
+    /// A layout field is zero, `capacity` is not a multiple of `page_size`, the slot count does
+    /// not fit in a [`KvSlot`], or the buffers would not fit in the address space.
     #[error("invalid KV layout: {reason}")]
     InvalidLayout {
         /// What is wrong with the layout.
