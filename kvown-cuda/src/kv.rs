@@ -79,19 +79,27 @@ fn store_rows(
     Ok(())
 }
 
-/// Launches `gather_kv` into a new device array: `out[t] = buffer[slots[t]]`.
+/// A zeroed device array for the rows `launch` moves.
+fn row_temporary(device: &CudaDevice, launch: &RowLaunch) -> Result<CudaSlice<u8>, KvPoolError> {
+    device
+        .stream()
+        .alloc_zeros::<u8>(launch.rows as usize * launch.shape.row_bytes)
+        .map_err(backend)
+}
+
+/// Launches `gather_kv`: `out[t] = buffer[slots[t]]`, `out` holding one row per slot
+/// ([`row_temporary`]).
 fn gather_rows(
     device: &CudaDevice,
     buffer: &CudaSlice<u8>,
     launch: &RowLaunch,
     slots: &CudaSlice<u32>,
-) -> Result<CudaSlice<u8>, KvPoolError> {
-    let stream = device.stream();
-    let mut out = stream
-        .alloc_zeros::<u8>(launch.rows as usize * launch.shape.row_bytes)
-        .map_err(backend)?;
-    let mut args = stream.launch_builder(&device.kernels.rows[launch.shape.word].gather_kv);
-    args.arg(&mut out)
+    out: &mut CudaSlice<u8>,
+) -> Result<(), KvPoolError> {
+    let mut args = device
+        .stream()
+        .launch_builder(&device.kernels.rows[launch.shape.word].gather_kv);
+    args.arg(out)
         .arg(buffer)
         .arg(slots)
         .arg(&launch.rows)
@@ -100,17 +108,20 @@ fn gather_rows(
     // SAFETY: arguments match gather_kv_wN in kv.cu; `out` holds one row per slot; slots past
     // the buffer are skipped.
     unsafe { args.launch(config(launch)) }.map_err(backend)?;
-    Ok(out)
+    Ok(())
 }
 
 impl CudaKvPool {
-    /// A zeroed pool on `device`.
+    /// A zeroed pool on `device`. Fails with [`KvPoolError::Backend`] when the device cannot
+    /// hold the buffers or the rows are too long for the kernels' 32-bit word index.
     pub fn new(
         device: Arc<CudaDevice>,
         layout: KvLayout,
         dtype: KvDtype,
     ) -> Result<Self, KvPoolError> {
         let planner = KvPlanner::new(layout, dtype);
+        // Rows the kernels cannot index would fail every later call: refuse them here.
+        planner.plan_rows(0)?;
         let stream = device.stream().clone();
         let buffers = |tensor| -> Result<Vec<CudaSlice<u8>>, KvPoolError> {
             let bytes = layout.slots() * planner.shape(tensor).row_bytes;
@@ -206,7 +217,8 @@ impl KvPool for CudaKvPool {
                 KvTensor::K => &self.k[layer],
                 KvTensor::V => &self.v[layer],
             };
-            let rows = gather_rows(&self.device, buffer, launch, &device_slots)?;
+            let mut rows = row_temporary(&self.device, launch)?;
+            gather_rows(&self.device, buffer, launch, &device_slots, &mut rows)?;
             let bytes = stream.clone_dtoh(&rows).map_err(backend)?;
             Ok(kv_data_from_bytes(self.dtype(), &bytes))
         };
@@ -214,7 +226,9 @@ impl KvPool for CudaKvPool {
     }
 
     /// Gathers every source row into a temporary, then scatters it, per buffer: overlapping
-    /// `src` and `dst` read the old rows.
+    /// `src` and `dst` read the old rows. The device memory it needs (the slot lists and one
+    /// temporary per tensor, reused layer after layer) is taken before the first copy, so a
+    /// device short of memory fails the call before any row changed.
     fn copy_slots(&mut self, src: &[KvSlot], dst: &[KvSlot]) -> Result<(), KvPoolError> {
         let Some(launches) = self.planner.plan_copy_slots(src, dst)? else {
             return Ok(());
@@ -222,14 +236,19 @@ impl KvPool for CudaKvPool {
         let stream = self.device.stream().clone();
         let src = stream.clone_htod(src).map_err(backend)?;
         let dst = stream.clone_htod(dst).map_err(backend)?;
-        for launch in &launches {
+        let mut temporaries = [
+            row_temporary(&self.device, &launches[0])?,
+            row_temporary(&self.device, &launches[1])?,
+        ];
+        for (launch, rows) in launches.iter().zip(&mut temporaries) {
             let buffers = match launch.tensor {
                 KvTensor::K => &mut self.k,
                 KvTensor::V => &mut self.v,
             };
+            // Stream order: a layer's gather waits for the last layer's store out of `rows`.
             for buffer in buffers.iter_mut() {
-                let rows = gather_rows(&self.device, buffer, launch, &src)?;
-                store_rows(&self.device, buffer, launch, &rows, &dst)?;
+                gather_rows(&self.device, buffer, launch, &src, rows)?;
+                store_rows(&self.device, buffer, launch, rows, &dst)?;
             }
         }
         Ok(())
