@@ -226,9 +226,13 @@ impl KvPlanner {
         }
         self.layout.check_pages(src)?;
         self.layout.check_pages(dst)?;
-        let mut in_src = vec![false; self.layout.pages()];
-        src.iter().for_each(|&page| in_src[page as usize] = true);
-        if dst.iter().any(|&page| in_src[page as usize]) {
+        // Sorted, not a flag per pool page: the cost follows the pages copied, not the pool.
+        let mut sorted_src = src.to_vec();
+        sorted_src.sort_unstable();
+        if dst
+            .iter()
+            .any(|page| sorted_src.binary_search(page).is_ok())
+        {
             return Ok(Some(PageCopy::Slots {
                 src: self.layout.page_slots(src),
                 dst: self.layout.page_slots(dst),

@@ -4,6 +4,7 @@
 //! launches a plan and then commits it; the host-emulation test runs the same plans through the
 //! kernel sources compiled for the CPU.
 
+use std::collections::HashSet;
 use std::marker::PhantomData;
 use std::ops::Range;
 
@@ -297,7 +298,6 @@ impl<R: ReuseOrder> AllocPlanner<R> {
     /// [`AllocPlanner::commit_free`].
     pub fn plan_free(&self, slots: &[KvSlot]) -> Result<Option<FreePlan>, CudaError> {
         let slot_end = (self.num_pages as u64 + 1) * self.page_size as u64;
-        let mut seen = vec![false; self.num_pages + 1];
         let mut pages: Vec<PageId> = Vec::new();
         for &slot in slots {
             if u64::from(slot) >= slot_end {
@@ -311,12 +311,18 @@ impl<R: ReuseOrder> AllocPlanner<R> {
                 }
                 .into());
             }
-            if !std::mem::replace(&mut seen[page], true) {
+            // A page's slots usually come together: skip the run here, repeats apart below.
+            if pages.last() != Some(&(page as PageId)) {
                 pages.push(page as PageId);
             }
         }
+        // Each page once, in memory that follows the slots freed, not the pool.
         if R::FREED_FIRST {
             pages.sort_unstable();
+            pages.dedup();
+        } else {
+            let mut seen = HashSet::with_capacity(pages.len());
+            pages.retain(|&page| seen.insert(page));
         }
         self.place_freed(pages)
     }
@@ -538,6 +544,18 @@ mod tests {
         fifo.commit_free(&plan);
         assert_eq!((fifo.free_head(), fifo.free_len()), (6, 13));
         assert_eq!(fifo.plan_free_pages(&[]).unwrap(), None);
+    }
+
+    /// `plan_free` lists each page once however its slots come (together, apart, repeated):
+    /// `Lifo` sorted, `Fifo` in the order of first appearance.
+    #[test]
+    fn freed_slots_name_each_page_once() {
+        // Pages 1..=6 hold slots 4..28; slots of pages 5, 2, 5, 4, 2 (page 5 twice apart).
+        let slots = [20, 21, 8, 23, 16, 17, 9, 22];
+        let lifo = six_out::<Lifo>().plan_free(&slots).unwrap().unwrap();
+        assert_eq!(lifo.pages, [2, 4, 5]);
+        let fifo = six_out::<Fifo>().plan_free(&slots).unwrap().unwrap();
+        assert_eq!(fifo.pages, [5, 2, 4]);
     }
 
     /// The planner counts the slots a `PagedAllocator` of the same size and page size hands
