@@ -43,7 +43,8 @@ pub trait KvPool: Send {
     /// Writes one K row and one V row per slot into `layer` (sglang `set_kv_buffer`):
     /// `K[layer][slots[t]] = k[t]`, same for V. `k` holds `slots.len()` rows of
     /// `kv_heads * head_dim`, `v` rows of `kv_heads * v_head_dim`, both of the pool's dtype.
-    /// With a repeated slot (padding slot 0), which of its rows lands is backend-defined.
+    /// A repeated slot (padding slot 0) gets backend-defined data: the host writes the last of
+    /// its rows, a device writes them in parallel, word by word, so the slot may hold a mix.
     fn store_kv(
         &mut self,
         layer: usize,
@@ -57,8 +58,7 @@ pub trait KvPool: Send {
 
     /// Copies the K and V rows of `src[i]` to `dst[i]` in every layer (sglang `move_kv_cache`).
     /// All rows are read before any is written, so `src` and `dst` may overlap. A destination
-    /// named twice gets one of its sources' rows; which one is backend-defined (a device copies
-    /// in parallel).
+    /// named twice gets backend-defined data, as a repeated slot of [`KvPool::store_kv`].
     fn copy_slots(&mut self, src: &[KvSlot], dst: &[KvSlot]) -> Result<(), KvPoolError>;
 
     /// Copies whole pages `src[i]` to `dst[i]` in every layer (copy-on-write of a shared last
