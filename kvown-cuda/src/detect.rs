@@ -114,7 +114,13 @@ impl CudaDevice {
             return Err(Unavailable::NoNvrtc);
         }
         let arch = arch_for(compute_capability);
-        let kernels = Kernels::load(&context, &arch)?;
+        // Module and function loading are driver calls too: a panic there is caught as well.
+        let kernels = catch_unwind(AssertUnwindSafe(|| Kernels::load(&context, &arch)))
+            .unwrap_or_else(|panic| {
+                Err(Unavailable::ModuleLoad {
+                    detail: format!("panicked: {}", panic_message(panic.as_ref())),
+                })
+            })?;
         let stream = context.default_stream();
         Ok(Self {
             context,

@@ -124,7 +124,8 @@ impl<T: KvElement> From<Vec<T>> for KvData {
 
 /// An element type a KV pool can store: `f32`, [`half::f16`] or [`half::bf16`].
 ///
-/// The conversions are exact: `T::as_kv_slice(T::from_kv_slice(s)?) == s`.
+/// The conversions are exact: `T::as_kv_slice(T::from_kv_slice(s)?)` is `s`, the same slice
+/// (bit for bit; `==` on floats would fail for NaN data).
 pub trait KvElement: Copy + Default + PartialEq + fmt::Debug + Send + Sync + 'static {
     /// The dtype tag of `Self`.
     const DTYPE: KvDtype;
