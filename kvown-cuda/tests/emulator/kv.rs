@@ -89,9 +89,19 @@ impl Memory {
         self.launch("store_kv", launch, &args);
     }
 
-    /// `gather_kv_wN` into a new zeroed buffer: `out[t] = buffer[slots[t]]`.
-    fn gather_rows(&mut self, buffer: BufferId, launch: &RowLaunch, slots: BufferId) -> BufferId {
-        let out = self.zeros(launch.rows as usize * launch.shape.row_bytes);
+    /// A zeroed buffer for the rows `launch` moves.
+    fn row_temporary(&mut self, launch: &RowLaunch) -> BufferId {
+        self.zeros(launch.rows as usize * launch.shape.row_bytes)
+    }
+
+    /// `gather_kv_wN`: `out[t] = buffer[slots[t]]`, `out` holding one row per slot.
+    fn gather_rows(
+        &mut self,
+        buffer: BufferId,
+        launch: &RowLaunch,
+        slots: BufferId,
+        out: BufferId,
+    ) {
         let args = [
             out,
             buffer,
@@ -101,7 +111,6 @@ impl Memory {
             launch.num_slots,
         ];
         self.launch("gather_kv", launch, &args);
-        out
     }
 }
 
@@ -182,7 +191,8 @@ impl KvPool for EmulatedKvPool {
         let mut memory = self.memory.borrow_mut();
         let slots = memory.upload(bytemuck::cast_slice(slots));
         let [k, v] = launches.map(|launch| {
-            let out = memory.gather_rows(self.buffers(launch.tensor)[layer], &launch, slots);
+            let out = memory.row_temporary(&launch);
+            memory.gather_rows(self.buffers(launch.tensor)[layer], &launch, slots, out);
             let bytes = memory.download(out);
             memory.release(&[out]);
             kv_data_from_bytes(self.dtype(), &bytes)
@@ -198,14 +208,16 @@ impl KvPool for EmulatedKvPool {
         let mut memory = self.memory.borrow_mut();
         let src = memory.upload(bytemuck::cast_slice(src));
         let dst = memory.upload(bytemuck::cast_slice(dst));
-        for launch in &launches {
+        // As `CudaKvPool::copy_slots`: one temporary per tensor, reused layer after layer.
+        let temporaries = launches.map(|launch| memory.row_temporary(&launch));
+        for (launch, &rows) in launches.iter().zip(&temporaries) {
             for &buffer in self.buffers(launch.tensor) {
-                let rows = memory.gather_rows(buffer, launch, src);
+                memory.gather_rows(buffer, launch, src, rows);
                 memory.store_rows(buffer, launch, rows, dst);
-                memory.release(&[rows]);
             }
         }
         memory.release(&[src, dst]);
+        memory.release(&temporaries);
         Ok(())
     }
 
