@@ -292,7 +292,8 @@
 //! * Field types and generics are compiled inside the seal: items and macro calls in them are
 //!   refused (declare the `const` or type alias outside the struct and name it).
 //! * `#[owner]` on an associated function of an impl without `#[owners]` (or in a trait) gets
-//!   rustc's `module is not supported in impls`: the macro cannot see where it is applied.
+//!   rustc's ``module is not supported in `trait`s or `impl`s``: the macro cannot see where it
+//!   is applied.
 //! * Two guarded structs in one module can ask for the same owner trait name (`Req` with
 //!   `kv_len` and `ReqKv` with `len` both make `ReqKvLenOwner`, E0252); a `#[repr(packed)]`
 //!   struct cannot be guarded (accessors borrow its fields, E0793); construction through `From`
