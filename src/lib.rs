@@ -133,7 +133,13 @@
 //!    |          |
 //!    |          required by a bound introduced by this call
 //!    |
+//! help: the trait `__kvown_guarded_ReqKvInfo::ReqKvInfoKvCommittedLenOwner` is not implemented for `prepare_for_decode`
+//!   --> tests/ui/fail/sglang/prepare_for_decode_writes_committed.rs:22:1
+//!    |
+//! 22 | #[kvown::owner]
+//!    | ^^^^^^^^^^^^^^^
 //!    = note: only the functions listed in `#[owned_by(..)]` on `ReqKvInfo::kv_committed_len` may write it; a helper writing on an owner's behalf takes `owner: &impl ReqKvInfoKvCommittedLenOwner`; reads are free: `.kv_committed_len()`
+//! ...
 //! ```
 //!
 //! A plain function has no `owner` at all (E0425), and a direct write hits the seal (E0616):
