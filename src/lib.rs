@@ -310,10 +310,11 @@
 //! # The paged KV allocator
 //!
 //! The runtime re-exported here ([`alloc`], [`slots`], [`radix`], [`kv`], [`request`],
-//! [`batch`], [`tree_cache`], [`cache`], [`check`]) is an LLM serving engine's KV-cache
-//! bookkeeping (sglang's `mem_cache`, target state after #37085) with the per-request ladder
-//! `cache_protected_len <= kv_committed_len <= kv_allocated_len` in guarded fields. One extend
-//! and two decode steps, then release, with the invariant checker and the accounting identity:
+//! [`batch`], [`tree_cache`], [`cache`], [`check`], [`reclaim`], [`error`]) is an LLM serving
+//! engine's KV-cache bookkeeping (sglang's `mem_cache`, target state after #37085) with the
+//! per-request ladder `cache_protected_len <= kv_committed_len <= kv_allocated_len` in guarded
+//! fields. One extend and two decode steps, then release, with the invariant checker and the
+//! accounting identity:
 //!
 //! ```
 //! use kvown::alloc::{KvAllocator, PagedAllocator};
