@@ -1,5 +1,8 @@
 //! The request-level prefix-cache steps (sglang `init_next_round_input`, `cache_unfinished_req`,
-//! `cache_finished_req`), built on the radix primitives. These own `cache_protected_len`.
+//! `cache_finished_req`), built on the radix primitives. The first two own
+//! `cache_protected_len` (and `init_next_round_input` owns `kv_cache`); `cache_finished_req`,
+//! private to the crate, is the KV part of [`release_kv_cache`](crate::batch::release_kv_cache),
+//! which owns the resets, and writes no guarded field.
 
 use kvown_macros::owner;
 

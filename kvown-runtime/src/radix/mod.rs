@@ -2,7 +2,8 @@
 //! slots.
 //!
 //! The tree maps page-aligned token sequences to the KV pages that hold them. It works on plain
-//! data; request-level owners (`cache_finished_req`, `cache_unfinished_req`) are built on these
+//! data; the request-level steps of [`crate::tree_cache`] (`init_next_round_input`,
+//! `cache_unfinished_req`, and the release's `cache_finished_req`) are built on these
 //! primitives:
 //!
 //! * [`RadixCache::match_prefix`] finds the longest cached whole-page prefix, splitting the node
