@@ -415,8 +415,9 @@ fn field_accessors(
         format!("Mutably borrows `{ident}`, for as long as the owner's capability is borrowed.");
     quote! {
         #(#cfg)*
-        // A field named `len` gets a `len()` getter: that is not a collection API.
-        #[allow(clippy::len_without_is_empty)]
+        // A field named `len` gets a `len()` getter: that is not a collection API. The field
+        // type's braces were linted on the struct already (`unused_braces`, see `init_struct`).
+        #[allow(clippy::len_without_is_empty, unused_braces)]
         #impl_header {
             #[doc = #read_doc]
             #[doc = ""]
@@ -533,7 +534,9 @@ fn init_struct(
     quote! {
         #[doc = #doc]
         #[derive(#(#derives),*)]
-        #[allow(dead_code)]
+        // `unused_braces`: a field type's braces were linted on the struct itself already; with
+        // `Self` replaced, rustc would lint this copy again.
+        #[allow(dead_code, unused_braces)]
         #inner_vis struct #init #generics #where_clause { #(#rows)* }
     }
 }
@@ -560,7 +563,7 @@ fn view_struct(
     });
     quote! {
         /// Every field borrowed at once: owned fields shared, the others mutable.
-        #[allow(dead_code)]
+        #[allow(dead_code, unused_braces)]
         #inner_vis struct #view #view_generics #where_clause { #(#rows)* }
     }
 }

@@ -19,6 +19,7 @@ pub fn grow<T: Clone>(node: &mut Node<T>) {
 }
 
 #[kvown::guarded]
+#[allow(unused_braces)] // the braces are the case: a block (without items) in an array length
 pub struct Frame {
     #[owned_by(fill)]
     head: [u8; Self::LEN],
