@@ -154,9 +154,11 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
         }
     });
 
+    let struct_allows = &model.lint_allows;
     quote! {
         #[doc(hidden)]
         #[allow(non_snake_case)]
+        #(#struct_allows)*
         mod #module {
             #[allow(unused_imports)]
             use super::*;
@@ -383,6 +385,7 @@ fn field_accessors(
     let ty = &field.ty;
     let ident = &model.ident;
     let cfg = &model.cfg_attrs;
+    let allows = &model.lint_allows;
     let docs = &model.doc_attrs;
     let setter = format_ident!("set_{}", ident);
     let mut_accessor = format_ident!("{}_mut", ident);
@@ -415,6 +418,7 @@ fn field_accessors(
         format!("Mutably borrows `{ident}`, for as long as the owner's capability is borrowed.");
     quote! {
         #(#cfg)*
+        #(#allows)*
         // A field named `len` gets a `len()` getter: that is not a collection API. The field
         // type's braces were linted on the struct already (`unused_braces`, see `init_struct`).
         #[allow(clippy::len_without_is_empty, unused_braces)]
@@ -527,9 +531,10 @@ fn init_struct(
         let ident = &field.model.ident;
         let ty = &field.ty;
         let cfg = &field.model.cfg_attrs;
+        let allows = &field.model.lint_allows;
         let docs = &field.model.doc_attrs;
         let vis = widen_one_level(&field.model.vis);
-        quote!(#(#cfg)* #(#docs)* #vis #ident: #ty,)
+        quote!(#(#cfg)* #(#allows)* #(#docs)* #vis #ident: #ty,)
     });
     quote! {
         #[doc = #doc]
@@ -553,12 +558,13 @@ fn view_struct(
         let ident = &field.model.ident;
         let ty = &field.ty;
         let cfg = &field.model.cfg_attrs;
+        let allows = &field.model.lint_allows;
         let docs = &field.model.doc_attrs;
         if field.model.ownership.is_some() {
-            quote!(#(#cfg)* #(#docs)* #inner_vis #ident: &'kvown #ty,)
+            quote!(#(#cfg)* #(#allows)* #(#docs)* #inner_vis #ident: &'kvown #ty,)
         } else {
             let vis = widen_one_level(&field.model.vis);
-            quote!(#(#cfg)* #(#docs)* #vis #ident: &'kvown mut #ty,)
+            quote!(#(#cfg)* #(#allows)* #(#docs)* #vis #ident: &'kvown mut #ty,)
         }
     });
     quote! {

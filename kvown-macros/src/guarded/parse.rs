@@ -20,6 +20,8 @@ pub(crate) struct GuardedStruct {
     pub(crate) item: ItemStruct,
     /// Its fields, in order.
     pub(crate) fields: Vec<FieldModel>,
+    /// The struct's lint suppressions ([`lint_suppressions`]), repeated on the hidden module.
+    pub(crate) lint_allows: Vec<Attribute>,
 }
 
 /// One named field.
@@ -32,6 +34,9 @@ pub(crate) struct FieldModel {
     pub(crate) cfg_attrs: Vec<Attribute>,
     /// Doc comments, repeated on the getter.
     pub(crate) doc_attrs: Vec<Attribute>,
+    /// Lint suppressions ([`lint_suppressions`]), repeated on everything generated for the
+    /// field.
+    pub(crate) lint_allows: Vec<Attribute>,
     /// Present when the field carries `#[owned_by(..)]`.
     pub(crate) ownership: Option<Ownership>,
 }
@@ -238,6 +243,7 @@ pub(crate) fn parse(
             vis: field.vis.clone(),
             cfg_attrs,
             doc_attrs,
+            lint_allows: lint_suppressions(&field.attrs),
             ownership,
         });
     }
@@ -245,7 +251,58 @@ pub(crate) fn parse(
     Ok(GuardedStruct {
         support,
         init_name,
+        lint_allows: lint_suppressions(&item.attrs),
         item,
         fields,
     })
+}
+
+/// The `#[allow(..)]` and `#[expect(..)]` among `attrs`, all as `#[allow(..)]`: what the user
+/// silenced on the struct or a field stays silent in the copies of its types that the expansion
+/// makes (a deprecated field type, braces in an array length). An `expect` is fulfilled by the
+/// item it is written on; on the copies it only allows, or it would be unfulfilled there.
+fn lint_suppressions(attrs: &[Attribute]) -> Vec<Attribute> {
+    attrs
+        .iter()
+        .filter(|attr| attr.path().is_ident("allow") || attr.path().is_ident("expect"))
+        .cloned()
+        .map(|mut attr| {
+            if let syn::Meta::List(list) = &mut attr.meta {
+                list.path = syn::parse_quote!(allow);
+            }
+            attr
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::ToTokens;
+    use syn::parse_quote;
+
+    use super::lint_suppressions;
+
+    /// `allow` and `expect` are kept, the `expect` turned into an `allow` with its lints and
+    /// reason; other attributes, stronger lint levels included, are not repeated.
+    #[test]
+    fn lint_suppressions_are_the_allows_and_the_expects_as_allows() {
+        let attrs: Vec<syn::Attribute> = vec![
+            parse_quote!(#[allow(dead_code)]),
+            parse_quote!(#[doc = "a field"]),
+            parse_quote!(#[expect(deprecated, reason = "old type")]),
+            parse_quote!(#[deny(unused_braces)]),
+            parse_quote!(#[derive(Debug)]),
+        ];
+        let kept: Vec<String> = lint_suppressions(&attrs)
+            .iter()
+            .map(|attr| attr.to_token_stream().to_string())
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                "# [allow (dead_code)]",
+                "# [allow (deprecated , reason = \"old type\")]"
+            ]
+        );
+    }
 }

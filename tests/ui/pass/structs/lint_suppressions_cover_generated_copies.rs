@@ -1,0 +1,60 @@
+//! A lint allowed (or expected) on the struct or on a field holds for the copies of the field
+//! types that `#[guarded]` generates (the init struct, the view struct, the accessors): a crate
+//! that denies `deprecated` or `unused_braces` builds when the struct or field says so. Before,
+//! the copies were linted out of reach of the struct's and the fields' attributes.
+
+#![deny(deprecated, unused_braces)]
+
+#[deprecated(note = "use something else")]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Old(pub u8);
+
+// On the struct: braces in an array length (linted again in the copies, where `Self` is
+// replaced) and a deprecated field type.
+#[kvown::guarded]
+#[allow(unused_braces)]
+#[expect(deprecated)]
+pub struct Frame {
+    #[owned_by(fill)]
+    head: [u8; { Self::LEN }],
+    tail: [u16; { Self::LEN / 2 }],
+    legacy: Old,
+}
+
+impl Frame {
+    pub const LEN: usize = 4;
+}
+
+// On the fields: `expect` is fulfilled by the field itself and only allows in the copies.
+#[kvown::guarded]
+#[derive(Debug, Default)]
+pub struct Slot {
+    #[owned_by(fill)]
+    #[expect(deprecated)]
+    old: Old,
+    #[allow(deprecated)]
+    spare: Old,
+    plain: u8,
+}
+
+#[kvown::owner]
+#[allow(deprecated)]
+pub fn fill(frame: &mut Frame, slot: &mut Slot) {
+    frame.head_mut(owner)[0] = 1;
+    slot.set_old(owner, Old(2));
+}
+
+#[allow(deprecated)]
+fn main() {
+    let mut frame = Frame::from(FrameInit {
+        head: [0; Frame::LEN],
+        tail: [0; 2],
+        legacy: Old(0),
+    });
+    let mut slot = Slot::default();
+    fill(&mut frame, &mut slot);
+    let view = frame.fields_mut();
+    view.tail[1] = 7;
+    assert_eq!((frame.head()[0], frame.tail[1]), (1, 7));
+    assert_eq!((*slot.old(), slot.spare, slot.plain), (Old(2), Old(0), 0));
+}
