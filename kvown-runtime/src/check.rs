@@ -162,13 +162,13 @@ pub enum Violation {
         /// The locks the requests hold on it and below it.
         held: usize,
     },
-    /// A request's row is not held in the request pool, or rows are held without a request.
-    #[error("{held_rows} rows are held in the request pool but {holding} requests hold KV")]
-    RowCount {
-        /// Rows held in the pool.
-        held_rows: usize,
-        /// Requests holding a row.
-        holding: usize,
+    /// A request names a row that the request pool does not hold (freed, or out of range).
+    #[error("request {rid} holds row {row}, which the request pool does not hold")]
+    RowNotHeld {
+        /// The request.
+        rid: u64,
+        /// The row its record names.
+        row: ReqRow,
     },
     /// Two records passed to the check name the same row: two requests share it, or one
     /// request was passed twice.
@@ -290,17 +290,14 @@ impl<A: AsPageAllocator> KvCache<A> {
         let census = self.census(reqs)?;
         let allocator = self.allocator.page_allocator();
         let held_rows = self.req_to_token.size() - self.req_to_token.available_size();
+        // Every row a request holds is held in the pool (the census checked), so any other
+        // held row is held by no request.
         if held_rows != census.holding {
-            if let Some(&row) = census.unclaimed_rows(&self.req_to_token).first() {
-                return Err(Violation::UnclaimedRow {
-                    row,
-                    assigned_to: self.req_to_token.assigned_to(row),
-                    unclaimed_pages: census.unclaimed_pages(allocator).len(),
-                });
-            }
-            return Err(Violation::RowCount {
-                held_rows,
-                holding: census.holding,
+            let row = census.unclaimed_rows(&self.req_to_token)[0];
+            return Err(Violation::UnclaimedRow {
+                row,
+                assigned_to: self.req_to_token.assigned_to(row),
+                unclaimed_pages: census.unclaimed_pages(allocator).len(),
             });
         }
         if let Some(tree) = self.tree.radix()
@@ -370,16 +367,19 @@ impl<A: AsPageAllocator> KvCache<A> {
                 self.prefix_matches_lock(req, &req.prefix_indices)?;
                 continue;
             };
+            if !self.req_to_token.is_held(row) {
+                return Err(Violation::RowNotHeld {
+                    rid: req.rid(),
+                    row,
+                });
+            }
             holding += 1;
-            if let Some(claimed) = claimed_rows.get_mut(row) {
-                if let Some(first) = *claimed {
-                    return Err(Violation::RowClaimedTwice {
-                        row,
-                        first,
-                        second: req.rid(),
-                    });
-                }
-                *claimed = Some(req.rid());
+            if let Some(first) = claimed_rows[row].replace(req.rid()) {
+                return Err(Violation::RowClaimedTwice {
+                    row,
+                    first,
+                    second: req.rid(),
+                });
             }
             let (protected, committed, allocated) = (
                 kv.cache_protected_len(),
@@ -403,10 +403,7 @@ impl<A: AsPageAllocator> KvCache<A> {
                 });
             }
             protected_is_locked(req)?;
-            let slots = self
-                .req_to_token
-                .row(row)
-                .expect("a held request's row is in range");
+            let slots = self.req_to_token.row(row).expect("a held row is in range");
             for &slot in &slots[protected..allocated] {
                 holders.claim(slot as usize / page_size, Holder::Request(req.rid()))?;
             }
@@ -471,7 +468,7 @@ pub(crate) struct Census {
     /// Which request holds each row (by row; `None`: none of those passed).
     claimed_rows: Vec<Option<u64>>,
     /// Requests holding a row.
-    pub(crate) holding: usize,
+    holding: usize,
     /// The node of each prefix lock the requests hold.
     pub(crate) lock_holders: Vec<NodeId>,
     /// Tokens the prefix cache holds.
@@ -568,6 +565,7 @@ mod tests {
     use crate::batch::{ScheduleBatch, alloc_for_extend, prepare_for_extend, release_kv_cache};
     use crate::cache::{KvCache, TreeCache};
     use crate::radix::RadixCache;
+    use crate::reclaim::{ReclaimError, reclaim_leaks};
     use crate::request::Req;
     use crate::slots::ReqToTokenPool;
     use crate::tree_cache::init_next_round_input;
@@ -662,5 +660,25 @@ mod tests {
         assert_eq!(violation, mismatch(4, 5, PrefixPart::Slot));
         let message = violation.unwrap_err().to_string();
         assert!(message.contains("the slot at position 5"), "{message}");
+    }
+
+    #[test]
+    fn a_request_whose_row_is_not_held_is_reported_though_another_row_leaked() {
+        let allocator = PagedAllocator::new(64, 4, false).unwrap();
+        let rows = ReqToTokenPool::new(4, 32).unwrap();
+        let mut cache = KvCache::new(allocator, rows, TreeCache::Disabled).unwrap();
+        let mut req = admitted(&mut cache, 7, vec![1; 6]);
+        let row = req.kv().req_pool_idx().unwrap();
+        // As many rows held as requests holding one, but not the same rows.
+        cache.req_to_token.alloc(1).unwrap();
+        cache.req_to_token.free(row).unwrap();
+        let not_held = Violation::RowNotHeld { rid: 7, row };
+        assert_eq!(cache.check([&req]), Err(not_held.clone()));
+        let before = cache.available_size();
+        assert_eq!(
+            reclaim_leaks(&mut cache, [&mut req]),
+            Err(ReclaimError::Violation(not_held))
+        );
+        assert_eq!(cache.available_size(), before);
     }
 }
