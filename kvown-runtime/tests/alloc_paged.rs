@@ -212,7 +212,31 @@ fn free_page_ids_inside_a_group_is_deferred() {
     assert_eq!(allocator.deferred_pages(), [3, 1]);
     assert_eq!(allocator.available_size(), 0);
     allocator.free_group_end().unwrap();
-    assert_eq!(free_list(&allocator), [1, 3]);
+    // In the order given, as outside a group (only `free`'s pages are sorted).
+    assert_eq!(free_list(&allocator), [3, 1]);
+}
+
+/// A group's end releases as sglang's does: one `free` of the tokens deferred by `free` calls
+/// (their pages sorted, at the head), then the page representatives of the `free_segment(s)`
+/// calls in call order, in front of those.
+#[test]
+fn a_group_end_puts_segment_pages_in_call_order_before_the_sorted_free_pages() {
+    let mut allocator = paged(8, 4);
+    let row = alloc(&mut allocator, 32);
+    let page = |p: PageId| row[(p as usize - 1) * 4..p as usize * 4].to_vec();
+    allocator.free_group_begin().unwrap();
+    allocator.free(&[page(7), page(2)].concat()).unwrap();
+    allocator
+        .free_segment(&[page(5), page(3)].concat(), 0)
+        .unwrap();
+    allocator.free(&page(4)).unwrap();
+    allocator
+        .free_segments(&[(&page(8), 0), (&page(1), 0)])
+        .unwrap();
+    assert_eq!(allocator.deferred_pages(), [5, 3, 8, 1, 7, 2, 4]);
+    allocator.free_group_end().unwrap();
+    assert_eq!(free_list(&allocator), [5, 3, 8, 1, 2, 4, 7]);
+    allocator.check().unwrap();
 }
 
 #[test]
@@ -240,7 +264,8 @@ fn free_segments_meeting_inside_a_page_free_it_once() {
     allocator
         .free_segments(&[(&row[0..6], 0), (&row[6..12], 6)])
         .unwrap();
-    assert_eq!(free_list(&allocator), [4, 1, 6]);
+    // As sglang's two frees: [4, 1] at the head, then [6] (page 1 went with the first).
+    assert_eq!(free_list(&allocator), [6, 4, 1]);
     assert_eq!(allocator.available_size(), 12);
     allocator.check().unwrap();
 }

@@ -35,6 +35,11 @@ pub struct PageAllocator<R: ReuseOrder> {
     /// Pages deferred by the open free group. Outside a group it is empty between calls and
     /// serves as the scratch list of the free call in progress.
     deferred: Vec<PageId>,
+    /// In an open group, how many of `deferred` (at its front) keep their order at the group's
+    /// end: those of `free_segment(s)` and `free_page_ids`, in call order. The rest, from `free`,
+    /// are sorted then (sglang's group end: one `free` of the deferred tokens, sorted, then the
+    /// segments' page representatives released in front of them).
+    ordered_deferred: usize,
     in_free_group: bool,
     order: PhantomData<R>,
 }
@@ -69,6 +74,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
             state,
             free: FreeList::full(num_pages),
             deferred: Vec::with_capacity(num_pages),
+            ordered_deferred: 0,
             in_free_group: false,
             order: PhantomData,
         })
@@ -104,7 +110,9 @@ impl<R: ReuseOrder> PageAllocator<R> {
         self.free.released_pages()
     }
 
-    /// The pages deferred by the open free group, in deferral order.
+    /// The pages deferred by the open free group, in the order its end releases them: those of
+    /// `free_segment(s)` and `free_page_ids` calls in call order, then those of `free` calls
+    /// (sorted at the end with LIFO reuse).
     pub fn deferred_pages(&self) -> &[PageId] {
         &self.deferred
     }
@@ -139,6 +147,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
         self.state[0] = PageState::Reserved;
         self.free.reset(self.num_pages);
         self.deferred.clear();
+        self.ordered_deferred = 0;
         self.in_free_group = false;
     }
 
@@ -502,7 +511,8 @@ impl<R: ReuseOrder> PageAllocator<R> {
     }
 
     /// Finishes a free call whose pages are `deferred[start..]`: undoes them on error, defers
-    /// them inside a group, releases them otherwise.
+    /// them inside a group (after the ordered ones when `sort` is false), releases them
+    /// otherwise (sorted when `sort` is true).
     #[inline]
     fn finish_free(
         &mut self,
@@ -521,15 +531,21 @@ impl<R: ReuseOrder> PageAllocator<R> {
             for &page in &self.deferred[start..] {
                 self.state[page as usize] = PageState::Deferred;
             }
+            if !sort {
+                let added = self.deferred.len() - start;
+                self.deferred[self.ordered_deferred..].rotate_right(added);
+                self.ordered_deferred += added;
+            }
         } else {
-            self.release_deferred(sort);
+            self.release_deferred(if sort { 0 } else { self.deferred.len() });
         }
         Ok(())
     }
 
-    /// Returns every page in `deferred` to the free list (or the release list) as one update.
+    /// Returns every page in `deferred` to the free list (or the release list) as one update,
+    /// `deferred[sorted_from..]` sorted first when freed pages go to the head.
     #[inline]
-    fn release_deferred(&mut self, sort: bool) {
+    fn release_deferred(&mut self, sorted_from: usize) {
         let freed = if self.need_sort {
             PageState::Released
         } else {
@@ -541,9 +557,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
         if self.need_sort {
             self.free.release(&self.deferred);
         } else if R::FREED_FIRST {
-            if sort {
-                self.deferred.sort_unstable();
-            }
+            self.deferred[sorted_from..].sort_unstable();
             self.free.prepend(&self.deferred);
         } else {
             self.free.append(&self.deferred);
@@ -743,9 +757,18 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
 
     fn free_segments(&mut self, segments: &[(&[KvSlot], usize)]) -> Result<(), AllocError> {
         let start = self.deferred.len();
-        let result = segments
-            .iter()
-            .try_for_each(|&(slots, start_pos)| self.mark_segment(slots, start_pos));
+        // sglang frees segment by segment: outside a group, where each call puts its pages at
+        // the head, the last segment's pages end up first.
+        let prepended = !self.in_free_group && !self.need_sort && R::FREED_FIRST;
+        let result = segments.iter().try_for_each(|&(slots, start_pos)| {
+            let before = self.deferred.len();
+            self.mark_segment(slots, start_pos)?;
+            if prepended {
+                let added = self.deferred.len() - before;
+                self.deferred[start..].rotate_right(added);
+            }
+            Ok(())
+        });
         self.finish_free(start, result, false)
     }
 
@@ -777,7 +800,8 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
             return Err(AllocError::NotInFreeGroup);
         }
         self.in_free_group = false;
-        self.release_deferred(true);
+        let ordered = std::mem::take(&mut self.ordered_deferred);
+        self.release_deferred(ordered);
         Ok(())
     }
 

@@ -183,7 +183,9 @@ pub trait KvAllocator {
     /// Frees `row[start_pos .. start_pos + slots.len()]` of one request, page by page.
     fn free_segment(&mut self, slots: &[KvSlot], start_pos: usize) -> Result<(), AllocError>;
     /// Frees several segments of one request's row in one call (sglang `free_segments`):
-    /// segments that meet inside a page free that page once. All or nothing.
+    /// segments that meet inside a page free that page once (with the earlier segment). All or
+    /// nothing. The free list ends as sglang's segment-by-segment frees leave it: with LIFO reuse
+    /// outside a free group, the last segment's pages first.
     fn free_segments(&mut self, segments: &[(&[KvSlot], usize)]) -> Result<(), AllocError>;
     /// Frees whole pages named by id, which go back to the free list in the order given, as
     /// [`KvAllocator::free_segment`] puts a row's pages (a page named twice is freed once).
