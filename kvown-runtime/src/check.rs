@@ -184,7 +184,25 @@ pub enum Violation {
         /// The request that claimed it again.
         second: u64,
     },
-    /// A page is held by two holders at once.
+    /// A position of a request's own part of its row is not at its place in a page: each of
+    /// its pages holds one run of `page_size` positions, the first at the page's first slot
+    /// (the layout the extend and decode rules write).
+    #[error(
+        "request {rid}: position {position} is at slot {slot}, where its page's layout puts it at \
+         slot {expected}"
+    )]
+    RowLayout {
+        /// The request.
+        rid: u64,
+        /// The position in its row.
+        position: usize,
+        /// The slot the row names there.
+        slot: KvSlot,
+        /// The slot the layout puts there: the page of the run's first slot, at the position's
+        /// offset.
+        expected: usize,
+    },
+    /// A page is held by two holders at once, or by one request for two runs of positions.
     #[error("page {page} is held twice: by {first:?} and by {second:?}")]
     PageHeldTwice {
         /// The page.
@@ -404,8 +422,20 @@ impl<A: AsPageAllocator> KvCache<A> {
             }
             protected_is_locked(req)?;
             let slots = self.req_to_token.row(row).expect("a held row is in range");
-            for &slot in &slots[protected..allocated] {
-                holders.claim(slot as usize / page_size, Holder::Request(req.rid()))?;
+            // The request's own part, page by page: `protected` is page-aligned, so each run of
+            // `page_size` positions fills one page from its first slot.
+            for (run_index, run) in slots[protected..allocated].chunks(page_size).enumerate() {
+                let page = run[0] as usize / page_size;
+                let first = page * page_size;
+                if let Some(offset) = (0..run.len()).find(|&i| run[i] as usize != first + i) {
+                    return Err(Violation::RowLayout {
+                        rid: req.rid(),
+                        position: protected + run_index * page_size + offset,
+                        slot: run[offset],
+                        expected: first + offset,
+                    });
+                }
+                holders.claim(page, Holder::Request(req.rid()))?;
             }
             for (position, &slot) in slots[..protected].iter().enumerate() {
                 if holders.0.get(slot as usize / page_size) != Some(&Some(Holder::Tree)) {
@@ -548,7 +578,6 @@ impl PageHolders {
                 *held = Some(holder);
                 Ok(())
             }
-            Some(first) if first == holder && holder != Holder::Free => Ok(()),
             Some(first) => Err(Violation::PageHeldTwice {
                 page,
                 first,
@@ -680,5 +709,50 @@ mod tests {
             Err(ReclaimError::Violation(not_held))
         );
         assert_eq!(cache.available_size(), before);
+    }
+
+    /// The request's own positions sit at their offsets in their pages: a row with two of a
+    /// page's slots swapped, or a run starting inside a page, is named at the first position
+    /// out of place (the accounting and the page census balance in both).
+    #[test]
+    fn a_row_out_of_its_pages_layout_is_named_at_the_first_misplaced_position() {
+        let allocator = PagedAllocator::new(64, 4, false).unwrap();
+        let rows = ReqToTokenPool::new(4, 32).unwrap();
+        let mut cache = KvCache::new(allocator, rows, TreeCache::Disabled).unwrap();
+        let req = admitted(&mut cache, 7, (0..8).collect());
+        assert_eq!(cache.check([&req]), Ok(()));
+        let row = req.kv().req_pool_idx().unwrap();
+        let slots = cache.req_to_token.row_mut(row).unwrap();
+        let (first, sixth) = (slots[0], slots[5]);
+        slots.swap(5, 6);
+        assert_eq!(
+            cache.check([&req]),
+            Err(Violation::RowLayout {
+                rid: 7,
+                position: 5,
+                slot: sixth + 1,
+                expected: sixth as usize,
+            })
+        );
+        let slots = cache.req_to_token.row_mut(row).unwrap();
+        slots.swap(5, 6);
+        // The first run shifted by one slot: its page's layout starts one slot earlier.
+        for slot in &mut slots[..4] {
+            *slot += 1;
+        }
+        let violation = cache.check([&req]).unwrap_err();
+        assert_eq!(
+            violation,
+            Violation::RowLayout {
+                rid: 7,
+                position: 0,
+                slot: first + 1,
+                expected: first as usize,
+            }
+        );
+        assert!(
+            violation.to_string().contains("position 0 is at slot"),
+            "{violation}"
+        );
     }
 }

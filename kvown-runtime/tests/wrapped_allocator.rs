@@ -654,7 +654,8 @@ fn the_checker_finds_pages_a_lost_free_left_to_no_one_and_reclaim_frees_them() {
 #[test]
 fn the_checker_finds_a_page_a_row_names_twice_and_the_one_it_names_nowhere() {
     // The extend takes two pages but the row names the first twice: the accounting balances
-    // (two pages held, eight positions owned), so only the page census can see it.
+    // (two pages held, eight positions owned), so only the page census can see it: the row's
+    // two runs of positions claim one page.
     let (mut cache, faults) = faulty_cache(64);
     faults.fault_next_extend(ExtendFault::Alias);
     let mut reqs = extend_eight_token_requests(1, &mut cache).into_reqs();
@@ -670,34 +671,27 @@ fn the_checker_finds_a_page_a_row_names_twice_and_the_one_it_names_nowhere() {
     let named = row[0] / 4;
     let unnamed: Vec<PageId> = held.iter().copied().filter(|&page| page != named).collect();
     assert_eq!((held.len(), unnamed.len()), (2, 1));
+    let twice = Violation::PageHeldTwice {
+        page: named as usize,
+        first: Holder::Request(1),
+        second: Holder::Request(1),
+    };
+    assert_eq!(cache.check(&reqs), Err(twice.clone()));
+    // Reclaiming runs the same census: it refuses, changing nothing.
+    let before = (
+        cache.allocator().inner.clone(),
+        cache.req_to_token().clone(),
+    );
     assert_eq!(
-        cache.check(&reqs),
-        Err(Violation::UnclaimedPages {
-            first: unnamed[0],
-            count: 1
-        })
+        reclaim_leaks(&mut cache, &mut reqs),
+        Err(ReclaimError::Violation(twice))
     );
-    // While the request is live its row counts eight positions on one page: the unclaimed
-    // page cannot be a leak, and reclaiming refuses, with a sum that adds up.
-    let refused = reclaim_leaks(&mut cache, &mut reqs).unwrap_err();
-    assert!(
-        matches!(
-            refused,
-            ReclaimError::Violation(Violation::Accounting {
-                free: 56,
-                cached: 0,
-                request_owned: 8,
-                capacity: 64,
-                ..
-            })
+    assert_eq!(
+        (
+            cache.allocator().inner.clone(),
+            cache.req_to_token().clone()
         ),
-        "{refused:?}"
-    );
-    assert!(
-        refused
-            .to_string()
-            .contains("= 68 slots, but the pool has 64"),
-        "{refused}"
+        before
     );
     // The release frees the one page the row names; reclaiming gives back the other.
     release_kv_cache(&mut reqs[0], &mut cache, false).unwrap();
