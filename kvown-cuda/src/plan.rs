@@ -36,6 +36,30 @@ fn check_rows_distinct(rows: &[u32]) -> Result<(), CudaError> {
     Ok(())
 }
 
+/// No two requests of one batch continue the same partially filled page (the kernels would
+/// give both its next slots): `partial` yields `(request, last_loc)` for each request whose
+/// stored tokens do not end at a page boundary. The host allocator's rule and error
+/// ([`AllocError::SharedPartialPage`]); a batch without such requests allocates nothing here.
+fn check_partial_pages_distinct(
+    page_size: usize,
+    partial: impl Iterator<Item = (usize, KvSlot)>,
+) -> Result<(), CudaError> {
+    let mut first_of = std::collections::HashMap::new();
+    for (request, last_loc) in partial {
+        let page = last_loc / page_size as KvSlot;
+        if let Some(first) = first_of.insert(page, request) {
+            return Err(AllocError::SharedPartialPage {
+                request,
+                last_loc,
+                page,
+                first,
+            }
+            .into());
+        }
+    }
+    Ok(())
+}
+
 /// Words per request in the `alloc_extend` parameter array:
 /// `prefix_len, seq_len, last_loc, row, out_start, page_start`.
 pub const EXTEND_PARAM_WORDS: usize = 6;
@@ -169,7 +193,8 @@ impl<R: ReuseOrder> AllocPlanner<R> {
 
     /// The launch for a batched extend (sglang `alloc_extend`): request `i` gets slots for
     /// positions `[prefix_len, seq_len)` in row `rows[i]` (none for [`NO_ROW`]; any other row
-    /// once per batch, [`CudaError::RowRepeated`]). Changes nothing; see
+    /// once per batch, [`CudaError::RowRepeated`]). Two requests may not continue one partial
+    /// page ([`AllocError::SharedPartialPage`]). Changes nothing; see
     /// [`AllocPlanner::commit`].
     pub fn plan_extend(&self, reqs: &[ExtendShape], rows: &[u32]) -> Result<AllocPlan, CudaError> {
         check_row_count(reqs.len(), rows.len())?;
@@ -206,6 +231,13 @@ impl<R: ReuseOrder> AllocPlanner<R> {
         // The kernel indexes out_cache_loc in u32.
         to_u32("out_len", out_start)?;
         check_rows_distinct(rows)?;
+        check_partial_pages_distinct(
+            page_size,
+            reqs.iter()
+                .enumerate()
+                .filter(|(_, shape)| shape.prefix_len % page_size != 0)
+                .filter_map(|(request, shape)| Some((request, shape.last_loc?))),
+        )?;
         self.plan(
             params,
             reqs.len(),
@@ -217,7 +249,8 @@ impl<R: ReuseOrder> AllocPlanner<R> {
 
     /// The launch for a batched decode (sglang `alloc_decode`): one slot per request, at
     /// position `seq_len - 1` of row `rows[i]` (none for [`NO_ROW`]; any other row once per
-    /// batch, [`CudaError::RowRepeated`]). Changes nothing; see [`AllocPlanner::commit`].
+    /// batch, [`CudaError::RowRepeated`]). Two requests may not continue one partial page
+    /// ([`AllocError::SharedPartialPage`]). Changes nothing; see [`AllocPlanner::commit`].
     pub fn plan_decode(&self, reqs: &[DecodeShape], rows: &[u32]) -> Result<AllocPlan, CudaError> {
         check_row_count(reqs.len(), rows.len())?;
         let mut params = Vec::with_capacity(reqs.len() * DECODE_PARAM_WORDS);
@@ -238,6 +271,13 @@ impl<R: ReuseOrder> AllocPlanner<R> {
             page_start += usize::from((seq_len - 1) % self.page_size == 0);
         }
         check_rows_distinct(rows)?;
+        check_partial_pages_distinct(
+            self.page_size,
+            reqs.iter()
+                .enumerate()
+                .filter(|(_, shape)| (shape.seq_len - 1) % self.page_size != 0)
+                .map(|(request, shape)| (request, shape.last_loc)),
+        )?;
         let blocks = reqs.len().div_ceil(ALLOC_BLOCK as usize);
         self.plan(
             params,
@@ -614,6 +654,56 @@ mod tests {
         assert!(planner.plan_decode(&[decode, decode], &[0, 1]).is_ok());
     }
 
+    /// Two requests continuing one partial page are refused as the host allocator refuses them
+    /// (both were planned the page's next slots); requests at a page boundary, which open new
+    /// pages, may share a last page.
+    #[test]
+    fn two_requests_in_one_partial_page_are_refused() {
+        use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+        let planner = six_out::<Lifo>(); // pages 1..=6 (slots 4..28) out
+        let mut host = PagedAllocator::new(64, 4, false).unwrap();
+        host.alloc(24, &mut Vec::new()).unwrap();
+        let shape = |prefix_len, seq_len, last_loc| ExtendShape {
+            prefix_len,
+            seq_len,
+            last_loc,
+        };
+        let decode = |seq_len, last_loc| DecodeShape { seq_len, last_loc };
+        let expected = AllocError::SharedPartialPage {
+            request: 2,
+            last_loc: 4,
+            page: 1,
+            first: 0,
+        };
+        let extend = [shape(2, 4, Some(5)), fresh(3), shape(1, 3, Some(4))];
+        let refused = planner.plan_extend(&extend, &[NO_ROW; 3]).unwrap_err();
+        assert!(
+            matches!(&refused, CudaError::Alloc(e) if *e == expected),
+            "{refused}"
+        );
+        let host_refused = host.alloc_extend(&extend, &mut Vec::new()).unwrap_err();
+        assert_eq!(host_refused, expected);
+        let batch = [decode(3, 5), decode(9, 11), decode(2, 4)];
+        let refused = planner.plan_decode(&batch, &[NO_ROW; 3]).unwrap_err();
+        assert!(
+            matches!(&refused, CudaError::Alloc(e) if *e == expected),
+            "{refused}"
+        );
+        assert_eq!(host.alloc_decode(&batch, &mut Vec::new()), Err(expected));
+
+        let aligned = [
+            shape(4, 5, Some(7)),
+            shape(4, 6, Some(7)),
+            shape(3, 4, Some(6)),
+        ];
+        assert!(planner.plan_extend(&aligned, &[NO_ROW; 3]).is_ok());
+        let batch = [decode(5, 7), decode(5, 7), decode(4, 6)];
+        assert!(planner.plan_decode(&batch, &[NO_ROW; 3]).is_ok());
+        // Page size 1 has no partial pages.
+        let tokens = AllocPlanner::<Fifo>::new(16, 1, 1, 1).unwrap();
+        assert!(tokens.plan_decode(&batch[..2], &[NO_ROW; 2]).is_ok());
+    }
+
     /// A pool whose slot range overflows `u64` is too large, as the host allocator says; its
     /// end was computed with a multiplication that overflowed.
     #[test]
@@ -742,22 +832,27 @@ mod tests {
     }
 
     /// An extend batch whose `out_cache_loc` outgrows the kernel's `u32` index is refused: here
-    /// 65538 requests each finish their partial page of 65536 slots (no new pages), 2^32 + 65533
-    /// slots in all, and the last request's `out_start + k` wrapped onto request 0's slots.
+    /// each of the 65534 pages of 65536 slots is finished by one request (65535 slots each,
+    /// no new pages), and a fresh request adds 3 * 65535 slots (u32::MAX in all) or one more;
+    /// past the index, the last request's `out_start + k` wrapped onto request 0's slots.
     #[test]
     fn an_extend_batch_past_the_u32_out_cache_loc_is_too_large() {
         let page_size = 1 << 16;
         let planner = AllocPlanner::<Lifo>::new(65534 * page_size, page_size, 1, 1).unwrap();
-        let finish = ExtendShape {
+        let finish = |page: usize| ExtendShape {
             prefix_len: 1,
             seq_len: page_size,
-            last_loc: Some(page_size as KvSlot),
+            last_loc: Some((page * page_size) as KvSlot),
         };
-        // 65537 requests fill out_cache_loc up to index u32::MAX - 1.
-        let fits = vec![finish; 65537];
+        let batch = |fresh_len| {
+            let mut reqs: Vec<ExtendShape> = (1..=65534).map(finish).collect();
+            reqs.push(fresh(fresh_len));
+            reqs
+        };
+        let fits = batch(3 * 65535);
         let plan = planner.plan_extend(&fits, &vec![NO_ROW; fits.len()]);
         assert_eq!(plan.unwrap().out_len, u32::MAX as usize);
-        let over = vec![finish; 65538];
+        let over = batch(3 * 65535 + 1);
         assert!(matches!(
             planner.plan_extend(&over, &vec![NO_ROW; over.len()]),
             Err(CudaError::TooLarge {

@@ -4,10 +4,10 @@
 use std::marker::PhantomData;
 
 use super::free_list::FreeList;
-use super::geometry::{PageGeometry, Specialised};
+use super::geometry::{PageGeometry, PageMath, Specialised};
 use super::shapes::{
     DecodeFill, check_decode, check_extend, fill_decode, fill_extend, fill_trusted_decode,
-    push_slot_run,
+    push_slot_run, unmark_decode, unmark_pages,
 };
 use super::{
     AllocError, DecodeRow, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PageState,
@@ -235,20 +235,40 @@ impl<R: ReuseOrder> PageAllocator<R> {
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
         let start = out.len();
-        let fill = match self.geometry.specialised() {
-            Specialised::PowerOfTwo(math) => {
-                fill_decode(math, &self.state, &self.free, reqs.clone(), out)
-            }
-            Specialised::AnySize(math) => {
-                fill_decode(math, &self.state, &self.free, reqs.clone(), out)
-            }
+        let pass = match self.geometry.specialised() {
+            Specialised::PowerOfTwo(math) => self.decode_pass(math, reqs.clone(), out),
+            Specialised::AnySize(math) => self.decode_pass(math, reqs.clone(), out),
         };
-        if self.claim_decode_pages(&fill) {
+        let Err(fill) = pass else {
             return Ok(());
-        }
+        };
         out.truncate(start);
+        unmark_pages(
+            self.geometry,
+            &mut self.state,
+            reqs.clone().map(|shape| shape.last_loc),
+        );
         let shapes: Vec<DecodeShape> = reqs.collect();
         self.decode_batch_slow(&shapes, fill, out)
+    }
+
+    /// `decode_batch`'s pass: fills `out`, and when the batch is valid and fits, claims its new
+    /// pages and turns the partial pages the pass marked back to `Held`. Otherwise returns what
+    /// the pass found, with `out` to truncate and the marks to undo.
+    #[inline(always)]
+    fn decode_pass<M: PageMath>(
+        &mut self,
+        math: M,
+        reqs: impl ExactSizeIterator<Item = DecodeShape>,
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), DecodeFill> {
+        let start = out.len();
+        let fill = fill_decode(math, &mut self.state, &self.free, reqs, out);
+        if !self.claim_decode_pages(&fill) {
+            return Err(fill);
+        }
+        unmark_decode(math, &mut self.state, &out[start..]);
+        Ok(())
     }
 
     /// Claims the pages a decode pass peeked when the batch is valid and fits; `false`, changing
@@ -262,6 +282,24 @@ impl<R: ReuseOrder> PageAllocator<R> {
             self.state[page as usize] = PageState::Held;
         }
         true
+    }
+
+    /// Validates an extend batch and makes its new pages available: returns the new pages and
+    /// new tokens. Marks each request's partial last page `Pending` (requests whose prefix ends
+    /// at a page boundary, fresh prompts among them, mark nothing), so that a second request
+    /// continuing it is refused; the caller turns the marks back to `Held`, on error too.
+    #[inline]
+    fn check_extend_batch(&mut self, reqs: &[ExtendShape]) -> Result<(usize, usize), AllocError> {
+        let geometry = self.geometry;
+        let mut new_pages = 0usize;
+        let mut new_tokens = 0usize;
+        for (request, shape) in reqs.iter().enumerate() {
+            new_pages =
+                new_pages.saturating_add(check_extend(geometry, &mut self.state, reqs, request)?);
+            new_tokens = new_tokens.saturating_add(shape.seq_len - shape.prefix_len);
+        }
+        self.ensure_free(new_pages)?;
+        Ok((new_pages, new_tokens))
     }
 
     /// Panics unless `batch` keeps the promise of [`TrustedDecodeRows`]: the checks of
@@ -308,14 +346,29 @@ impl<R: ReuseOrder> PageAllocator<R> {
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
         if !fill.valid {
+            // The request that continues its page, for each page continued so far.
+            let mut continued = std::collections::HashMap::new();
             for (request, shape) in reqs.iter().enumerate() {
-                check_decode(
+                let opens = check_decode(
                     self.geometry,
                     &self.state,
                     request,
                     shape.seq_len,
                     shape.last_loc,
                 )?;
+                if opens {
+                    continue;
+                }
+                let page = self.geometry.page_of(shape.last_loc);
+                if let Some(&first) = continued.get(&page) {
+                    return Err(AllocError::SharedPartialPage {
+                        request,
+                        last_loc: shape.last_loc,
+                        page: page as PageId,
+                        first,
+                    });
+                }
+                continued.insert(page, request);
             }
             unreachable!("fill_decode rejected a batch that check_decode accepts")
         }
@@ -677,16 +730,20 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
         let geometry = self.geometry;
-        let mut new_pages = 0usize;
-        let mut new_tokens = 0usize;
-        for (request, shape) in reqs.iter().enumerate() {
-            new_pages =
-                new_pages.saturating_add(check_extend(geometry, &self.state, request, shape)?);
-            new_tokens = new_tokens.saturating_add(shape.seq_len - shape.prefix_len);
-        }
-        self.ensure_free(new_pages)?;
+        let (new_pages, new_tokens) = match self.check_extend_batch(reqs) {
+            Ok(counts) => counts,
+            Err(error) => {
+                unmark_pages(
+                    geometry,
+                    &mut self.state,
+                    reqs.iter().filter_map(|shape| shape.last_loc),
+                );
+                return Err(error);
+            }
+        };
         out.reserve(new_tokens);
         let mut pages = self.free.take_front(new_pages);
+        // Also turns the partial pages `check_extend_batch` marked back to `Held`.
         for shape in reqs {
             fill_extend(geometry, shape, &mut pages, &mut self.state, out);
         }

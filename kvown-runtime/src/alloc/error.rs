@@ -143,6 +143,24 @@ pub enum AllocError {
         /// The offending slot.
         last_loc: KvSlot,
     },
+    /// Two requests of one batch continue the same partially filled page: both would be
+    /// given its next slots (sglang's kernels hand the slots out twice). A partial last page
+    /// belongs to one request; requests whose prefix ends at a page boundary may share it.
+    #[error(
+        "request {request}: last_loc {last_loc} lies in page {page}, the partially filled last \
+         page of request {first} of this batch too; each request must continue a partial page \
+         of its own (copy a shared partial page, or share prefixes only up to a page boundary)"
+    )]
+    SharedPartialPage {
+        /// Index of the second request in the batch.
+        request: usize,
+        /// Its last stored slot.
+        last_loc: KvSlot,
+        /// The shared page.
+        page: PageId,
+        /// Index of the first request whose partial last page it is.
+        first: usize,
+    },
     /// A decode shape without a stored token before the new one.
     #[error(
         "request {request}: decode seq_len {seq_len} must be at least 2 (one stored token plus \

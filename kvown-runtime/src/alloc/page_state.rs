@@ -10,8 +10,11 @@ pub enum PageState {
     Unused,
     /// Handed out by an allocation and not freed since.
     Held,
-    /// Transient: named by the free call in progress. [`check`](super::PageAllocator::check)
-    /// reports it as a violation, because no call leaves a page in this state.
+    /// Transient: named by the free call in progress, or the partially filled last page of a
+    /// request of the batched allocation in progress (`alloc_extend`, `alloc_decode`), so that
+    /// a second request of the batch naming it is refused.
+    /// [`check`](super::PageAllocator::check) reports it as a violation, because no call leaves
+    /// a page in this state.
     Pending,
     /// Freed inside a free group; becomes free at `free_group_end`.
     Deferred,

@@ -6,10 +6,54 @@ use super::geometry::{PageGeometry, PageMath};
 use super::{AllocError, DecodeRow, DecodeShape, ExtendShape, KvSlot, PageId, PageState};
 use crate::slots::{ReqToTokenPool, TableEntries};
 
-/// Whether `slot` lies in an allocated page.
+/// Whether `slot` lies in an allocated page: `Held`, or `Pending` while a batched allocation
+/// has marked it as a request's partial last page (see [`mark_partial_page`]). (No page is
+/// `Pending` outside a call, and no free is in progress during an allocation.)
 #[inline]
 fn is_held(state: &[PageState], geometry: PageGeometry, slot: KvSlot) -> bool {
-    state.get(geometry.page_of(slot)) == Some(&PageState::Held)
+    matches!(
+        state.get(geometry.page_of(slot)),
+        Some(PageState::Held | PageState::Pending)
+    )
+}
+
+/// The partial last page of a validated extend request: the page of its `last_loc` when its
+/// prefix does not end at a page boundary (its new slots start in that page), else `None`.
+fn partial_page(geometry: PageGeometry, shape: &ExtendShape) -> Option<usize> {
+    // The offset first: a prefix at a page boundary costs this one test.
+    if geometry.offset(shape.prefix_len) == 0 {
+        return None;
+    }
+    shape.last_loc.map(|last_loc| geometry.page_of(last_loc))
+}
+
+/// Marks `page`, the held partial last page of a request being validated, `Pending` for the
+/// rest of the batch; `false`, changing nothing, when an earlier request of the batch marked it
+/// already. The caller turns every mark back to `Held` before it returns.
+#[inline(always)]
+fn mark_partial_page(state: &mut [PageState], page: usize) -> bool {
+    let marked = &mut state[page];
+    if *marked == PageState::Pending {
+        return false;
+    }
+    *marked = PageState::Pending;
+    true
+}
+
+/// Turns the marks of a batch back to `Held`: every `Pending` page among the pages of
+/// `last_locs` (no other page is `Pending` during an allocation). For the error paths.
+#[cold]
+#[inline(never)]
+pub(crate) fn unmark_pages(
+    geometry: PageGeometry,
+    state: &mut [PageState],
+    last_locs: impl Iterator<Item = KvSlot>,
+) {
+    for last_loc in last_locs {
+        if let Some(page @ PageState::Pending) = state.get_mut(geometry.page_of(last_loc)) {
+            *page = PageState::Held;
+        }
+    }
 }
 
 impl DecodeRow {
@@ -93,19 +137,54 @@ impl ExtendShape {
     }
 }
 
-/// Validates request `request` of an extend batch and returns its new pages,
-/// `ceil(seq/ps) − ceil(pre/ps)`.
+/// Validates request `request` of the extend batch `reqs` and returns its new pages,
+/// `ceil(seq/ps) − ceil(pre/ps)`. A request whose prefix ends inside a page marks that page
+/// `Pending` ([`mark_partial_page`]), and is refused when an earlier request of the batch
+/// marked it ([`AllocError::SharedPartialPage`]); the caller turns the marks back to `Held`,
+/// on error too. Requests without a prefix do no more for it than before (the test sits in
+/// the branch that checks `last_loc`), those with a page-aligned prefix one test.
 #[inline]
 pub(crate) fn check_extend(
     geometry: PageGeometry,
-    state: &[PageState],
+    state: &mut [PageState],
+    reqs: &[ExtendShape],
     request: usize,
-    shape: &ExtendShape,
 ) -> Result<usize, AllocError> {
+    let shape = &reqs[request];
     if let Some(last_loc) = shape.validate(request)? {
         check_last_loc(geometry, state, request, last_loc, shape.prefix_len)?;
+        if geometry.offset(shape.prefix_len) != 0 {
+            let page = geometry.page_of(last_loc);
+            if !mark_partial_page(state, page) {
+                return Err(shared_partial_page(geometry, reqs, request, page));
+            }
+        }
     }
     Ok(geometry.pages_for(shape.seq_len) - geometry.pages_for(shape.prefix_len))
+}
+
+/// The error of extend request `request` of `reqs`, whose partial last page `page` an earlier
+/// request continues: names that first request.
+#[cold]
+#[inline(never)]
+fn shared_partial_page(
+    geometry: PageGeometry,
+    reqs: &[ExtendShape],
+    request: usize,
+    page: usize,
+) -> AllocError {
+    let first = reqs[..request]
+        .iter()
+        .position(|shape| partial_page(geometry, shape) == Some(page))
+        .expect("a page marked by an earlier request");
+    AllocError::SharedPartialPage {
+        request,
+        last_loc: reqs[request]
+            .last_loc
+            .expect("a partial page has a last_loc"),
+        page: page as PageId,
+        first,
+    }
 }
 
 /// Validates request `request` of a decode batch and returns whether it opens a new page.
@@ -148,25 +227,37 @@ impl DecodeFill {
     /// (`well_formed`: its shape passed the checks that need no page state): folds its
     /// validity into `valid` and returns its new slot, the first slot of the next page of
     /// `free` (0 when `free` is short) when the token opens one.
+    ///
+    /// A request whose token continues its page marks that page `Pending` (from `Held`); a
+    /// later request of the batch continuing it too is invalid (the page is shared), one that
+    /// opens a new page after it is not. The caller turns the marks back to `Held`.
     #[inline(always)]
     fn next_slot<M: PageMath>(
         &mut self,
         math: M,
-        state: &[PageState],
+        state: &mut [PageState],
         free: &FreeList,
         stored: usize,
         last_loc: KvSlot,
         well_formed: bool,
     ) -> KvSlot {
-        let held = state.get(math.page_of(last_loc)) == Some(&PageState::Held);
+        let page = math.page_of(last_loc);
+        let page_state = state.get(page).copied();
         let offset = math.offset(stored);
         let aligned = math.offset(last_loc as usize + 1) == offset;
-        self.valid &= well_formed & held & aligned;
         if offset == 0 {
+            let held = matches!(page_state, Some(PageState::Held | PageState::Pending));
+            self.valid &= well_formed & held & aligned;
             let page = free.peek(self.new_pages);
             self.new_pages += 1;
             page.map_or(0, |page| math.first_slot(page))
         } else {
+            // `Pending`: an earlier request of the batch continues this page.
+            let own = page_state == Some(PageState::Held);
+            self.valid &= well_formed & own & aligned;
+            if own {
+                state[page] = PageState::Pending;
+            }
             // Wrapping: a bogus `last_loc` (up to `KvSlot::MAX`) fails the batch, and its
             // slot is never used.
             last_loc.wrapping_add(1)
@@ -175,15 +266,16 @@ impl DecodeFill {
 }
 
 /// The whole decode rule in one branch-light pass: validates every request as
-/// [`check_decode`] does and appends its slot to `out` (the next slot of its page, or the first
-/// slot of the next page of `free` when the token opens one). Takes nothing: the caller keeps
-/// `out` and claims the first `new_pages` pages of `free` only when the batch is valid and
-/// `free` has that many; otherwise it truncates `out` back (the slots written for missing pages
-/// are 0).
+/// [`check_decode`] does, and that no two requests continue one page, and appends its slot to
+/// `out` (the next slot of its page, or the first slot of the next page of `free` when the
+/// token opens one). Takes nothing: the caller keeps `out` and claims the first `new_pages`
+/// pages of `free` only when the batch is valid and `free` has that many; otherwise it
+/// truncates `out` back (the slots written for missing pages are 0). Either way it turns the
+/// pages the pass marked `Pending` back to `Held` ([`unmark_decode`], [`unmark_pages`]).
 #[inline]
 pub(crate) fn fill_decode<M: PageMath>(
     math: M,
-    state: &[PageState],
+    state: &mut [PageState],
     free: &FreeList,
     reqs: impl ExactSizeIterator<Item = DecodeShape>,
     out: &mut Vec<KvSlot>,
@@ -203,6 +295,16 @@ pub(crate) fn fill_decode<M: PageMath>(
         );
     }
     fill
+}
+
+/// Turns the marks of a valid decode batch whose new pages were claimed back to `Held`: the
+/// page of each of its slots `slots` is a page the pass marked or a claimed one (already
+/// `Held`), so one unconditional store per request does it.
+#[inline]
+pub(crate) fn unmark_decode<M: PageMath>(math: M, state: &mut [PageState], slots: &[KvSlot]) {
+    for &slot in slots {
+        state[math.page_of(slot)] = PageState::Held;
+    }
 }
 
 /// The decode rule for a batch the batch flow checked ([`super::TrustedDecodeRows`]): reads
@@ -260,8 +362,9 @@ fn check_last_loc(
 }
 
 /// Writes the slots of positions `[prefix_len, seq_len)` of one validated request, taking its
-/// new pages from `pages` and marking them held. The three parts of §4.5: the rest of the old
-/// partial page after `last_loc`, then new full pages in free-list order, then a partial last page.
+/// new pages from `pages` and marking them held (and its partial last page, which validation
+/// marked `Pending`, held again). The three parts of §4.5: the rest of the old partial page
+/// after `last_loc`, then new full pages in free-list order, then a partial last page.
 #[inline]
 pub(crate) fn fill_extend(
     geometry: PageGeometry,
@@ -275,6 +378,7 @@ pub(crate) fn fill_extend(
     let extend_len = shape.seq_len - shape.prefix_len;
     let old_page_rest = match shape.last_loc {
         Some(last_loc) if offset != 0 => {
+            state[geometry.page_of(last_loc)] = PageState::Held;
             let n1 = (page_size - offset).min(extend_len);
             out.extend(last_loc + 1..last_loc + 1 + n1 as KvSlot);
             n1
