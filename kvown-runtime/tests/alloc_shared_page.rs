@@ -39,32 +39,29 @@ fn two_pages_held(page_size: usize, need_sort: bool) -> PagedAllocator {
     allocator
 }
 
-/// `alloc_extend` fails with `error` and changes nothing.
-fn extend_refused(allocator: &mut PagedAllocator, reqs: &[ExtendShape], error: AllocError) {
+/// `call` (an allocation into `out`) fails with `error` and changes neither the allocator nor
+/// `out`.
+fn refused(
+    allocator: &mut PagedAllocator,
+    call: impl FnOnce(&mut PagedAllocator, &mut Vec<KvSlot>) -> Result<(), AllocError>,
+    error: AllocError,
+) {
     let before = allocator.clone();
     let mut out = vec![99];
-    assert_eq!(
-        allocator.alloc_extend(reqs, &mut out),
-        Err(error),
-        "{reqs:?}"
-    );
+    assert_eq!(call(allocator, &mut out), Err(error));
     assert_eq!(out, [99]);
     assert_eq!(*allocator, before);
     allocator.check().unwrap();
 }
 
-/// `alloc_decode` fails with `error` and changes nothing.
+/// `alloc_extend` of `reqs` fails with `error` and changes nothing.
+fn extend_refused(allocator: &mut PagedAllocator, reqs: &[ExtendShape], error: AllocError) {
+    refused(allocator, |a, out| a.alloc_extend(reqs, out), error);
+}
+
+/// `alloc_decode` of `reqs` fails with `error` and changes nothing.
 fn decode_refused(allocator: &mut PagedAllocator, reqs: &[DecodeShape], error: AllocError) {
-    let before = allocator.clone();
-    let mut out = vec![99];
-    assert_eq!(
-        allocator.alloc_decode(reqs, &mut out),
-        Err(error),
-        "{reqs:?}"
-    );
-    assert_eq!(out, [99]);
-    assert_eq!(*allocator, before);
-    allocator.check().unwrap();
+    refused(allocator, |a, out| a.alloc_decode(reqs, out), error);
 }
 
 /// The reported case: two requests with 2 tokens in page 1 (slots 4..8), one `last_loc`. Both
