@@ -4,7 +4,8 @@ use proc_macro2::TokenStream;
 use quote::{ToTokens, format_ident};
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
-use syn::{Attribute, Fields, Ident, ItemStruct, Path, Token, Type, Visibility};
+use syn::punctuated::Punctuated;
+use syn::{Attribute, Fields, Ident, ItemStruct, Meta, Path, Token, Type, Visibility, parse_quote};
 
 use crate::cfg_attr::hides_attribute;
 use crate::diag::Diagnostics;
@@ -257,22 +258,42 @@ pub(crate) fn parse(
     })
 }
 
-/// The `#[allow(..)]` and `#[expect(..)]` among `attrs`, all as `#[allow(..)]`: what the user
-/// silenced on the struct or a field stays silent in the copies of its types that the expansion
-/// makes (a deprecated field type, braces in an array length). An `expect` is fulfilled by the
-/// item it is written on; on the copies it only allows, or it would be unfulfilled there.
+/// The `#[allow(..)]` and `#[expect(..)]` among `attrs`, all as `#[allow(..)]`, also inside a
+/// `#[cfg_attr(predicate, ..)]` (kept under its predicate): what the user silenced on the
+/// struct or a field stays silent in the copies of its types that the expansion makes (a
+/// deprecated field type, braces in an array length). An `expect` is fulfilled by the item it
+/// is written on; on the copies it only allows, or it would be unfulfilled there.
 fn lint_suppressions(attrs: &[Attribute]) -> Vec<Attribute> {
     attrs
         .iter()
-        .filter(|attr| attr.path().is_ident("allow") || attr.path().is_ident("expect"))
-        .cloned()
-        .map(|mut attr| {
-            if let syn::Meta::List(list) = &mut attr.meta {
-                list.path = syn::parse_quote!(allow);
+        .filter_map(|attr| {
+            if attr.path().is_ident("cfg_attr") {
+                let items = attr
+                    .parse_args_with(Punctuated::<Meta, Token![,]>::parse_terminated)
+                    .ok()?;
+                let mut items = items.into_iter();
+                let predicate = items.next()?;
+                let allows: Vec<Meta> = items.filter_map(as_allow).collect();
+                (!allows.is_empty()).then(|| parse_quote!(#[cfg_attr(#predicate, #(#allows),*)]))
+            } else {
+                let allow = as_allow(attr.meta.clone())?;
+                Some(parse_quote!(#[#allow]))
             }
-            attr
         })
         .collect()
+}
+
+/// `allow(..)` as it is, `expect(..)` as `allow(..)` with the same lints and reason; `None` for
+/// anything else.
+fn as_allow(meta: Meta) -> Option<Meta> {
+    let Meta::List(mut list) = meta else {
+        return None;
+    };
+    if !(list.path.is_ident("allow") || list.path.is_ident("expect")) {
+        return None;
+    }
+    list.path = parse_quote!(allow);
+    Some(Meta::List(list))
 }
 
 #[cfg(test)]
@@ -292,6 +313,8 @@ mod tests {
             parse_quote!(#[expect(deprecated, reason = "old type")]),
             parse_quote!(#[deny(unused_braces)]),
             parse_quote!(#[derive(Debug)]),
+            parse_quote!(#[cfg_attr(test, derive(Clone), expect(unused))]),
+            parse_quote!(#[cfg_attr(feature = "x", derive(Clone))]),
         ];
         let kept: Vec<String> = lint_suppressions(&attrs)
             .iter()
@@ -301,7 +324,8 @@ mod tests {
             kept,
             [
                 "# [allow (dead_code)]",
-                "# [allow (deprecated , reason = \"old type\")]"
+                "# [allow (deprecated , reason = \"old type\")]",
+                "# [cfg_attr (test , allow (unused))]"
             ]
         );
     }

@@ -1,7 +1,8 @@
-//! A lint allowed (or expected) on the struct or on a field holds for the copies of the field
-//! types that `#[guarded]` generates (the init struct, the view struct, the accessors): a crate
-//! that denies `deprecated` or `unused_braces` builds when the struct or field says so. Before,
-//! the copies were linted out of reach of the struct's and the fields' attributes.
+//! A lint allowed (or expected) on the struct or on a field, also under `cfg_attr`, holds for
+//! the copies of the field types that `#[guarded]` generates (the init struct, the view struct,
+//! the accessors): a crate that denies `deprecated` or `unused_braces` builds when the struct or
+//! field says so. Before, the copies were linted out of reach of the struct's and the fields'
+//! attributes.
 
 #![deny(deprecated, unused_braces)]
 
@@ -37,6 +38,17 @@ pub struct Slot {
     plain: u8,
 }
 
+// Under `cfg_attr`, on the struct and on a field.
+#[kvown::guarded]
+#[cfg_attr(all(), allow(deprecated))]
+#[derive(Debug, Default)]
+pub struct Gated {
+    #[owned_by(fill)]
+    #[cfg_attr(not(any()), expect(deprecated))]
+    old: Old,
+    spare: Old,
+}
+
 #[kvown::owner]
 #[allow(deprecated)]
 pub fn fill(frame: &mut Frame, slot: &mut Slot) {
@@ -57,4 +69,6 @@ fn main() {
     view.tail[1] = 7;
     assert_eq!((frame.head()[0], frame.tail[1]), (1, 7));
     assert_eq!((*slot.old(), slot.spare, slot.plain), (Old(2), Old(0), 0));
+    let gated = Gated::default();
+    assert_eq!((*gated.old(), gated.spare), (Old(0), Old(0)));
 }
