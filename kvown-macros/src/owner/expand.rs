@@ -149,7 +149,9 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
         }
 
         #(#cfg_attrs)*
-        #[allow(unused_imports)]
+        // A free owner function and its token share the name, so this also re-exports the
+        // function: moving a `#[deprecated]` one out of its hidden module is not a use of it.
+        #[allow(unused_imports, deprecated)]
         #vis use self::#module::#token;
     }
 }
