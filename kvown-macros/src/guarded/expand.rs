@@ -174,6 +174,9 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
 
             #view_struct
 
+            // `deprecated` here and on every item generated from the struct: a `#[deprecated]`
+            // struct or field warns where it is used, not in what the expansion derives from it.
+            #[allow(deprecated)]
             impl #impl_generics ::core::convert::From<#init #ty_generics> for #name #ty_generics
             #from_where
             {
@@ -183,6 +186,7 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
                 }
             }
 
+            #[allow(deprecated)]
             impl #impl_generics #name #ty_generics #where_clause {
                 /// Takes the value apart into its init struct, whose fields are visible where a
                 /// struct literal of this type would be.
@@ -208,7 +212,7 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
             #(#registrations)*
         }
 
-        #[allow(unused_imports)]
+        #[allow(unused_imports, deprecated)]
         #outer_vis use self::#module::{#name, #init, #view};
         #(#trait_exports)*
     }
@@ -387,6 +391,7 @@ fn field_accessors(
     let cfg = &model.cfg_attrs;
     let allows = &model.lint_allows;
     let docs = &model.doc_attrs;
+    let deprecated = &model.deprecated_attrs;
     let setter = format_ident!("set_{}", ident);
     let mut_accessor = format_ident!("{}_mut", ident);
     let by_value = match ownership.read {
@@ -396,11 +401,13 @@ fn field_accessors(
     let getter = if by_value {
         quote!(
             #[inline(always)]
+            #(#deprecated)*
             #inner_vis const fn #ident(&self) -> #ty { self.#ident }
         )
     } else {
         quote!(
             #[inline(always)]
+            #(#deprecated)*
             #inner_vis const fn #ident(&self) -> &#ty { &self.#ident }
         )
     };
@@ -421,7 +428,7 @@ fn field_accessors(
         #(#allows)*
         // A field named `len` gets a `len()` getter: that is not a collection API. The field
         // type's braces were linted on the struct already (`unused_braces`, see `init_struct`).
-        #[allow(clippy::len_without_is_empty, unused_braces)]
+        #[allow(clippy::len_without_is_empty, unused_braces, deprecated)]
         #impl_header {
             #[doc = #read_doc]
             #[doc = ""]
@@ -430,12 +437,14 @@ fn field_accessors(
 
             #[doc = #set_doc]
             #[inline(always)]
+            #(#deprecated)*
             #inner_vis #setter_constness fn #setter(&mut self, _owner: &impl #trait_name, value: #ty) #setter_where {
                 self.#ident = value;
             }
 
             #[doc = #mut_doc]
             #[inline(always)]
+            #(#deprecated)*
             #inner_vis const fn #mut_accessor<'kvown>(
                 &'kvown mut self,
                 _owner: &'kvown impl #trait_name,
@@ -541,7 +550,7 @@ fn init_struct(
         #[derive(#(#derives),*)]
         // `unused_braces`: a field type's braces were linted on the struct itself already; with
         // `Self` replaced, rustc would lint this copy again.
-        #[allow(dead_code, unused_braces)]
+        #[allow(dead_code, unused_braces, deprecated)]
         #inner_vis struct #init #generics #where_clause { #(#rows)* }
     }
 }
@@ -569,7 +578,7 @@ fn view_struct(
     });
     quote! {
         /// Every field borrowed at once: owned fields shared, the others mutable.
-        #[allow(dead_code, unused_braces)]
+        #[allow(dead_code, unused_braces, deprecated)]
         #inner_vis struct #view #view_generics #where_clause { #(#rows)* }
     }
 }

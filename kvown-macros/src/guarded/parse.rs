@@ -38,6 +38,9 @@ pub(crate) struct FieldModel {
     /// Lint suppressions ([`lint_suppressions`]), repeated on everything generated for the
     /// field.
     pub(crate) lint_allows: Vec<Attribute>,
+    /// `#[deprecated]`, repeated on the field's accessors: reading or writing a deprecated field
+    /// through them warns as a plain field access would.
+    pub(crate) deprecated_attrs: Vec<Attribute>,
     /// Present when the field carries `#[owned_by(..)]`.
     pub(crate) ownership: Option<Ownership>,
 }
@@ -245,6 +248,12 @@ pub(crate) fn parse(
             cfg_attrs,
             doc_attrs,
             lint_allows: lint_suppressions(&field.attrs),
+            deprecated_attrs: field
+                .attrs
+                .iter()
+                .filter(|a| a.path().is_ident("deprecated"))
+                .cloned()
+                .collect(),
             ownership,
         });
     }
