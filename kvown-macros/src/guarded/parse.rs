@@ -269,9 +269,10 @@ pub(crate) fn parse(
 
 /// The `#[allow(..)]` and `#[expect(..)]` among `attrs`, all as `#[allow(..)]`, also inside a
 /// `#[cfg_attr(predicate, ..)]` (kept under its predicate): what the user silenced on the
-/// struct or a field stays silent in the copies of its types that the expansion makes (a
-/// deprecated field type, braces in an array length). An `expect` is fulfilled by the item it
-/// is written on; on the copies it only allows, or it would be unfulfilled there.
+/// struct or a field stays silent in the copies of its types that the expansion makes (any
+/// lint a type can trigger; `deprecated` and `unused_braces` the expansion allows there
+/// anyway). An `expect` is fulfilled by the item it is written on; on the copies it only
+/// allows, or it would be unfulfilled there.
 fn lint_suppressions(attrs: &[Attribute]) -> Vec<Attribute> {
     attrs
         .iter()
