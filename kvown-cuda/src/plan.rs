@@ -8,7 +8,9 @@ use std::collections::HashSet;
 use std::marker::PhantomData;
 use std::ops::Range;
 
-use kvown_runtime::alloc::{AllocError, DecodeShape, ExtendShape, KvSlot, PageId, ReuseOrder};
+use kvown_runtime::alloc::{
+    AllocError, ContinuedPages, DecodeShape, ExtendShape, KvSlot, PageId, ReuseOrder,
+};
 
 use crate::error::{CudaError, to_u32};
 
@@ -38,24 +40,14 @@ fn check_rows_distinct(rows: &[u32]) -> Result<(), CudaError> {
 
 /// No two requests of one batch continue the same partially filled page (the kernels would
 /// give both its next slots): `partial` yields `(request, last_loc)` for each request whose
-/// stored tokens do not end at a page boundary. The host allocator's rule and error
-/// ([`AllocError::SharedPartialPage`]); a batch without such requests allocates nothing here.
+/// stored tokens do not end at a page boundary. The host allocator's rule and error.
 fn check_partial_pages_distinct(
     page_size: usize,
     partial: impl Iterator<Item = (usize, KvSlot)>,
 ) -> Result<(), CudaError> {
-    let mut first_of = std::collections::HashMap::new();
+    let mut continued = ContinuedPages::default();
     for (request, last_loc) in partial {
-        let page = last_loc / page_size as KvSlot;
-        if let Some(first) = first_of.insert(page, request) {
-            return Err(AllocError::SharedPartialPage {
-                request,
-                last_loc,
-                page,
-                first,
-            }
-            .into());
-        }
+        continued.note(page_size, request, last_loc)?;
     }
     Ok(())
 }

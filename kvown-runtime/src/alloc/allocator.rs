@@ -6,8 +6,8 @@ use std::marker::PhantomData;
 use super::free_list::FreeList;
 use super::geometry::{PageGeometry, PageMath, Specialised};
 use super::shapes::{
-    DecodeFill, check_decode, check_extend, fill_decode, fill_extend, fill_trusted_decode,
-    push_slot_run, unmark_decode, unmark_pages,
+    ContinuedPages, DecodeFill, check_decode, check_extend, fill_decode, fill_extend,
+    fill_trusted_decode, push_slot_run, unmark_decode, unmark_pages,
 };
 use super::{
     AllocError, DecodeRow, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PageState,
@@ -346,8 +346,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
         if !fill.valid {
-            // The request that continues its page, for each page continued so far.
-            let mut continued = std::collections::HashMap::new();
+            let mut continued = ContinuedPages::default();
             for (request, shape) in reqs.iter().enumerate() {
                 let opens = check_decode(
                     self.geometry,
@@ -356,19 +355,9 @@ impl<R: ReuseOrder> PageAllocator<R> {
                     shape.seq_len,
                     shape.last_loc,
                 )?;
-                if opens {
-                    continue;
+                if !opens {
+                    continued.note(self.geometry.page_size(), request, shape.last_loc)?;
                 }
-                let page = self.geometry.page_of(shape.last_loc);
-                if let Some(&first) = continued.get(&page) {
-                    return Err(AllocError::SharedPartialPage {
-                        request,
-                        last_loc: shape.last_loc,
-                        page: page as PageId,
-                        first,
-                    });
-                }
-                continued.insert(page, request);
             }
             unreachable!("fill_decode rejected a batch that check_decode accepts")
         }

@@ -61,6 +61,7 @@ pub use error::{AllocError, InvariantViolation};
 pub use page_state::PageState;
 pub use paged::PagedAllocator;
 pub use reuse::{Fifo, Lifo, ReuseOrder};
+pub use shapes::ContinuedPages;
 pub use token::TokenAllocator;
 
 use crate::slots::{ReqRow, ReqToTokenPool};

@@ -1,6 +1,9 @@
 //! The batched extend and decode rules (sglang `alloc_extend_kernel` / `alloc_decode_kernel`)
 //! as CPU code: per-request validation with page counts, and the slot writers.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
 use super::free_list::FreeList;
 use super::geometry::{PageGeometry, PageMath};
 use super::{AllocError, DecodeRow, DecodeShape, ExtendShape, KvSlot, PageId, PageState};
@@ -15,6 +18,39 @@ fn is_held(state: &[PageState], geometry: PageGeometry, slot: KvSlot) -> bool {
         state.get(geometry.page_of(slot)),
         Some(PageState::Held | PageState::Pending)
     )
+}
+
+/// The partially filled pages the requests of one batch continue, each with the first request
+/// that continues it: refuses a second one ([`AllocError::SharedPartialPage`]) where page states
+/// are not marked (the decode error path, kvown-cuda's planner).
+#[derive(Debug, Default)]
+pub struct ContinuedPages {
+    first: HashMap<PageId, usize>,
+}
+
+impl ContinuedPages {
+    /// Notes that request `request` continues the page (of `page_size` slots) holding its
+    /// `last_loc`; refuses it when an earlier request of the batch continues that page.
+    pub fn note(
+        &mut self,
+        page_size: usize,
+        request: usize,
+        last_loc: KvSlot,
+    ) -> Result<(), AllocError> {
+        let page = last_loc / page_size as KvSlot;
+        match self.first.entry(page) {
+            Entry::Occupied(first) => Err(AllocError::SharedPartialPage {
+                request,
+                last_loc,
+                page,
+                first: *first.get(),
+            }),
+            Entry::Vacant(slot) => {
+                slot.insert(request);
+                Ok(())
+            }
+        }
+    }
 }
 
 /// The partial last page of a validated extend request: the page of its `last_loc` when its
