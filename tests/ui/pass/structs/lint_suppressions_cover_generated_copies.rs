@@ -1,10 +1,42 @@
 //! A lint allowed (or expected) on the struct or on a field, also under `cfg_attr`, holds for
 //! the copies of the field types that `#[guarded]` generates (the init struct, the view struct,
-//! the accessors): a crate that denies `deprecated` or `unused_braces` builds when the struct or
-//! field says so. Before, the copies were linted out of reach of the struct's and the fields'
-//! attributes.
+//! the accessors): a crate that denies `deprecated`, `unused_braces` or `private_interfaces`
+//! builds when the struct or field says so. Before, the copies were linted out of reach of the
+//! struct's and the fields' attributes. (`deprecated` and `unused_braces` the expansion now
+//! allows in its copies anyway; `private_interfaces`, which only the copies trigger, is the one
+//! that shows the user's attributes reaching them.)
 
-#![deny(deprecated, unused_braces)]
+#![deny(deprecated, unused_braces, private_interfaces)]
+
+// A public accessor or view field of a crate-private type: the sealed field itself is private,
+// so only the generated items meet the lint.
+pub mod private {
+    #[derive(Clone, Copy, Debug, Default, PartialEq)]
+    pub(crate) struct Secret(pub u8);
+
+    #[kvown::guarded]
+    #[derive(Default)]
+    pub struct OnTheField {
+        #[owned_by(reveal)]
+        #[allow(private_interfaces)]
+        secret: Secret,
+    }
+
+    #[kvown::guarded]
+    #[derive(Default)]
+    #[cfg_attr(all(), allow(private_interfaces))]
+    pub struct OnTheStruct {
+        #[owned_by(reveal)]
+        secret: Secret,
+    }
+
+    #[kvown::owner]
+    pub fn reveal(field: &mut OnTheField, strukt: &mut OnTheStruct) -> u8 {
+        field.set_secret(owner, Secret(1));
+        strukt.set_secret(owner, Secret(2));
+        field.secret().0 + strukt.secret().0
+    }
+}
 
 #[deprecated(note = "use something else")]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -69,6 +101,8 @@ fn main() {
     view.tail[1] = 7;
     assert_eq!((frame.head()[0], frame.tail[1]), (1, 7));
     assert_eq!((*slot.old(), slot.spare, slot.plain), (Old(2), Old(0), 0));
+    let (mut field, mut strukt) = Default::default();
+    assert_eq!(private::reveal(&mut field, &mut strukt), 3);
     let gated = Gated::default();
     assert_eq!((*gated.old(), gated.spare), (Old(0), Old(0)));
 }
