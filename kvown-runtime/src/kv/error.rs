@@ -109,6 +109,17 @@ pub enum KvPoolError {
         /// Bytes of every layer's K and V together.
         pool_bytes: usize,
     },
+    /// The system allocator refused the host buffer a call needs for the rows of its slots
+    /// (`load_kv`'s result, `copy_slots`' scratch); the call changed nothing.
+    #[error(
+        "the host cannot allocate {bytes} bytes for {rows} K/V rows: pass fewer slots per call"
+    )]
+    HostRowsOutOfMemory {
+        /// Rows the buffer was for (slots in the call).
+        rows: usize,
+        /// Bytes refused (`usize::MAX` when `rows x row bytes` exceeds it).
+        bytes: usize,
+    },
     /// The device backend failed (driver or launch error); see the source.
     #[error("KV backend failure: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),

@@ -73,9 +73,21 @@ fn scatter_rows<T: Copy>(buffer: &mut [T], row_len: usize, slots: &[KvSlot], row
     }
 }
 
-/// Appends `buffer[slots[t]]` for every `t` to `out`. Slots must be validated.
+/// Reserves room in `out` for `rows` rows of `row_len`, or `HostRowsOutOfMemory` (a request
+/// for more slots than host memory holds fails here, before anything is read or written).
+fn reserve_rows<T>(out: &mut Vec<T>, rows: usize, row_len: usize) -> Result<(), KvPoolError> {
+    let refused = || KvPoolError::HostRowsOutOfMemory {
+        rows,
+        bytes: rows.saturating_mul(row_len).saturating_mul(size_of::<T>()),
+    };
+    let len = rows.checked_mul(row_len).ok_or_else(refused)?;
+    out.try_reserve_exact(len.saturating_sub(out.len()))
+        .map_err(|_| refused())
+}
+
+/// Appends `buffer[slots[t]]` for every `t` to `out`, which has room for them
+/// ([`reserve_rows`]). Slots must be validated.
 fn gather_rows<T: Copy>(buffer: &[T], row_len: usize, slots: &[KvSlot], out: &mut Vec<T>) {
-    out.reserve(slots.len() * row_len);
     for &slot in slots {
         let start = slot as usize * row_len;
         out.extend_from_slice(&buffer[start..start + row_len]);
@@ -115,8 +127,9 @@ impl<T: KvElement> KvPool for HostKvPool<T> {
     fn load_kv(&self, layer: usize, slots: &[KvSlot]) -> Result<(KvData, KvData), KvPoolError> {
         self.layout.check_layer(layer)?;
         self.layout.check_slots(slots)?;
-        let mut k = Vec::new();
-        let mut v = Vec::new();
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        reserve_rows(&mut k, slots.len(), self.layout.row_len(KvTensor::K))?;
+        reserve_rows(&mut v, slots.len(), self.layout.row_len(KvTensor::V))?;
         gather_rows(
             &self.k[layer],
             self.layout.row_len(KvTensor::K),
@@ -134,7 +147,13 @@ impl<T: KvElement> KvPool for HostKvPool<T> {
 
     fn copy_slots(&mut self, src: &[KvSlot], dst: &[KvSlot]) -> Result<(), KvPoolError> {
         self.layout.check_copy(src, dst)?;
+        // One scratch for every buffer, taken before the first row moves.
+        let widest = self
+            .layout
+            .row_len(KvTensor::K)
+            .max(self.layout.row_len(KvTensor::V));
         let mut rows = Vec::new();
+        reserve_rows(&mut rows, src.len(), widest)?;
         for (tensor, buffers) in [(KvTensor::K, &mut self.k), (KvTensor::V, &mut self.v)] {
             let row_len = self.layout.row_len(tensor);
             for buffer in buffers.iter_mut() {
@@ -245,6 +264,52 @@ mod tests {
                     if buffer_bytes == (8 * element) << 44
                         && pool_bytes == 2 * buffer_bytes
             ));
+        }
+    }
+
+    /// A one-layer f32 pool of 2 rows whose K rows are 2^23 elements (32 MiB, V rows 1), and
+    /// a list naming slot 1 2^24 times: its K rows take 2^49 bytes, more than x86-64 or
+    /// AArch64 hands a process without asking, whatever the overcommit policy.
+    fn pool_and_slots_past_host_memory() -> (HostKvPool<f32>, Vec<KvSlot>) {
+        let layout = KvLayout::with_v_head_dim(1, 1 << 11, 1 << 12, 1, 1, 1).unwrap();
+        let mut pool = HostKvPool::<f32>::new(layout).unwrap();
+        let row = vec![7.0f32; 1 << 23];
+        pool.store_kv(0, &[1], KvSlice::F32(&row), KvSlice::F32(&[8.0; 1 << 11]))
+            .unwrap();
+        (pool, vec![1; 1 << 24])
+    }
+
+    #[test]
+    fn loading_more_rows_than_the_host_holds_is_an_error() {
+        let (pool, slots) = pool_and_slots_past_host_memory();
+        let error = pool.load_kv(0, &slots).expect_err("2^49 bytes refused");
+        assert!(matches!(
+            error,
+            KvPoolError::HostRowsOutOfMemory { rows, bytes } if rows == 1 << 24 && bytes == 1 << 49
+        ));
+        assert!(error.to_string().contains("pass fewer slots per call"));
+    }
+
+    #[test]
+    fn copying_more_rows_than_the_host_holds_is_an_error_and_copies_nothing() {
+        let (mut pool, src) = pool_and_slots_past_host_memory();
+        let dst = vec![0; src.len()];
+        let error = pool.copy_slots(&src, &dst).expect_err("2^49 bytes refused");
+        assert!(matches!(
+            error,
+            KvPoolError::HostRowsOutOfMemory { rows, bytes } if rows == 1 << 24 && bytes == 1 << 49
+        ));
+        for tensor in [KvTensor::K, KvTensor::V] {
+            let buffer = pool.buffer(0, tensor).unwrap();
+            let row_len = buffer.len() / 2;
+            assert!(
+                buffer[..row_len].iter().all(|&x| x == 0.0),
+                "slot 0 untouched"
+            );
+            assert!(
+                buffer[row_len..].iter().all(|&x| x != 0.0),
+                "slot 1 as stored"
+            );
         }
     }
 

@@ -53,12 +53,15 @@ pub trait KvPool: Send {
         v: KvSlice<'_>,
     ) -> Result<(), KvPoolError>;
 
-    /// Reads the K and V rows of `slots` in `layer`, in slot-list order.
+    /// Reads the K and V rows of `slots` in `layer`, in slot-list order. The host pool fails
+    /// with [`KvPoolError::HostRowsOutOfMemory`] when host memory cannot hold them.
     fn load_kv(&self, layer: usize, slots: &[KvSlot]) -> Result<(KvData, KvData), KvPoolError>;
 
     /// Copies the K and V rows of `src[i]` to `dst[i]` in every layer (sglang `move_kv_cache`).
     /// All rows are read before any is written, so `src` and `dst` may overlap. A destination
-    /// named twice gets backend-defined data, as a repeated slot of [`KvPool::store_kv`].
+    /// named twice gets backend-defined data, as a repeated slot of [`KvPool::store_kv`]. The
+    /// host pool takes its scratch for the rows first: when host memory cannot hold it the call
+    /// fails with [`KvPoolError::HostRowsOutOfMemory`] and copies nothing.
     fn copy_slots(&mut self, src: &[KvSlot], dst: &[KvSlot]) -> Result<(), KvPoolError>;
 
     /// Copies whole pages `src[i]` to `dst[i]` in every layer (copy-on-write of a shared last
