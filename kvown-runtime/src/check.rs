@@ -6,7 +6,7 @@ use crate::alloc::{
     ceil_align,
 };
 use crate::cache::{CacheId, KvCache};
-use crate::radix::{LockMismatch, NodeId, RadixError, TreePos};
+use crate::radix::{LockMismatch, Namespace, NodeId, RadixError, TreePos};
 use crate::request::Req;
 use crate::slots::{ReqRow, ReqToTokenPool};
 
@@ -235,6 +235,20 @@ pub enum Violation {
         /// The slot there.
         slot: KvSlot,
     },
+    /// A request holds a lock on a path of another namespace than its own: it would read KV
+    /// computed for other requests (another LoRA adapter's, another tenant's).
+    #[error(
+        "request {rid} in {namespace} holds a lock on a prefix-cache path in {locked}; requests \
+         share prefixes only within their namespace"
+    )]
+    NamespaceMismatch {
+        /// The request.
+        rid: u64,
+        /// Its namespace.
+        namespace: Namespace,
+        /// The namespace of the path it locks.
+        locked: Namespace,
+    },
     /// A request's protected prefix is not the prefix its lock keeps cached: at `position`
     /// its token or its slot differs from the prefix cache's path, so it would attend to the
     /// KV of another prefix.
@@ -462,11 +476,20 @@ impl<A: AsPageAllocator> KvCache<A> {
 
 impl<A> KvCache<A> {
     /// The tokens and `slots` of `req`'s protected prefix are those of the path its lock
-    /// holds. A lock on a node no longer live is left to the lock check.
+    /// holds, a path of its namespace. A lock on a node no longer live is left to the lock check.
     fn prefix_matches_lock(&self, req: &Req, slots: &[KvSlot]) -> Result<(), Violation> {
         let Some(tree) = self.tree.radix() else {
             return Ok(());
         };
+        if let Some(locked) = tree.namespace_of(req.last_node().node)
+            && locked != req.namespace()
+        {
+            return Err(Violation::NamespaceMismatch {
+                rid: req.rid(),
+                namespace: req.namespace(),
+                locked,
+            });
+        }
         match tree.path_difference(req.last_node(), req.fill_ids(), slots) {
             Ok(Some((position, part))) => Err(Violation::PrefixMismatch {
                 rid: req.rid(),
@@ -593,7 +616,7 @@ mod tests {
     use crate::alloc::PagedAllocator;
     use crate::batch::{ScheduleBatch, alloc_for_extend, prepare_for_extend, release_kv_cache};
     use crate::cache::{KvCache, TreeCache};
-    use crate::radix::RadixCache;
+    use crate::radix::{Namespace, RadixCache};
     use crate::reclaim::{ReclaimError, reclaim_leaks};
     use crate::request::Req;
     use crate::slots::ReqToTokenPool;
@@ -639,6 +662,24 @@ mod tests {
             position,
             part,
         })
+    }
+
+    #[test]
+    fn a_lock_on_another_namespaces_path_is_a_namespace_mismatch() {
+        let mut cache = cache_with_two_paths();
+        let mut req = admitted(&mut cache, 3, (0..8).chain([100, 101]).collect());
+        assert_eq!(req.kv().cache_protected_len(), 8);
+        assert_eq!(cache.check([&req]), Ok(()));
+        // Same tokens, same slots: only the namespaces differ.
+        req.namespace = Namespace(1);
+        assert_eq!(
+            cache.check([&req]),
+            Err(Violation::NamespaceMismatch {
+                rid: 3,
+                namespace: Namespace(1),
+                locked: Namespace::DEFAULT,
+            })
+        );
     }
 
     #[test]

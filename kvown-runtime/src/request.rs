@@ -6,7 +6,7 @@ use kvown_macros::guarded;
 use crate::alloc::KvSlot;
 use crate::cache::CacheId;
 use crate::error::KvError;
-use crate::radix::TreePos;
+use crate::radix::{Namespace, TreePos};
 use crate::slots::ReqRow;
 
 /// The KV ladder of one request: `0 <= cache_protected_len <= kv_committed_len <=
@@ -94,6 +94,8 @@ pub struct Req {
     /// The token count the next extend backs (`prefix_len + extend_len`): all tokens until
     /// `init_next_round_input` caps it for a chunk.
     pub(crate) extend_end: usize,
+    /// The key space of its cached prefixes (set at creation).
+    pub(crate) namespace: Namespace,
     /// Times this request was retracted.
     pub retraction_count: u32,
     /// Whether the request was retracted and waits to be re-admitted.
@@ -102,16 +104,32 @@ pub struct Req {
 
 impl Req {
     /// A new request with prompt `input_ids` (at least one token), for prompts known to be
-    /// non-empty; [`Req::try_new`] checks one that comes from outside.
+    /// non-empty; [`Req::try_new`] checks one that comes from outside. Its prefixes are cached in
+    /// [`Namespace::DEFAULT`].
     ///
     /// # Panics
     /// If `input_ids` is empty: every request needs one token to compute.
     pub fn new(rid: u64, input_ids: Vec<u32>) -> Req {
-        Req::try_new(rid, input_ids).unwrap_or_else(|error| panic!("{error}"))
+        Req::new_in(Namespace::DEFAULT, rid, input_ids)
     }
 
-    /// A new request with prompt `input_ids`, or [`KvError::EmptyPrompt`] when it is empty.
+    /// [`Req::new`] for a request whose prefixes are matched and cached in `namespace` only
+    /// (its LoRA adapter's, say): it shares KV with no request of another namespace.
+    ///
+    /// # Panics
+    /// If `input_ids` is empty.
+    pub fn new_in(namespace: Namespace, rid: u64, input_ids: Vec<u32>) -> Req {
+        Req::try_new_in(namespace, rid, input_ids).unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// A new request with prompt `input_ids`, or [`KvError::EmptyPrompt`] when it is empty; in
+    /// [`Namespace::DEFAULT`].
     pub fn try_new(rid: u64, input_ids: Vec<u32>) -> Result<Req, KvError> {
+        Req::try_new_in(Namespace::DEFAULT, rid, input_ids)
+    }
+
+    /// [`Req::try_new`] in `namespace` (see [`Req::new_in`]).
+    pub fn try_new_in(namespace: Namespace, rid: u64, input_ids: Vec<u32>) -> Result<Req, KvError> {
         if input_ids.is_empty() {
             return Err(KvError::EmptyPrompt { rid });
         }
@@ -123,6 +141,7 @@ impl Req {
             kv: ReqKvInfo::default(),
             prefix_indices: Vec::new(),
             last_node: TreePos::ROOT,
+            namespace,
             retraction_count: 0,
             is_retracted: false,
         })
@@ -132,6 +151,12 @@ impl Req {
     #[inline]
     pub fn rid(&self) -> u64 {
         self.rid
+    }
+
+    /// The namespace its prefixes are matched and cached in.
+    #[inline]
+    pub fn namespace(&self) -> Namespace {
+        self.namespace
     }
 
     /// The request's row, or [`KvError::NotHeld`] when it holds no KV.

@@ -32,7 +32,7 @@ pub fn init_next_round_input<A: KvAllocator>(
         prefix_indices.clear();
         let matched = match &mut cache.tree {
             TreeCache::Radix(tree) => {
-                let pos = tree.match_prefix(&req.fill_ids()[..max_prefix]);
+                let pos = tree.match_prefix_in(req.namespace(), &req.fill_ids()[..max_prefix]);
                 prefix_indices.resize(pos.len, 0);
                 tree.path_slots_into(pos, 0, &mut prefix_indices)?;
                 tree.move_lock(req.last_node.node, pos.node)?;
@@ -116,7 +116,7 @@ fn insert_unfinished<A: KvAllocator>(
 ) -> Result<TreePos, KvError> {
     let protected = req.kv().cache_protected_len();
     let slots = &req_to_token.row(row)?[..key.len()];
-    let plan = tree.plan_insert(req.last_node, key, slots)?;
+    let plan = tree.plan_insert(req.namespace(), req.last_node, key, slots)?;
     let duplicated = plan.prefix_len();
     if duplicated > protected {
         // Another request cached `[protected, duplicated)` first: ours are duplicates, freed
@@ -177,7 +177,7 @@ pub(crate) fn cache_finished_req<A: KvAllocator>(
             // (read-only, which checks the request's lock too) or the lock checked, then the
             // one free, then the insert and the unlock.
             let plan = if is_insert {
-                Some(tree.plan_insert(req.last_node, key, &slots[..key_len])?)
+                Some(tree.plan_insert(req.namespace(), req.last_node, key, &slots[..key_len])?)
             } else {
                 tree.ensure_unlockable(req.last_node.node)?;
                 None

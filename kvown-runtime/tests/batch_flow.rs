@@ -10,7 +10,7 @@ use kvown_runtime::batch::{
 };
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::error::KvError;
-use kvown_runtime::radix::RadixCache;
+use kvown_runtime::radix::{Namespace, RadixCache};
 use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
 use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
@@ -252,6 +252,94 @@ fn registering_a_prefix_another_request_cached_first_frees_the_duplicates() {
     assert_eq!(batch.reqs()[1].kv().cache_protected_len(), 20);
     cache.check(batch.reqs()).unwrap();
     release_all(batch, &mut cache, true);
+}
+
+#[test]
+fn requests_share_prefixes_only_within_their_namespace() {
+    let page_size = 4;
+    let mut cache = cache(1024, page_size, true);
+    let (adapter_a, adapter_b) = (Namespace(1), Namespace(2));
+    let prompt: Vec<u32> = (100..121).collect();
+    // Two requests of one prompt in two namespaces register their pages as a chunked prefill
+    // would: neither finds the other's, so neither frees a duplicate.
+    let mut batch = extend(
+        vec![
+            Req::new_in(adapter_a, 1, prompt.clone()),
+            Req::new_in(adapter_b, 2, prompt.clone()),
+        ],
+        &mut cache,
+    );
+    let free_before = cache.available_size();
+    for req in batch.reqs_mut() {
+        cache_unfinished_req(req, &mut cache).unwrap();
+        assert_eq!(req.kv().cache_protected_len(), 20);
+    }
+    assert_eq!(
+        cache.available_size(),
+        free_before,
+        "no duplicates across namespaces"
+    );
+    assert_eq!(
+        cache.tree().protected_size(),
+        40,
+        "each namespace caches its own five pages"
+    );
+    cache.check(batch.reqs()).unwrap();
+    release_all(batch, &mut cache, true);
+
+    // A later request matches its own namespace's prefix, and nothing elsewhere.
+    let later = |rid, namespace| Req::new_in(namespace, rid, prompt.clone());
+    let batch = extend(
+        vec![
+            later(3, adapter_a),
+            later(4, adapter_b),
+            later(5, Namespace::DEFAULT),
+            Req::new(6, prompt.clone()),
+        ],
+        &mut cache,
+    );
+    let protected: Vec<usize> = batch
+        .reqs()
+        .iter()
+        .map(|req| req.kv().cache_protected_len())
+        .collect();
+    assert_eq!(protected, [20, 20, 0, 0]);
+    let rows: Vec<Vec<u32>> = batch.reqs()[..2]
+        .iter()
+        .map(|req| cache.req_to_token().row(req.held_row().unwrap()).unwrap()[..20].to_vec())
+        .collect();
+    assert_ne!(rows[0], rows[1], "each reads its own namespace's KV");
+    assert_eq!(batch.reqs()[0].namespace(), adapter_a);
+    assert_eq!(batch.reqs()[3].namespace(), Namespace::DEFAULT);
+    cache.check(batch.reqs()).unwrap();
+    release_all(batch, &mut cache, true);
+
+    // A request that matched nothing and registered nothing is cached on release in its
+    // namespace too.
+    let other: Vec<u32> = (300..321).collect();
+    let batch = extend(vec![Req::new_in(adapter_b, 7, other.clone())], &mut cache);
+    release_all(batch, &mut cache, true);
+    let batch = extend(
+        vec![
+            Req::new_in(adapter_b, 8, other.clone()),
+            Req::new_in(adapter_a, 9, other),
+        ],
+        &mut cache,
+    );
+    let protected: Vec<usize> = batch
+        .reqs()
+        .iter()
+        .map(|req| req.kv().cache_protected_len())
+        .collect();
+    assert_eq!(protected, [20, 0]);
+    release_all(batch, &mut cache, true);
+    let capacity = cache.allocator().capacity();
+    cache.evict_shortfall(capacity).unwrap();
+    assert_eq!(
+        cache.available_size(),
+        capacity,
+        "every namespace's pages come back"
+    );
 }
 
 /// Every `out_cache_loc` slot is the row slot of the position `out_positions` gives it.

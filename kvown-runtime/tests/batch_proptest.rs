@@ -1,5 +1,5 @@
 //! Stateful property test of the batch flow: random interleavings of admission (shared
-//! prefixes, chunked prefill, re-admission of retracted requests), decode (checked with
+//! prefixes in two namespaces, chunked prefill, re-admission of retracted requests), decode (checked with
 //! retraction, or unchecked to induce OOM), speculative reserve/commit, finish, abort, grouped
 //! release, eviction, match-then-drop, oversized admissions, requests passed to another
 //! cache, releases and page registrations whose free the allocator refuses, checks that leave
@@ -28,7 +28,7 @@ use kvown_runtime::batch::{
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::Violation;
 use kvown_runtime::error::KvError;
-use kvown_runtime::radix::{RadixCache, RadixError, TreePos};
+use kvown_runtime::radix::{Namespace, RadixCache, RadixError, TreePos};
 use kvown_runtime::reclaim::{ReclaimError, Reclaimed, reclaim_leaks};
 use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
@@ -60,6 +60,8 @@ impl Cfg {
 
 #[derive(Debug, Clone)]
 struct NewReq {
+    /// Its prefix-cache namespace: requests of one family share prefixes only within one.
+    namespace: u32,
     family: u32,
     shared: usize,
     suffix: usize,
@@ -146,13 +148,18 @@ enum RefusedCall {
 }
 
 fn new_req() -> impl Strategy<Value = NewReq> {
-    (0u32..3, prop_oneof![Just(0usize), 1usize..48], 0usize..24).prop_map(
-        |(family, shared, suffix)| NewReq {
+    (
+        0u32..2,
+        0u32..3,
+        prop_oneof![Just(0usize), 1usize..48],
+        0usize..24,
+    )
+        .prop_map(|(namespace, family, shared, suffix)| NewReq {
+            namespace,
             family,
             shared,
             suffix,
-        },
-    )
+        })
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -393,7 +400,7 @@ where
         if tokens.is_empty() {
             tokens.push(7);
         }
-        Req::new(rid, tokens)
+        Req::new_in(Namespace(spec.namespace), rid, tokens)
     }
 
     /// The output token a request samples at `position` (identical prompts give identical
@@ -490,6 +497,7 @@ where
 
     fn oversize(&mut self, count: usize, extra: usize) {
         let spec = NewReq {
+            namespace: 0,
             family: 0,
             shared: 0,
             suffix: 0,

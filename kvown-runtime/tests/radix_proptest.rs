@@ -1,23 +1,35 @@
-//! Random operation sequences on the radix cache over page sizes 1, 3, 4 and 16, with the cache's
-//! and the allocator's invariant checks after every step; and one eviction against the same
-//! eviction made a node at a time.
+//! Random operation sequences on the radix cache over page sizes 1, 3, 4 and 16 and three
+//! namespaces, with the cache's and the allocator's invariant checks after every step and every
+//! match and insert checked against a model of what each namespace caches; and one eviction
+//! against the same eviction made a node at a time.
 
 mod common;
 
 use kvown_runtime::alloc::{KvAllocator, KvSlot, PageId, PagedAllocator};
-use kvown_runtime::radix::{RadixCache, TreePos};
+use std::collections::{HashMap, HashSet};
+
+use kvown_runtime::radix::{Namespace, RadixCache, TreePos};
 use proptest::prelude::*;
 
 const PAGES: usize = 48;
 
 #[derive(Debug, Clone)]
 enum Op {
-    /// Insert a fresh key (from the root) with newly allocated slots; maybe lock its end.
-    Insert { tokens: Vec<u32>, lock: bool },
+    /// Insert a fresh key (from the root of a namespace) with newly allocated slots; maybe
+    /// lock its end.
+    Insert {
+        namespace: u32,
+        tokens: Vec<u32>,
+        lock: bool,
+    },
     /// A locked holder registers more pages from its position (`insert_from` + `move_lock`).
     Extend { holder: usize, tokens: Vec<u32> },
-    /// Match a key; maybe lock the match.
-    Match { tokens: Vec<u32>, lock: bool },
+    /// Match a key in a namespace; maybe lock the match.
+    Match {
+        namespace: u32,
+        tokens: Vec<u32>,
+        lock: bool,
+    },
     /// Release a holder's lock.
     Unlock { holder: usize },
     /// Evict a number of pages' worth of tokens.
@@ -31,18 +43,21 @@ fn tokens() -> impl Strategy<Value = Vec<u32>> {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (tokens(), any::<bool>()).prop_map(|(tokens, lock)| Op::Insert { tokens, lock }),
+        3 => (0u32..3, tokens(), any::<bool>())
+            .prop_map(|(namespace, tokens, lock)| Op::Insert { namespace, tokens, lock }),
         2 => (any::<usize>(), tokens()).prop_map(|(holder, tokens)| Op::Extend { holder, tokens }),
-        2 => (tokens(), any::<bool>()).prop_map(|(tokens, lock)| Op::Match { tokens, lock }),
+        2 => (0u32..3, tokens(), any::<bool>())
+            .prop_map(|(namespace, tokens, lock)| Op::Match { namespace, tokens, lock }),
         2 => any::<usize>().prop_map(|holder| Op::Unlock { holder }),
         1 => (0usize..8).prop_map(|pages| Op::Evict { pages }),
     ]
 }
 
-/// A locked position and the key it stands for.
+/// A locked position, the key it stands for and its namespace.
 struct Holder {
     at: TreePos,
     key: Vec<u32>,
+    namespace: Namespace,
 }
 
 struct World {
@@ -50,6 +65,9 @@ struct World {
     cache: RadixCache,
     alloc: PagedAllocator,
     holders: Vec<Holder>,
+    /// What the cache holds: the page of every cached (namespace, key prefix ending with that
+    /// page).
+    model: HashMap<(Namespace, Vec<u32>), PageId>,
 }
 
 impl World {
@@ -59,6 +77,43 @@ impl World {
             cache: RadixCache::new(page_size),
             alloc: PagedAllocator::new(PAGES * page_size, page_size, false).unwrap(),
             holders: Vec::new(),
+            model: HashMap::new(),
+        }
+    }
+
+    /// Drops from the model the pages no longer cached (after an eviction, before their ids
+    /// can be handed out again).
+    fn forget_evicted(&mut self) {
+        let cached: HashSet<PageId> = self.cache.cached_pages().collect();
+        self.model.retain(|_, page| cached.contains(page));
+    }
+
+    /// The model's longest cached prefix of `key` in `namespace`, in whole pages, and its pages.
+    fn modelled_prefix(&self, namespace: Namespace, key: &[u32]) -> Vec<PageId> {
+        key.chunks_exact(self.page_size)
+            .enumerate()
+            .map_while(|(page, _)| {
+                let prefix = key[..(page + 1) * self.page_size].to_vec();
+                self.model.get(&(namespace, prefix)).copied()
+            })
+            .collect()
+    }
+
+    /// The page of each whole page of `slots`.
+    fn pages_of(&self, slots: &[KvSlot]) -> Vec<PageId> {
+        slots
+            .iter()
+            .step_by(self.page_size)
+            .map(|&slot| slot / self.page_size as u32)
+            .collect()
+    }
+
+    /// Records that `namespace` now caches `key[from..]` on the pages of `slots[from..]`.
+    fn model_insert(&mut self, namespace: Namespace, key: &[u32], slots: &[KvSlot], from: usize) {
+        let ps = self.page_size;
+        for end in (from + ps..=key.len()).step_by(ps) {
+            let page = slots[end - ps] / ps as u32;
+            self.model.insert((namespace, key[..end].to_vec()), page);
         }
     }
 
@@ -73,6 +128,7 @@ impl World {
     /// Allocates `len` slots, evicting the shortfall first; `None` when memory stays short.
     fn alloc(&mut self, len: usize) -> Option<Vec<KvSlot>> {
         self.cache.evict_shortfall(len, &mut self.alloc).unwrap();
+        self.forget_evicted();
         let mut out = Vec::new();
         self.alloc.alloc(len, &mut out).ok()?;
         Some(out)
@@ -80,18 +136,29 @@ impl World {
 
     fn apply(&mut self, op: Op) {
         match op {
-            Op::Insert { tokens, lock } => {
+            Op::Insert {
+                namespace,
+                tokens,
+                lock,
+            } => {
+                let namespace = Namespace(namespace);
                 let key = self.key(&tokens);
                 let Some(slots) = self.alloc(key.len()) else {
                     return;
                 };
-                let outcome = self.cache.insert(&key, &slots).unwrap();
-                assert!(outcome.prefix_len <= key.len());
+                let cached = self.modelled_prefix(namespace, &key);
+                let outcome = self.cache.insert_in(namespace, &key, &slots).unwrap();
+                assert_eq!(
+                    outcome.prefix_len,
+                    cached.len() * self.page_size,
+                    "{namespace}"
+                );
                 self.alloc
                     .free_segment(&slots[..outcome.prefix_len], 0)
                     .unwrap();
+                self.model_insert(namespace, &key, &slots, outcome.prefix_len);
                 if lock {
-                    self.lock(outcome.last_node, key);
+                    self.lock(outcome.last_node, key, namespace);
                 }
             }
             Op::Extend { holder, tokens } => {
@@ -99,7 +166,7 @@ impl World {
                     return;
                 }
                 let index = holder % self.holders.len();
-                let at = self.holders[index].at;
+                let (at, namespace) = (self.holders[index].at, self.holders[index].namespace);
                 let mut key = self.holders[index].key.clone();
                 key.extend(self.key(&tokens));
                 let mut row = vec![0; at.len];
@@ -108,8 +175,17 @@ impl World {
                     return;
                 };
                 row.extend(fresh);
-                let outcome = self.cache.insert_from(at, &key, &row).unwrap();
-                assert!(outcome.prefix_len >= at.len);
+                let cached = self.modelled_prefix(namespace, &key);
+                let outcome = self
+                    .cache
+                    .insert_from_in(namespace, at, &key, &row)
+                    .unwrap();
+                assert_eq!(
+                    outcome.prefix_len,
+                    cached.len() * self.page_size,
+                    "{namespace}"
+                );
+                self.model_insert(namespace, &key, &row, outcome.prefix_len);
                 self.alloc
                     .free_segment(&row[at.len..outcome.prefix_len], at.len)
                     .unwrap();
@@ -121,16 +197,27 @@ impl World {
                 };
                 self.cache.path_slots_into(end, 0, &mut tree_row).unwrap();
                 assert_eq!(tree_row[outcome.prefix_len..], row[outcome.prefix_len..]);
-                self.holders[index] = Holder { at: end, key };
+                self.holders[index] = Holder {
+                    at: end,
+                    key,
+                    namespace,
+                };
             }
-            Op::Match { tokens, lock } => {
+            Op::Match {
+                namespace,
+                tokens,
+                lock,
+            } => {
+                let namespace = Namespace(namespace);
                 let key = self.key(&tokens);
-                let at = self.cache.match_prefix(&key);
-                assert_eq!(at.len % self.page_size, 0);
-                assert!(at.len <= key.len());
+                let at = self.cache.match_prefix_in(namespace, &key);
+                // The longest prefix this namespace caches, on the pages it cached it on.
+                let mut slots = vec![0; at.len];
+                self.cache.path_slots_into(at, 0, &mut slots).unwrap();
+                assert_eq!(self.pages_of(&slots), self.modelled_prefix(namespace, &key));
                 if lock {
                     let matched = key[..at.len].to_vec();
-                    self.lock(at.node, matched);
+                    self.lock(at.node, matched, namespace);
                 }
             }
             Op::Unlock { holder } => {
@@ -145,6 +232,7 @@ impl World {
                 let evictable = self.cache.evictable_size();
                 let asked = pages * self.page_size;
                 let evicted = self.cache.evict(asked, &mut self.alloc).unwrap();
+                self.forget_evicted();
                 assert!(evicted >= asked.min(evictable));
                 assert_eq!(self.cache.protected_size(), protected);
                 assert_eq!(self.cache.evictable_size(), evictable - evicted);
@@ -152,13 +240,13 @@ impl World {
         }
     }
 
-    fn lock(&mut self, node: kvown_runtime::radix::NodeId, key: Vec<u32>) {
+    fn lock(&mut self, node: kvown_runtime::radix::NodeId, key: Vec<u32>, namespace: Namespace) {
         self.cache.inc_lock_ref(node).unwrap();
         let at = TreePos {
             node,
             len: key.len(),
         };
-        self.holders.push(Holder { at, key });
+        self.holders.push(Holder { at, key, namespace });
     }
 
     /// Evicts one least recently used node per call until `tokens` are gone or nothing is
@@ -171,6 +259,7 @@ impl World {
                 node => evicted += node,
             }
         }
+        self.forget_evicted();
         evicted
     }
 
@@ -207,11 +296,14 @@ impl World {
                 .all(|page| !self.alloc.is_page_free(page))
         );
         assert_eq!(cache.cached_slots().count(), cache.total_size());
-        // Each holder's locked prefix is still cached, at the holder's slots.
+        // Each holder's locked prefix is still cached, on the pages its namespace cached it on.
         for holder in &self.holders {
             let mut row = vec![0; holder.at.len];
             cache.path_slots_into(holder.at, 0, &mut row).unwrap();
+            let modelled = self.modelled_prefix(holder.namespace, &holder.key);
+            assert_eq!(self.pages_of(&row), modelled[..row.len() / self.page_size]);
         }
+        assert_eq!(self.model.len(), cache.total_size() / self.page_size);
     }
 }
 
@@ -235,6 +327,7 @@ proptest! {
         prop_assert_eq!(world.cache.protected_size(), 0);
         let total = world.cache.total_size();
         prop_assert_eq!(world.cache.evict(usize::MAX, &mut world.alloc).unwrap(), total);
+        world.forget_evicted();
         prop_assert_eq!(world.alloc.available_size(), world.alloc.capacity());
         world.verify();
     }
@@ -257,6 +350,7 @@ proptest! {
         }
         let asked = pages * page_size;
         let evicted = at_once.cache.evict(asked, &mut at_once.alloc).unwrap();
+        at_once.forget_evicted();
         let stepwise = node_by_node.evict_node_by_node(asked);
         prop_assert_eq!(evicted, stepwise);
         prop_assert_eq!(at_once.cached_pages(), node_by_node.cached_pages());
@@ -265,6 +359,7 @@ proptest! {
         node_by_node.verify();
         // The LRU order left behind agrees too: the next eviction takes the same nodes.
         let again = at_once.cache.evict(asked, &mut at_once.alloc).unwrap();
+        at_once.forget_evicted();
         prop_assert_eq!(again, node_by_node.evict_node_by_node(asked));
         prop_assert_eq!(at_once.cached_pages(), node_by_node.cached_pages());
         at_once.verify();

@@ -29,7 +29,8 @@ fn expect_eq(
 impl RadixCache {
     /// Recomputes the bookkeeping from the nodes and compares: evictable, protected and total
     /// token counters; child counts and the child index (each child found under its parent by
-    /// its first page, nothing else indexed); positions (each key starts where its parent's
+    /// its namespace and first page, nothing else indexed; a node's namespace its parent's below
+    /// the root); positions (each key starts where its parent's
     /// ends, whole pages only); lock counts (root 1, every other its own locks plus the sum of
     /// its children's); the evictable-leaf set and its LRU order (an entry at each candidate's
     /// access time); no page cached twice, and the page index holding exactly the cached pages.
@@ -63,10 +64,19 @@ impl RadixCache {
             )?;
             expect_eq(id, "key is whole pages", 0, node.data.len() % stride)?;
             expect_eq(id, "key start", parent.end(page_size), node.start())?;
+            if node.parent != NodeId::ROOT {
+                expect_eq(
+                    id,
+                    "namespace is the parent's",
+                    1,
+                    usize::from(node.namespace == parent.namespace),
+                )?;
+            }
             let found = self.children.find(
                 &self.arena,
                 page_size,
                 node.parent,
+                node.namespace,
                 node.page_tokens(0, page_size),
             );
             expect_eq(
@@ -243,6 +253,7 @@ impl RadixCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::radix::Namespace;
 
     /// Page size 2: `[0, 1 | 2, 3]` on pages 1 and 2, then `[0, 1 | 9, 9]` on page 3 splits it
     /// into a shared node (page 1) with two leaves, the first locked.
@@ -298,6 +309,25 @@ mod tests {
         let page_id = cache.arena[locked].data.len() - 1;
         cache.arena[locked].data[page_id] = 1;
         assert_eq!(broken(&cache), "page cached once");
+    }
+
+    #[test]
+    fn the_check_finds_a_node_in_another_namespace_than_its_parent_or_its_index_entry() {
+        let (mut cache, locked) = small_tree();
+        // Unlinked and linked again in its new namespace, so that the index agrees with it.
+        cache
+            .children
+            .unlink(&mut cache.arena, cache.page_size, locked);
+        cache.arena[locked].namespace = Namespace(1);
+        cache
+            .children
+            .link(&mut cache.arena, cache.page_size, locked);
+        assert_eq!(broken(&cache), "namespace is the parent's");
+        // A child of the root in another namespace than the one it is indexed under.
+        let mut cache = RadixCache::new(2);
+        let leaf = cache.insert(&[0, 1], &[2, 3]).unwrap().last_node;
+        cache.arena[leaf].namespace = Namespace(1);
+        assert_eq!(broken(&cache), "child index entry");
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! The child index: finds a node's child by the child's first page in O(page_size).
 //!
 //! One hash map for the whole tree, keyed by the parent's id and a 32-bit hash of the child's
-//! first page. Children whose keys collide are chained through [`Node::hash_next`], so a lookup
-//! compares the actual first page and is exact.
+//! namespace and first page. Children whose keys collide are chained through
+//! [`Node::hash_next`], so a lookup compares the actual namespace and first page and is exact.
+//! (Only the root's children differ in namespace; below them a node's children share its.)
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use super::Namespace;
 use super::node::{Arena, Node, NodeId};
 
 /// Map from (parent, first-page hash) to the head of a chain of children.
@@ -15,26 +17,30 @@ pub(super) struct ChildIndex {
     heads: HashMap<u64, NodeId, BuildHasherDefault<KeyHasher>>,
 }
 
-/// The map key of a child of `parent` whose key starts with `first_page`.
-fn child_key(parent: NodeId, first_page: &[u32]) -> u64 {
-    let page_hash = first_page.iter().fold(0u64, |hash, &token| {
-        (hash.rotate_left(5) ^ u64::from(token)).wrapping_mul(0x517c_c1b7_2722_0a95)
-    });
+/// The map key of a child of `parent` in `namespace` whose key starts with `first_page`.
+fn child_key(parent: NodeId, namespace: Namespace, first_page: &[u32]) -> u64 {
+    let page_hash = first_page
+        .iter()
+        .fold(u64::from(namespace.0), |hash, &token| {
+            (hash.rotate_left(5) ^ u64::from(token)).wrapping_mul(0x517c_c1b7_2722_0a95)
+        });
     (u64::from(parent.0) << 32) | (page_hash >> 32)
 }
 
 impl ChildIndex {
-    /// The child of `parent` whose first page is `first_page`, if any.
+    /// The child of `parent` in `namespace` whose first page is `first_page`, if any.
     pub(super) fn find(
         &self,
         arena: &Arena,
         page_size: usize,
         parent: NodeId,
+        namespace: Namespace,
         first_page: &[u32],
     ) -> Option<NodeId> {
-        let mut node = *self.heads.get(&child_key(parent, first_page))?;
+        let mut node = *self.heads.get(&child_key(parent, namespace, first_page))?;
         while node != NodeId::NONE {
-            if arena[node].page_tokens(0, page_size) == first_page {
+            let entry = &arena[node];
+            if entry.namespace == namespace && entry.page_tokens(0, page_size) == first_page {
                 return Some(node);
             }
             node = arena[node].hash_next;
@@ -98,7 +104,7 @@ impl ChildIndex {
 }
 
 fn key_of(node: &Node, page_size: usize) -> u64 {
-    child_key(node.parent, node.page_tokens(0, page_size))
+    child_key(node.parent, node.namespace, node.page_tokens(0, page_size))
 }
 
 /// Hasher for keys that are already hashes: a splitmix64 finalizer spreads every input bit.
@@ -138,7 +144,8 @@ mod tests {
         (0..4_000_000u32)
             .map(|i| [i, i.wrapping_mul(0x9e37_79b9).rotate_left(13)])
             .find_map(|page| {
-                let first = seen.insert(child_key(NodeId::ROOT, &page), page)?;
+                let first =
+                    seen.insert(child_key(NodeId::ROOT, Namespace::DEFAULT, &page), page)?;
                 Some((first, page))
             })
             .expect("a collision among four million 32-bit hashes")

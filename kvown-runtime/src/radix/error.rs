@@ -1,5 +1,6 @@
 //! Errors of the radix prefix cache.
 
+use super::Namespace;
 use super::node::NodeId;
 use crate::alloc::AllocError;
 
@@ -109,6 +110,19 @@ pub enum RadixError {
     LockUnderflow {
         /// The node passed.
         node: NodeId,
+    },
+    /// An insert continued from a node of another namespace than its own.
+    #[error(
+        "insert in {namespace} from node {node}, which is in {node_namespace}: continue a \
+         namespace's prefix with insert_from_in in that namespace"
+    )]
+    NamespaceMismatch {
+        /// The node the insert continued from.
+        node: NodeId,
+        /// That node's namespace.
+        node_namespace: Namespace,
+        /// The insert's namespace.
+        namespace: Namespace,
     },
     /// An insert hint must be locked, so that nobody evicts or extends it meanwhile.
     #[error("insert hint node {node} is not locked; inc_lock_ref it before inserting from it")]

@@ -1,7 +1,7 @@
 //! Inserting page-aligned keys with their slots.
 
 use super::node::{Node, NodeId};
-use super::{InsertOutcome, RadixCache, RadixError, TreePos};
+use super::{InsertOutcome, Namespace, RadixCache, RadixError, TreePos};
 use crate::alloc::KvSlot;
 
 /// Where an insert leaves the tree and what it does there, found by
@@ -14,6 +14,8 @@ pub(crate) struct InsertPlan {
     prefix_len: usize,
     /// The node the step acts on.
     node: NodeId,
+    /// The key space of the insert (of a new leaf).
+    namespace: Namespace,
     step: InsertStep,
 }
 
@@ -41,17 +43,32 @@ enum InsertStep {
 }
 
 impl RadixCache {
-    /// Inserts `key` (page-aligned) with `slots` (one per key token, whole pages) from the root.
-    /// Same as [`RadixCache::insert_from`] with [`TreePos::ROOT`].
+    /// Inserts `key` (page-aligned) with `slots` (one per key token, whole pages) from the root,
+    /// in [`Namespace::DEFAULT`]: [`RadixCache::insert_in`] with it, the same as
+    /// [`RadixCache::insert_from`] with [`TreePos::ROOT`].
     ///
     /// Cost: O(key length + nodes on the path).
     pub fn insert(&mut self, key: &[u32], slots: &[KvSlot]) -> Result<InsertOutcome, RadixError> {
-        self.insert_from(TreePos::ROOT, key, slots)
+        self.insert_in(Namespace::DEFAULT, key, slots)
+    }
+
+    /// Inserts `key` with `slots` from the root in `namespace`, sharing nodes only with keys of
+    /// that namespace: [`RadixCache::insert_from_in`] with [`TreePos::ROOT`].
+    ///
+    /// Cost: O(key length + nodes on the path).
+    pub fn insert_in(
+        &mut self,
+        namespace: Namespace,
+        key: &[u32],
+        slots: &[KvSlot],
+    ) -> Result<InsertOutcome, RadixError> {
+        self.insert_from_in(namespace, TreePos::ROOT, key, slots)
     }
 
     /// Inserts `key` with `slots`, trusting that `key[..from.len]` is already cached on the path
     /// through `from` (a position this caller got from a match or insert of the same key and
-    /// whose node it has locked). Only `key[from.len..]` and `slots[from.len..]` are read.
+    /// whose node it has locked). Only `key[from.len..]` and `slots[from.len..]` are read. In
+    /// [`Namespace::DEFAULT`]: [`RadixCache::insert_from_in`] with it.
     ///
     /// The uncached suffix becomes a new unlocked leaf, or, when the key leaves the tree at the
     /// end of `from.node` and that node is a leaf whose only lock is the caller's, is appended
@@ -72,7 +89,8 @@ impl RadixCache {
     /// [`RadixCache::bookkeeping_bytes`]) unaligned or overlong keys, `slots` of another length or not
     /// in whole pages, an unknown or unlocked `from.node`, a `from.len` off its path, and new
     /// pages that are cached already ([`RadixError::PageCached`]) or named twice
-    /// ([`RadixError::PageRepeated`]).
+    /// ([`RadixError::PageRepeated`]), and a `from.node` of another namespace
+    /// ([`RadixError::NamespaceMismatch`]).
     #[inline]
     pub fn insert_from(
         &mut self,
@@ -80,7 +98,25 @@ impl RadixCache {
         key: &[u32],
         slots: &[KvSlot],
     ) -> Result<InsertOutcome, RadixError> {
-        let plan = self.plan_insert(from, key, slots)?;
+        self.insert_from_in(Namespace::DEFAULT, from, key, slots)
+    }
+
+    /// [`RadixCache::insert_from`] in `namespace`: `from` is a position of that namespace (the
+    /// result of [`RadixCache::match_prefix_in`] or of an insert in it, or [`TreePos::ROOT`]),
+    /// and the key shares nodes only with keys of that namespace.
+    ///
+    /// # Errors
+    /// As [`RadixCache::insert_from`]; [`RadixError::NamespaceMismatch`] when `from.node` is a
+    /// node of another namespace.
+    #[inline]
+    pub fn insert_from_in(
+        &mut self,
+        namespace: Namespace,
+        from: TreePos,
+        key: &[u32],
+        slots: &[KvSlot],
+    ) -> Result<InsertOutcome, RadixError> {
+        let plan = self.plan_insert(namespace, from, key, slots)?;
         Ok(self.apply_insert(plan, key, slots))
     }
 
@@ -89,13 +125,25 @@ impl RadixCache {
     /// ([`InsertPlan::prefix_len`]). A caller that must free its duplicates before the tree
     /// takes its slots (so that a refused free leaves everything as it was) plans, frees, then
     /// applies the plan with the same `key` and `slots`, changing the tree in between in no way.
+    /// The key goes in `namespace`, which must be that of `from.node` unless it is the root
+    /// ([`RadixError::NamespaceMismatch`]).
     #[inline(always)]
     pub(crate) fn plan_insert(
         &mut self,
+        namespace: Namespace,
         from: TreePos,
         key: &[u32],
         slots: &[KvSlot],
     ) -> Result<InsertPlan, RadixError> {
+        if let Some(held) = self.namespace_of(from.node)
+            && held != namespace
+        {
+            return Err(RadixError::NamespaceMismatch {
+                node: from.node,
+                node_namespace: held,
+                namespace,
+            });
+        }
         let plan = if from.len < key.len() && self.is_own_leaf_end(from) {
             // The common case of registering pages as they fill: no walk, and the hint is
             // known to be good.
@@ -106,10 +154,11 @@ impl RadixCache {
             InsertPlan {
                 prefix_len: from.len,
                 node: from.node,
+                namespace,
                 step: InsertStep::ExtendLeaf,
             }
         } else {
-            self.plan_walk(from, key, slots)?
+            self.plan_walk(namespace, from, key, slots)?
         };
         self.validate_new_pages(&slots[plan.prefix_len..], plan.prefix_len)?;
         Ok(plan)
@@ -167,6 +216,7 @@ impl RadixCache {
     #[inline(never)]
     fn plan_walk(
         &self,
+        namespace: Namespace,
         from: TreePos,
         key: &[u32],
         slots: &[KvSlot],
@@ -204,7 +254,10 @@ impl RadixCache {
             }
             extend_in_place = false;
             let first_page = &key[pos..pos + page_size];
-            match self.children.find(&self.arena, page_size, node, first_page) {
+            match self
+                .children
+                .find(&self.arena, page_size, node, namespace, first_page)
+            {
                 Some(child) => node = child,
                 None => break InsertStep::AddLeaf,
             }
@@ -212,6 +265,7 @@ impl RadixCache {
         Ok(InsertPlan {
             prefix_len: pos,
             node,
+            namespace,
             step,
         })
     }
@@ -228,17 +282,18 @@ impl RadixCache {
         let InsertPlan {
             prefix_len: pos,
             mut node,
+            namespace,
             step,
         } = plan;
         let now = self.tick();
         match step {
             InsertStep::Cached => {}
             InsertStep::ExtendLeaf => self.extend_leaf(node, &key[pos..], &slots[pos..]),
-            InsertStep::AddLeaf => node = self.add_leaf(node, pos, key, slots, now),
+            InsertStep::AddLeaf => node = self.add_leaf(node, namespace, pos, key, slots, now),
             InsertStep::Split => {
                 node = self.split(node, pos);
                 if pos < key.len() {
-                    node = self.add_leaf(node, pos, key, slots, now);
+                    node = self.add_leaf(node, namespace, pos, key, slots, now);
                 }
             }
         }
@@ -352,10 +407,12 @@ impl RadixCache {
         Ok(())
     }
 
-    /// Adds `key[pos..]` with its slots as a new unlocked leaf under `parent`.
+    /// Adds `key[pos..]` with its slots as a new unlocked leaf under `parent`, in `namespace`
+    /// (the parent's, unless the parent is the root).
     fn add_leaf(
         &mut self,
         parent: NodeId,
+        namespace: Namespace,
         pos: usize,
         key: &[u32],
         slots: &[KvSlot],
@@ -365,7 +422,9 @@ impl RadixCache {
         let mut data = Vec::with_capacity(Node::key_words(key.len() - pos, page_size));
         append_pages(&mut data, &key[pos..], &slots[pos..], page_size);
         self.hold_pages(&slots[pos..]);
-        let leaf = self.arena.alloc(Node::new(data, parent, pos, now));
+        let leaf = self
+            .arena
+            .alloc(Node::new(data, parent, namespace, pos, now));
         self.children.link(&mut self.arena, page_size, leaf);
         self.arena[parent].child_count += 1;
         self.refresh_leaf_status(parent);

@@ -1,11 +1,18 @@
 //! Prefix matching and reading the slots of a matched path.
 
 use super::node::NodeId;
-use super::{RadixCache, RadixError, TreePos};
+use super::{Namespace, RadixCache, RadixError, TreePos};
 use crate::alloc::{KvSlot, floor_align};
 
 impl RadixCache {
-    /// Longest cached prefix of `key` in whole pages (a tail shorter than a page never matches).
+    /// Longest cached prefix of `key` in whole pages (a tail shorter than a page never matches),
+    /// in [`Namespace::DEFAULT`]: [`RadixCache::match_prefix_in`] with it.
+    pub fn match_prefix(&mut self, key: &[u32]) -> TreePos {
+        self.match_prefix_in(Namespace::DEFAULT, key)
+    }
+
+    /// Longest prefix of `key` in whole pages (a tail shorter than a page never matches) cached
+    /// in `namespace`; what other namespaces cache is never matched.
     ///
     /// Splits the node where the match ends, so the returned node ends exactly at the returned
     /// length; stamps the access time of every node on the path. Does not lock: call
@@ -13,17 +20,20 @@ impl RadixCache {
     /// returns [`TreePos::ROOT`].
     ///
     /// Cost: O(matched tokens + nodes on the path) plus one split.
-    pub fn match_prefix(&mut self, key: &[u32]) -> TreePos {
+    pub fn match_prefix_in(&mut self, namespace: Namespace, key: &[u32]) -> TreePos {
         let page_size = self.page_size;
         let key = &key[..floor_align(key.len(), page_size)];
         let now = self.tick();
         let mut node = NodeId::ROOT;
         let mut pos = 0;
         while pos < key.len() {
-            let Some(child) =
-                self.children
-                    .find(&self.arena, page_size, node, &key[pos..pos + page_size])
-            else {
+            let Some(child) = self.children.find(
+                &self.arena,
+                page_size,
+                node,
+                namespace,
+                &key[pos..pos + page_size],
+            ) else {
                 break;
             };
             self.stamp(child, now);

@@ -9,6 +9,9 @@
 //! * [`RadixCache::match_prefix`] finds the longest cached whole-page prefix, splitting the node
 //!   where the match ends, and returns a [`TreePos`]; [`RadixCache::path_slots_into`] copies the
 //!   matched slots into a request's row without allocating.
+//! * Keys live in [`Namespace`]s ([`RadixCache::match_prefix_in`], [`RadixCache::insert_in`]):
+//!   the same tokens in two namespaces (two LoRA adapters, two cache salts) are two entries,
+//!   and a match never crosses from one to the other.
 //! * [`RadixCache::insert`] / [`RadixCache::insert_from`] add a page-aligned key and return how
 //!   much of it was already cached. **The caller frees its duplicates**: the slots it passed for
 //!   positions `[cache_protected_len, prefix_len)` are not taken by the tree (the tree keeps its
@@ -96,6 +99,28 @@ impl TreePos {
         node: NodeId::ROOT,
         len: 0,
     };
+}
+
+/// A separate space of cached prefixes: keys in different namespaces never share a node, so a
+/// request only ever matches KV computed in its own namespace. Give requests whose KV differs
+/// for the same tokens different namespaces: one per LoRA adapter, or per cache salt when
+/// tenants must not reuse (or time) each other's prefixes (sglang's `extra_key`).
+///
+/// A namespace is a dense id, not a hash: two salts hashed to 32 bits can collide, and then
+/// share prefixes; give each salt its own id (for instance from a map of the salts seen).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Namespace(pub u32);
+
+impl Namespace {
+    /// The namespace of requests that do not choose one ([`crate::request::Req::new`]) and of
+    /// [`RadixCache::match_prefix`] and [`RadixCache::insert`].
+    pub const DEFAULT: Namespace = Namespace(0);
+}
+
+impl std::fmt::Display for Namespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "namespace {}", self.0)
+    }
 }
 
 /// What an insert found and where the inserted key now ends.
@@ -292,6 +317,12 @@ impl RadixCache {
         }
     }
 
+    /// The namespace of the live non-root `node`; `None` for the root (shared by all) and for
+    /// a handle that names no node.
+    pub(crate) fn namespace_of(&self, node: NodeId) -> Option<Namespace> {
+        (node != NodeId::ROOT && self.arena.is_live(node)).then(|| self.arena[node].namespace)
+    }
+
     /// Number of leading whole pages of `key` equal to the pages of `node` from `first_page`.
     fn common_pages(&self, node: NodeId, first_page: usize, key: &[u32]) -> usize {
         let entry = &self.arena[node];
@@ -313,7 +344,13 @@ impl RadixCache {
         let lower = entry.data.split_off(cut);
         let mut upper_data = std::mem::replace(&mut entry.data, lower);
         upper_data.shrink_to_fit();
-        let mut upper = Node::new(upper_data, entry.parent, entry.start(), entry.last_access);
+        let mut upper = Node::new(
+            upper_data,
+            entry.parent,
+            entry.namespace,
+            entry.start(),
+            entry.last_access,
+        );
         upper.lock_ref = entry.lock_ref;
         upper.child_count = 1;
         let upper = self.arena.alloc(upper);

@@ -7,6 +7,7 @@
 use std::fmt;
 use std::ops::{Index, IndexMut};
 
+use super::Namespace;
 use crate::alloc::PageId;
 
 /// Handle of one tree node. Stays valid until that node is evicted; a locked node is never
@@ -52,6 +53,9 @@ pub(super) struct Node {
     pub(super) own_locks: u32,
     /// Live children.
     pub(super) child_count: u32,
+    /// The key space of the node's path ([`Namespace::DEFAULT`] for the root, which is shared):
+    /// every node below a child of the root has that child's.
+    pub(super) namespace: Namespace,
     /// Next node in the same child-index chain; next free entry while the entry is free.
     pub(super) hash_next: NodeId,
     /// Position in the evictable-leaf set, or [`NOT_EVICTABLE`].
@@ -68,17 +72,25 @@ impl Node {
             lock_ref: 0,
             own_locks: 0,
             child_count: 0,
+            namespace: Namespace::DEFAULT,
             hash_next: NodeId::NONE,
             leaf_pos: NOT_EVICTABLE,
         }
     }
 
     /// A fresh node holding `data`, neither linked nor locked.
-    pub(super) fn new(data: Vec<u32>, parent: NodeId, depth: usize, last_access: u64) -> Node {
+    pub(super) fn new(
+        data: Vec<u32>,
+        parent: NodeId,
+        namespace: Namespace,
+        depth: usize,
+        last_access: u64,
+    ) -> Node {
         Node {
             data,
             last_access,
             parent,
+            namespace,
             depth: depth as u32,
             ..Node::empty()
         }
@@ -225,7 +237,7 @@ mod tests {
     #[test]
     fn released_entries_are_all_reused_before_the_arena_grows() {
         let mut arena = Arena::new();
-        let leaf = || Node::new(vec![1, 2], NodeId::ROOT, 0, 0);
+        let leaf = || Node::new(vec![1, 2], NodeId::ROOT, Namespace::DEFAULT, 0, 0);
         let ids: Vec<NodeId> = (0..3).map(|_| arena.alloc(leaf())).collect();
         for &id in &ids {
             arena.release(id);
