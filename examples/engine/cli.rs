@@ -88,6 +88,11 @@ pub struct Args {
     /// follow-up of an earlier request.
     #[arg(long, default_value_t = 0.5)]
     pub shared_prefix_fraction: f64,
+    /// LoRA adapters the requests are spread over, each a prefix-cache namespace: a request
+    /// reuses only prefixes computed with its own adapter (a follow-up keeps its
+    /// conversation's).
+    #[arg(long, default_value_t = 1)]
+    pub adapters: u32,
     /// Speculative decoding: reserve `2 × spec-tokens` slots ahead and commit accepted runs.
     #[arg(long)]
     pub spec: bool,
@@ -214,6 +219,9 @@ impl Args {
         }
         if self.spec_tokens == 0 {
             return Err("--spec-tokens must be positive".into());
+        }
+        if self.adapters == 0 {
+            return Err("--adapters must be positive (1: every request on the base model)".into());
         }
         if self.page_size == 0 {
             return Err("--page-size must be positive".into());

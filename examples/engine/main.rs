@@ -274,7 +274,8 @@ mod tests {
         })]
 
         /// Small random workloads in pools that every request fits alone, tight or with a few
-        /// pages to spare, with and without speculation, prefix sharing and chunked prefill,
+        /// pages to spare, with and without speculation, prefix sharing (over one to three
+        /// adapters) and chunked prefill,
         /// under either admission policy (the ratio from timid to reckless, decaying slowly
         /// or fast): every request finishes, with the checker passing on every step.
         #[test]
@@ -288,6 +289,7 @@ mod tests {
             chunk in 1usize..64,
             requests in 2usize..20,
             shared in prop::sample::select(vec!["0", "0.5", "1"]),
+            adapters in prop::sample::select(vec!["1", "2", "3"]),
             seed in 0u64..1000,
             ratio in prop::option::of((
                 prop::sample::select(vec!["0.01", "0.7", "1"]),
@@ -312,6 +314,7 @@ mod tests {
                 "--pool-tokens", &numbers[0], "--page-size", &numbers[1],
                 "--max-running", &numbers[2], "--chunk-size", &numbers[3],
                 "--requests", &numbers[4], "--shared-prefix-fraction", shared, "--seed", &seed,
+                "--adapters", adapters,
             ];
             let spec = spec_tokens.map(|tokens| tokens.to_string());
             if let Some(tokens) = &spec {

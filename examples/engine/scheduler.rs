@@ -12,7 +12,7 @@ use kvown::batch::{
     prepare_for_spec_decode, release_kv_cache, reset_for_retract, retract_decode,
 };
 use kvown::cache::KvCache;
-use kvown::radix::TreePos;
+use kvown::radix::{Namespace, TreePos};
 use kvown::request::Req;
 use kvown::tree_cache::{cache_unfinished_req, init_next_round_input};
 use rand::rngs::SmallRng;
@@ -175,7 +175,9 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
             .is_some_and(|job| job.arrival_step <= self.stats.steps)
         {
             let job = self.arrivals.pop_front().expect("front exists");
-            self.waiting.push_back(Req::new(job.rid, job.prompt));
+            let adapter = Namespace(job.adapter);
+            self.waiting
+                .push_back(Req::new_in(adapter, job.rid, job.prompt));
         }
         let extended = self.extend()?;
         if !extended && self.running.is_empty() {

@@ -1,5 +1,5 @@
 //! The synthetic workload: prompts (some sharing a system prompt or continuing an earlier
-//! conversation), output lengths and arrival steps, all drawn from the seed.
+//! conversation), output lengths, arrival steps and LoRA adapters, all drawn from the seed.
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -20,6 +20,8 @@ pub struct Job {
     pub prompt: Vec<u32>,
     /// Output tokens it generates before finishing.
     pub output_len: usize,
+    /// Its LoRA adapter, the prefix-cache namespace it matches and caches in.
+    pub adapter: u32,
 }
 
 /// The token a request "samples" at output index `index`: a fixed function, so a multi-turn
@@ -68,6 +70,11 @@ pub fn generate(args: &Args) -> Vec<Job> {
         let prompt_len = draw(&mut rng, args.prompt_len);
         let output_len = draw(&mut rng, args.output_len);
         let mut prompt = Vec::with_capacity(prompt_len);
+        // Drawn only with several adapters, so that one adapter keeps the workload of a seed.
+        let mut adapter = match args.adapters {
+            1 => 0,
+            adapters => rng.gen_range(0..adapters),
+        };
         if rng.gen_bool(args.shared_prefix_fraction) {
             let follow_up = (rng.gen_bool(0.5) && !jobs.is_empty()).then(|| {
                 let back = rng.gen_range(1..=jobs.len().min(32));
@@ -80,6 +87,7 @@ pub fn generate(args: &Args) -> Vec<Job> {
                 {
                     prompt.extend_from_slice(&parent.prompt);
                     prompt.extend((0..parent.output_len).map(|i| output_token(parent.rid, i)));
+                    adapter = parent.adapter;
                 }
                 _ => {
                     let system = &system_prompts[rng.gen_range(0..SYSTEM_PROMPTS)];
@@ -94,7 +102,47 @@ pub fn generate(args: &Args) -> Vec<Job> {
             arrival_step: step,
             prompt,
             output_len,
+            adapter,
         });
     }
     jobs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn jobs(flags: &[&str]) -> Vec<Job> {
+        generate(&Args::from_flags(flags))
+    }
+
+    #[test]
+    fn one_adapter_keeps_the_workload_and_several_spread_it() {
+        let base = jobs(&[]);
+        assert!(base.iter().all(|job| job.adapter == 0));
+        let spread = jobs(&["--adapters", "4"]);
+        let used: std::collections::BTreeSet<u32> = spread.iter().map(|job| job.adapter).collect();
+        assert_eq!(used.into_iter().collect::<Vec<_>>(), [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn a_follow_up_keeps_its_conversations_adapter() {
+        let jobs = jobs(&["--adapters", "8", "--shared-prefix-fraction", "1"]);
+        let mut follow_ups = 0;
+        for (index, job) in jobs.iter().enumerate() {
+            // A follow-up quotes an earlier request's prompt and every output token.
+            let parent = jobs[..index].iter().find(|parent| {
+                let quoted = parent.prompt.len() + parent.output_len;
+                job.prompt.len() > quoted
+                    && job.prompt.starts_with(&parent.prompt)
+                    && (0..parent.output_len)
+                        .all(|i| job.prompt[parent.prompt.len() + i] == output_token(parent.rid, i))
+            });
+            if let Some(parent) = parent {
+                follow_ups += 1;
+                assert_eq!(job.adapter, parent.adapter, "request {}", job.rid);
+            }
+        }
+        assert!(follow_ups > 20, "{follow_ups} follow-ups");
+    }
 }
