@@ -132,7 +132,13 @@ fn insert_from_in_continues_a_position_of_its_namespace_and_refuses_another() {
                 namespace,
             })
         );
-        assert!(error.unwrap_err().to_string().contains("insert_from_in"));
+        let message = error.unwrap_err().to_string();
+        assert!(
+            message.contains(&format!("insert in namespace {}", namespace.0))
+                && message.contains("which is in namespace 1")
+                && message.contains("insert_from_in"),
+            "{message}"
+        );
     }
     assert_eq!(cache.total_size(), ps);
     cache.check().unwrap();
