@@ -282,10 +282,9 @@
 //!   resolves from the hidden module (use `crate::`); `type_name` and some compiler messages
 //!   show the hidden module (`__kvown_guarded_ReqKvInfo::ReqKvInfo`), and a method owner's token
 //!   is named `Type_method`.
-//! * Audit write counts are syntactic and matched by field name; owner sites are matched to
-//!   declared owners by name (`f` or `Type::method`) within the struct's crate, preferring the
-//!   module the owner path names and falling back to every site of that name when the path goes
-//!   through a re-export.
+//! * Audit write counts are syntactic and matched by field name. (Owner sites are matched to
+//!   declared owners exactly, by their capability token's type, whatever path, re-export or
+//!   renamed import names them.)
 //! * Interior-mutable owned fields are refused by type name: a type alias, a renamed import, a
 //!   wrapper struct around a `Cell` or a type parameter is not seen (stable Rust cannot ask
 //!   whether a type is `Freeze`).

@@ -312,3 +312,61 @@ fn writes_in_items_nested_in_an_owner_body_are_not_counted_as_its_own() {
     table.assert_matches(&[("NestReq", "len", "nest_alloc", 1)]);
     assert_eq!(table.rows()[0].delegations, 1, "{table}");
 }
+
+/// Listed through a renamed import: the row is the site the import names (`grow` is
+/// `renamed::alloc`), with its writes, not an owner without a site.
+#[kvown::guarded]
+#[derive(Default)]
+pub struct RenamedReq {
+    #[owned_by(grow)]
+    len: usize,
+}
+
+use renamed::alloc as grow;
+
+pub mod renamed {
+    #[kvown::owner]
+    pub fn alloc(req: &mut super::RenamedReq) {
+        req.set_len(owner, 5);
+        req.set_len(owner, req.len() + 1);
+    }
+}
+
+/// Listed through a plain import, in a crate with three owners named `alloc`: the row is the
+/// imported one only (which writes no `pages`).
+pub mod imported {
+    use super::pipeline::alloc;
+
+    #[kvown::guarded]
+    #[derive(Default)]
+    pub struct ImportedReq {
+        #[owned_by(alloc)]
+        pages: usize,
+    }
+
+    #[kvown::owner]
+    pub fn unrelated(_req: &mut ImportedReq) {}
+}
+
+#[test]
+fn an_owner_listed_through_an_import_is_the_site_it_names() {
+    let mut req = RenamedReq::default();
+    grow(&mut req);
+    assert_eq!(req.len(), 6);
+    let table = AuditTable::collect()
+        .unwrap()
+        .of_structs(&["RenamedReq", "ImportedReq"]);
+    let rows: Vec<(&str, &str, u32, Option<&str>)> = table
+        .rows()
+        .iter()
+        .map(|r| (r.struct_name, r.owner, r.writes, r.owner_module))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("RenamedReq", "alloc", 2, Some("audit::renamed")),
+            ("ImportedReq", "alloc", 0, Some("audit::pipeline")),
+        ],
+        "{table}"
+    );
+}

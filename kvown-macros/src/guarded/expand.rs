@@ -498,6 +498,12 @@ fn registration(
     // Unrawed, as the owner's write count records it (`set_type` writes `type`).
     let field_text = field.ident.unraw().to_string();
     let owners: Vec<String> = ownership.owners.iter().map(path_text).collect();
+    // Each token's type, spanned on its entry like the owner trait's impl for it, so an entry
+    // that is no owner is reported once, there.
+    let tokens = ownership.owners.iter().map(|owner| {
+        let token = token_path(owner);
+        quote_spanned!(owner.span()=> ::core::any::TypeId::of::<#token>)
+    });
     let line = quote_spanned!(field.ident.span()=> ::core::line!());
     quote! {
         #(#cfg)*
@@ -506,6 +512,7 @@ fn registration(
                 struct_name: #struct_text,
                 field: #field_text,
                 owners: &[#(#owners),*],
+                owner_tokens: &[#(#tokens),*],
                 module: ::core::module_path!(),
                 file: ::core::file!(),
                 line: #line,

@@ -216,11 +216,13 @@ fn registration(plan: &OwnerPlan, body: &Block, name_span: Span) -> TokenStream 
     let counts = count.per_field.values();
     let delegations = count.delegations;
     let site_name = &plan.site_name;
+    let token = &plan.token;
     let line = quote_spanned!(name_span=> ::core::line!());
     quote! {
         #support::__private::inventory::submit! {
             #support::__private::OwnerSite {
                 owner: #site_name,
+                token: ::core::any::TypeId::of::<#token>,
                 module: ::core::module_path!(),
                 file: ::core::file!(),
                 line: #line,

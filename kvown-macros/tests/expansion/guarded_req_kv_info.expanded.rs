@@ -118,7 +118,7 @@ mod __kvown_guarded_ReqKvInfo {
             &mut self.kv_committed_len
         }
     }
-    ::kvown::__private::inventory::submit! { :: kvown :: __private :: GuardedField { struct_name : "ReqKvInfo" , field : "kv_committed_len" , owners : & ["alloc_for_extend" , "alloc_for_decode"] , module : :: core :: module_path ! () , file : :: core :: file ! () , line : :: core :: line ! () , } }
+    ::kvown::__private::inventory::submit! { :: kvown :: __private :: GuardedField { struct_name : "ReqKvInfo" , field : "kv_committed_len" , owners : & ["alloc_for_extend" , "alloc_for_decode"] , owner_tokens : & [:: core :: any :: TypeId :: of :: < super :: alloc_for_extend > , :: core :: any :: TypeId :: of :: < super :: alloc_for_decode >] , module : :: core :: module_path ! () , file : :: core :: file ! () , line : :: core :: line ! () , } }
 }
 #[allow(unused_imports, deprecated)]
 pub use self::__kvown_guarded_ReqKvInfo::{ReqKvInfo, ReqKvInfoInit, ReqKvInfoFieldsMut};

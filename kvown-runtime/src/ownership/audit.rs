@@ -7,6 +7,7 @@
 //! the compiler already rejects writes from non-owners, and a snapshot of this table catches an
 //! owner site that was added, removed or changed its number of writes.
 
+use std::any::TypeId;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -19,6 +20,9 @@ pub struct GuardedField {
     pub field: &'static str,
     /// Owner paths as written in `#[owned_by(..)]`, e.g. `alloc_for_decode` or `Batch::retract`.
     pub owners: &'static [&'static str],
+    /// The capability token type each of `owners` resolves to, in the same order: what joins a
+    /// declared owner to its [`OwnerSite`], whatever path or import names it.
+    pub owner_tokens: &'static [fn() -> TypeId],
     /// `module_path!()` where the struct expansion lives (the sealed module is trimmed on read).
     pub module: &'static str,
     /// Source file of the struct.
@@ -41,6 +45,8 @@ pub struct FieldWrites {
 pub struct OwnerSite {
     /// `fn_name` for a free function, `Type::method` for a method.
     pub owner: &'static str,
+    /// The owner's capability token type.
+    pub token: fn() -> TypeId,
     /// `module_path!()` where the owner expansion lives (the sealed module is trimmed on read).
     pub module: &'static str,
     /// Source file of the owner.
@@ -78,28 +84,6 @@ fn owner_name(path: &str) -> &str {
     }
 }
 
-/// The module an owner path declared in `struct_module` designates, resolved like a `use`
-/// path: `alloc` -> `struct_module`, `super::sched::alloc` -> parent + `::sched`,
-/// `crate::a::Batch::retract` -> `<crate>::a`. `None` when the path leaves the crate.
-fn owner_module(struct_module: &str, declared: &str) -> Option<String> {
-    let name_segments = owner_name(declared).split("::").count();
-    let segments: Vec<&str> = declared.split("::").collect();
-    let module_segments = &segments[..segments.len().saturating_sub(name_segments)];
-    let mut module: Vec<&str> = struct_module.split("::").collect();
-    for (i, segment) in module_segments.iter().enumerate() {
-        match *segment {
-            "self" if i == 0 => {}
-            "super" => {
-                module.pop()?;
-            }
-            "crate" if i == 0 => module.truncate(1),
-            "" if i == 0 => return None,
-            other => module.push(other),
-        }
-    }
-    (!module.is_empty()).then(|| module.join("::"))
-}
-
 /// The crate segment of a module path: `my_crate::a::b` -> `my_crate`.
 fn crate_of(module: &str) -> &str {
     module.split("::").next().unwrap_or(module)
@@ -114,10 +98,11 @@ pub struct AuditRow {
     pub struct_name: &'static str,
     /// The guarded field.
     pub field: &'static str,
-    /// Owner name: `fn_name` or `Type::method`.
+    /// Owner name: `fn_name` or `Type::method`, as the site names itself (an owner listed
+    /// through a renamed import shows its own name); the declared path's last name(s) when there
+    /// is no site.
     pub owner: &'static str,
-    /// Module of the owner site; `None` when a declared owner has no registered site
-    /// (for example an owner compiled out by `#[cfg]`).
+    /// Module of the owner site; `None` when a declared owner has no registered site.
     pub owner_module: Option<&'static str>,
     /// Guarded writes of this field in the owner's body.
     pub writes: u32,
@@ -163,33 +148,20 @@ impl AuditTable {
         let mut rows = Vec::new();
         for field in fields {
             let struct_module = user_module(field.module);
-            for &declared in field.owners {
-                let name = owner_name(declared);
-                // Owners live in the struct's crate, so only that crate's sites can match.
-                let struct_crate = crate_of(struct_module);
-                let by_name: Vec<&&OwnerSite> = sites
+            for (&declared, token) in field.owners.iter().zip(field.owner_tokens) {
+                // The site whose token is the declared owner's: exact, whether the path names
+                // the owner's module, a re-export or a renamed import.
+                let token = token();
+                let matching: Vec<&&OwnerSite> = sites
                     .iter()
-                    .filter(|site| site.owner == name && crate_of(site.module) == struct_crate)
+                    .filter(|site| (site.token)() == token)
                     .collect();
-                // Prefer the site in the module the declared path names; fall back to every
-                // site of that name when the path goes through a re-export.
-                let expected_module = owner_module(struct_module, declared);
-                let in_module: Vec<&&OwnerSite> = by_name
-                    .iter()
-                    .copied()
-                    .filter(|site| Some(user_module(site.module)) == expected_module.as_deref())
-                    .collect();
-                let matching = if in_module.is_empty() {
-                    by_name
-                } else {
-                    in_module
-                };
                 if matching.is_empty() {
                     rows.push(AuditRow {
                         struct_module,
                         struct_name: field.struct_name,
                         field: field.field,
-                        owner: name,
+                        owner: owner_name(declared),
                         owner_module: None,
                         writes: 0,
                         delegations: 0,
@@ -384,33 +356,6 @@ mod tests {
         );
         assert_eq!(owner_name("Batch::retract"), "Batch::retract");
         assert_eq!(owner_name("super::batch::Batch::retract"), "Batch::retract");
-    }
-
-    #[test]
-    fn owner_paths_resolve_like_use_paths() {
-        assert_eq!(
-            owner_module("app::req", "alloc").as_deref(),
-            Some("app::req")
-        );
-        assert_eq!(
-            owner_module("app::req", "self::alloc").as_deref(),
-            Some("app::req")
-        );
-        assert_eq!(
-            owner_module("app::req", "super::sched::alloc").as_deref(),
-            Some("app::sched")
-        );
-        assert_eq!(
-            owner_module("app::req", "crate::batch::Batch::retract").as_deref(),
-            Some("app::batch")
-        );
-        assert_eq!(
-            owner_module("app::req", "Batch::retract").as_deref(),
-            Some("app::req")
-        );
-        assert_eq!(owner_module("app", "super::super::f"), None);
-        // A leading `::` names another crate.
-        assert_eq!(owner_module("app::req", "::other::f"), None);
     }
 
     #[test]
