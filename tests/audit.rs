@@ -50,6 +50,13 @@ pub mod sched {
         pub fn compiled_out(req: &mut AuditReq) {
             req.set_cap(owner, 9);
         }
+
+        /// The same, with the `#[cfg]` from a `#[cfg_attr]`.
+        #[owner]
+        #[cfg_attr(all(), cfg(any()))]
+        pub fn gated_out(req: &mut AuditReq) {
+            req.set_cap(owner, 9);
+        }
     }
 }
 
@@ -225,6 +232,7 @@ fn an_owner_compiled_out_registers_no_site() {
     assert!(names.contains(&"alloc"), "{names:?}");
     assert!(names.contains(&"Sched::decode"), "{names:?}");
     assert!(!names.contains(&"Sched::compiled_out"), "{names:?}");
+    assert!(!names.contains(&"Sched::gated_out"), "{names:?}");
 }
 
 /// A raw-identifier field, registered and counted under its plain name.

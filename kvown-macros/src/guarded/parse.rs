@@ -7,7 +7,7 @@ use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
 use syn::{Attribute, Fields, Ident, ItemStruct, Meta, Path, Token, Type, Visibility, parse_quote};
 
-use crate::cfg_attr::hides_attribute;
+use crate::cfg_attr::{cfg_conditions, hides_attribute};
 use crate::diag::Diagnostics;
 use crate::support_path::{default_support_path, parse_support_path};
 
@@ -30,8 +30,10 @@ pub(crate) struct FieldModel {
     pub(crate) ident: Ident,
     pub(crate) ty: Type,
     pub(crate) vis: Visibility,
-    /// `#[cfg]` attributes, repeated on everything generated for the field. (`#[cfg_attr]` is not:
-    /// it usually carries attributes, like `serde(..)`, that mean nothing on generated items.)
+    /// `#[cfg]` attributes, and the `#[cfg_attr]`s that carry a `cfg`, reduced to it
+    /// ([`cfg_conditions`]), repeated on everything generated for the field. (Other `#[cfg_attr]`s
+    /// are not: they usually carry attributes, like `serde(..)`, that mean nothing on generated
+    /// items.)
     pub(crate) cfg_attrs: Vec<Attribute>,
     /// Doc comments, repeated on the getter.
     pub(crate) doc_attrs: Vec<Attribute>,
@@ -229,12 +231,7 @@ pub(crate) fn parse(
             });
         }
         field.attrs = kept;
-        let cfg_attrs = field
-            .attrs
-            .iter()
-            .filter(|a| a.path().is_ident("cfg"))
-            .cloned()
-            .collect();
+        let cfg_attrs = cfg_conditions(&field.attrs);
         let doc_attrs = field
             .attrs
             .iter()

@@ -24,7 +24,8 @@ pub(crate) struct OwnerPlan {
     site_name: String,
     /// The owner's visibility as written.
     vis: Visibility,
-    /// `#[cfg]` attributes, repeated on the module and the re-export.
+    /// `#[cfg]` attributes (and `#[cfg_attr]`s reduced to the `cfg`s they carry), repeated on
+    /// the module and the re-export.
     cfg_attrs: Vec<Attribute>,
     /// Whether the body gets the capability binding (not when a parameter already has its name).
     binds: bool,
@@ -66,11 +67,7 @@ impl OwnerPlan {
 }
 
 fn cfg_attrs(attrs: &[Attribute]) -> Vec<Attribute> {
-    attrs
-        .iter()
-        .filter(|a| a.path().is_ident("cfg"))
-        .cloned()
-        .collect()
+    crate::cfg_attr::cfg_conditions(attrs)
 }
 
 /// `#[owner] fn f` -> a hidden module holding the token `f` and the function, re-exported.

@@ -1,5 +1,6 @@
 //! `#[cfg]` on guarded fields, on plain fields and on owners: everything generated for a
-//! compiled-out field or owner is compiled out with it.
+//! compiled-out field or owner is compiled out with it, also when the `#[cfg]` comes from a
+//! `#[cfg_attr(predicate, cfg(..))]`.
 
 #[kvown::guarded]
 #[derive(Debug, Default)]
@@ -14,6 +15,14 @@ pub struct Req {
     pages: u32,
     #[cfg(any())]
     debug_note: String,
+    #[cfg_attr(all(), cfg(any()))]
+    #[owned_by(alloc)]
+    gated: u32,
+    #[cfg_attr(all(), doc = "kept", cfg_attr(all(), cfg(any())))]
+    gated_note: String,
+    #[cfg_attr(any(), cfg(any()))]
+    #[owned_by(alloc)]
+    kept: u8,
 }
 
 #[kvown::owner]
@@ -22,6 +31,7 @@ pub fn alloc(req: &mut Req) {
     #[cfg(any())]
     req.set_traced(owner, 1);
     req.set_pages(owner, 2);
+    req.set_kept(owner, 3);
 }
 
 #[cfg(any())]
@@ -40,5 +50,6 @@ fn main() {
     let mut req = Req::default();
     alloc(&mut req);
     assert_eq!((req.len(), req.pages()), (1, 2));
-    let _ = Req::from(ReqInit { len: 0, pages: 0 });
+    assert_eq!(req.kept(), 3);
+    let _ = Req::from(ReqInit { len: 0, pages: 0, kept: 0 });
 }
