@@ -87,7 +87,8 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
     // where-clause `Self` would name them, not the struct.
     let mut copied_generics = generics.clone();
     SelfToStruct(&self_type).visit_generics_mut(&mut copied_generics);
-    let view_generics = with_view_lifetime(&copied_generics);
+    let borrow = borrow_lifetime(&model.item);
+    let view_generics = with_view_lifetime(&copied_generics, &borrow);
     let (_, view_ty_generics, _) = view_generics.split_for_impl();
 
     let mut seals = Vec::new();
@@ -125,6 +126,7 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
             &trait_name,
             &inner_vis,
             &maybe_unsized,
+            &borrow,
         ));
         registrations.push(registration(&private, name, field.model, ownership));
     }
@@ -142,7 +144,7 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
         &inner_vis,
         from_is_a_getter,
     );
-    let view_struct = view_struct(&view, &view_generics, &fields, &inner_vis);
+    let view_struct = view_struct(&view, &view_generics, &fields, &inner_vis, &borrow);
     let idents: Vec<&Ident> = fields.iter().map(|f| &f.model.ident).collect();
     let cfgs: Vec<&Vec<Attribute>> = fields.iter().map(|f| &f.model.cfg_attrs).collect();
     let view_refs = fields.iter().map(|f| {
@@ -200,7 +202,7 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
                 /// references to the others (the split borrow that sealing otherwise prevents).
                 #[inline]
                 #[allow(dead_code)]
-                #inner_vis fn fields_mut<'kvown>(&'kvown mut self) -> #view #view_ty_generics {
+                #inner_vis fn fields_mut<#borrow>(&#borrow mut self) -> #view #view_ty_generics {
                     #view { #( #(#cfgs)* #idents: #view_refs, )* }
                 }
             }
@@ -384,6 +386,7 @@ fn field_accessors(
     trait_name: &Ident,
     inner_vis: &Visibility,
     maybe_unsized: &[&Ident],
+    borrow: &Lifetime,
 ) -> TokenStream {
     let model = field.model;
     let ty = &field.ty;
@@ -445,10 +448,10 @@ fn field_accessors(
             #[doc = #mut_doc]
             #[inline(always)]
             #(#deprecated)*
-            #inner_vis const fn #mut_accessor<'kvown>(
-                &'kvown mut self,
-                _owner: &'kvown impl #trait_name,
-            ) -> &'kvown mut #ty {
+            #inner_vis const fn #mut_accessor<#borrow>(
+                &#borrow mut self,
+                _owner: &#borrow impl #trait_name,
+            ) -> &#borrow mut #ty {
                 &mut self.#ident
             }
         }
@@ -568,6 +571,7 @@ fn view_struct(
     view_generics: &Generics,
     fields: &[SealedField<'_>],
     inner_vis: &Visibility,
+    borrow: &Lifetime,
 ) -> TokenStream {
     let where_clause = &view_generics.where_clause;
     let rows = fields.iter().map(|field| {
@@ -577,10 +581,10 @@ fn view_struct(
         let allows = &field.model.lint_allows;
         let docs = &field.model.doc_attrs;
         if field.model.ownership.is_some() {
-            quote!(#(#cfg)* #(#allows)* #(#docs)* #inner_vis #ident: &'kvown #ty,)
+            quote!(#(#cfg)* #(#allows)* #(#docs)* #inner_vis #ident: &#borrow #ty,)
         } else {
             let vis = widen_one_level(&field.model.vis);
-            quote!(#(#cfg)* #(#allows)* #(#docs)* #vis #ident: &'kvown mut #ty,)
+            quote!(#(#cfg)* #(#allows)* #(#docs)* #vis #ident: &#borrow mut #ty,)
         }
     });
     quote! {
@@ -615,14 +619,33 @@ fn maybe_sized_params(generics: &Generics) -> Vec<&Ident> {
         .collect()
 }
 
-/// The struct's generics with the view lifetime `'kvown` first.
-fn with_view_lifetime(generics: &Generics) -> Generics {
+/// The struct's generics with the view lifetime `borrow` first.
+fn with_view_lifetime(generics: &Generics, borrow: &Lifetime) -> Generics {
     let mut generics = generics.clone();
-    let lifetime: Lifetime = parse_quote!('kvown);
+    generics.params.insert(
+        0,
+        GenericParam::Lifetime(LifetimeParam::new(borrow.clone())),
+    );
     generics
-        .params
-        .insert(0, GenericParam::Lifetime(LifetimeParam::new(lifetime)));
-    generics
+}
+
+/// The lifetime of the borrows the view and the `_mut` accessors hand out: `'kvown`, with `_`s
+/// added until no lifetime named in the struct (a parameter, or a higher-ranked one in a field
+/// type) has that name, which it would clash with (E0403) or shadow (E0496).
+fn borrow_lifetime(item: &syn::ItemStruct) -> Lifetime {
+    struct Names(Vec<String>);
+    impl<'ast> syn::visit::Visit<'ast> for Names {
+        fn visit_lifetime(&mut self, lifetime: &'ast Lifetime) {
+            self.0.push(lifetime.ident.to_string());
+        }
+    }
+    let mut names = Names(Vec::new());
+    syn::visit::Visit::visit_item_struct(&mut names, item);
+    let mut name = "kvown".to_string();
+    while names.0.contains(&name) {
+        name.push('_');
+    }
+    Lifetime::new(&format!("'{name}"), proc_macro2::Span::call_site())
 }
 
 /// The std derives of the struct that the init struct mirrors.
@@ -749,6 +772,23 @@ mod tests {
             }
         ));
         assert_eq!(unowned, plain);
+    }
+
+    #[test]
+    fn the_borrow_lifetime_avoids_every_lifetime_of_the_struct() {
+        let plain: syn::ItemStruct = parse_quote!(
+            struct S<'a> {
+                x: &'a u8,
+            }
+        );
+        assert_eq!(borrow_lifetime(&plain).to_string(), "'kvown");
+        let taken: syn::ItemStruct = parse_quote!(
+            struct S<'kvown> {
+                x: &'kvown u8,
+                f: for<'kvown_> fn(&'kvown_ u8),
+            }
+        );
+        assert_eq!(borrow_lifetime(&taken).to_string(), "'kvown__");
     }
 
     #[test]
