@@ -53,6 +53,16 @@ pub(crate) fn expand_fn(args: TokenStream, input: TokenStream) -> TokenStream {
             ),
         );
     }
+    if let Some(primitive) = primitive_type_name(&item.sig.ident) {
+        diagnostics.error_at(
+            &item.sig.ident,
+            format!(
+                "#[owner] function `{primitive}` would define its capability token, a type named \
+                 `{primitive}`, in its module, where it would shadow the primitive type \
+                 `{primitive}`; rename the function"
+            ),
+        );
+    }
     let binds = check_binding_is_free(&item.sig, &options.binding, &mut diagnostics);
     let plan = OwnerPlan::free_fn(&options, &item, binds);
     let expansion = expand::free_fn(&plan, item);
@@ -131,6 +141,16 @@ pub(crate) fn expand_impl(args: TokenStream, input: TokenStream) -> TokenStream 
     }
     let errors = diagnostics.into_compile_errors();
     quote!(#errors #output)
+}
+
+/// The primitive type an owner function's name would shadow (its token is a type of its name).
+fn primitive_type_name(ident: &syn::Ident) -> Option<String> {
+    const PRIMITIVES: &[&str] = &[
+        "bool", "char", "str", "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32",
+        "i64", "i128", "isize", "f16", "f32", "f64", "f128",
+    ];
+    let name = ident.unraw().to_string();
+    PRIMITIVES.contains(&name.as_str()).then_some(name)
 }
 
 /// Errors when a parameter already uses the capability binding's name; returns whether the
