@@ -21,6 +21,7 @@ const INTERIOR_MUTABLE: &[&str] = &[
     "OnceLock",
     "LazyCell",
     "LazyLock",
+    "Once",
     "Mutex",
     "RwLock",
 ];

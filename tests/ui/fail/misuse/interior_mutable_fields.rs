@@ -27,6 +27,8 @@ pub struct Req {
     #[owned_by(alloc)]
     raw: UnsafeCell<usize>,
     #[owned_by(alloc)]
+    once_flag: std::sync::Once,
+    #[owned_by(alloc)]
     generic_atomic: Atomic<u64>,
 }
 
