@@ -108,6 +108,23 @@ impl TreePos {
 ///
 /// A namespace is a dense id, not a hash: two salts hashed to 32 bits can collide, and then
 /// share prefixes; give each salt its own id (for instance from a map of the salts seen).
+///
+/// ```
+/// use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+/// use kvown_runtime::radix::{Namespace, RadixCache, TreePos};
+///
+/// let mut allocator = PagedAllocator::new(64, 4, false).unwrap();
+/// let mut tree = RadixCache::new(4);
+/// let (base, adapter) = (Namespace::DEFAULT, Namespace(7));
+/// let prompt = [10, 11, 12, 13, 14, 15, 16, 17];
+/// let mut slots = Vec::new();
+/// allocator.alloc(8, &mut slots).unwrap();
+/// tree.insert_in(adapter, &prompt, &slots).unwrap();
+///
+/// // The adapter's requests reuse its KV; the base model's do not see it.
+/// assert_eq!(tree.match_prefix_in(adapter, &prompt).len, 8);
+/// assert_eq!(tree.match_prefix_in(base, &prompt), TreePos::ROOT);
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Namespace(pub u32);
 
