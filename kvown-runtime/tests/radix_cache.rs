@@ -320,6 +320,32 @@ fn evict_shortfall_evicts_only_what_is_missing() {
     cache.check().unwrap();
 }
 
+// `evict_shortfall` fails "as `evict`", which refuses an allocator of another page size
+// whatever it is asked for; it used to return `Ok(0)` for one with room enough.
+#[test]
+fn evict_shortfall_refuses_an_allocator_of_another_page_size_even_with_room() {
+    let ps = 4;
+    let mut alloc = allocator(ps, 8);
+    let mut cache = RadixCache::new(ps);
+    insert_fresh(&mut cache, &mut alloc, &key(ps, 2, 0));
+    let mut wrong = allocator(2, 8);
+    let mismatch = RadixError::PageSizeMismatch {
+        cache: ps,
+        allocator: 2,
+    };
+    assert_eq!(cache.evict(0, &mut wrong), Err(mismatch.clone()));
+    for num_tokens in [0, 4, wrong.available_size(), wrong.available_size() + 1] {
+        assert_eq!(
+            cache.evict_shortfall(num_tokens, &mut wrong),
+            Err(mismatch.clone()),
+            "{num_tokens} tokens"
+        );
+    }
+    assert_eq!(cache.total_size(), 2 * ps, "nothing evicted");
+    assert_eq!(wrong.available_size(), wrong.capacity());
+    cache.check().unwrap();
+}
+
 #[test]
 fn insert_reports_prefix_and_duplicates_are_freed_once() {
     for ps in PAGE_SIZES {

@@ -74,12 +74,7 @@ impl RadixCache {
         num_tokens: usize,
         alloc: &mut A,
     ) -> Result<usize, RadixError> {
-        if alloc.page_size() != self.page_size {
-            return Err(RadixError::PageSizeMismatch {
-                cache: self.page_size,
-                allocator: alloc.page_size(),
-            });
-        }
+        self.ensure_page_size(alloc)?;
         let mut plan = std::mem::take(&mut *self.eviction);
         let result = self.evict_planned(num_tokens, alloc, &mut plan);
         plan.clear();
@@ -92,17 +87,30 @@ impl RadixCache {
     /// `evict(num_tokens - available_size())`. Returns the tokens evicted.
     ///
     /// # Errors
-    /// As [`RadixCache::evict`].
+    /// As [`RadixCache::evict`]: an allocator of another page size is refused even when it
+    /// has room enough.
     pub fn evict_shortfall<A: KvAllocator + ?Sized>(
         &mut self,
         num_tokens: usize,
         alloc: &mut A,
     ) -> Result<usize, RadixError> {
+        self.ensure_page_size(alloc)?;
         let available = alloc.available_size();
         if available >= num_tokens {
             return Ok(0);
         }
         self.evict(num_tokens - available, alloc)
+    }
+
+    /// [`RadixError::PageSizeMismatch`] unless `alloc` has this cache's page size.
+    fn ensure_page_size<A: KvAllocator + ?Sized>(&self, alloc: &A) -> Result<(), RadixError> {
+        if alloc.page_size() != self.page_size {
+            return Err(RadixError::PageSizeMismatch {
+                cache: self.page_size,
+                allocator: alloc.page_size(),
+            });
+        }
+        Ok(())
     }
 
     /// [`RadixCache::evict`] with `plan` (empty) as its buffers: plans, frees, then deletes.
