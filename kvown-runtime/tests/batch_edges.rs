@@ -342,6 +342,24 @@ fn new_tokens_required_next_decode_saturates_instead_of_overflowing() {
     );
 }
 
+// "# Panics If `page_size` is 0": for any batch, the empty one too (it used to return 0 for
+// an empty batch, so a caller passing 0 found out only once a request came).
+#[test]
+fn new_tokens_required_next_decode_panics_on_page_size_zero_for_any_batch() {
+    let one = [Req::new(1, tokens(0, 3))];
+    for spec_reserve in [None, Some(2)] {
+        for reqs in [&one[..], &[]] {
+            let count =
+                std::panic::catch_unwind(|| new_tokens_required_next_decode(reqs, 0, spec_reserve));
+            assert!(
+                count.is_err(),
+                "{} requests, {spec_reserve:?}: {count:?}",
+                reqs.len()
+            );
+        }
+    }
+}
+
 // §9.17: check_decode_mem evicts only the shortfall.
 #[test]
 fn check_decode_mem_evicts_only_the_shortfall() {

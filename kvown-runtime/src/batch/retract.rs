@@ -16,12 +16,17 @@ use crate::request::Req;
 /// does a total past `usize::MAX`.
 ///
 /// # Panics
-/// If `page_size` is 0 (pass the cache's, [`KvCache::page_size`]).
+/// If `page_size` is 0 (pass the cache's, [`KvCache::page_size`]), whatever the batch, an
+/// empty one too.
 pub fn new_tokens_required_next_decode<'a>(
     reqs: impl IntoIterator<Item = &'a Req>,
     page_size: usize,
     spec_reserve: Option<usize>,
 ) -> usize {
+    assert!(
+        page_size > 0,
+        "new_tokens_required_next_decode: page_size must be at least 1 (pass the cache's)"
+    );
     match spec_reserve {
         None => reqs
             .into_iter()
