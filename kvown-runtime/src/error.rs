@@ -1,4 +1,5 @@
-//! [`KvError`]: why a batch-flow call was rejected. Every variant leaves the state unchanged.
+//! [`KvError`]: why a batch-flow call was rejected. A call that returns one changed nothing,
+//! except where the call documents otherwise (see [`KvError`]).
 
 use crate::alloc::AllocError;
 use crate::cache::CacheId;
@@ -6,7 +7,12 @@ use crate::radix::RadixError;
 use crate::slots::SlotError;
 
 /// Why an operation of the batch flow failed. The operation changed nothing: no slot, row,
-/// length or lock is taken or released by a call that returns one of these.
+/// length or lock is taken or released by a call that returns one of these, with two
+/// exceptions its caller is told of: an `alloc_for_*` whose allocator refuses the slots
+/// ([`KvError::Alloc`]) after the batch flow evicted the shortfall for them keeps that eviction
+/// (the evicted entries were unlocked cache), and
+/// [`retract_decode`](crate::batch::retract_decode), failing on a broken invariant after it
+/// began releasing, keeps the releases it made (and says which requests they were).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KvError {
     /// Not enough KV slots even after evicting every unlocked prefix-cache entry.

@@ -14,7 +14,11 @@ use crate::request::Req;
 use crate::slots::{ReqRow, ReqToTokenPool};
 
 /// The match step: before a request's next extend, find its cached prefix, lock it, and set
-/// how far the extend goes (`max_extend` caps the chunk; pass `usize::MAX` for no chunking).
+/// how far the extend goes (`max_extend` caps the chunk; pass `usize::MAX` for no chunking; a
+/// cap of 0 counts as 1, as every extend computes at least one token).
+///
+/// Fails with [`KvError::OtherCache`] (or [`KvError::Reclaimed`]) for a request recorded for
+/// another cache, changing nothing.
 ///
 /// A fresh or retracted request matches the prefix cache on all but its last token (which must
 /// be computed), locks the matched path and sets `cache_protected_len` to the matched length.

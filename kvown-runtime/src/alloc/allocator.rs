@@ -20,7 +20,9 @@ use crate::slots::ReqToTokenPool;
 /// * Allocation always takes pages from the head of the free list.
 /// * `R` decides where freed pages go: [`Fifo`](super::Fifo) appends them in the order given,
 ///   [`Lifo`](super::Lifo) prepends them (a plain `free` sorted ascending, a `free_segment` in
-///   row order, a group end sorted ascending).
+///   row order, a group end as [`deferred_pages`](Self::deferred_pages) lists them: the pages
+///   of `free_segment(s)` and `free_page_ids` in call order, then those of `free` sorted
+///   ascending).
 /// * With `need_sort`, frees go to a release list instead; when the free list alone is short
 ///   for a request that free + release can serve, the two are merged and sorted ascending.
 /// * Every page carries a [`PageState`], so double frees, frees of unallocated pages and

@@ -85,9 +85,10 @@ pub struct AllocFailure<S> {
     /// Why the allocation failed.
     pub error: KvError,
     /// The batch, exactly as prepared (boxed: the failure path is cold, the `Ok` path is not),
-    /// except after the allocator itself refused the slots: then the last allocation's
-    /// `out_cache_loc` (and with it `out_positions`) is forgotten, as the batch flow cleared it
-    /// for the allocator to fill.
+    /// except after the allocator itself refused the slots of an extend or a decode: then the
+    /// last allocation's `out_cache_loc` (and with it `out_positions`) is forgotten, as the
+    /// batch flow cleared it for the allocator to fill. A refused speculative reservation,
+    /// which fills no `out_cache_loc`, keeps it.
     pub batch: Box<ScheduleBatch<S>>,
 }
 

@@ -12,6 +12,10 @@ use crate::error::KvError;
 /// `max(allocated, ceil_align(committed + reserve, page_size))` (it never shrinks), where
 /// `reserve` is the double-buffered tokens per step (`2 × tokens_per_step`). Owns
 /// `decode_batch_idx` on the speculative path; commits nothing.
+///
+/// Fails (changing nothing, no clock ticked) when a request holds no KV ([`KvError::NotHeld`]),
+/// holds it in another cache ([`KvError::OtherCache`]), or its target passes its row
+/// ([`KvError::RowTooShort`]).
 #[owner]
 pub fn prepare_for_spec_decode<A: KvAllocator>(
     mut batch: ScheduleBatch<Ready>,

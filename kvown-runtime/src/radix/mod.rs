@@ -53,9 +53,9 @@
 //! interleaved with their page ids (4 bytes per page); one hash map indexes children by
 //! (parent, first page). See [`RadixCache::bookkeeping_bytes`].
 //!
-//! Access times are kept lazily: an operation stamps only the node where it ends, and a node
-//! takes the newer of its own and a removed child's time. Since only leaves are evicted, the
-//! leaf order equals sglang's, which stamps the whole path.
+//! Access times are kept lazily: an insert stamps only the node where it ends (a match stamps
+//! the nodes it passes), and a node takes the newer of its own and a removed child's time.
+//! Since only leaves are evicted, the leaf order equals sglang's, which stamps the whole path.
 
 mod check;
 mod children;
