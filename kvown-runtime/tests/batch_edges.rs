@@ -3,7 +3,7 @@
 //! formulas, retraction order and end state, speculative reservation, chunked prefill at page
 //! size > 1, release between match and allocation, and errors that change nothing.
 
-use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator, ceil_align};
+use kvown_runtime::alloc::{AllocError, KvAllocator, KvSlot, PagedAllocator, ceil_align};
 use kvown_runtime::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, alloc_for_spec_decode, check_decode_mem,
     commit_spec_tokens, new_tokens_required_next_decode, prepare_for_decode, prepare_for_extend,
@@ -103,6 +103,13 @@ fn state(cache: &Cache) -> (PagedAllocator, ReqToTokenPool, usize, usize, usize)
         tree.protected_size(),
         tree.radix().map_or(0, RadixCache::total_size),
     )
+}
+
+/// Releases every request that holds KV, without caching it.
+fn release_held(reqs: &mut [Req], cache: &mut Cache) {
+    for req in reqs.iter_mut().filter(|req| req.kv().holds_kv()) {
+        release_kv_cache(req, cache, false).unwrap();
+    }
 }
 
 fn empty_out(mut cache: Cache) {
@@ -1574,4 +1581,114 @@ fn an_empty_prompt_is_a_typed_error_or_a_named_panic() {
         message,
         "request 5: the prompt is empty; a request needs at least one token"
     );
+}
+
+// `KvCache::new`: "their page sizes must agree ([`KvError::PageSizeMismatch`])".
+#[test]
+fn a_cache_is_refused_a_prefix_cache_of_another_page_size() {
+    let allocator = PagedAllocator::new(64, 4, false).unwrap();
+    let rows = ReqToTokenPool::new(4, 32).unwrap();
+    let error = KvCache::new(allocator, rows, TreeCache::Radix(RadixCache::new(2))).unwrap_err();
+    assert_eq!(
+        error,
+        KvError::PageSizeMismatch {
+            allocator: 4,
+            cache: 2
+        }
+    );
+}
+
+// `KvAllocator::free_group_begin` / `free_group_end` through `KvCache`: a second begin fails
+// with `NestedFreeGroup` and keeps the open group; an end without a group is `NotInFreeGroup`.
+#[test]
+fn a_nested_free_group_is_refused_and_keeps_the_open_one() {
+    let mut cache = cache(64, 4, false);
+    assert_eq!(
+        cache.free_group_end(),
+        Err(KvError::Alloc(AllocError::NotInFreeGroup))
+    );
+    let mut batch = extend(vec![Req::new(1, (0..8).collect())], &mut cache);
+    cache.free_group_begin().unwrap();
+    release_held(batch.reqs_mut(), &mut cache);
+    assert_eq!(cache.allocator().deferred_count(), 2);
+    assert_eq!(
+        cache.free_group_begin(),
+        Err(KvError::Alloc(AllocError::NestedFreeGroup {
+            deferred_pages: 2
+        }))
+    );
+    assert!(
+        cache.allocator().in_free_group(),
+        "the open group stays open"
+    );
+    assert_eq!(cache.allocator().deferred_count(), 2);
+    cache.free_group_end().unwrap();
+    assert_eq!(cache.available_size(), 64);
+}
+
+// `KvCache::evict_shortfall`: refused with `FreeGroupOpen` only "when slots are short and the
+// cache holds evictable entries"; otherwise it evicts what it can, which inside a group is
+// nothing.
+#[test]
+fn evict_shortfall_in_a_free_group_is_refused_only_when_it_would_have_to_evict() {
+    let mut cache = cache(32, 4, true);
+    let mut batch = extend(vec![Req::new(1, (0..9).collect())], &mut cache);
+    release_kv_cache(&mut batch.reqs_mut()[0], &mut cache, true).unwrap();
+    assert_eq!(
+        (cache.available_size(), cache.tree().evictable_size()),
+        (24, 8)
+    );
+    cache.free_group_begin().unwrap();
+    assert_eq!(cache.evict_shortfall(24), Ok(0), "no shortfall");
+    assert_eq!(
+        cache.evict_shortfall(25),
+        Err(KvError::FreeGroupOpen {
+            requested: 25,
+            available: 24,
+            evictable: 8
+        })
+    );
+    assert_eq!(cache.tree().evictable_size(), 8, "nothing evicted");
+    cache.free_group_end().unwrap();
+    assert_eq!(cache.evict_shortfall(25), Ok(4 * 2));
+    // Nothing evictable: inside a group a shortfall evicts nothing, and is no error.
+    cache.free_group_begin().unwrap();
+    assert_eq!(cache.evict_shortfall(64), Ok(0));
+    cache.free_group_end().unwrap();
+}
+
+// `commit_spec_tokens`: "All or nothing: fails when ... a request given a non-zero count holds
+// no KV ([`KvError::NotHeld`])" - and the requests before it commit nothing either.
+#[test]
+fn a_commit_for_a_request_without_kv_commits_nothing() {
+    let mut cache = cache(64, 4, false);
+    let batch = extend(vec![Req::new(1, (0..6).collect())], &mut cache);
+    let prepared = prepare_for_spec_decode(batch, &cache, 4)
+        .map_err(|(_, error)| error)
+        .unwrap();
+    let mut batch = alloc_for_spec_decode(prepared, &mut cache)
+        .map_err(|failure| failure.error)
+        .unwrap();
+    batch.extend_reqs([Req::new(2, vec![1, 2, 3])]);
+    assert_eq!(
+        commit_spec_tokens(&mut batch, &[2, 1]),
+        Err(KvError::NotHeld { rid: 2 })
+    );
+    assert_eq!(batch.reqs()[0].kv().kv_committed_len(), 6);
+    commit_spec_tokens(&mut batch, &[2, 0]).unwrap();
+    assert_eq!(batch.reqs()[0].kv().kv_committed_len(), 8);
+    release_held(batch.reqs_mut(), &mut cache);
+    cache.check(batch.reqs()).unwrap();
+}
+
+// `init_next_round_input`: `max_extend` caps the chunk; a cap of 0 still extends one token
+// (every step computes at least one).
+#[test]
+fn a_chunk_cap_of_zero_extends_one_token() {
+    let mut cache = cache(64, 4, false);
+    let mut req = Req::new(1, (0..6).collect());
+    init_next_round_input(&mut req, &mut cache, 0).unwrap();
+    assert_eq!(req.extend_end(), 1);
+    init_next_round_input(&mut req, &mut cache, 3).unwrap();
+    assert_eq!(req.extend_end(), 3);
 }

@@ -278,6 +278,62 @@ fn copy_slots_copies_every_layer() {
     }
 }
 
+/// A 2-layer f32 pool of 3 pages of 4 slots (page 0 the padding), each K and V row one
+/// element: `K[layer][slot] = 100 * layer + slot`, `V = -K`.
+fn numbered_pool() -> HostKvPool<f32> {
+    let mut pool = HostKvPool::<f32>::new(KvLayout::new(2, 1, 1, 8, 4).unwrap()).unwrap();
+    let slots: Vec<KvSlot> = (0..12).collect();
+    for layer in 0..2 {
+        let k: Vec<f32> = slots.iter().map(|&s| (100 * layer + s) as f32).collect();
+        let v: Vec<f32> = k.iter().map(|x| -x).collect();
+        pool.store_kv(layer as usize, &slots, KvSlice::F32(&k), KvSlice::F32(&v))
+            .unwrap();
+    }
+    pool
+}
+
+fn k_rows(pool: &HostKvPool<f32>, layer: usize) -> Vec<f32> {
+    let (k, _) = pool.load_kv(layer, &(0..12).collect::<Vec<_>>()).unwrap();
+    let KvData::F32(k) = k else {
+        unreachable!("an f32 pool loads f32 rows")
+    };
+    k
+}
+
+// `KvPool::store_kv`: "A repeated slot ... the host writes the last of its rows".
+#[test]
+fn the_host_pool_keeps_the_last_row_stored_to_a_repeated_slot() {
+    let mut pool = numbered_pool();
+    pool.store_kv(
+        1,
+        &[0, 5, 0],
+        KvSlice::F32(&[1.0, 2.0, 3.0]),
+        KvSlice::F32(&[-1.0, -2.0, -3.0]),
+    )
+    .unwrap();
+    let (k, v) = pool.load_kv(1, &[0, 5]).unwrap();
+    assert_eq!(k, KvData::F32(vec![3.0, 2.0]));
+    assert_eq!(v, KvData::F32(vec![-3.0, -2.0]));
+}
+
+// `KvPool::copy_pages`: whole pages `src[i]` -> `dst[i]` in every layer, all read before any
+// is written (so two pages can be swapped).
+#[test]
+fn copy_pages_copies_whole_pages_in_every_layer_and_may_swap_them() {
+    let mut pool = numbered_pool();
+    pool.copy_pages(&[1, 2], &[2, 1]).unwrap();
+    for layer in 0..2 {
+        let base = (100 * layer) as f32;
+        let expected: Vec<f32> = [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7]
+            .iter()
+            .map(|&s| base + s as f32)
+            .collect();
+        assert_eq!(k_rows(&pool, layer), expected, "layer {layer}");
+        let (_, v) = pool.load_kv(layer, &[4, 8]).unwrap();
+        assert_eq!(v, KvData::F32(vec![-(base + 8.0), -(base + 4.0)]));
+    }
+}
+
 /// Store calls: each a layer and a list of (slot, seed) rows.
 fn store_calls() -> impl Strategy<Value = Vec<(usize, Vec<(KvSlot, u16)>)>> {
     proptest::collection::vec(

@@ -788,3 +788,37 @@ fn the_batch_flow_over_the_provided_methods_matches_the_paged_allocators_own() {
     assert_eq!(by_default.len(), 15);
     assert_eq!(by_default, by_own);
 }
+
+// `AllocFailure::batch`: "exactly as prepared, except after the allocator itself refused the
+// slots: then the last allocation's `out_cache_loc` ... is forgotten". The speculative
+// reservation writes no `out_cache_loc`, and one the allocator refuses keeps the batch's.
+#[test]
+fn a_refused_speculative_reservation_keeps_the_last_out_cache_loc() {
+    let (mut cache, faults) = faulty_cache(64);
+    let batch = extend(vec![Req::new(1, (0..8).collect())], &mut cache);
+    let prepared = prepare_for_decode(batch, &cache)
+        .map_err(|(_, error)| error)
+        .unwrap();
+    let batch = alloc_for_decode(prepared, &mut cache)
+        .map_err(|failure| failure.error)
+        .unwrap();
+    let decoded = batch.out_cache_loc().to_vec();
+    assert_eq!(decoded.len(), 1);
+    let prepared = prepare_for_spec_decode(batch, &cache, 4)
+        .map_err(|(_, error)| error)
+        .unwrap();
+    faults.fault_next_extend(ExtendFault::Refuse);
+    let failure = alloc_for_spec_decode(prepared, &mut cache).unwrap_err();
+    assert!(matches!(
+        failure.error,
+        KvError::Alloc(AllocError::OutOfMemory { .. })
+    ));
+    let mut batch = failure.batch.cancel();
+    assert_eq!(batch.out_cache_loc(), decoded);
+    let positions: Vec<_> = batch
+        .out_positions()
+        .map(|(req, range)| (req.rid(), range.start, range.end))
+        .collect();
+    assert_eq!(positions, [(1, 8, 9)]);
+    release_all_and_check_whole(batch.reqs_mut(), &mut cache);
+}
