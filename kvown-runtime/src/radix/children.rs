@@ -151,6 +151,75 @@ mod tests {
             .expect("a collision among four million 32-bit hashes")
     }
 
+    /// Two namespaces whose children with the first page `[0]` collide under the root. A
+    /// birthday search does not find such a pair (the fold is close to linear in the
+    /// namespace, so nearby ids spread evenly); a lattice reduction of `k * C mod 2^59` gave
+    /// the difference `1_508_582_398` between ids that collide.
+    const COLLIDING: (Namespace, Namespace) = (Namespace(1), Namespace(1_508_582_399));
+
+    // The same first page in two namespaces whose keys collide: one chain holds both, and only
+    // the namespace tells them apart. A match, an insert, a split and an eviction in one never
+    // find, split or free the other's.
+    #[test]
+    fn the_same_first_page_in_colliding_namespaces_is_told_apart_by_namespace() {
+        use crate::alloc::{KvAllocator, KvSlot, PagedAllocator};
+        use crate::radix::TreePos;
+
+        let (a, b) = COLLIDING;
+        assert_eq!(
+            child_key(NodeId::ROOT, a, &[0]),
+            child_key(NodeId::ROOT, b, &[0]),
+            "the hash changed: find two namespaces whose page [0] collides again"
+        );
+        let mut alloc = PagedAllocator::new(32, 1, false).unwrap();
+        let slots = |alloc: &mut PagedAllocator, tokens| {
+            let mut out: Vec<KvSlot> = Vec::new();
+            alloc.alloc(tokens, &mut out).unwrap();
+            out
+        };
+        let mut cache = RadixCache::new(1);
+        let key = [0, 7, 7];
+        let a_slots = slots(&mut alloc, 3);
+        cache.insert_in(a, &key, &a_slots).unwrap();
+        assert_eq!(
+            cache.match_prefix_in(b, &key),
+            TreePos::ROOT,
+            "{b} caches nothing"
+        );
+        let b_slots = slots(&mut alloc, 3);
+        assert_eq!(cache.insert_in(b, &key, &b_slots).unwrap().prefix_len, 0);
+        assert_eq!(cache.children.heads.len(), 1, "one chain of two children");
+        cache.check().unwrap();
+        // Splitting each copy relinks it in the chain; the other stays whole.
+        let b_split = slots(&mut alloc, 1);
+        assert_eq!(
+            cache.insert_in(b, &key[..1], &b_split).unwrap().prefix_len,
+            1
+        );
+        alloc.free_segment(&b_split, 0).unwrap();
+        let a_more = slots(&mut alloc, 3);
+        let outcome = cache.insert_in(a, &[0, 9, 9], &a_more).unwrap();
+        assert_eq!(outcome.prefix_len, 1);
+        alloc.free_segment(&a_more[..1], 0).unwrap();
+        cache.check().unwrap();
+        for (namespace, own) in [(a, &a_slots), (b, &b_slots)] {
+            let hit = cache.match_prefix_in(namespace, &key);
+            assert_eq!(hit.len, 3, "{namespace}");
+            let mut read = vec![0; 3];
+            cache.path_slots_into(hit, 0, &mut read).unwrap();
+            assert_eq!(&read, own, "{namespace} reads its own KV");
+        }
+        // a's `[7, 7]` leaf is now the least recently used: evicting it leaves b's.
+        assert_eq!(cache.match_prefix_in(a, &[0, 9, 9]).len, 3);
+        assert_eq!(cache.evict(2, &mut alloc).unwrap(), 2);
+        cache.check().unwrap();
+        assert_eq!(cache.match_prefix_in(a, &key).len, 1);
+        assert_eq!(cache.match_prefix_in(b, &key).len, 3);
+        cache.evict(usize::MAX, &mut alloc).unwrap();
+        assert_eq!(alloc.available_size(), alloc.capacity());
+        cache.check().unwrap();
+    }
+
     // Children whose keys collide share a chain: splitting the chain's head, then its other
     // node, relinks both, and every key is still found.
     #[test]
