@@ -1,4 +1,5 @@
-//! The child index: finds a node's child by the child's first page in O(page_size).
+//! The child index: finds a node's child by the child's namespace and first page in
+//! O(page_size).
 //!
 //! One hash map for the whole tree, keyed by the parent's id and a 32-bit hash of the child's
 //! namespace and first page. Children whose keys collide are chained through

@@ -51,7 +51,7 @@
 //!
 //! Storage: an arena of 64-byte nodes indexed by [`NodeId`]; each node stores its key pages
 //! interleaved with their page ids (4 bytes per page); one hash map indexes children by
-//! (parent, first page). See [`RadixCache::bookkeeping_bytes`].
+//! (parent, namespace, first page). See [`RadixCache::bookkeeping_bytes`].
 //!
 //! Access times are kept lazily: an insert stamps only the node where it ends (a match stamps
 //! the nodes it passes), and a node takes the newer of its own and a removed child's time.
