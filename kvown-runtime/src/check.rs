@@ -476,8 +476,19 @@ impl<A: AsPageAllocator> KvCache<A> {
 
 impl<A> KvCache<A> {
     /// The tokens and `slots` of `req`'s protected prefix are those of the path its lock
-    /// holds, a path of its namespace. A lock on a node no longer live is left to the lock check.
+    /// holds, a path of its namespace, and `slots` run no further than that path. A lock on a
+    /// node no longer live is left to the lock check.
     fn prefix_matches_lock(&self, req: &Req, slots: &[KvSlot]) -> Result<(), Violation> {
+        // The matched slots of a request without a row may not run past its lock: the next
+        // extend would copy them into its row unlocked (another namespace's, say).
+        let locked = req.last_node().len;
+        if slots.len() > locked {
+            return Err(Violation::PrefixMismatch {
+                rid: req.rid(),
+                position: locked,
+                part: PrefixPart::Slot,
+            });
+        }
         let Some(tree) = self.tree.radix() else {
             return Ok(());
         };
@@ -680,6 +691,25 @@ mod tests {
                 locked: Namespace::DEFAULT,
             })
         );
+    }
+
+    #[test]
+    fn a_matched_request_whose_prefix_runs_past_its_lock_is_a_slot_mismatch() {
+        let mut cache = cache_with_two_paths();
+        // In another namespace than the cached paths: it matches nothing, locks nothing.
+        let mut req = Req::new_in(Namespace(1), 3, (0..8).chain([100, 101]).collect());
+        init_next_round_input(&mut req, &mut cache, usize::MAX).unwrap();
+        assert_eq!(req.last_node(), crate::radix::TreePos::ROOT);
+        assert_eq!(cache.check([&req]), Ok(()));
+        // Its prefix slots now name the default namespace's path for the same tokens: the next
+        // extend would copy them into its row, reading KV it neither locks nor may share.
+        let tree = cache.tree.radix_mut().unwrap();
+        let other = tree.match_prefix(&(0..8).collect::<Vec<u32>>());
+        assert_eq!(other.len, 8);
+        req.prefix_indices = vec![0; 8];
+        tree.path_slots_into(other, 0, &mut req.prefix_indices)
+            .unwrap();
+        assert_eq!(cache.check([&req]), mismatch(3, 0, PrefixPart::Slot));
     }
 
     #[test]
