@@ -1,10 +1,12 @@
-//! Synthetic K/V data through a [`KvPool`]: each stored row is a function of (token, position,
-//! layer), so a sample read back by `load_kv` through a request's row proves that the slot the
-//! allocator, the table and the prefix cache agree on holds that token's K/V.
+//! Synthetic K/V data through a [`KvPool`]: each stored row is a function of (adapter, token,
+//! position, layer), so a sample read back by `load_kv` through a request's row proves that the
+//! slot the allocator, the table and the prefix cache agree on holds that token's K/V, computed
+//! with the request's own adapter (a prefix reused across adapters would read another's).
 
 use half::f16;
 use kvown::alloc::KvSlot;
 use kvown::kv::{KvData, KvDtype, KvLayout, KvPool, KvSlice};
+use kvown::radix::Namespace;
 
 use crate::workload::mix;
 
@@ -23,11 +25,13 @@ pub fn layout(pool_tokens: usize, page_size: usize) -> Result<KvLayout, String> 
     KvLayout::new(LAYERS, KV_HEADS, HEAD_DIM, capacity, page_size).map_err(|e| e.to_string())
 }
 
-/// One token to store: its slot, its id and its position.
+/// One token to store: its slot, its id, its position and its request's adapter.
 #[derive(Debug, Clone, Copy)]
 pub struct TokenKv {
     /// Where its K/V goes.
     pub slot: KvSlot,
+    /// The request's adapter (prefix-cache namespace): its K/V differs from another's.
+    pub adapter: Namespace,
     /// Token id.
     pub token: u32,
     /// Position in its request.
@@ -45,10 +49,10 @@ pub struct KvStore {
     pub samples_verified: u64,
 }
 
-fn push_row(out: &mut Vec<f16>, token: u32, position: usize, layer: usize, tensor: u64) {
+fn push_row(out: &mut Vec<f16>, t: &TokenKv, layer: usize, tensor: u64) {
     let seed = mix(
-        u64::from(token) << 32 | position as u64,
-        (layer as u64) << 1 | tensor,
+        u64::from(t.token) << 32 | t.position as u64,
+        u64::from(t.adapter.0) << 32 | (layer as u64) << 1 | tensor,
     );
     let base = (seed % 1024) as f32;
     out.extend((0..KV_HEADS * HEAD_DIM).map(|i| f16::from_f32((base + i as f32) / 8.0)));
@@ -76,8 +80,8 @@ impl KvStore {
             self.k.clear();
             self.v.clear();
             for t in tokens {
-                push_row(&mut self.k, t.token, t.position, layer, 0);
-                push_row(&mut self.v, t.token, t.position, layer, 1);
+                push_row(&mut self.k, t, layer, 0);
+                push_row(&mut self.v, t, layer, 1);
             }
             self.pool
                 .store_kv(layer, &slots, KvSlice::F16(&self.k), KvSlice::F16(&self.v))
@@ -95,12 +99,12 @@ impl KvStore {
                 .load_kv(layer, &[sample.slot])
                 .map_err(|e| format!("load_kv layer {layer}: {e}"))?;
             let (mut want_k, mut want_v) = (Vec::new(), Vec::new());
-            push_row(&mut want_k, sample.token, sample.position, layer, 0);
-            push_row(&mut want_v, sample.token, sample.position, layer, 1);
+            push_row(&mut want_k, &sample, layer, 0);
+            push_row(&mut want_v, &sample, layer, 1);
             if k != KvData::F16(want_k) || v != KvData::F16(want_v) {
                 return Err(format!(
-                    "K/V mismatch at slot {} (token {} at position {}, layer {layer})",
-                    sample.slot, sample.token, sample.position
+                    "K/V mismatch at slot {} (token {} at position {}, layer {layer}, {})",
+                    sample.slot, sample.token, sample.position, sample.adapter
                 ));
             }
         }

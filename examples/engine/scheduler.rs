@@ -327,6 +327,7 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
             for position in positions {
                 stores.push(TokenKv {
                     slot: *slots.next().expect("one slot per extended token"),
+                    adapter: req.namespace(),
                     token: req.fill_ids()[position],
                     position,
                 });
@@ -459,6 +460,7 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
                 let position = positions.start;
                 TokenKv {
                     slot,
+                    adapter: req.namespace(),
                     token: req.fill_ids()[position],
                     position,
                 }
@@ -527,6 +529,7 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
             {
                 stores.push(TokenKv {
                     slot,
+                    adapter: req.namespace(),
                     token,
                     position,
                 });
@@ -556,6 +559,7 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
         let token = req.fill_ids()[position];
         self.kv.verify(TokenKv {
             slot,
+            adapter: req.namespace(),
             token,
             position,
         })

@@ -68,7 +68,9 @@ impl RadixCache {
     /// Inserts `key` with `slots`, trusting that `key[..from.len]` is already cached on the path
     /// through `from` (a position this caller got from a match or insert of the same key and
     /// whose node it has locked). Only `key[from.len..]` and `slots[from.len..]` are read. In
-    /// [`Namespace::DEFAULT`]: [`RadixCache::insert_from_in`] with it.
+    /// [`Namespace::DEFAULT`]: [`RadixCache::insert_from_in`] with it. A position of another
+    /// namespace is refused when it names a node, but the empty one, [`TreePos::ROOT`], is every
+    /// namespace's: continue a match of [`RadixCache::match_prefix_in`] with `insert_from_in`.
     ///
     /// The uncached suffix becomes a new unlocked leaf, or, when the key leaves the tree at the
     /// end of `from.node` and that node is a leaf whose only lock is the caller's, is appended
