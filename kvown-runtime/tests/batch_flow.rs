@@ -254,6 +254,15 @@ fn registering_a_prefix_another_request_cached_first_frees_the_duplicates() {
     release_all(batch, &mut cache, true);
 }
 
+/// Each request's `cache_protected_len`, in batch order.
+fn protected_lens(batch: &ScheduleBatch) -> Vec<usize> {
+    batch
+        .reqs()
+        .iter()
+        .map(|req| req.kv().cache_protected_len())
+        .collect()
+}
+
 #[test]
 fn requests_share_prefixes_only_within_their_namespace() {
     let page_size = 4;
@@ -298,12 +307,7 @@ fn requests_share_prefixes_only_within_their_namespace() {
         ],
         &mut cache,
     );
-    let protected: Vec<usize> = batch
-        .reqs()
-        .iter()
-        .map(|req| req.kv().cache_protected_len())
-        .collect();
-    assert_eq!(protected, [20, 20, 0, 0]);
+    assert_eq!(protected_lens(&batch), [20, 20, 0, 0]);
     let rows: Vec<Vec<u32>> = batch.reqs()[..2]
         .iter()
         .map(|req| cache.req_to_token().row(req.held_row().unwrap()).unwrap()[..20].to_vec())
@@ -326,12 +330,7 @@ fn requests_share_prefixes_only_within_their_namespace() {
         ],
         &mut cache,
     );
-    let protected: Vec<usize> = batch
-        .reqs()
-        .iter()
-        .map(|req| req.kv().cache_protected_len())
-        .collect();
-    assert_eq!(protected, [20, 0]);
+    assert_eq!(protected_lens(&batch), [20, 0]);
     release_all(batch, &mut cache, true);
     let capacity = cache.allocator().capacity();
     cache.evict_shortfall(capacity).unwrap();

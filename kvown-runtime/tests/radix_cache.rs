@@ -1,30 +1,13 @@
 //! Radix prefix cache behaviour (spec §8, §9 item 20) against the real allocators.
 
+#[path = "common/radix_setup.rs"]
+mod radix_setup;
+
 use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator};
 use kvown_runtime::radix::{NodeId, RadixCache, RadixError, TreePos};
+use radix_setup::{alloc_slots, allocator, key, path_slots};
 
 const PAGE_SIZES: [usize; 4] = [1, 3, 4, 16];
-
-fn allocator(page_size: usize, pages: usize) -> PagedAllocator {
-    PagedAllocator::new(pages * page_size, page_size, false).unwrap()
-}
-
-fn alloc_slots(alloc: &mut PagedAllocator, tokens: usize) -> Vec<KvSlot> {
-    let mut out = Vec::new();
-    alloc.alloc(tokens, &mut out).unwrap();
-    out
-}
-
-/// A key of `pages` whole pages whose tokens are `base, base + 1, ...`.
-fn key(page_size: usize, pages: usize, base: u32) -> Vec<u32> {
-    (0..(pages * page_size) as u32).map(|i| base + i).collect()
-}
-
-fn path_slots(cache: &RadixCache, at: TreePos) -> Vec<KvSlot> {
-    let mut out = vec![0; at.len];
-    cache.path_slots_into(at, 0, &mut out).unwrap();
-    out
-}
 
 /// Matches `key` and returns the slots of the matched prefix.
 fn matched_slots(cache: &mut RadixCache, key: &[u32]) -> Vec<KvSlot> {

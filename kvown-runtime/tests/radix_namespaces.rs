@@ -2,33 +2,16 @@
 //! entries, a match or an insert never crosses from one namespace to another, and eviction,
 //! splits and the checker treat every namespace's paths alike.
 
-use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator};
+#[path = "common/radix_setup.rs"]
+mod radix_setup;
+
+use kvown_runtime::alloc::KvAllocator;
 use kvown_runtime::radix::{Namespace, RadixCache, RadixError, TreePos};
+use radix_setup::{alloc_slots, allocator, key, path_slots};
 
 const PAGE_SIZES: [usize; 3] = [1, 4, 16];
 const ADAPTER_A: Namespace = Namespace(1);
 const ADAPTER_B: Namespace = Namespace(2);
-
-fn allocator(page_size: usize, pages: usize) -> PagedAllocator {
-    PagedAllocator::new(pages * page_size, page_size, false).unwrap()
-}
-
-fn alloc_slots(alloc: &mut PagedAllocator, tokens: usize) -> Vec<KvSlot> {
-    let mut out = Vec::new();
-    alloc.alloc(tokens, &mut out).unwrap();
-    out
-}
-
-/// `pages` whole pages of tokens `base, base + 1, ...`.
-fn key(page_size: usize, pages: usize, base: u32) -> Vec<u32> {
-    (0..(pages * page_size) as u32).map(|i| base + i).collect()
-}
-
-fn path_slots(cache: &RadixCache, at: TreePos) -> Vec<KvSlot> {
-    let mut out = vec![0; at.len];
-    cache.path_slots_into(at, 0, &mut out).unwrap();
-    out
-}
 
 #[test]
 fn the_same_tokens_in_two_namespaces_are_two_entries_matched_apart() {
