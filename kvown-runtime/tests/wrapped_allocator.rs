@@ -147,6 +147,16 @@ fn extend_eight_token_requests(count: u64, cache: &mut KvCache<FaultyAllocator>)
     extend(reqs, cache)
 }
 
+/// One decode step of `batch`, which must succeed.
+fn decode<A: KvAllocator>(batch: ScheduleBatch, cache: &mut KvCache<A>) -> ScheduleBatch {
+    let prepared = prepare_for_decode(batch, cache)
+        .map_err(|(_, error)| error)
+        .unwrap();
+    alloc_for_decode(prepared, cache)
+        .map_err(|failure| failure.error)
+        .unwrap()
+}
+
 /// Releases every request that still holds KV, evicts the prefix cache, then checks that the
 /// pool is whole.
 fn release_all_and_check_whole(reqs: &mut [Req], cache: &mut KvCache<FaultyAllocator>) {
@@ -325,13 +335,7 @@ fn an_extend_refused_by_the_allocator_after_the_eviction_leaves_the_entries_evic
 #[test]
 fn a_refused_extend_allocation_leaves_out_cache_loc_and_out_positions_agreeing() {
     let (mut cache, faults) = faulty_cache(64);
-    let batch = extend_eight_token_requests(1, &mut cache);
-    let prepared = prepare_for_decode(batch, &cache)
-        .map_err(|(_, error)| error)
-        .unwrap();
-    let batch = alloc_for_decode(prepared, &mut cache)
-        .map_err(|failure| failure.error)
-        .unwrap();
+    let batch = decode(extend_eight_token_requests(1, &mut cache), &mut cache);
     let positions = |batch: &ScheduleBatch| -> Vec<(usize, usize)> {
         batch
             .out_positions()
@@ -756,12 +760,7 @@ fn batch_flow_trace<A: KvAllocator + AsPageAllocator>(allocator: A) -> Vec<Vec<K
         .unwrap();
     record(&batch, &cache);
     for _ in 0..3 {
-        let prepared = prepare_for_decode(batch, &cache)
-            .map_err(|(_, e)| e)
-            .unwrap();
-        batch = alloc_for_decode(prepared, &mut cache)
-            .map_err(|failure| failure.error)
-            .unwrap();
+        batch = decode(batch, &mut cache);
         record(&batch, &cache);
     }
     let prepared = prepare_for_spec_decode(batch, &cache, 3)
@@ -795,13 +794,7 @@ fn the_batch_flow_over_the_provided_methods_matches_the_paged_allocators_own() {
 #[test]
 fn a_refused_speculative_reservation_keeps_the_last_out_cache_loc() {
     let (mut cache, faults) = faulty_cache(64);
-    let batch = extend(vec![Req::new(1, (0..8).collect())], &mut cache);
-    let prepared = prepare_for_decode(batch, &cache)
-        .map_err(|(_, error)| error)
-        .unwrap();
-    let batch = alloc_for_decode(prepared, &mut cache)
-        .map_err(|failure| failure.error)
-        .unwrap();
+    let batch = decode(extend_eight_token_requests(1, &mut cache), &mut cache);
     let decoded = batch.out_cache_loc().to_vec();
     assert_eq!(decoded.len(), 1);
     let prepared = prepare_for_spec_decode(batch, &cache, 4)
