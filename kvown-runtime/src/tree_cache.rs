@@ -32,6 +32,11 @@ pub fn init_next_round_input<A: KvAllocator>(
     cache.ensure_own(req)?;
     if !req.kv().holds_kv() {
         let max_prefix = req.fill_ids().len() - 1;
+        if let TreeCache::Radix(tree) = &cache.tree {
+            // The lock the match moves must be the request's own: checked before anything
+            // changes (only a corrupted lock fails here).
+            tree.ensure_unlockable(req.last_node.node)?;
+        }
         let mut prefix_indices = std::mem::take(&mut req.prefix_indices);
         prefix_indices.clear();
         let matched = match &mut cache.tree {
@@ -120,6 +125,8 @@ fn insert_unfinished<A: KvAllocator>(
 ) -> Result<TreePos, KvError> {
     let protected = req.kv().cache_protected_len();
     let slots = &req_to_token.row(row)?[..key.len()];
+    // The lock moved at the end must be the request's own: checked before anything changes.
+    tree.ensure_unlockable(req.last_node.node)?;
     let plan = tree.plan_insert(req.namespace(), req.last_node, key, slots)?;
     let duplicated = plan.prefix_len();
     if duplicated > protected {
@@ -177,13 +184,13 @@ pub(crate) fn cache_finished_req<A: KvAllocator>(
             let token_count = committed.min(req.fill_ids().len());
             let key_len = floor_align(token_count, allocator.page_size());
             let key = &req.fill_ids()[..key_len];
-            // Everything that can fail comes before the tree changes: the insert is planned
-            // (read-only, which checks the request's lock too) or the lock checked, then the
-            // one free, then the insert and the unlock.
+            // Everything that can fail comes before the tree changes: the request's lock is
+            // checked to be its own and the insert planned (read-only), then the one free, then
+            // the insert and the unlock.
+            tree.ensure_unlockable(req.last_node.node)?;
             let plan = if is_insert {
                 Some(tree.plan_insert(req.namespace(), req.last_node, key, &slots[..key_len])?)
             } else {
-                tree.ensure_unlockable(req.last_node.node)?;
                 None
             };
             let freed_end = plan.map_or(key_len, |plan| plan.prefix_len());
@@ -202,4 +209,103 @@ pub(crate) fn cache_finished_req<A: KvAllocator>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::{KvSlot, PagedAllocator};
+    use crate::batch::{ScheduleBatch, alloc_for_extend, prepare_for_extend, release_kv_cache};
+    use crate::radix::NodeId;
+    use crate::request::ReqKvInfo;
+
+    type Cache = KvCache<PagedAllocator>;
+
+    /// Matches (and, with `extend`, extends) a request for `prompt`.
+    fn admit(cache: &mut Cache, rid: u64, prompt: Vec<u32>, extend: bool) -> Req {
+        let mut req = Req::new(rid, prompt);
+        init_next_round_input(&mut req, cache, usize::MAX).unwrap();
+        if !extend {
+            return req;
+        }
+        let batch = prepare_for_extend(ScheduleBatch::new(vec![req]));
+        let batch = alloc_for_extend(batch, cache).map_err(|f| f.error).unwrap();
+        batch.into_reqs().pop().unwrap()
+    }
+
+    /// Page size 4. `0..16` is cached; request 1 for `0..8` and a tail (extended with
+    /// `extend_first`) locks the node ending at 8; request 2 for `0..16` and one more token
+    /// locks its child. Then request 1's lock is taken away behind its back, so its node is
+    /// locked only through the child: the corrupted state a call must refuse before it changes
+    /// anything.
+    fn lock_lost(extend_first: bool) -> (Cache, Req, Req, NodeId) {
+        let allocator = PagedAllocator::new(256, 4, false).unwrap();
+        let rows = ReqToTokenPool::new(8, 64).unwrap();
+        let mut cache =
+            KvCache::new(allocator, rows, TreeCache::Radix(RadixCache::new(4))).unwrap();
+        let mut first = admit(&mut cache, 9, (0..16).chain([99]).collect(), true);
+        release_kv_cache(&mut first, &mut cache, true).unwrap();
+        let first = admit(&mut cache, 1, (0..8).chain(50..58).collect(), extend_first);
+        let second = admit(&mut cache, 2, (0..17).collect(), false);
+        let node = first.last_node.node;
+        assert_eq!(first.last_node.len, 8);
+        let TreeCache::Radix(tree) = &mut cache.tree else {
+            unreachable!("a radix cache")
+        };
+        tree.dec_lock_ref(node).unwrap();
+        (cache, first, second, node)
+    }
+
+    /// What a refused call must leave as it was: free slots, the tree's sizes, the request's
+    /// lock, matched slots and record.
+    type Snapshot = (usize, usize, usize, TreePos, Vec<KvSlot>, ReqKvInfo);
+
+    fn snapshot(cache: &Cache, req: &Req) -> Snapshot {
+        let tree = cache.tree.radix().expect("a radix cache");
+        (
+            cache.available_size(),
+            tree.total_size(),
+            tree.protected_size(),
+            req.last_node,
+            req.prefix_indices.clone(),
+            req.kv().clone(),
+        )
+    }
+
+    fn lock_underflow(node: NodeId) -> Result<(), KvError> {
+        Err(KvError::Radix(crate::radix::RadixError::LockUnderflow {
+            node,
+        }))
+    }
+
+    #[test]
+    fn a_match_over_a_lock_that_is_not_the_requests_changes_nothing() {
+        let (mut cache, mut first, _second, node) = lock_lost(false);
+        let before = snapshot(&cache, &first);
+        let result = init_next_round_input(&mut first, &mut cache, usize::MAX);
+        assert_eq!(result, lock_underflow(node));
+        assert_eq!(snapshot(&cache, &first), before);
+    }
+
+    #[test]
+    fn a_registration_over_a_lock_that_is_not_the_requests_changes_nothing() {
+        let (mut cache, mut first, _second, node) = lock_lost(true);
+        let before = snapshot(&cache, &first);
+        assert_eq!(
+            cache_unfinished_req(&mut first, &mut cache),
+            lock_underflow(node)
+        );
+        assert_eq!(snapshot(&cache, &first), before);
+    }
+
+    #[test]
+    fn a_release_over_a_lock_that_is_not_the_requests_changes_nothing() {
+        for is_insert in [true, false] {
+            let (mut cache, mut first, _second, node) = lock_lost(true);
+            let before = snapshot(&cache, &first);
+            let result = release_kv_cache(&mut first, &mut cache, is_insert);
+            assert_eq!(result, lock_underflow(node), "is_insert {is_insert}");
+            assert_eq!(snapshot(&cache, &first), before, "is_insert {is_insert}");
+        }
+    }
 }
