@@ -117,7 +117,7 @@ mod tests {
     }
 
     #[test]
-    fn one_adapter_keeps_the_workload_and_several_spread_it() {
+    fn one_adapter_carries_every_request_and_several_share_them() {
         let base = jobs(&[]);
         assert!(base.iter().all(|job| job.adapter == 0));
         let spread = jobs(&["--adapters", "4"]);

@@ -32,24 +32,22 @@ pub fn init_next_round_input<A: KvAllocator>(
     cache.ensure_own(req)?;
     if !req.kv().holds_kv() {
         let max_prefix = req.fill_ids().len() - 1;
-        if let TreeCache::Radix(tree) = &cache.tree {
-            // The lock the match moves must be the request's own: checked before anything
-            // changes (only a corrupted lock fails here).
-            tree.ensure_unlockable(req.last_node.node)?;
-        }
-        let mut prefix_indices = std::mem::take(&mut req.prefix_indices);
-        prefix_indices.clear();
         let matched = match &mut cache.tree {
             TreeCache::Radix(tree) => {
                 let pos = tree.match_prefix_in(req.namespace(), &req.fill_ids()[..max_prefix]);
-                prefix_indices.resize(pos.len, 0);
-                tree.path_slots_into(pos, 0, &mut prefix_indices)?;
+                // First, as it alone can fail (changing nothing) on a lock that is not the
+                // request's own; a split made by the match changes no prefix.
                 tree.move_lock(req.last_node.node, pos.node)?;
+                req.prefix_indices.clear();
+                req.prefix_indices.resize(pos.len, 0);
+                tree.path_slots_into(pos, 0, &mut req.prefix_indices)?;
                 pos
             }
-            TreeCache::Disabled => TreePos::ROOT,
+            TreeCache::Disabled => {
+                req.prefix_indices.clear();
+                TreePos::ROOT
+            }
         };
-        req.prefix_indices = prefix_indices;
         req.last_node = matched;
         let kv = req.kv_mut();
         kv.set_cache_protected_len(owner, matched.len);
