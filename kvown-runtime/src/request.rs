@@ -6,7 +6,7 @@ use kvown_macros::guarded;
 use crate::alloc::KvSlot;
 use crate::cache::CacheId;
 use crate::error::KvError;
-use crate::radix::{Namespace, TreePos};
+use crate::radix::{InsertParams, Namespace, TreePos};
 use crate::slots::ReqRow;
 
 /// The KV ladder of one request: `0 <= cache_protected_len <= kv_committed_len <=
@@ -96,6 +96,8 @@ pub struct Req {
     pub(crate) extend_end: usize,
     /// The key space of its cached prefixes (set at creation).
     pub(crate) namespace: Namespace,
+    /// Recorded with its inserts into the prefix cache ([`Req::with_priority`]).
+    priority: i32,
     /// Times this request was retracted.
     pub retraction_count: u32,
     /// Whether the request was retracted and waits to be re-admitted.
@@ -142,6 +144,7 @@ impl Req {
             prefix_indices: Vec::new(),
             last_node: TreePos::ROOT,
             namespace,
+            priority: 0,
             retraction_count: 0,
             is_retracted: false,
         })
@@ -157,6 +160,38 @@ impl Req {
     #[inline]
     pub fn namespace(&self) -> Namespace {
         self.namespace
+    }
+
+    /// The request with `priority` (0 unless set; sglang's request priority), recorded with
+    /// the prefixes it caches: under [`crate::radix::EvictionPolicy::Priority`] the prefix
+    /// cache evicts what only lower priorities cached first.
+    ///
+    /// ```
+    /// use kvown_runtime::request::Req;
+    ///
+    /// let req = Req::new(7, vec![1, 2, 3]).with_priority(5);
+    /// assert_eq!(req.priority(), 5);
+    /// assert_eq!(Req::new(8, vec![1]).priority(), 0);
+    /// ```
+    #[must_use]
+    pub fn with_priority(mut self, priority: i32) -> Req {
+        self.priority = priority;
+        self
+    }
+
+    /// The priority its prefix-cache inserts record ([`Req::with_priority`]).
+    #[inline]
+    pub fn priority(&self) -> i32 {
+        self.priority
+    }
+
+    /// What an insert of this request's prefix records for eviction: its priority, and a hit
+    /// unless it is still running (`chunked`).
+    pub(crate) fn insert_params(&self, chunked: bool) -> InsertParams {
+        InsertParams {
+            priority: self.priority,
+            chunked,
+        }
     }
 
     /// The request's row, or [`KvError::NotHeld`] when it holds no KV.

@@ -92,17 +92,19 @@ pub fn cache_unfinished_req<A: KvAllocator>(
         let key_len = floor_align(token_count, allocator.page_size());
         let key = &req.fill_ids()[..key_len];
         let new_slots = &req_to_token.row(row)?[protected..key_len];
-        let new_end = match tree.append_own_page(req.last_node, &key[protected..], new_slots) {
-            // One page more of the request's own leaf: the commonest case, and the lock stays.
-            Some(appended) => {
-                appended?;
-                TreePos {
-                    node: req.last_node.node,
-                    len: key_len,
+        let params = req.insert_params(true);
+        let new_end =
+            match tree.append_own_page(req.last_node, &key[protected..], new_slots, params) {
+                // One page more of the request's own leaf: the commonest case, and the lock stays.
+                Some(appended) => {
+                    appended?;
+                    TreePos {
+                        node: req.last_node.node,
+                        len: key_len,
+                    }
                 }
-            }
-            None => insert_unfinished(tree, allocator, req_to_token, req, row, key)?,
-        };
+                None => insert_unfinished(tree, allocator, req_to_token, req, row, key)?,
+            };
         req.last_node = new_end;
         req.kv_mut().set_cache_protected_len(owner, key_len);
     }
@@ -133,7 +135,7 @@ fn insert_unfinished<A: KvAllocator>(
         allocator.free_segment(&slots[protected..duplicated], protected)?;
     }
     // Past `duplicated` the tree takes this request's own slots.
-    let outcome = tree.apply_insert(plan, key, slots);
+    let outcome = tree.apply_insert(plan, key, slots, req.insert_params(true));
     if duplicated > protected {
         // Point the row at the tree's slots.
         let cached = TreePos {
@@ -198,7 +200,7 @@ pub(crate) fn cache_finished_req<A: KvAllocator>(
                 over,
             ])?;
             if let Some(plan) = plan {
-                tree.apply_insert(plan, key, &slots[..key_len]);
+                tree.apply_insert(plan, key, &slots[..key_len], req.insert_params(false));
             }
             tree.dec_lock_ref(req.last_node.node)?;
         }

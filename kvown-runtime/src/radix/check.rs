@@ -45,7 +45,7 @@ impl RadixCache {
         let mut child_counts = vec![0usize; self.arena.entries()];
         let mut child_locks = vec![0usize; self.arena.entries()];
         let mut pages = HashSet::new();
-        let lru_entries: HashSet<(u64, NodeId)> = self.lru.iter().map(|entry| entry.0).collect();
+        let order_entries: HashSet<_> = self.order.iter().map(|entry| entry.0).collect();
         let (mut evictable, mut protected, mut live, mut evictable_leaves) = (0, 0, 0, 0);
         for (id, node) in self.arena.live().filter(|&(id, _)| id != NodeId::ROOT) {
             live += 1;
@@ -124,9 +124,9 @@ impl RadixCache {
             if evictable_leaf {
                 expect_eq(
                     id,
-                    "LRU entry at the leaf's access time",
+                    "eviction-order entry at the leaf's rank",
                     1,
-                    usize::from(lru_entries.contains(&(node.last_access, id))),
+                    usize::from(order_entries.contains(&(self.rank(id), id))),
                 )?;
             }
             expect_eq(

@@ -1,19 +1,29 @@
-//! Eviction: freeing least-recently-used unlocked leaves through the allocator, all or nothing.
+//! Eviction: freeing unlocked leaves through the allocator in the order of the cache's
+//! [`super::EvictionPolicy`], all or nothing.
 //!
-//! An eviction is planned before anything changes: the victims are chosen in LRU order
-//! (parents left childless by earlier victims of the same call compete at the access time
-//! they inherit), their pages are freed in one allocator call, and only then are the nodes
-//! deleted. An allocator that refuses the free leaves the tree as it was.
+//! An eviction is planned before anything changes: the victims are chosen in the policy's
+//! order (parents left childless by earlier victims of the same call compete at the rank of
+//! what they inherit from them), their pages are freed in one allocator call, and only then
+//! are the nodes deleted. An allocator that refuses the free leaves the tree as it was.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 use super::node::NodeId;
-use super::{RadixCache, RadixError};
+use super::policy::NodeStats;
+use super::{OrderEntry, RadixCache, RadixError};
 use crate::alloc::{KvAllocator, PageId};
 
-/// An LRU entry: a node's access time, then its id (the tie-break).
-type LruEntry = Reverse<(u64, NodeId)>;
+/// A parent of victims in a plan: what it will hold once this call's victims are removed.
+#[derive(Debug, Clone, Copy)]
+struct PlannedParent {
+    /// Children not yet chosen as victims.
+    children_left: u32,
+    /// Its access time after inheriting its victims' ([`RadixCache::remove_leaf`]).
+    last_access: u64,
+    /// Its eviction figures after absorbing its victims'.
+    stats: NodeStats,
+}
 
 /// Buffers of an eviction plan, kept between calls so that a warm cache plans without
 /// allocating.
@@ -21,12 +31,12 @@ type LruEntry = Reverse<(u64, NodeId)>;
 pub(super) struct EvictionScratch {
     /// Nodes to evict, in eviction order.
     victims: Vec<NodeId>,
-    /// Current entries taken from the cache's LRU order, put back if the free is refused.
-    taken: Vec<LruEntry>,
+    /// Current entries taken from the cache's eviction order, put back if the free is refused.
+    taken: Vec<OrderEntry>,
     /// Parents the victims leave childless and unlocked: candidates of this call only.
-    orphans: BinaryHeap<LruEntry>,
-    /// Per parent of a victim: the children it has left.
-    parents: HashMap<NodeId, u32>,
+    orphans: BinaryHeap<OrderEntry>,
+    /// Per parent of a victim: what it will hold after the victims' removal.
+    parents: HashMap<NodeId, PlannedParent>,
     /// The victims' page ids, in eviction order.
     pages: Vec<PageId>,
 }
@@ -36,8 +46,8 @@ impl EvictionScratch {
     pub(super) fn heap_bytes(&self) -> usize {
         size_of::<EvictionScratch>()
             + self.victims.capacity() * size_of::<NodeId>()
-            + (self.taken.capacity() + self.orphans.capacity()) * size_of::<LruEntry>()
-            + self.parents.capacity() * size_of::<(NodeId, u32)>()
+            + (self.taken.capacity() + self.orphans.capacity()) * size_of::<OrderEntry>()
+            + self.parents.capacity() * size_of::<(NodeId, PlannedParent)>()
             + self.pages.capacity() * size_of::<PageId>()
     }
 
@@ -51,19 +61,20 @@ impl EvictionScratch {
 }
 
 impl RadixCache {
-    /// Evicts at least `num_tokens` tokens if that many are evictable, least recently used leaf
-    /// first, and returns the tokens evicted.
+    /// Evicts at least `num_tokens` tokens if that many are evictable, in the order of the
+    /// cache's [`super::EvictionPolicy`] (least recently used leaf first by default), and returns
+    /// the tokens evicted.
     ///
     /// Whole nodes are evicted, so the result may exceed `num_tokens`; it is smaller only when
     /// everything evictable is gone. Locked nodes are never touched. A parent left without
-    /// children and unlocked becomes a candidate in the same call, at the latest access time of
-    /// it and its evicted children. The evicted nodes' pages are freed with one
+    /// children and unlocked becomes a candidate in the same call, with the latest access time,
+    /// the highest priority and the sum of the hits of it and its evicted children. The evicted nodes' pages are freed with one
     /// `alloc.free_page_ids(pages)` call, node after node in eviction order and each node's in
     /// key order, before any node is deleted (so a LIFO allocator reuses the first victim's
     /// pages first; sglang frees node by node, so its paged allocator reuses the last victim's
     /// first).
     ///
-    /// Cost: O(log leaves + node tokens) per evicted node, amortized: the LRU order is kept
+    /// Cost: O(log leaves + node tokens) per evicted node, amortized: the eviction order is kept
     /// across calls (sglang rebuilds a heap of every leaf on each call).
     ///
     /// # Errors
@@ -129,7 +140,7 @@ impl RadixCache {
                 .extend(self.arena[victim].page_ids(self.page_size));
         }
         if let Err(source) = alloc.free_page_ids(&plan.pages) {
-            self.lru.extend(plan.taken.drain(..));
+            self.order.extend(plan.taken.drain(..));
             return Err(RadixError::Free {
                 nodes: plan.victims.len(),
                 tokens,
@@ -143,51 +154,58 @@ impl RadixCache {
     }
 
     /// Chooses the victims of an eviction of `num_tokens` tokens into `plan` (in order) and
-    /// returns their tokens. Changes nothing but the LRU order, from which it takes the
+    /// returns their tokens. Changes nothing but the eviction order, from which it takes the
     /// victims' entries (and drops outdated ones) into `plan.taken`.
     fn plan_eviction(&mut self, num_tokens: usize, plan: &mut EvictionScratch) -> usize {
         let mut tokens = 0;
         while tokens < num_tokens {
-            let Some(Reverse((stamp, victim))) = self.next_victim(plan) else {
+            let Some(Reverse((_, victim))) = self.next_victim(plan) else {
                 break;
             };
             plan.victims.push(victim);
             tokens += self.arena[victim].len(self.page_size);
+            // A victim that is an orphan of this plan passes on what it inherited in it.
+            let (last_access, stats) = match plan.parents.get(&victim) {
+                Some(planned) => (planned.last_access, planned.stats),
+                None => (self.arena[victim].last_access, *self.arena.stats(victim)),
+            };
             let parent = self.arena[victim].parent;
             let parent_entry = &self.arena[parent];
-            let children_left = plan
-                .parents
-                .entry(parent)
-                .or_insert(parent_entry.child_count);
-            *children_left -= 1;
-            if *children_left == 0 && parent != NodeId::ROOT && parent_entry.lock_ref == 0 {
-                // Victims come in access order, so this last child is the parent's newest:
-                // the parent inherits its access time when newer, as `remove_leaf` will set.
-                let inherited = parent_entry.last_access.max(stamp);
-                plan.orphans.push(Reverse((inherited, parent)));
+            let planned = plan.parents.entry(parent).or_insert(PlannedParent {
+                children_left: parent_entry.child_count,
+                last_access: parent_entry.last_access,
+                stats: *self.arena.stats(parent),
+            });
+            // As `remove_leaf` will set them.
+            planned.children_left -= 1;
+            planned.last_access = planned.last_access.max(last_access);
+            planned.stats.absorb(&stats);
+            if planned.children_left == 0 && parent != NodeId::ROOT && parent_entry.lock_ref == 0 {
+                let rank = self.policy.rank(planned.last_access, &planned.stats);
+                plan.orphans.push(Reverse((rank, parent)));
             }
         }
         tokens
     }
 
-    /// The least recently used candidate not yet in `plan`: the older of the LRU order's next
-    /// current entry and the plan's next orphan.
-    fn next_victim(&mut self, plan: &mut EvictionScratch) -> Option<LruEntry> {
-        // Outdated entries are dropped; a leaf listed twice at the same time (unlisted and
+    /// The first candidate in the policy's order not yet in `plan`: the lower ranked of the
+    /// eviction order's next current entry and the plan's next orphan.
+    fn next_victim(&mut self, plan: &mut EvictionScratch) -> Option<OrderEntry> {
+        // Outdated entries are dropped; a leaf listed twice at the same rank (unlisted and
         // listed again without a new access) has two equal entries, popped one after the other.
-        while let Some(&Reverse((stamp, node))) = self.lru.peek() {
-            let repeated = plan.taken.last() == Some(&Reverse((stamp, node)));
-            if self.is_current_lru_entry(stamp, node) && !repeated {
+        while let Some(&Reverse((rank, node))) = self.order.peek() {
+            let repeated = plan.taken.last() == Some(&Reverse((rank, node)));
+            if self.is_current_entry(rank, node) && !repeated {
                 break;
             }
-            self.lru.pop();
+            self.order.pop();
         }
-        let from_lru = self.lru.peek().copied();
+        let listed = self.order.peek().copied();
         let orphan = plan.orphans.peek().copied();
-        match (from_lru, orphan) {
-            (Some(lru), Some(orphan)) if orphan > lru => plan.orphans.pop(),
+        match (listed, orphan) {
+            (Some(listed), Some(orphan)) if orphan > listed => plan.orphans.pop(),
             (Some(_), _) => {
-                let entry = self.lru.pop();
+                let entry = self.order.pop();
                 plan.taken.extend(entry);
                 entry
             }
@@ -197,7 +215,7 @@ impl RadixCache {
 
     /// Deletes the evictable leaf `leaf`; its parent becomes a candidate when it is left an
     /// unlocked leaf. The parent inherits the leaf's access time when newer (sglang stamps whole
-    /// paths).
+    /// paths) and absorbs its hits and priority ([`NodeStats::absorb`]).
     fn remove_leaf(&mut self, leaf: NodeId) {
         self.list_evictable(leaf, false);
         self.children.unlink(&mut self.arena, self.page_size, leaf);
@@ -207,12 +225,14 @@ impl RadixCache {
         }
         let (tokens, parent, last_access) =
             (entry.len(self.page_size), entry.parent, entry.last_access);
+        let stats = *self.arena.stats(leaf);
         self.evictable_size -= tokens;
         self.total_size -= tokens;
         self.arena.release(leaf);
         let parent_entry = &mut self.arena[parent];
         parent_entry.child_count -= 1;
         parent_entry.last_access = parent_entry.last_access.max(last_access);
+        self.arena.stats_mut(parent).absorb(&stats);
         self.refresh_leaf_status(parent);
     }
 }
@@ -230,13 +250,13 @@ mod tests {
         expected += scratch.victims.capacity() * size_of::<NodeId>();
         assert_eq!(scratch.heap_bytes(), expected);
         scratch.taken.reserve_exact(5);
-        expected += scratch.taken.capacity() * size_of::<LruEntry>();
+        expected += scratch.taken.capacity() * size_of::<OrderEntry>();
         assert_eq!(scratch.heap_bytes(), expected);
         scratch.orphans.reserve_exact(7);
-        expected += scratch.orphans.capacity() * size_of::<LruEntry>();
+        expected += scratch.orphans.capacity() * size_of::<OrderEntry>();
         assert_eq!(scratch.heap_bytes(), expected);
         scratch.parents.reserve(2);
-        expected += scratch.parents.capacity() * size_of::<(NodeId, u32)>();
+        expected += scratch.parents.capacity() * size_of::<(NodeId, PlannedParent)>();
         assert_eq!(scratch.heap_bytes(), expected);
         scratch.pages.reserve_exact(11);
         expected += scratch.pages.capacity() * size_of::<PageId>();

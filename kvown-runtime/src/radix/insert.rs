@@ -1,7 +1,8 @@
 //! Inserting page-aligned keys with their slots.
 
 use super::node::{Node, NodeId};
-use super::{InsertOutcome, Namespace, RadixCache, RadixError, TreePos};
+use super::policy::NodeStats;
+use super::{InsertOutcome, InsertParams, Namespace, RadixCache, RadixError, TreePos};
 use crate::alloc::KvSlot;
 
 /// Where an insert leaves the tree and what it does there, found by
@@ -118,8 +119,28 @@ impl RadixCache {
         key: &[u32],
         slots: &[KvSlot],
     ) -> Result<InsertOutcome, RadixError> {
+        self.insert_from_with(namespace, from, key, slots, InsertParams::default())
+    }
+
+    /// [`RadixCache::insert_from_in`] recording `params` for eviction: the insert's priority,
+    /// and whether it is a hit (not `chunked`). The other inserts record the default, priority
+    /// 0 and a hit; the batch flow records the request's priority
+    /// ([`crate::request::Req::with_priority`]), a hit when a finished request is inserted and
+    /// none when a running one registers its pages.
+    ///
+    /// # Errors
+    /// As [`RadixCache::insert_from_in`].
+    #[inline]
+    pub fn insert_from_with(
+        &mut self,
+        namespace: Namespace,
+        from: TreePos,
+        key: &[u32],
+        slots: &[KvSlot],
+        params: InsertParams,
+    ) -> Result<InsertOutcome, RadixError> {
         let plan = self.plan_insert(namespace, from, key, slots)?;
-        Ok(self.apply_insert(plan, key, slots))
+        Ok(self.apply_insert(plan, key, slots, params))
     }
 
     /// The checks and the walk of [`RadixCache::insert_from`], changing nothing (the page
@@ -273,13 +294,15 @@ impl RadixCache {
     }
 
     /// Carries out `plan`, made by [`RadixCache::plan_insert`] for this `key` and `slots` with
-    /// no change to the tree since: it cannot fail.
+    /// no change to the tree since, and records `params` at the node where the key ends: it
+    /// cannot fail.
     #[inline(always)]
     pub(crate) fn apply_insert(
         &mut self,
         plan: InsertPlan,
         key: &[u32],
         slots: &[KvSlot],
+        params: InsertParams,
     ) -> InsertOutcome {
         let InsertPlan {
             prefix_len: pos,
@@ -299,6 +322,7 @@ impl RadixCache {
                 }
             }
         }
+        self.arena.stats_mut(node).record(params);
         self.stamp(node, now);
         InsertOutcome {
             prefix_len: pos,
@@ -317,7 +341,7 @@ impl RadixCache {
         }
     }
 
-    /// [`RadixCache::insert_from`] for the commonest registration, one page more of the
+    /// [`RadixCache::insert_from_with`] for the commonest registration, one page more of the
     /// caller's own leaf: when `from` ends a leaf whose only lock is the caller's and `tokens`
     /// / `slots` are one page, checks the page (its slots the run of a page-aligned first slot),
     /// appends it to the leaf and stamps the leaf; the leaf then ends at `from.len` plus a page.
@@ -329,6 +353,7 @@ impl RadixCache {
         from: TreePos,
         tokens: &[u32],
         slots: &[KvSlot],
+        params: InsertParams,
     ) -> Option<Result<(), RadixError>> {
         let page_size = self.page_size;
         let one_page = tokens.len() == page_size && slots.len() == page_size;
@@ -353,6 +378,7 @@ impl RadixCache {
         reserve_growth(data, page_size + 1);
         append_page(data, tokens, slots[0], page_size);
         self.add_tokens(from.node, page_size);
+        self.arena.stats_mut(from.node).record(params);
         self.stamp(from.node, now);
         Some(Ok(()))
     }
@@ -424,9 +450,10 @@ impl RadixCache {
         let mut data = Vec::with_capacity(Node::key_words(key.len() - pos, page_size));
         append_pages(&mut data, &key[pos..], &slots[pos..], page_size);
         self.hold_pages(&slots[pos..]);
-        let leaf = self
-            .arena
-            .alloc(Node::new(data, parent, namespace, pos, now));
+        let leaf = self.arena.alloc(
+            Node::new(data, parent, namespace, pos, now),
+            NodeStats::new(now),
+        );
         self.children.link(&mut self.arena, page_size, leaf);
         self.arena[parent].child_count += 1;
         self.refresh_leaf_status(parent);
@@ -540,7 +567,7 @@ fn first_broken_page(slots: &[KvSlot], start: usize, page_size: usize) -> RadixE
 
 #[cfg(test)]
 mod tests {
-    use super::super::{RadixCache, RadixError, TreePos};
+    use super::super::{InsertParams, Namespace, RadixCache, RadixError, TreePos};
 
     /// A cache holding one locked two-page prompt, and the position of its end.
     fn with_locked_prompt(page_size: usize) -> (RadixCache, TreePos) {
@@ -564,19 +591,26 @@ mod tests {
             let (mut general, _) = with_locked_prompt(page_size);
             let mut key: Vec<u32> = (0..at.len as u32).collect();
             let mut slots: Vec<u32> = (page_size as u32..(page_size + at.len) as u32).collect();
-            for _ in 0..5 {
+            for round in 0..5 {
+                let params = InsertParams {
+                    priority: round - 2,
+                    chunked: round % 2 == 0,
+                };
                 let page = slots.len() / page_size + 1;
                 let first = (page * page_size) as u32;
                 key.extend((0..page_size as u32).map(|offset| 1000 + first + offset));
                 slots.extend((0..page_size as u32).map(|offset| first + offset));
                 let new_page = at.len..key.len();
-                fast.append_own_page(at, &key[new_page.clone()], &slots[new_page])
+                fast.append_own_page(at, &key[new_page.clone()], &slots[new_page], params)
                     .expect("one page more of an own leaf")
                     .unwrap();
-                let outcome = general.insert_from(at, &key, &slots).unwrap();
+                let outcome = general
+                    .insert_from_with(Namespace::DEFAULT, at, &key, &slots, params)
+                    .unwrap();
                 general.move_lock(at.node, outcome.last_node).unwrap();
                 assert_eq!(outcome.last_node, at.node, "page size {page_size}");
                 at.len = key.len();
+                // The node table and the eviction figures beside it, the order included.
                 assert_eq!(format!("{fast:?}"), format!("{general:?}"));
                 assert_eq!(fast.bookkeeping_bytes(), general.bookkeeping_bytes());
                 fast.check().unwrap();
@@ -594,29 +628,53 @@ mod tests {
         // Two pages, half a page, a position inside the leaf, the root.
         let two: Vec<u32> = (100..108).collect();
         let two_slots: Vec<u32> = (12..20).collect();
-        assert!(cache.append_own_page(at, &two, &two_slots).is_none());
-        assert!(cache.append_own_page(at, &page[..2], &slots[..2]).is_none());
-        assert!(cache.append_own_page(at, &page, &two_slots).is_none());
-        assert!(cache.append_own_page(at, &two, &slots).is_none());
+        assert!(
+            cache
+                .append_own_page(at, &two, &two_slots, InsertParams::default())
+                .is_none()
+        );
+        assert!(
+            cache
+                .append_own_page(at, &page[..2], &slots[..2], InsertParams::default())
+                .is_none()
+        );
+        assert!(
+            cache
+                .append_own_page(at, &page, &two_slots, InsertParams::default())
+                .is_none()
+        );
+        assert!(
+            cache
+                .append_own_page(at, &two, &slots, InsertParams::default())
+                .is_none()
+        );
         let inside = TreePos {
             len: page_size,
             ..at
         };
-        assert!(cache.append_own_page(inside, &page, &slots).is_none());
         assert!(
             cache
-                .append_own_page(TreePos::ROOT, &page, &slots)
+                .append_own_page(inside, &page, &slots, InsertParams::default())
+                .is_none()
+        );
+        assert!(
+            cache
+                .append_own_page(TreePos::ROOT, &page, &slots, InsertParams::default())
                 .is_none()
         );
         // A second lock on the leaf: it is no longer the caller's alone.
         cache.inc_lock_ref(at.node).unwrap();
-        assert!(cache.append_own_page(at, &page, &slots).is_none());
+        assert!(
+            cache
+                .append_own_page(at, &page, &slots, InsertParams::default())
+                .is_none()
+        );
         cache.dec_lock_ref(at.node).unwrap();
         assert_eq!(format!("{cache:?}"), before);
         // One page of the own leaf whose slots are not a page: refused, nothing changed.
         let broken = [12, 13, 15, 14];
         assert_eq!(
-            cache.append_own_page(at, &page, &broken),
+            cache.append_own_page(at, &page, &broken, InsertParams::default()),
             Some(Err(RadixError::BrokenPage {
                 position: 2 * page_size + 2,
                 found: 15,
@@ -627,7 +685,7 @@ mod tests {
         // One page of the own leaf that the tree holds already (the leaf's first): refused.
         let cached: Vec<u32> = (4..8).collect();
         assert_eq!(
-            cache.append_own_page(at, &page, &cached),
+            cache.append_own_page(at, &page, &cached, InsertParams::default()),
             Some(Err(RadixError::PageCached {
                 position: 2 * page_size,
                 page: 1,

@@ -20,9 +20,10 @@
 //!   now belong to the tree.
 //! * [`RadixCache::inc_lock_ref`] / [`RadixCache::dec_lock_ref`] / [`RadixCache::move_lock`] pin
 //!   a node and its path; tokens move between evictable and protected only on 0↔1 transitions.
-//! * [`RadixCache::evict`] frees least-recently-used unlocked leaves through the allocator, in
-//!   one allocator call, all or nothing; [`RadixCache::evict_shortfall`] evicts only what the
-//!   allocator lacks (spec §2.7).
+//! * [`RadixCache::evict`] frees unlocked leaves through the allocator, in one allocator call,
+//!   all or nothing, in the order of the cache's [`EvictionPolicy`] (least recently used first
+//!   by default); [`RadixCache::evict_shortfall`] evicts only what the allocator lacks (spec
+//!   §2.7).
 //!
 //! ```
 //! use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
@@ -49,9 +50,10 @@
 //! assert_eq!(allocator.available_size(), allocator.capacity());
 //! ```
 //!
-//! Storage: an arena of 64-byte nodes indexed by [`NodeId`]; each node stores its key pages
-//! interleaved with their page ids (4 bytes per page); one hash map indexes children by
-//! (parent, namespace, first page). See [`RadixCache::bookkeeping_bytes`].
+//! Storage: an arena of 64-byte nodes indexed by [`NodeId`], with 16 bytes of eviction figures
+//! per node beside it; each node stores its key pages interleaved with their page ids (4 bytes
+//! per page); one hash map indexes children by (parent, namespace, first page). See
+//! [`RadixCache::bookkeeping_bytes`].
 //!
 //! Access times are kept lazily: an insert stamps only the node where it ends (a match stamps
 //! the nodes it passes), and a node takes the newer of its own and a removed child's time.
@@ -66,10 +68,12 @@ mod lock;
 mod match_prefix;
 mod node;
 mod page_index;
+mod policy;
 
 pub(crate) use check::LockMismatch;
 pub use error::RadixError;
 pub use node::NodeId;
+pub use policy::{EvictionPolicy, InsertParams, SLRU_PROTECTED_HITS, UnknownEvictionPolicy};
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -79,9 +83,14 @@ use children::ChildIndex;
 use evict::EvictionScratch;
 use node::{Arena, NOT_EVICTABLE, Node};
 use page_index::PageIndex;
+use policy::Rank;
 
-/// Outdated LRU entries tolerated beyond twice the candidates before a rebuild.
-const LRU_SLACK: usize = 64;
+/// Outdated entries of the eviction order tolerated beyond twice the candidates before a
+/// rebuild.
+const ORDER_SLACK: usize = 64;
+
+/// An entry of the eviction order: a candidate's rank when it was listed, and the candidate.
+type OrderEntry = Reverse<(Rank, NodeId)>;
 
 /// A position on a path of the tree: the first `len` tokens of some key end inside or at the end
 /// of `node`. Returned by matches and inserts, where `node` ends exactly at `len`.
@@ -158,10 +167,12 @@ pub struct RadixCache {
     children: ChildIndex,
     /// Unlocked non-root nodes without children: the eviction candidates.
     evictable_leaves: Vec<NodeId>,
-    /// Least-recently-used order of the candidates, kept across calls: every evictable leaf
-    /// has an entry with its current access time; outdated entries are skipped when popped and
-    /// dropped by a rebuild once they outnumber the candidates.
-    lru: BinaryHeap<Reverse<(u64, NodeId)>>,
+    /// Which candidate an eviction takes first.
+    policy: EvictionPolicy,
+    /// The candidates in eviction order, kept across calls: every evictable leaf has an entry
+    /// with its current rank; outdated entries are skipped when popped and dropped by a rebuild
+    /// once they outnumber the candidates.
+    order: BinaryHeap<OrderEntry>,
     evictable_size: usize,
     protected_size: usize,
     total_size: usize,
@@ -174,18 +185,44 @@ pub struct RadixCache {
 }
 
 impl RadixCache {
-    /// An empty cache for pages of `page_size` slots (1 for the token allocator).
+    /// An empty cache for pages of `page_size` slots (1 for the token allocator) that evicts
+    /// least recently used leaves first ([`EvictionPolicy::Lru`]).
     ///
     /// # Panics
     /// If `page_size` is 0.
     pub fn new(page_size: usize) -> RadixCache {
+        RadixCache::with_policy(page_size, EvictionPolicy::Lru)
+    }
+
+    /// An empty cache for pages of `page_size` slots whose evictions follow `policy`.
+    ///
+    /// ```
+    /// use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+    /// use kvown_runtime::radix::{EvictionPolicy, RadixCache};
+    ///
+    /// let mut allocator = PagedAllocator::new(64, 4, false).unwrap();
+    /// let mut tree = RadixCache::with_policy(4, EvictionPolicy::Mru);
+    /// let mut slots = Vec::new();
+    /// allocator.alloc(8, &mut slots).unwrap();
+    /// tree.insert(&[1, 1, 1, 1], &slots[..4]).unwrap();
+    /// tree.insert(&[2, 2, 2, 2], &slots[4..]).unwrap();
+    /// tree.evict(4, &mut allocator).unwrap();
+    /// // The most recently used entry went first.
+    /// assert_eq!(tree.match_prefix(&[1, 1, 1, 1]).len, 4);
+    /// assert_eq!(tree.match_prefix(&[2, 2, 2, 2]).len, 0);
+    /// ```
+    ///
+    /// # Panics
+    /// If `page_size` is 0.
+    pub fn with_policy(page_size: usize, policy: EvictionPolicy) -> RadixCache {
         assert!(page_size > 0, "radix cache page size must be at least 1");
         RadixCache {
             page_size,
             arena: Arena::new(),
             children: ChildIndex::default(),
             evictable_leaves: Vec::new(),
-            lru: BinaryHeap::new(),
+            policy,
+            order: BinaryHeap::new(),
             evictable_size: 0,
             protected_size: 0,
             total_size: 0,
@@ -198,6 +235,11 @@ impl RadixCache {
     /// Slots per page; every cached length is a multiple of it.
     pub fn page_size(&self) -> usize {
         self.page_size
+    }
+
+    /// The order in which evictions take unlocked leaves.
+    pub fn policy(&self) -> EvictionPolicy {
+        self.policy
     }
 
     /// Cached tokens in unlocked nodes (what [`RadixCache::evict`] can free).
@@ -250,7 +292,7 @@ impl RadixCache {
             + (node_data_bytes - key_bytes)
             + self.children.heap_bytes()
             + self.evictable_leaves.capacity() * size_of::<NodeId>()
-            + self.lru.capacity() * size_of::<Reverse<(u64, NodeId)>>()
+            + self.order.capacity() * size_of::<OrderEntry>()
             + self.eviction.heap_bytes()
             + self.pages.heap_bytes()
     }
@@ -286,35 +328,41 @@ impl RadixCache {
         self.list_evictable(node, evictable);
     }
 
-    /// Sets `node`'s access time, keeping the LRU order current when it is a candidate.
+    /// Sets `node`'s access time, keeping the eviction order current when it is a candidate.
     fn stamp(&mut self, node: NodeId, now: u64) {
         self.arena[node].last_access = now;
         if self.arena[node].leaf_pos != NOT_EVICTABLE {
-            self.push_lru(node);
+            self.push_order(node);
         }
     }
 
-    /// Records candidate `node` at its current access time; rebuilds the order from the
-    /// candidates when outdated entries make up most of it (amortized O(log n)).
-    fn push_lru(&mut self, node: NodeId) {
-        self.lru.push(Reverse((self.arena[node].last_access, node)));
-        if self.lru.len() > 2 * self.evictable_leaves.len() + LRU_SLACK {
-            let mut entries = std::mem::take(&mut self.lru).into_vec();
+    /// The eviction rank of `node` as it stands.
+    fn rank(&self, node: NodeId) -> Rank {
+        self.policy
+            .rank(self.arena[node].last_access, self.arena.stats(node))
+    }
+
+    /// Records candidate `node` at its current rank; rebuilds the order from the candidates
+    /// when outdated entries make up most of it (amortized O(log n)).
+    fn push_order(&mut self, node: NodeId) {
+        self.order.push(Reverse((self.rank(node), node)));
+        if self.order.len() > 2 * self.evictable_leaves.len() + ORDER_SLACK {
+            let mut entries = std::mem::take(&mut self.order).into_vec();
             entries.clear();
             entries.extend(
                 self.evictable_leaves
                     .iter()
-                    .map(|&leaf| Reverse((self.arena[leaf].last_access, leaf))),
+                    .map(|&leaf| Reverse((self.rank(leaf), leaf))),
             );
-            self.lru = BinaryHeap::from(entries);
+            self.order = BinaryHeap::from(entries);
         }
     }
 
-    /// Whether an LRU entry `(stamp, node)` still describes a candidate.
-    fn is_current_lru_entry(&self, stamp: u64, node: NodeId) -> bool {
+    /// Whether an entry of the eviction order at `rank` still describes candidate `node`.
+    fn is_current_entry(&self, rank: Rank, node: NodeId) -> bool {
         self.arena.is_live(node)
             && self.arena[node].leaf_pos != NOT_EVICTABLE
-            && self.arena[node].last_access == stamp
+            && self.rank(node) == rank
     }
 
     /// Makes `node`'s membership in the evictable-leaf set equal `listed`, in O(1).
@@ -323,7 +371,7 @@ impl RadixCache {
         if listed && pos == NOT_EVICTABLE {
             self.arena[node].leaf_pos = self.evictable_leaves.len() as u32;
             self.evictable_leaves.push(node);
-            self.push_lru(node);
+            self.push_order(node);
         } else if !listed && pos != NOT_EVICTABLE {
             let pos = pos as usize;
             self.evictable_leaves.swap_remove(pos);
@@ -370,7 +418,8 @@ impl RadixCache {
         );
         upper.lock_ref = entry.lock_ref;
         upper.child_count = 1;
-        let upper = self.arena.alloc(upper);
+        let upper_stats = self.arena.stats(node).split_upper();
+        let upper = self.arena.alloc(upper, upper_stats);
         self.children.link(&mut self.arena, page_size, upper);
         let entry = &mut self.arena[node];
         entry.parent = upper;

@@ -8,6 +8,7 @@ use std::fmt;
 use std::ops::{Index, IndexMut};
 
 use super::Namespace;
+use super::policy::NodeStats;
 use crate::alloc::PageId;
 
 /// Handle of one tree node. Stays valid until that node is evicted; a locked node is never
@@ -141,10 +142,13 @@ impl Node {
     }
 }
 
-/// Every node, indexed by [`NodeId`]; removed entries are reused through a free list.
+/// Every node, indexed by [`NodeId`], with its eviction figures beside it; removed entries are
+/// reused through a free list.
 #[derive(Debug)]
 pub(super) struct Arena {
     nodes: Vec<Node>,
+    /// Per entry of `nodes`: what eviction policies read besides the access time.
+    stats: Vec<NodeStats>,
     free_head: NodeId,
 }
 
@@ -158,20 +162,24 @@ impl Arena {
         };
         Arena {
             nodes: vec![root],
+            stats: vec![NodeStats::default()],
             free_head: NodeId::NONE,
         }
     }
 
-    /// Stores `node` in a free entry (or a new one) and returns its handle.
-    pub(super) fn alloc(&mut self, node: Node) -> NodeId {
+    /// Stores `node` with its eviction figures in a free entry (or a new one) and returns its
+    /// handle.
+    pub(super) fn alloc(&mut self, node: Node, stats: NodeStats) -> NodeId {
         if self.free_head == NodeId::NONE {
             let id = NodeId(u32::try_from(self.nodes.len()).expect("radix arena exceeds u32 ids"));
             self.nodes.push(node);
+            self.stats.push(stats);
             return id;
         }
         let id = self.free_head;
         self.free_head = self.nodes[id.index()].hash_next;
         self.nodes[id.index()] = node;
+        self.stats[id.index()] = stats;
         id
     }
 
@@ -181,7 +189,18 @@ impl Arena {
             hash_next: self.free_head,
             ..Node::empty()
         };
+        self.stats[id.index()] = NodeStats::default();
         self.free_head = id;
+    }
+
+    /// The eviction figures of `id`.
+    pub(super) fn stats(&self, id: NodeId) -> &NodeStats {
+        &self.stats[id.index()]
+    }
+
+    /// The eviction figures of `id`, to change.
+    pub(super) fn stats_mut(&mut self, id: NodeId) -> &mut NodeStats {
+        &mut self.stats[id.index()]
     }
 
     /// Whether `id` names a node in the tree (the root included).
@@ -207,9 +226,9 @@ impl Arena {
         self.nodes.len()
     }
 
-    /// Heap bytes of the arena's own table (keys excluded).
+    /// Heap bytes of the arena's own tables, nodes and their figures (keys excluded).
     pub(super) fn table_bytes(&self) -> usize {
-        self.nodes.capacity() * size_of::<Node>()
+        self.nodes.capacity() * size_of::<Node>() + self.stats.capacity() * size_of::<NodeStats>()
     }
 }
 
@@ -238,12 +257,23 @@ mod tests {
     fn released_entries_are_all_reused_before_the_arena_grows() {
         let mut arena = Arena::new();
         let leaf = || Node::new(vec![1, 2], NodeId::ROOT, Namespace::DEFAULT, 0, 0);
-        let ids: Vec<NodeId> = (0..3).map(|_| arena.alloc(leaf())).collect();
+        let stats = |created| NodeStats {
+            created,
+            ..NodeStats::default()
+        };
+        let ids: Vec<NodeId> = (0..3).map(|i| arena.alloc(leaf(), stats(i + 1))).collect();
         for &id in &ids {
             arena.release(id);
             assert!(!arena.is_live(id));
+            assert_eq!(*arena.stats(id), NodeStats::default(), "figures reset");
         }
-        let mut reused: Vec<NodeId> = (0..3).map(|_| arena.alloc(leaf())).collect();
+        let mut reused: Vec<NodeId> = (0..3).map(|i| arena.alloc(leaf(), stats(i + 9))).collect();
+        for &id in &reused {
+            assert!(
+                arena.stats(id).created >= 9,
+                "a reused entry has its new figures"
+            );
+        }
         reused.sort_by_key(|id| id.index());
         assert_eq!(reused, ids, "every released entry is handed out again");
         assert_eq!(arena.entries(), 4, "the root and three entries");
