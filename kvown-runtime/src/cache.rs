@@ -37,6 +37,11 @@ impl fmt::Display for CacheId {
 
 /// The prefix cache in front of the allocator (sglang `tree_cache`).
 #[derive(Debug)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per KV pool, never moved on a hot path: boxing the tree would only add an \
+              indirection to every cache call"
+)]
 pub enum TreeCache {
     /// A radix tree: finished (and chunked) requests' KV is kept for reuse.
     Radix(RadixCache),

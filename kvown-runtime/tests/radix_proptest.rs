@@ -1,14 +1,15 @@
-//! Random operation sequences on the radix cache over page sizes 1, 3, 4 and 16 and three
-//! namespaces, with the cache's and the allocator's invariant checks after every step and every
-//! match and insert checked against a model of what each namespace caches; and one eviction
-//! against the same eviction made a node at a time.
+//! Random operation sequences on the radix cache over page sizes 1, 3, 4 and 16, three
+//! namespaces and every eviction policy (inserts of random priorities, hits or not), with the
+//! cache's and the allocator's invariant checks after every step and every match and insert
+//! checked against a model of what each namespace caches; and one eviction against the same
+//! eviction made a node at a time.
 
 mod common;
 
 use kvown_runtime::alloc::{KvAllocator, KvSlot, PageId, PagedAllocator};
 use std::collections::{HashMap, HashSet};
 
-use kvown_runtime::radix::{Namespace, RadixCache, TreePos};
+use kvown_runtime::radix::{EvictionPolicy, InsertParams, Namespace, RadixCache, TreePos};
 use proptest::prelude::*;
 
 const PAGES: usize = 48;
@@ -21,9 +22,15 @@ enum Op {
         namespace: u32,
         tokens: Vec<u32>,
         lock: bool,
+        params: InsertParams,
     },
-    /// A locked holder registers more pages from its position (`insert_from` + `move_lock`).
-    Extend { holder: usize, tokens: Vec<u32> },
+    /// A locked holder registers more pages from its position (`insert_from_with` +
+    /// `move_lock`).
+    Extend {
+        holder: usize,
+        tokens: Vec<u32>,
+        params: InsertParams,
+    },
     /// Match a key in a namespace; maybe lock the match.
     Match {
         namespace: u32,
@@ -41,11 +48,18 @@ fn tokens() -> impl Strategy<Value = Vec<u32>> {
     prop::collection::vec(0u32..3, 0..40)
 }
 
+/// A priority from a few values (so that ties and orders both occur), a hit or not.
+fn params() -> impl Strategy<Value = InsertParams> {
+    (-2i32..3, any::<bool>()).prop_map(|(priority, chunked)| InsertParams { priority, chunked })
+}
+
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (0u32..3, tokens(), any::<bool>())
-            .prop_map(|(namespace, tokens, lock)| Op::Insert { namespace, tokens, lock }),
-        2 => (any::<usize>(), tokens()).prop_map(|(holder, tokens)| Op::Extend { holder, tokens }),
+        3 => (0u32..3, tokens(), any::<bool>(), params()).prop_map(
+            |(namespace, tokens, lock, params)| Op::Insert { namespace, tokens, lock, params }
+        ),
+        2 => (any::<usize>(), tokens(), params())
+            .prop_map(|(holder, tokens, params)| Op::Extend { holder, tokens, params }),
         2 => (0u32..3, tokens(), any::<bool>())
             .prop_map(|(namespace, tokens, lock)| Op::Match { namespace, tokens, lock }),
         2 => any::<usize>().prop_map(|holder| Op::Unlock { holder }),
@@ -71,10 +85,10 @@ struct World {
 }
 
 impl World {
-    fn new(page_size: usize) -> World {
+    fn new(page_size: usize, policy: EvictionPolicy) -> World {
         World {
             page_size,
-            cache: RadixCache::new(page_size),
+            cache: RadixCache::with_policy(page_size, policy),
             alloc: PagedAllocator::new(PAGES * page_size, page_size, false).unwrap(),
             holders: Vec::new(),
             model: HashMap::new(),
@@ -140,6 +154,7 @@ impl World {
                 namespace,
                 tokens,
                 lock,
+                params,
             } => {
                 let namespace = Namespace(namespace);
                 let key = self.key(&tokens);
@@ -147,7 +162,10 @@ impl World {
                     return;
                 };
                 let cached = self.modelled_prefix(namespace, &key);
-                let outcome = self.cache.insert_in(namespace, &key, &slots).unwrap();
+                let outcome = self
+                    .cache
+                    .insert_from_with(namespace, TreePos::ROOT, &key, &slots, params)
+                    .unwrap();
                 assert_eq!(
                     outcome.prefix_len,
                     cached.len() * self.page_size,
@@ -161,7 +179,11 @@ impl World {
                     self.lock(outcome.last_node, key, namespace);
                 }
             }
-            Op::Extend { holder, tokens } => {
+            Op::Extend {
+                holder,
+                tokens,
+                params,
+            } => {
                 if self.holders.is_empty() {
                     return;
                 }
@@ -178,7 +200,7 @@ impl World {
                 let cached = self.modelled_prefix(namespace, &key);
                 let outcome = self
                     .cache
-                    .insert_from_in(namespace, at, &key, &row)
+                    .insert_from_with(namespace, at, &key, &row, params)
                     .unwrap();
                 assert_eq!(
                     outcome.prefix_len,
@@ -249,8 +271,8 @@ impl World {
         self.holders.push(Holder { at, key, namespace });
     }
 
-    /// Evicts one least recently used node per call until `tokens` are gone or nothing is
-    /// evictable; returns the tokens evicted.
+    /// Evicts one node per call (the first in the policy's order) until `tokens` are gone or
+    /// nothing is evictable; returns the tokens evicted.
     fn evict_node_by_node(&mut self, tokens: usize) -> usize {
         let mut evicted = 0;
         while evicted < tokens {
@@ -313,9 +335,10 @@ proptest! {
     #[test]
     fn random_operations_keep_every_invariant(
         page_size in prop::sample::select(vec![1usize, 3, 4, 16]),
+        policy in prop::sample::select(EvictionPolicy::ALL.to_vec()),
         ops in prop::collection::vec(op(), 1..60),
     ) {
-        let mut world = World::new(page_size);
+        let mut world = World::new(page_size, policy);
         for op in ops {
             world.apply(op);
             world.verify();
@@ -335,15 +358,17 @@ proptest! {
     #[test]
     fn one_eviction_frees_what_evicting_a_node_at_a_time_frees(
         page_size in prop::sample::select(vec![1usize, 3, 4, 16]),
+        policy in prop::sample::select(EvictionPolicy::ALL.to_vec()),
         ops in prop::collection::vec(op(), 1..60),
         pages in 1usize..PAGES,
     ) {
-        // Two worlds from the same operations; one evicts in one call, the other one least
-        // recently used node per call (`evict(1)`) until as many tokens are gone. Whole nodes
-        // go in LRU order either way, parents left childless included, so both must evict the
-        // same nodes. (Their pages reach the free list in another order: one call frees them
-        // in one allocator call, so a LIFO allocator reuses the first victim's first.)
-        let [mut at_once, mut node_by_node] = [(); 2].map(|()| World::new(page_size));
+        // Two worlds from the same operations; one evicts in one call, the other one node per
+        // call (`evict(1)`) until as many tokens are gone. Whole nodes go in the policy's order
+        // either way, parents left childless included (ranked by what they inherit from their
+        // victims in the one call, by what they absorbed node by node), so both must evict
+        // the same nodes. (Their pages reach the free list in another order: one call frees
+        // them in one allocator call, so a LIFO allocator reuses the first victim's first.)
+        let [mut at_once, mut node_by_node] = [(); 2].map(|()| World::new(page_size, policy));
         for op in ops {
             at_once.apply(op.clone());
             node_by_node.apply(op);
@@ -357,7 +382,7 @@ proptest! {
         prop_assert_eq!(at_once.free_pages(), node_by_node.free_pages());
         at_once.verify();
         node_by_node.verify();
-        // The LRU order left behind agrees too: the next eviction takes the same nodes.
+        // The order left behind agrees too: the next eviction takes the same nodes.
         let again = at_once.cache.evict(asked, &mut at_once.alloc).unwrap();
         at_once.forget_evicted();
         prop_assert_eq!(again, node_by_node.evict_node_by_node(asked));
