@@ -322,7 +322,7 @@ impl RadixCache {
                 }
             }
         }
-        self.arena.stats_mut(node).record(params);
+        self.record_insert(node, params);
         self.stamp(node, now);
         InsertOutcome {
             prefix_len: pos,
@@ -378,7 +378,7 @@ impl RadixCache {
         reserve_growth(data, page_size + 1);
         append_page(data, tokens, slots[0], page_size);
         self.add_tokens(from.node, page_size);
-        self.arena.stats_mut(from.node).record(params);
+        self.record_insert(from.node, params);
         self.stamp(from.node, now);
         Some(Ok(()))
     }
@@ -471,6 +471,15 @@ impl RadixCache {
         append_pages(data, suffix, slots, page_size);
         self.hold_pages(slots);
         self.add_tokens(node, suffix.len());
+    }
+
+    /// Records an insert of `params` that ended at `node`, when the policy reads what it
+    /// records.
+    #[inline(always)]
+    fn record_insert(&mut self, node: NodeId, params: InsertParams) {
+        if self.policy.reads_insert_figures() {
+            self.arena.stats_mut(node).record(params);
+        }
     }
 
     /// Records the pages of `slots` (whole pages that [`RadixCache::plan_insert`] found new)
@@ -567,11 +576,12 @@ fn first_broken_page(slots: &[KvSlot], start: usize, page_size: usize) -> RadixE
 
 #[cfg(test)]
 mod tests {
-    use super::super::{InsertParams, Namespace, RadixCache, RadixError, TreePos};
+    use super::super::{EvictionPolicy, InsertParams, Namespace, RadixCache, RadixError, TreePos};
 
-    /// A cache holding one locked two-page prompt, and the position of its end.
+    /// A cache holding one locked two-page prompt, and the position of its end; LFU, whose
+    /// order reads every figure an insert records.
     fn with_locked_prompt(page_size: usize) -> (RadixCache, TreePos) {
-        let mut cache = RadixCache::new(page_size);
+        let mut cache = RadixCache::with_policy(page_size, EvictionPolicy::Lfu);
         let len = 2 * page_size;
         let key: Vec<u32> = (0..len as u32).collect();
         let slots: Vec<u32> = (page_size as u32..(page_size + len) as u32).collect();

@@ -69,6 +69,16 @@ impl EvictionPolicy {
         }
     }
 
+    /// Whether the policy reads the hits and priorities that inserts record (the others need
+    /// not record them).
+    #[inline]
+    pub(super) fn reads_insert_figures(self) -> bool {
+        matches!(
+            self,
+            EvictionPolicy::Lfu | EvictionPolicy::Priority | EvictionPolicy::Slru
+        )
+    }
+
     /// The sort key of a candidate with access time `last_access` and `stats`: candidates are
     /// evicted in increasing order.
     #[inline]
@@ -131,9 +141,11 @@ pub(super) struct NodeStats {
     /// Logical time at which the node's first page was cached; the upper part of a split keeps
     /// the time of the node it was cut from.
     pub(super) created: u64,
-    /// Inserts of finished requests that ended at the node, plus those of its removed children.
+    /// Inserts of finished requests that ended at the node, plus those of its removed children
+    /// (kept only under a policy that reads it: [`EvictionPolicy::reads_insert_figures`]).
     pub(super) hits: u32,
-    /// Highest priority of an insert that ended at the node or at a removed child.
+    /// Highest priority of an insert that ended at the node or at a removed child (kept as
+    /// `hits` is).
     pub(super) priority: i32,
 }
 
