@@ -8,6 +8,8 @@ use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 
+use kvown::radix::EvictionPolicy;
+
 use crate::report::AdmissionSummary;
 
 /// An inclusive range of lengths, written `min..max` (or a single `n`).
@@ -103,6 +105,11 @@ pub struct Args {
     /// was).
     #[arg(long, default_value_t = 0.7, requires = "spec")]
     pub accept_rate: f64,
+    /// Which cached prefix an eviction drops first: lru, lfu, fifo, mru, filo, priority or
+    /// slru (sglang's `--radix-eviction-policy`). The workload's requests all have priority 0,
+    /// so `priority` evicts as `lru` does.
+    #[arg(long, default_value_t = EvictionPolicy::Lru)]
+    pub eviction_policy: EvictionPolicy,
     /// Slots per page.
     #[arg(long, default_value_t = 16)]
     pub page_size: usize,

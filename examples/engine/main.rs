@@ -127,7 +127,10 @@ fn host_bookkeeping(
     let allocator =
         PagedAllocator::new(args.pool_tokens, args.page_size, false).map_err(|e| e.to_string())?;
     let table = request_table(args, jobs)?;
-    let tree = TreeCache::Radix(RadixCache::new(args.page_size));
+    let tree = TreeCache::Radix(RadixCache::with_policy(
+        args.page_size,
+        args.eviction_policy,
+    ));
     Ok((allocator, table, tree))
 }
 
@@ -212,6 +215,7 @@ fn serve<A: KvAllocator + AsPageAllocator + DeviceCopy>(
             / stats.prefix_lookup_tokens.max(1) as f64,
         retractions: stats.retractions,
         admission: args.admission_summary(),
+        eviction_policy: args.eviction_policy.name(),
         peak_pages_in_use: stats.peak_pages_in_use,
         pool_pages,
         kvown_ns_per_step_median: median,
@@ -275,7 +279,7 @@ mod tests {
 
         /// Small random workloads in pools that every request fits alone, tight or with a few
         /// pages to spare, with and without speculation, prefix sharing (over one to three
-        /// adapters) and chunked prefill,
+        /// adapters), chunked prefill and every eviction policy,
         /// under either admission policy (the ratio from timid to reckless, decaying slowly
         /// or fast): every request finishes, with the checker passing on every step.
         #[test]
@@ -290,6 +294,7 @@ mod tests {
             requests in 2usize..20,
             shared in prop::sample::select(vec!["0", "0.5", "1"]),
             adapters in prop::sample::select(vec!["1", "2", "3"]),
+            eviction in prop::sample::select(vec!["lru", "lfu", "fifo", "mru", "filo", "slru"]),
             seed in 0u64..1000,
             ratio in prop::option::of((
                 prop::sample::select(vec!["0.01", "0.7", "1"]),
@@ -314,7 +319,7 @@ mod tests {
                 "--pool-tokens", &numbers[0], "--page-size", &numbers[1],
                 "--max-running", &numbers[2], "--chunk-size", &numbers[3],
                 "--requests", &numbers[4], "--shared-prefix-fraction", shared, "--seed", &seed,
-                "--adapters", adapters,
+                "--adapters", adapters, "--eviction-policy", eviction,
             ];
             let spec = spec_tokens.map(|tokens| tokens.to_string());
             if let Some(tokens) = &spec {

@@ -27,6 +27,8 @@ pub struct Summary {
     pub retractions: u64,
     /// The admission policy (`--admission`) and its parameters.
     pub admission: AdmissionSummary,
+    /// The prefix cache's eviction policy (`--eviction-policy`).
+    pub eviction_policy: &'static str,
     /// Highest pages in use (request-owned plus cached).
     pub peak_pages_in_use: usize,
     /// Pages in the pool.
@@ -134,6 +136,7 @@ impl Summary {
             ),
             ("retractions", self.retractions.to_string()),
             ("admission", self.admission.to_string()),
+            ("eviction policy", self.eviction_policy.to_string()),
             (
                 "peak pages in use",
                 format!("{} of {}", self.peak_pages_in_use, self.pool_pages),
