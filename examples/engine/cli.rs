@@ -95,6 +95,11 @@ pub struct Args {
     /// conversation's).
     #[arg(long, default_value_t = 1)]
     pub adapters: u32,
+    /// Request priorities: each conversation gets one of `0..N` (a follow-up keeps its
+    /// conversation's), recorded with the prefixes it caches; the summary gives the hit rate
+    /// per priority. Matters to `--eviction-policy priority`.
+    #[arg(long, default_value_t = 1)]
+    pub priorities: u32,
     /// Speculative decoding: reserve `2 × spec-tokens` slots ahead and commit accepted runs.
     #[arg(long)]
     pub spec: bool,
@@ -229,6 +234,11 @@ impl Args {
         }
         if self.adapters == 0 {
             return Err("--adapters must be positive (1: every request on the base model)".into());
+        }
+        if !(1..=1 << 16).contains(&self.priorities) {
+            return Err(
+                "--priorities must be in 1..=65536 (1: every request at priority 0)".into(),
+            );
         }
         if self.page_size == 0 {
             return Err("--page-size must be positive".into());

@@ -213,6 +213,11 @@ fn serve<A: KvAllocator + AsPageAllocator + DeviceCopy>(
         tokens_decoded: stats.tokens_decoded,
         prefix_cache_hit_rate: stats.prefix_hit_tokens as f64
             / stats.prefix_lookup_tokens.max(1) as f64,
+        prefix_cache_hit_rate_by_priority: stats
+            .prefix_tokens_by_priority
+            .iter()
+            .map(|&(lookup, hit)| hit as f64 / lookup.max(1) as f64)
+            .collect(),
         retractions: stats.retractions,
         admission: args.admission_summary(),
         eviction_policy: args.eviction_policy.name(),
@@ -294,7 +299,10 @@ mod tests {
             requests in 2usize..20,
             shared in prop::sample::select(vec!["0", "0.5", "1"]),
             adapters in prop::sample::select(vec!["1", "2", "3"]),
-            eviction in prop::sample::select(vec!["lru", "lfu", "fifo", "mru", "filo", "slru"]),
+            eviction in prop::sample::select(
+                vec!["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"]
+            ),
+            priorities in prop::sample::select(vec!["1", "3"]),
             seed in 0u64..1000,
             ratio in prop::option::of((
                 prop::sample::select(vec!["0.01", "0.7", "1"]),
@@ -319,7 +327,7 @@ mod tests {
                 "--pool-tokens", &numbers[0], "--page-size", &numbers[1],
                 "--max-running", &numbers[2], "--chunk-size", &numbers[3],
                 "--requests", &numbers[4], "--shared-prefix-fraction", shared, "--seed", &seed,
-                "--adapters", adapters, "--eviction-policy", eviction,
+                "--adapters", adapters, "--eviction-policy", eviction, "--priorities", priorities,
             ];
             let spec = spec_tokens.map(|tokens| tokens.to_string());
             if let Some(tokens) = &spec {

@@ -58,6 +58,8 @@ pub struct Stats {
     pub prefix_lookup_tokens: u64,
     /// Of those, tokens the prefix cache supplied.
     pub prefix_hit_tokens: u64,
+    /// Per request priority (`0..--priorities`): tokens looked up and tokens supplied.
+    pub prefix_tokens_by_priority: Vec<(u64, u64)>,
     /// Highest pages in use (request-owned plus cached).
     pub peak_pages_in_use: usize,
     /// Nanoseconds spent in kvown calls, per step.
@@ -117,7 +119,10 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
                 )
             }),
             step_ns: 0,
-            stats: Stats::default(),
+            stats: Stats {
+                prefix_tokens_by_priority: vec![(0, 0); args.priorities as usize],
+                ..Stats::default()
+            },
         }
     }
 
@@ -176,8 +181,8 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
         {
             let job = self.arrivals.pop_front().expect("front exists");
             let adapter = Namespace(job.adapter);
-            self.waiting
-                .push_back(Req::new_in(adapter, job.rid, job.prompt));
+            let req = Req::new_in(adapter, job.rid, job.prompt).with_priority(job.priority);
+            self.waiting.push_back(req);
         }
         let extended = self.extend()?;
         if !extended && self.running.is_empty() {
@@ -302,8 +307,13 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
                 break;
             }
             if !continuing {
-                self.stats.prefix_lookup_tokens += req.fill_ids().len() as u64;
-                self.stats.prefix_hit_tokens += prefix as u64;
+                let (lookup, hit) = (req.fill_ids().len() as u64, prefix as u64);
+                self.stats.prefix_lookup_tokens += lookup;
+                self.stats.prefix_hit_tokens += hit;
+                let by_priority =
+                    &mut self.stats.prefix_tokens_by_priority[req.priority() as usize];
+                by_priority.0 += lookup;
+                by_priority.1 += hit;
             }
             reserved += need;
             budget -= req.extend_end() - prefix;

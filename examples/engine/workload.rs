@@ -22,6 +22,8 @@ pub struct Job {
     pub output_len: usize,
     /// Its LoRA adapter, the prefix-cache namespace it matches and caches in.
     pub adapter: u32,
+    /// Its priority (`0..--priorities`), recorded with the prefixes it caches.
+    pub priority: i32,
 }
 
 /// The token a request "samples" at output index `index`: a fixed function, so a multi-turn
@@ -75,6 +77,11 @@ pub fn generate(args: &Args) -> Vec<Job> {
             1 => 0,
             adapters => rng.gen_range(0..adapters),
         };
+        // Likewise drawn only with several priorities.
+        let mut priority = match args.priorities {
+            1 => 0,
+            priorities => rng.gen_range(0..priorities) as i32,
+        };
         if rng.gen_bool(args.shared_prefix_fraction) {
             let follow_up = (rng.gen_bool(0.5) && !jobs.is_empty()).then(|| {
                 let back = rng.gen_range(1..=jobs.len().min(32));
@@ -88,6 +95,7 @@ pub fn generate(args: &Args) -> Vec<Job> {
                     prompt.extend_from_slice(&parent.prompt);
                     prompt.extend((0..parent.output_len).map(|i| output_token(parent.rid, i)));
                     adapter = parent.adapter;
+                    priority = parent.priority;
                 }
                 _ => {
                     let system = &system_prompts[rng.gen_range(0..SYSTEM_PROMPTS)];
@@ -103,6 +111,7 @@ pub fn generate(args: &Args) -> Vec<Job> {
             prompt,
             output_len,
             adapter,
+            priority,
         });
     }
     jobs
@@ -141,8 +150,25 @@ mod tests {
             if let Some(parent) = parent {
                 follow_ups += 1;
                 assert_eq!(job.adapter, parent.adapter, "request {}", job.rid);
+                assert_eq!(job.priority, parent.priority, "request {}", job.rid);
             }
         }
         assert!(follow_ups > 20, "{follow_ups} follow-ups");
+    }
+
+    #[test]
+    fn priorities_are_drawn_only_when_asked_for_and_leave_the_prompts_alone() {
+        let base = jobs(&["--adapters", "8", "--shared-prefix-fraction", "1"]);
+        assert!(base.iter().all(|job| job.priority == 0));
+        let ranked = jobs(&[
+            "--adapters",
+            "8",
+            "--shared-prefix-fraction",
+            "1",
+            "--priorities",
+            "3",
+        ]);
+        let used: std::collections::BTreeSet<i32> = ranked.iter().map(|job| job.priority).collect();
+        assert_eq!(used.into_iter().collect::<Vec<_>>(), [0, 1, 2]);
     }
 }
