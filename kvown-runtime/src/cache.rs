@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::alloc::{KvAllocator, ceil_align};
 use crate::error::KvError;
-use crate::radix::RadixCache;
+use crate::radix::{CacheEvent, RadixCache};
 use crate::request::Req;
 use crate::slots::{ReqRow, ReqToTokenPool};
 
@@ -189,6 +189,24 @@ impl<A: KvAllocator> KvCache<A> {
     /// The prefix cache.
     pub fn tree(&self) -> &TreeCache {
         &self.tree
+    }
+
+    /// Turns the prefix cache's events on, or restarts their stream
+    /// ([`RadixCache::enable_events`]); `false`, changing nothing, without a radix cache.
+    pub fn enable_cache_events(&mut self) -> bool {
+        self.tree
+            .radix_mut()
+            .map(RadixCache::enable_events)
+            .is_some()
+    }
+
+    /// Takes the prefix cache's queued events ([`RadixCache::take_events`]): none without a
+    /// radix cache or with its events off. Drain it regularly: the queue grows until then.
+    pub fn take_cache_events(&mut self) -> Vec<CacheEvent> {
+        self.tree
+            .radix_mut()
+            .map(RadixCache::take_events)
+            .unwrap_or_default()
     }
 
     /// Slots per page.

@@ -1,10 +1,15 @@
 //! Random operation sequences on the radix cache over page sizes 1, 3, 4 and 16, three
 //! namespaces and every eviction policy (inserts of random priorities, hits or not), with the
 //! cache's and the allocator's invariant checks after every step and every match and insert
-//! checked against a model of what each namespace caches; and one eviction against the same
-//! eviction made a node at a time.
+//! checked against a model of what each namespace caches, and the cache-event stream (when on)
+//! replayed after every step into exactly the pages of that model; and one eviction against the
+//! same eviction made a node at a time.
 
+#[path = "common/cache_events.rs"]
+mod cache_events;
 mod common;
+
+use cache_events::Replay;
 
 use kvown_runtime::alloc::{KvAllocator, KvSlot, PageId, PagedAllocator};
 use std::collections::{HashMap, HashSet};
@@ -41,6 +46,8 @@ enum Op {
     Unlock { holder: usize },
     /// Evict a number of pages' worth of tokens.
     Evict { pages: usize },
+    /// Turn cache events on, or restart their stream.
+    EnableEvents,
 }
 
 /// Token ids from a tiny alphabet so keys share prefixes and diverge mid-node often.
@@ -64,6 +71,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(namespace, tokens, lock)| Op::Match { namespace, tokens, lock }),
         2 => any::<usize>().prop_map(|holder| Op::Unlock { holder }),
         1 => (0usize..8).prop_map(|pages| Op::Evict { pages }),
+        1 => Just(Op::EnableEvents),
     ]
 }
 
@@ -82,16 +90,24 @@ struct World {
     /// What the cache holds: the page of every cached (namespace, key prefix ending with that
     /// page).
     model: HashMap<(Namespace, Vec<u32>), PageId>,
+    /// The cache-event stream replayed, while events are on.
+    replay: Option<Replay>,
 }
 
 impl World {
-    fn new(page_size: usize, policy: EvictionPolicy) -> World {
+    /// A world whose cache evicts by `policy` and has events on from the start when `events`.
+    fn new(page_size: usize, policy: EvictionPolicy, events: bool) -> World {
+        let mut cache = RadixCache::with_policy(page_size, policy);
+        if events {
+            cache.enable_events();
+        }
         World {
             page_size,
-            cache: RadixCache::with_policy(page_size, policy),
+            cache,
             alloc: PagedAllocator::new(PAGES * page_size, page_size, false).unwrap(),
             holders: Vec::new(),
             model: HashMap::new(),
+            replay: events.then(Replay::default),
         }
     }
 
@@ -259,6 +275,10 @@ impl World {
                 assert_eq!(self.cache.protected_size(), protected);
                 assert_eq!(self.cache.evictable_size(), evictable - evicted);
             }
+            Op::EnableEvents => {
+                self.cache.enable_events();
+                self.replay.get_or_insert_default();
+            }
         }
     }
 
@@ -299,8 +319,18 @@ impl World {
             .collect()
     }
 
-    fn verify(&self) {
+    fn verify(&mut self) {
         self.cache.check().unwrap();
+        // The events since the last step, replayed: exactly the cached pages, each at its
+        // (namespace, prefix) with its page id; none while events are off.
+        let events = self.cache.take_events();
+        match &mut self.replay {
+            Some(replay) => {
+                replay.apply(events);
+                assert_eq!(replay.by_prefix(), self.model);
+            }
+            None => assert_eq!(events, []),
+        }
         self.alloc.check().unwrap();
         let cache = &self.cache;
         assert_eq!(
@@ -337,8 +367,9 @@ proptest! {
         page_size in prop::sample::select(vec![1usize, 3, 4, 16]),
         policy in prop::sample::select(EvictionPolicy::ALL.to_vec()),
         ops in prop::collection::vec(op(), 1..60),
+        events in any::<bool>(),
     ) {
-        let mut world = World::new(page_size, policy);
+        let mut world = World::new(page_size, policy, events);
         for op in ops {
             world.apply(op);
             world.verify();
@@ -361,6 +392,7 @@ proptest! {
         policy in prop::sample::select(EvictionPolicy::ALL.to_vec()),
         ops in prop::collection::vec(op(), 1..60),
         pages in 1usize..PAGES,
+        events in any::<bool>(),
     ) {
         // Two worlds from the same operations; one evicts in one call, the other one node per
         // call (`evict(1)`) until as many tokens are gone. Whole nodes go in the policy's order
@@ -368,7 +400,8 @@ proptest! {
         // victims in the one call, by what they absorbed node by node), so both must evict
         // the same nodes. (Their pages reach the free list in another order: one call frees
         // them in one allocator call, so a LIFO allocator reuses the first victim's first.)
-        let [mut at_once, mut node_by_node] = [(); 2].map(|()| World::new(page_size, policy));
+        let [mut at_once, mut node_by_node] =
+            [(); 2].map(|()| World::new(page_size, policy, events));
         for op in ops {
             at_once.apply(op.clone());
             node_by_node.apply(op);

@@ -33,7 +33,8 @@ impl RadixCache {
     /// the root); positions (each key starts where its parent's
     /// ends, whole pages only); lock counts (root 1, every other its own locks plus the sum of
     /// its children's); the evictable-leaf set and its LRU order (an entry at each candidate's
-    /// access time); no page cached twice, and the page index holding exactly the cached pages.
+    /// access time); no page cached twice, and the page index holding exactly the cached pages;
+    /// with events on, each cached page's recorded hash that of its path.
     ///
     /// Cost: O(cached pages + nodes); meant for tests and debug builds.
     pub fn check(&self) -> Result<(), RadixError> {
@@ -150,6 +151,7 @@ impl RadixCache {
             self.evictable_leaves.len(),
         )?;
         expect_eq(root, "indexed pages", pages.len(), self.pages.len())?;
+        self.check_event_hashes()?;
         expect_eq(root, "evictable tokens", evictable, self.evictable_size)?;
         expect_eq(root, "protected tokens", protected, self.protected_size)?;
         expect_eq(root, "total tokens", evictable + protected, self.total_size)

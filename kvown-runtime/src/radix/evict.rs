@@ -217,6 +217,7 @@ impl RadixCache {
     /// unlocked leaf. The parent inherits the leaf's access time when newer (sglang stamps whole
     /// paths) and absorbs its hits and priority ([`NodeStats::absorb`]).
     fn remove_leaf(&mut self, leaf: NodeId) {
+        self.record_removed(leaf);
         self.list_evictable(leaf, false);
         self.children.unlink(&mut self.arena, self.page_size, leaf);
         let entry = &self.arena[leaf];

@@ -373,6 +373,7 @@ impl RadixCache {
                 page,
             }));
         }
+        self.record_extended(from.node, tokens, slots);
         let now = self.tick();
         let data = &mut self.arena[from.node].data;
         reserve_growth(data, page_size + 1);
@@ -447,6 +448,7 @@ impl RadixCache {
         now: u64,
     ) -> NodeId {
         let page_size = self.page_size;
+        self.record_stored(parent, namespace, &key[pos..], &slots[pos..]);
         let mut data = Vec::with_capacity(Node::key_words(key.len() - pos, page_size));
         append_pages(&mut data, &key[pos..], &slots[pos..], page_size);
         self.hold_pages(&slots[pos..]);
@@ -466,6 +468,7 @@ impl RadixCache {
     /// suffix starts.
     fn extend_leaf(&mut self, node: NodeId, suffix: &[u32], slots: &[KvSlot]) {
         let page_size = self.page_size;
+        self.record_extended(node, suffix, slots);
         let data = &mut self.arena[node].data;
         reserve_growth(data, Node::key_words(suffix.len(), page_size));
         append_pages(data, suffix, slots, page_size);

@@ -62,6 +62,7 @@
 mod check;
 mod children;
 mod error;
+mod events;
 mod evict;
 mod insert;
 mod lock;
@@ -72,6 +73,7 @@ mod policy;
 
 pub(crate) use check::LockMismatch;
 pub use error::RadixError;
+pub use events::{CacheEvent, PageHash, StoredPage};
 pub use node::NodeId;
 pub use policy::{EvictionPolicy, InsertParams, SLRU_PROTECTED_HITS, UnknownEvictionPolicy};
 
@@ -80,6 +82,7 @@ use std::collections::BinaryHeap;
 
 use crate::alloc::{KvSlot, PageId};
 use children::ChildIndex;
+use events::EventLog;
 use evict::EvictionScratch;
 use node::{Arena, NOT_EVICTABLE, Node};
 use page_index::PageIndex;
@@ -182,6 +185,8 @@ pub struct RadixCache {
     eviction: Box<EvictionScratch>,
     /// Every page the nodes hold, so that an insert can refuse one it would cache twice.
     pages: PageIndex,
+    /// Cache events, when on ([`RadixCache::enable_events`]).
+    events: Option<Box<EventLog>>,
 }
 
 impl RadixCache {
@@ -229,6 +234,7 @@ impl RadixCache {
             clock: 0,
             eviction: Box::default(),
             pages: PageIndex::default(),
+            events: None,
         }
     }
 
@@ -275,7 +281,8 @@ impl RadixCache {
 
     /// Heap and inline bytes of the cache's bookkeeping, token ids of the keys excluded: node
     /// table, page ids and spare vector capacity, child index, leaf set, buffers, and the page
-    /// index (one bit per page id up to the largest the tree has held).
+    /// index (one bit per page id up to the largest the tree has held); with events on, the
+    /// queued events and the page hashes (8 bytes per page id up to the largest held).
     pub fn bookkeeping_bytes(&self) -> usize {
         let key_bytes: usize = self
             .arena
@@ -295,6 +302,7 @@ impl RadixCache {
             + self.order.capacity() * size_of::<OrderEntry>()
             + self.eviction.heap_bytes()
             + self.pages.heap_bytes()
+            + self.events.as_ref().map_or(0, |events| events.heap_bytes())
     }
 
     /// Advances the logical clock and returns the new time.
