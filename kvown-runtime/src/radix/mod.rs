@@ -24,6 +24,9 @@
 //!   all or nothing, in the order of the cache's [`EvictionPolicy`] (least recently used first
 //!   by default); [`RadixCache::evict_shortfall`] evicts only what the allocator lacks (spec
 //!   §2.7).
+//! * [`RadixCache::enable_events`] turns on a stream of [`CacheEvent`]s (pages stored and
+//!   removed, named by a chained [`PageHash`]) for a router; [`RadixCache::take_events`]
+//!   drains it. Off by default.
 //!
 //! ```
 //! use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
