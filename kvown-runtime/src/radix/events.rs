@@ -110,7 +110,7 @@ pub struct StoredPage {
 pub enum CacheEvent {
     /// Pages entered the cache: a run of consecutive pages of one path, in key order, each the
     /// parent of the next. One event per run rather than per page: a prompt's pages enter
-    /// together, and a router gets the chain and the tokens in one message with one allocation
+    /// together, and a router gets the chain and the tokens in one message with two allocations
     /// for all of them (vLLM's `BlockStored` has the same shape). A request that registers its
     /// pages as they fill stores one page per event.
     ///
