@@ -32,8 +32,8 @@ impl RadixCache {
     /// its namespace and first page, nothing else indexed; a node's namespace its parent's below
     /// the root); positions (each key starts where its parent's
     /// ends, whole pages only); lock counts (root 1, every other its own locks plus the sum of
-    /// its children's); the evictable-leaf set and its LRU order (an entry at each candidate's
-    /// access time); no page cached twice, and the page index holding exactly the cached pages;
+    /// its children's); the evictable-leaf set and its eviction order (an entry at each candidate's
+    /// rank); no page cached twice, and the page index holding exactly the cached pages;
     /// with events on, each cached page's recorded hash that of its path.
     ///
     /// Cost: O(cached pages + nodes); meant for tests and debug builds.
