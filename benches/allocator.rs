@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
-use workloads::{DecodeLoop, ExtendBatch, PoolChurn};
+use kvown::radix::EvictionPolicy;
+use workloads::{DecodeLoop, EvictionChurn, ExtendBatch, PoolChurn};
 
 fn pool_churn(c: &mut Criterion) {
     let mut group = c.benchmark_group("W1_pool_churn");
@@ -41,6 +42,30 @@ fn decode_step(c: &mut Criterion) {
         }
         if let Some(bytes) = decode.radix_bytes_per_cached_page() {
             println!("{name}: radix bookkeeping {bytes:.2} bytes per cached page");
+        }
+    }
+    // W2e: W2c with the cache's events on, drained every step.
+    let mut decode = DecodeLoop::with_events();
+    for _ in 0..2000 {
+        decode.step_draining_events();
+    }
+    group.bench_function("W2e", |b| {
+        b.iter(|| black_box(&mut decode).step_draining_events())
+    });
+    if let Err(violation) = decode.check() {
+        panic!("W2e: invariant violated after the run: {violation}");
+    }
+    group.finish();
+}
+
+/// E1: one admission, insert and eviction of about a page in a full radix cache, per policy.
+fn eviction(c: &mut Criterion) {
+    let mut group = c.benchmark_group("E1_eviction");
+    for policy in EvictionPolicy::ALL {
+        let mut churn = EvictionChurn::new(policy);
+        group.bench_function(policy.name(), |b| b.iter(|| black_box(&mut churn).cycle()));
+        if let Err(problem) = churn.check() {
+            panic!("E1_{policy}: inconsistent after the run: {problem}");
         }
     }
     group.finish();
@@ -87,5 +112,5 @@ fn extend(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, pool_churn, decode_step, checker, extend);
+criterion_group!(benches, pool_churn, decode_step, checker, extend, eviction);
 criterion_main!(benches);

@@ -20,8 +20,9 @@ use serde::Serialize;
 use guarded::{
     guarded_batch, guarded_vs_plain_checksums, guarded_write_loop, plain_batch, plain_write_loop,
 };
+use kvown::radix::EvictionPolicy;
 use reference::{BareChurn, DenseDecode};
-use workloads::{DecodeLoop, ExtendBatch, Phase, PhaseTimes, PoolChurn};
+use workloads::{DecodeLoop, EvictionChurn, ExtendBatch, Phase, PhaseTimes, PoolChurn};
 
 /// Runs the allocator workloads and prints their figures.
 #[derive(Debug, Parser)]
@@ -44,7 +45,7 @@ struct Args {
 
 /// The timed workloads, in the order they run; `ref_*` are reference loops, not kvown, and
 /// `A/B` is the ratio of two workloads timed in alternation ([`paired`]).
-const WORKLOADS: [&str; 19] = [
+const WORKLOADS: [&str; 34] = [
     "W1_k1",
     "W1_k32",
     "W1_k1024",
@@ -53,7 +54,15 @@ const WORKLOADS: [&str; 19] = [
     "W1p_k1024",
     "W2",
     "W2c",
+    "W2e",
     "W3",
+    "E1_lru",
+    "E1_lfu",
+    "E1_fifo",
+    "E1_mru",
+    "E1_filo",
+    "E1_priority",
+    "E1_slru",
     "check_W2c",
     "reclaim_W2c",
     "guarded_vs_plain",
@@ -64,6 +73,13 @@ const WORKLOADS: [&str; 19] = [
     "W1_k1/ref_bare_churn",
     "W2/ref_dense_decode_append",
     "W2c/W2",
+    "W2e/W2c",
+    "E1_lfu/E1_lru",
+    "E1_fifo/E1_lru",
+    "E1_mru/E1_lru",
+    "E1_filo/E1_lru",
+    "E1_priority/E1_lru",
+    "E1_slru/E1_lru",
 ];
 
 /// The targets the issue sets on its 2-core development machine: workload, comparison, bound.
@@ -305,6 +321,40 @@ fn decode_steps(name: &str, radix: bool, repeats: usize) -> (Workload, DecodeLoo
     (workload, decode)
 }
 
+/// W2e: W2c with the cache's events on, drained every step.
+fn decode_steps_with_events(repeats: usize) -> Workload {
+    let mut decode = DecodeLoop::with_events();
+    let workload = per_step("W2e", repeats, || {
+        black_box(&mut decode).step_draining_events()
+    });
+    assert_checked("W2e", &decode);
+    assert!(decode.event_pages() > 0, "W2e: the events named no page");
+    workload
+}
+
+/// Cycles per E1 measurement.
+const EVICTION_CYCLES: usize = 1 << 16;
+
+/// E1 under `policy` (warmed up by [`EvictionChurn::new`]): a measurement of
+/// `EVICTION_CYCLES` cycles in ns per cycle, the cache checked after each.
+fn eviction_timer(policy: EvictionPolicy) -> impl FnMut() -> f64 {
+    let mut churn = EvictionChurn::new(policy);
+    move || {
+        let start = Instant::now();
+        for _ in 0..EVICTION_CYCLES {
+            black_box(&mut churn).cycle();
+        }
+        let nanos = start.elapsed().as_nanos() as f64 / EVICTION_CYCLES as f64;
+        if let Err(problem) = churn.check() {
+            panic!(
+                "E1_{policy}: inconsistent after {} cycles: {problem}",
+                churn.cycles()
+            );
+        }
+        nanos
+    }
+}
+
 /// Panics unless the invariant checker passes on `decode`'s state after its run.
 fn assert_checked(name: &str, decode: &DecodeLoop) {
     if let Err(violation) = decode.check() {
@@ -343,6 +393,22 @@ fn paired_ratios(selected: impl Fn(&str) -> bool, repeats: usize) -> Vec<Workloa
         ratios.push(paired_steps(name, repeats, w2c_step, w2_step));
         assert_checked("W2c", &w2c);
         assert_checked("W2", &w2);
+    }
+    let name = "W2e/W2c";
+    if selected(name) {
+        let (mut w2e, mut w2c) = (DecodeLoop::with_events(), DecodeLoop::new(true));
+        let w2e_step = || black_box(&mut w2e).step_draining_events();
+        let w2c_step = || black_box(&mut w2c).step();
+        ratios.push(paired_steps(name, repeats, w2e_step, w2c_step));
+        assert_checked("W2e", &w2e);
+        assert_checked("W2c", &w2c);
+    }
+    for policy in EvictionPolicy::ALL {
+        let name = format!("E1_{policy}/E1_lru");
+        if policy != EvictionPolicy::Lru && selected(&name) {
+            let lru = eviction_timer(EvictionPolicy::Lru);
+            ratios.push(paired(&name, repeats, eviction_timer(policy), lru));
+        }
     }
     ratios
 }
@@ -486,8 +552,17 @@ fn main() {
             }));
         }
     }
+    if selected("W2e") {
+        workloads.push(decode_steps_with_events(repeats));
+    }
     if selected("W3") {
         workloads.push(extend(repeats));
+    }
+    for policy in EvictionPolicy::ALL {
+        let name = format!("E1_{policy}");
+        if selected(&name) {
+            workloads.push(repeat(&name, "ns/cycle", repeats, eviction_timer(policy)));
+        }
     }
     if selected("guarded_vs_plain") {
         workloads.push(guarded_vs_plain(repeats));

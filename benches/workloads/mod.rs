@@ -12,7 +12,7 @@ use kvown::batch::{
     release_kv_cache,
 };
 use kvown::cache::{KvCache, TreeCache};
-use kvown::radix::RadixCache;
+use kvown::radix::{CacheEvent, EvictionPolicy, InsertParams, Namespace, RadixCache, TreePos};
 use kvown::reclaim::reclaim_leaks;
 use kvown::request::Req;
 use kvown::slots::ReqToTokenPool;
@@ -205,6 +205,8 @@ pub struct DecodeLoop {
     running: Option<ScheduleBatch>,
     next_rid: u64,
     radix: bool,
+    /// W2e: pages named by the cache events drained so far (stored plus removed).
+    event_pages: u64,
 }
 
 impl DecodeLoop {
@@ -231,6 +233,7 @@ impl DecodeLoop {
             running: Some(ScheduleBatch::new(Vec::new())),
             next_rid: Self::RUNNING as u64,
             radix,
+            event_pages: 0,
         };
         let reqs = (0..Self::RUNNING)
             .map(|i| {
@@ -240,6 +243,47 @@ impl DecodeLoop {
             .collect();
         workload.admit(reqs);
         workload
+    }
+
+    /// W2e: W2c with the prefix cache's events on from the start (the queue is drained by
+    /// [`DecodeLoop::step_draining_events`]).
+    pub fn with_events() -> Self {
+        let mut workload = DecodeLoop::new(true);
+        assert!(
+            workload.cache.enable_cache_events(),
+            "W2c has a radix cache"
+        );
+        workload.drain_events();
+        workload.event_pages = 0;
+        workload
+    }
+
+    /// One W2e step: [`DecodeLoop::step`], then the cache's events drained as a router feed
+    /// would, every event's pages counted.
+    #[inline]
+    pub fn step_draining_events(&mut self) {
+        self.step();
+        self.drain_events();
+    }
+
+    /// Takes the queued cache events and adds the pages they name to the count.
+    fn drain_events(&mut self) {
+        for event in self.cache.take_cache_events() {
+            self.event_pages += match event {
+                CacheEvent::Stored { pages, .. } => pages.len() as u64,
+                CacheEvent::Removed { hashes } => hashes.len() as u64,
+                CacheEvent::Cleared => 0,
+            };
+        }
+    }
+
+    /// W2e: pages the drained events named, stored plus removed.
+    #[allow(
+        dead_code,
+        reason = "used by examples/bench.rs, not by benches/allocator.rs"
+    )]
+    pub fn event_pages(&self) -> u64 {
+        self.event_pages
     }
 
     /// Extends `reqs` and adds them to the running batch (registering their pages with W2c).
@@ -345,6 +389,141 @@ impl DecodeLoop {
             Err(error) => Err(error.to_string()),
         }
     }
+}
+
+/// A 64-bit mix of `value` (splitmix64's finaliser): the E1 cycle's pseudo-random draws.
+fn mix(value: u64) -> u64 {
+    let mut z = value.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// E1, eviction cost per policy: a radix cache of one policy over a pool of
+/// [`EvictionChurn::POOL_PAGES`] pages, kept full of unlocked entries, each key three pages: one
+/// of 16 shared prefixes, one of 256 middle pages under it (4,096 in all), and a page of its
+/// own. One cycle admits and finishes one such request: match its key and lock the match,
+/// evict the shortfall of its uncached pages (about one page), allocate them, insert the key
+/// with a priority of 0..4 (one hit), unlock, then insert it again 0..2 times (more hits), all
+/// drawn from the cycle number.
+pub struct EvictionChurn {
+    tree: RadixCache,
+    allocator: PagedAllocator,
+    cycles: u64,
+    key: Vec<u32>,
+    /// The key's slots; only those of its uncached pages are read by an insert.
+    slots: Vec<KvSlot>,
+    /// The slots of the pages one cycle allocates.
+    allocated: Vec<KvSlot>,
+}
+
+impl EvictionChurn {
+    /// Pages in the pool, all held by the cache after warm-up (bar the few an eviction frees
+    /// past the shortfall).
+    pub const POOL_PAGES: usize = 20_480;
+    /// Shared first pages of the keys.
+    pub const PREFIXES: u64 = 16;
+    /// Middle pages under each prefix.
+    pub const MIDDLES: u64 = 256;
+    /// Pages per key.
+    const KEY_PAGES: usize = 3;
+
+    /// A cache evicting by `policy`, filled and warmed up: cycles until as many pages have been
+    /// inserted as twice the pool holds.
+    pub fn new(policy: EvictionPolicy) -> Self {
+        let allocator =
+            PagedAllocator::new(Self::POOL_PAGES * PAGE_SIZE, PAGE_SIZE, false).expect("a pool");
+        let mut churn = EvictionChurn {
+            tree: RadixCache::with_policy(PAGE_SIZE, policy),
+            allocator,
+            cycles: 0,
+            key: vec![0; Self::KEY_PAGES * PAGE_SIZE],
+            slots: vec![0; Self::KEY_PAGES * PAGE_SIZE],
+            allocated: Vec::with_capacity(Self::KEY_PAGES * PAGE_SIZE),
+        };
+        while churn.cycles < 2 * Self::POOL_PAGES as u64 {
+            churn.cycle();
+        }
+        churn
+    }
+
+    /// One cycle: a request's admission (match, lock, evict the shortfall, allocate) and its
+    /// insert on finishing (unlock), plus 0..2 repeated inserts of the same key.
+    #[inline]
+    pub fn cycle(&mut self) {
+        let draw = mix(self.cycles);
+        self.cycles += 1;
+        let prefix = draw % Self::PREFIXES;
+        // Page numbers: the prefixes, then the middle pages, then one per cycle.
+        let middle = Self::PREFIXES + prefix * Self::MIDDLES + (draw >> 8) % Self::MIDDLES;
+        let own = Self::PREFIXES * (1 + Self::MIDDLES) + self.cycles;
+        for (page, id) in self
+            .key
+            .chunks_exact_mut(PAGE_SIZE)
+            .zip([prefix, middle, own])
+        {
+            for (offset, token) in page.iter_mut().enumerate() {
+                *token = token_of(id, offset);
+            }
+        }
+        let at = self.tree.match_prefix(&self.key);
+        if at != TreePos::ROOT {
+            self.tree.inc_lock_ref(at.node).expect("lock the match");
+        }
+        let uncached = self.key.len() - at.len;
+        self.tree
+            .evict_shortfall(uncached, &mut self.allocator)
+            .expect("evict");
+        self.allocated.clear();
+        self.allocator
+            .alloc(uncached, &mut self.allocated)
+            .expect("room after the eviction");
+        self.slots[at.len..].copy_from_slice(&self.allocated);
+        let params = InsertParams {
+            priority: ((draw >> 16) % 4) as i32,
+            chunked: false,
+        };
+        let namespace = Namespace::DEFAULT;
+        self.tree
+            .insert_from_with(namespace, at, &self.key, &self.slots, params)
+            .expect("insert the new page");
+        if at != TreePos::ROOT {
+            self.tree.dec_lock_ref(at.node).expect("unlock the match");
+        }
+        for _ in 0..(draw >> 24) % 3 {
+            self.tree
+                .insert_from_with(namespace, TreePos::ROOT, &self.key, &self.slots, params)
+                .expect("a repeated insert");
+        }
+    }
+
+    /// Cycles run so far, warm-up included.
+    #[allow(
+        dead_code,
+        reason = "used by examples/bench.rs, not by benches/allocator.rs"
+    )]
+    pub fn cycles(&self) -> u64 {
+        self.cycles
+    }
+
+    /// Runs the radix cache's own consistency check, and checks that every page of the pool is
+    /// either free or cached.
+    pub fn check(&self) -> Result<(), String> {
+        self.tree.check().map_err(|error| error.to_string())?;
+        let held = self.allocator.available_size() + self.tree.total_size();
+        if held != Self::POOL_PAGES * PAGE_SIZE {
+            return Err(format!(
+                "{held} slots free or cached of {}",
+                Self::POOL_PAGES * PAGE_SIZE
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Token `offset` of E1's page number `id`: distinct pages have distinct first tokens.
+fn token_of(id: u64, offset: usize) -> u32 {
+    (id as u32).wrapping_mul(2_654_435_761) ^ (offset as u32) << 28
 }
 
 impl Default for ExtendBatch {
