@@ -153,6 +153,11 @@ pub struct Args {
     /// Run the invariant checker after every step (it always runs at the end).
     #[arg(long)]
     pub check: bool,
+    /// Turn the prefix cache's events on and drain them every step into a router's replay
+    /// (the page hashes this replica holds); at the end the replay must equal the hashes of
+    /// the pages the cache holds, or the run fails. The summary counts the events.
+    #[arg(long)]
+    pub cache_events: bool,
     /// Where to write the pool-occupancy plot (SVG).
     #[arg(long, default_value = "target/kvown-occupancy.svg")]
     pub plot: PathBuf,

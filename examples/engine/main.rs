@@ -19,6 +19,7 @@ mod cli;
 mod device_copy;
 mod kv_data;
 mod plot;
+mod replay;
 mod report;
 mod scheduler;
 mod workload;
@@ -227,6 +228,7 @@ fn serve<A: KvAllocator + AsPageAllocator + DeviceCopy>(
         kvown_ns_per_step_p99: p99,
         kv_rows_stored: engine.kv().rows_stored,
         kv_samples_verified: engine.kv().samples_verified,
+        cache_events: stats.cache_events,
         checked_every_step: args.check,
         backend,
         wall_seconds,
@@ -286,7 +288,9 @@ mod tests {
         /// pages to spare, with and without speculation, prefix sharing (over one to three
         /// adapters), chunked prefill and every eviction policy,
         /// under either admission policy (the ratio from timid to reckless, decaying slowly
-        /// or fast): every request finishes, with the checker passing on every step.
+        /// or fast), with and without cache events: every request finishes, with the checker
+        /// passing on every step (and with events, their replay holding as many pages as the
+        /// cache after every step and exactly its pages at the end).
         #[test]
         fn every_request_that_fits_the_pool_alone_finishes(
             page in prop::sample::select(vec![1usize, 2, 3, 4, 16]),
@@ -303,6 +307,7 @@ mod tests {
                 vec!["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"]
             ),
             priorities in prop::sample::select(vec!["1", "3"]),
+            cache_events in any::<bool>(),
             seed in 0u64..1000,
             ratio in prop::option::of((
                 prop::sample::select(vec!["0.01", "0.7", "1"]),
@@ -329,6 +334,9 @@ mod tests {
                 "--requests", &numbers[4], "--shared-prefix-fraction", shared, "--seed", &seed,
                 "--adapters", adapters, "--eviction-policy", eviction, "--priorities", priorities,
             ];
+            if cache_events {
+                flags.push("--cache-events");
+            }
             let spec = spec_tokens.map(|tokens| tokens.to_string());
             if let Some(tokens) = &spec {
                 flags.extend(["--spec", "--spec-tokens", tokens]);
@@ -342,6 +350,57 @@ mod tests {
             }
             let summary = run_with("fits-alone", &flags);
             prop_assert_eq!((summary.finished, summary.aborted), (requests as u64, 0));
+            prop_assert_eq!(summary.cache_events.is_some(), cache_events);
+        }
+    }
+
+    #[test]
+    fn cache_events_change_nothing_and_replay_to_the_cache() {
+        // A pool of 512 tokens under 40 requests sharing prefixes: the cache stores, is hit
+        // and evicts.
+        let flags = [
+            "--requests",
+            "40",
+            "--prompt-len",
+            "16..200",
+            "--output-len",
+            "1..64",
+            "--pool-tokens",
+            "512",
+            "--max-running",
+            "4",
+            "--check",
+        ];
+        for policy in ["lru", "slru"] {
+            let flags = [&flags[..], &["--eviction-policy", policy]].concat();
+            let without = run_with("events-off", &flags);
+            let with = run_with("events-on", &[&flags[..], &["--cache-events"]].concat());
+            let outcome = |s: &Summary| {
+                let rate = s.prefix_cache_hit_rate;
+                let tokens = (s.tokens_prefilled, s.tokens_decoded);
+                (
+                    s.finished,
+                    s.steps,
+                    tokens,
+                    rate,
+                    s.retractions,
+                    s.peak_pages_in_use,
+                )
+            };
+            assert_eq!(outcome(&with), outcome(&without), "{policy}");
+            assert!(without.prefix_cache_hit_rate > 0.0, "{policy}: no hits");
+            assert_eq!(without.cache_events, None);
+            let counts = with.cache_events.expect("--cache-events counts");
+            assert!(
+                counts.pages_removed > 0,
+                "{policy}: nothing evicted: {counts:?}"
+            );
+            assert!(counts.pages_stored > counts.pages_removed, "{counts:?}");
+            // At least a `Cleared` and one event per stored or removed run.
+            assert!(
+                counts.events > 1
+                    && counts.events <= 1 + counts.pages_stored + counts.pages_removed
+            );
         }
     }
 

@@ -4,6 +4,7 @@ use std::fmt;
 
 use serde::Serialize;
 
+use crate::replay::EventCounts;
 use crate::scheduler::Stats;
 
 /// What the run did and what it cost.
@@ -43,6 +44,9 @@ pub struct Summary {
     pub kv_rows_stored: u64,
     /// K/V samples read back and verified.
     pub kv_samples_verified: u64,
+    /// With `--cache-events`: the events drained during the run and the pages they stored and
+    /// removed (their replay matched the cache at the end); `null` without.
+    pub cache_events: Option<EventCounts>,
     /// Whether the invariant checker ran every step.
     pub checked_every_step: bool,
     /// Backend holding the K/V data, and why it was chosen.
@@ -121,6 +125,9 @@ pub fn step_time_percentiles(stats: &Stats) -> (u64, u64) {
 /// The table row of the hit rates per priority.
 const HIT_RATE_BY_PRIORITY: &str = "hit rate by priority";
 
+/// The table row of the cache events.
+const CACHE_EVENTS: &str = "cache events";
+
 impl Summary {
     /// The hit rates per priority, `0: 6.1 %, 1: 7.2 %`.
     fn hit_rates_by_priority(&self) -> String {
@@ -129,6 +136,16 @@ impl Summary {
             .map(|(priority, rate)| format!("{priority}: {:.1} %", 100.0 * rate))
             .collect();
         rates.join(", ")
+    }
+
+    /// The cache events' row: `812 (2315 pages stored, 1180 removed; replay matched the cache)`.
+    fn cache_events_row(&self) -> String {
+        self.cache_events.map_or(String::new(), |counts| {
+            format!(
+                "{} ({} pages stored, {} removed; replay matched the cache)",
+                counts.events, counts.pages_stored, counts.pages_removed
+            )
+        })
     }
 
     /// Prints the summary as an aligned table.
@@ -179,6 +196,7 @@ impl Summary {
                     "at the end (--check: every step)".to_string()
                 },
             ),
+            (CACHE_EVENTS, self.cache_events_row()),
             ("leak check", self.leak_check.to_string()),
             ("backend", self.backend.clone()),
             ("wall time", format!("{:.2} s", self.wall_seconds)),
@@ -189,6 +207,7 @@ impl Summary {
         let rows: Vec<_> = rows
             .into_iter()
             .filter(|&(name, _)| name != HIT_RATE_BY_PRIORITY || several_priorities)
+            .filter(|&(name, _)| name != CACHE_EVENTS || self.cache_events.is_some())
             .collect();
         let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
         for (name, value) in rows {

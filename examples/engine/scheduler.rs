@@ -22,6 +22,7 @@ use crate::admission::{CLIP_MAX_NEW_TOKENS, NewTokenRatio};
 use crate::cli::{Admission, Args};
 use crate::device_copy::DeviceCopy;
 use crate::kv_data::{KvStore, TokenKv};
+use crate::replay::{CacheReplay, EventCounts};
 use crate::workload::{Job, output_token};
 
 /// Pool occupancy after one step, in pages.
@@ -66,6 +67,9 @@ pub struct Stats {
     pub kvown_ns_per_step: Vec<u64>,
     /// Occupancy after each step.
     pub occupancy: Vec<Occupancy>,
+    /// With `--cache-events`, what the replay applied during the run (set by
+    /// [`Engine::finish`], before the end-of-run checks add their own events).
+    pub cache_events: Option<EventCounts>,
 }
 
 /// The engine: waiting queue, the chunked request, the running batch and the KV state, over
@@ -84,6 +88,8 @@ pub struct Engine<'a, A> {
     extend_buffer: Vec<KvSlot>,
     /// The new-token ratio under `--admission ratio`.
     new_token_ratio: Option<NewTokenRatio>,
+    /// With `--cache-events`: the router's replay of the cache's events.
+    replay: Option<CacheReplay>,
     step_ns: u64,
     /// The run's counters.
     pub stats: Stats,
@@ -99,7 +105,14 @@ fn timed<T>(ns: &mut u64, call: impl FnOnce() -> T) -> T {
 
 impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
     /// An engine over `cache` and `kv` for the workload `jobs`.
-    pub fn new(args: &'a Args, cache: KvCache<A>, kv: KvStore, jobs: Vec<Job>) -> Self {
+    pub fn new(args: &'a Args, mut cache: KvCache<A>, kv: KvStore, jobs: Vec<Job>) -> Self {
+        let replay = args.cache_events.then(|| {
+            assert!(
+                cache.enable_cache_events(),
+                "the engine's cache is a radix cache"
+            );
+            CacheReplay::default()
+        });
         Engine {
             args,
             cache,
@@ -118,6 +131,7 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
                     args.new_token_ratio_decay_steps,
                 )
             }),
+            replay,
             step_ns: 0,
             stats: Stats {
                 prefix_tokens_by_priority: vec![(0, 0); args.priorities as usize],
@@ -161,6 +175,16 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
         self.cache
             .check(self.held_reqs())
             .map_err(|violation| at_step(violation.to_string()))?;
+        if let Some(replay) = &self.replay {
+            let tree = self.cache.tree();
+            let cached = (tree.evictable_size() + tree.protected_size()) / self.cache.page_size();
+            if replay.held().len() != cached {
+                return Err(at_step(format!(
+                    "the replayed cache events hold {} pages, the cache {cached}",
+                    replay.held().len()
+                )));
+            }
+        }
         let rows = self
             .held_reqs()
             .filter_map(|req| Some((req.kv().req_pool_idx()?, req.kv().kv_allocated_len())));
@@ -192,8 +216,56 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
             }
         }
         self.decode()?;
+        self.replay_cache_events()?;
         self.stats.kvown_ns_per_step.push(self.step_ns);
         self.record_occupancy();
+        Ok(())
+    }
+
+    /// With `--cache-events`, drains the cache's events (a kvown call, timed) into the replay,
+    /// as a router's feed would every step.
+    fn replay_cache_events(&mut self) -> Result<(), String> {
+        let Some(replay) = &mut self.replay else {
+            return Ok(());
+        };
+        let events = timed(&mut self.step_ns, || self.cache.take_cache_events());
+        replay
+            .apply(events)
+            .map_err(|problem| format!("step {}: {problem}", self.stats.steps))
+    }
+
+    /// With `--cache-events`, at the end of the run: the replay against the tree. Restarting
+    /// the stream queues `Cleared` and a `Stored` of every cached page, built from the tree's
+    /// nodes (their hashes checked against their paths by the checker); replayed on their own,
+    /// they must give the live replay's hashes and page ids, and their page ids must be exactly
+    /// the pages the tree holds.
+    fn verify_cache_events(&mut self) -> Result<(), String> {
+        let Some(replay) = &self.replay else {
+            return Ok(());
+        };
+        self.stats.cache_events = Some(replay.counts());
+        self.cache.enable_cache_events();
+        let mut snapshot = CacheReplay::default();
+        snapshot
+            .apply(self.cache.take_cache_events())
+            .map_err(|problem| format!("the restarted stream: {problem}"))?;
+        replay.compare(&snapshot)?;
+        let tree = self
+            .cache
+            .tree()
+            .radix()
+            .expect("the engine's cache is a radix cache");
+        let mut cached: Vec<_> = tree.cached_pages().collect();
+        let mut named: Vec<_> = snapshot.held().values().copied().collect();
+        cached.sort_unstable();
+        named.sort_unstable();
+        if cached != named {
+            return Err(format!(
+                "the restarted stream names {} pages, the tree holds {}",
+                named.len(),
+                cached.len()
+            ));
+        }
         Ok(())
     }
 
@@ -622,10 +694,13 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
             return Err("finish called with requests still in flight".into());
         }
         self.check()?;
+        self.verify_cache_events()?;
         let capacity = self.cache.allocator().capacity();
         self.cache
             .evict_shortfall(capacity)
             .map_err(|e| format!("final eviction: {e}"))?;
+        // The eviction's events empty the replay.
+        self.replay_cache_events()?;
         self.check()?;
         let free = self.cache.available_size();
         let rows = self.cache.req_to_token();
