@@ -462,8 +462,8 @@ impl EvictionChurn {
             .chunks_exact_mut(PAGE_SIZE)
             .zip([prefix, middle, own])
         {
-            for (offset, token) in page.iter_mut().enumerate() {
-                *token = token_of(id, offset);
+            for (offset, key_token) in page.iter_mut().enumerate() {
+                *key_token = token(id, offset);
             }
         }
         let at = self.tree.match_prefix(&self.key);
@@ -519,11 +519,6 @@ impl EvictionChurn {
         }
         Ok(())
     }
-}
-
-/// Token `offset` of E1's page number `id`: distinct pages have distinct first tokens.
-fn token_of(id: u64, offset: usize) -> u32 {
-    (id as u32).wrapping_mul(2_654_435_761) ^ (offset as u32) << 28
 }
 
 impl Default for ExtendBatch {

@@ -205,6 +205,12 @@ fn serve<A: KvAllocator + AsPageAllocator + DeviceCopy>(
     plot::occupancy(&engine.stats, pool_pages, &args.plot)?;
     let (median, p99) = report::step_time_percentiles(&engine.stats);
     let stats = &engine.stats;
+    // Tokens looked up at admission and tokens the prefix cache supplied: a rate.
+    let hit_rate = |(lookup, hit): (u64, u64)| hit as f64 / lookup.max(1) as f64;
+    let by_priority = &stats.prefix_tokens_by_priority;
+    let totals = by_priority
+        .iter()
+        .fold((0, 0), |(lookup, hit), &(l, h)| (lookup + l, hit + h));
     Ok(Summary {
         requests: args.requests,
         finished: stats.finished,
@@ -212,13 +218,8 @@ fn serve<A: KvAllocator + AsPageAllocator + DeviceCopy>(
         steps: stats.steps,
         tokens_prefilled: stats.tokens_prefilled,
         tokens_decoded: stats.tokens_decoded,
-        prefix_cache_hit_rate: stats.prefix_hit_tokens as f64
-            / stats.prefix_lookup_tokens.max(1) as f64,
-        prefix_cache_hit_rate_by_priority: stats
-            .prefix_tokens_by_priority
-            .iter()
-            .map(|&(lookup, hit)| hit as f64 / lookup.max(1) as f64)
-            .collect(),
+        prefix_cache_hit_rate: hit_rate(totals),
+        prefix_cache_hit_rate_by_priority: by_priority.iter().copied().map(hit_rate).collect(),
         retractions: stats.retractions,
         admission: args.admission_summary(),
         eviction_policy: args.eviction_policy.name(),

@@ -55,11 +55,8 @@ pub struct Stats {
     pub tokens_prefilled: u64,
     /// Tokens committed by decode steps.
     pub tokens_decoded: u64,
-    /// Tokens looked up in the prefix cache at admission.
-    pub prefix_lookup_tokens: u64,
-    /// Of those, tokens the prefix cache supplied.
-    pub prefix_hit_tokens: u64,
-    /// Per request priority (`0..--priorities`): tokens looked up and tokens supplied.
+    /// Per request priority (`0..--priorities`): tokens looked up in the prefix cache at
+    /// admission, and of those the tokens it supplied.
     pub prefix_tokens_by_priority: Vec<(u64, u64)>,
     /// Highest pages in use (request-owned plus cached).
     pub peak_pages_in_use: usize,
@@ -380,8 +377,6 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
             }
             if !continuing {
                 let (lookup, hit) = (req.fill_ids().len() as u64, prefix as u64);
-                self.stats.prefix_lookup_tokens += lookup;
-                self.stats.prefix_hit_tokens += hit;
                 let by_priority =
                     &mut self.stats.prefix_tokens_by_priority[req.priority() as usize];
                 by_priority.0 += lookup;

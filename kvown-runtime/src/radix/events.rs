@@ -235,15 +235,7 @@ impl RadixCache {
         log.queue.clear();
         log.queue.push(CacheEvent::Cleared);
         let page_size = self.page_size;
-        let mut nodes: Vec<(NodeId, usize)> = self
-            .arena
-            .live()
-            .filter(|&(id, _)| id != NodeId::ROOT)
-            .map(|(id, node)| (id, node.start()))
-            .collect();
-        // A node starts where its parent ends, so by start position parents come first.
-        nodes.sort_unstable_by_key(|&(id, start)| (start, id));
-        for (id, _) in nodes {
+        for id in self.nodes_parents_first() {
             let node = &self.arena[id];
             let parent_hash = self.last_page_hash(&log, node.parent);
             let pages = (0..node.num_pages(page_size)).map(|page| {
@@ -271,6 +263,19 @@ impl RadixCache {
             .as_mut()
             .map(|log| std::mem::take(&mut log.queue))
             .unwrap_or_default()
+    }
+
+    /// Every node but the root, each after its parent: a node starts where its parent ends, so
+    /// by start position (ties by handle).
+    fn nodes_parents_first(&self) -> Vec<NodeId> {
+        let mut nodes: Vec<(usize, NodeId)> = self
+            .arena
+            .live()
+            .filter(|&(id, _)| id != NodeId::ROOT)
+            .map(|(id, node)| (node.start(), id))
+            .collect();
+        nodes.sort_unstable();
+        nodes.into_iter().map(|(_, id)| id).collect()
     }
 
     /// The hash of the last page of `node`'s key: the parent hash of a page stored right after
@@ -350,14 +355,7 @@ impl RadixCache {
             return Ok(());
         };
         let page_size = self.page_size;
-        let mut nodes: Vec<(usize, NodeId)> = self
-            .arena
-            .live()
-            .filter(|&(id, _)| id != NodeId::ROOT)
-            .map(|(id, node)| (node.start(), id))
-            .collect();
-        nodes.sort_unstable();
-        for (_, id) in nodes {
+        for id in self.nodes_parents_first() {
             let node = &self.arena[id];
             let mut hash = self
                 .last_page_hash(log, node.parent)

@@ -641,47 +641,24 @@ mod tests {
         // Two pages, half a page, a position inside the leaf, the root.
         let two: Vec<u32> = (100..108).collect();
         let two_slots: Vec<u32> = (12..20).collect();
-        assert!(
-            cache
-                .append_own_page(at, &two, &two_slots, InsertParams::default())
-                .is_none()
-        );
-        assert!(
-            cache
-                .append_own_page(at, &page[..2], &slots[..2], InsertParams::default())
-                .is_none()
-        );
-        assert!(
-            cache
-                .append_own_page(at, &page, &two_slots, InsertParams::default())
-                .is_none()
-        );
-        assert!(
-            cache
-                .append_own_page(at, &two, &slots, InsertParams::default())
-                .is_none()
-        );
         let inside = TreePos {
             len: page_size,
             ..at
         };
-        assert!(
+        let declined = |cache: &mut RadixCache, from: TreePos, tokens: &[u32], slots: &[u32]| {
             cache
-                .append_own_page(inside, &page, &slots, InsertParams::default())
+                .append_own_page(from, tokens, slots, InsertParams::default())
                 .is_none()
-        );
-        assert!(
-            cache
-                .append_own_page(TreePos::ROOT, &page, &slots, InsertParams::default())
-                .is_none()
-        );
+        };
+        assert!(declined(&mut cache, at, &two, &two_slots));
+        assert!(declined(&mut cache, at, &page[..2], &slots[..2]));
+        assert!(declined(&mut cache, at, &page, &two_slots));
+        assert!(declined(&mut cache, at, &two, &slots));
+        assert!(declined(&mut cache, inside, &page, &slots));
+        assert!(declined(&mut cache, TreePos::ROOT, &page, &slots));
         // A second lock on the leaf: it is no longer the caller's alone.
         cache.inc_lock_ref(at.node).unwrap();
-        assert!(
-            cache
-                .append_own_page(at, &page, &slots, InsertParams::default())
-                .is_none()
-        );
+        assert!(declined(&mut cache, at, &page, &slots));
         cache.dec_lock_ref(at.node).unwrap();
         assert_eq!(format!("{cache:?}"), before);
         // One page of the own leaf whose slots are not a page: refused, nothing changed.
