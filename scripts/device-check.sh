@@ -18,12 +18,37 @@ log="${OUT:-$(mktemp -d)}/device-check.log"
 
 failures=()
 tests_log=""
-# Runs stage `$1` (the command that follows), recording its failure.
+# Runs stage `$1` (the command that follows), recording its failure and printing its duration.
 stage() {
-    local name="$1"
+    local name="$1" started=$SECONDS
     shift
     echo "== $name"
     "$@" || failures+=("$name")
+    echo "== $name: $((SECONDS - started)) s"
+}
+
+# Runs the command under a limit of `$1` seconds where `timeout` exists (a device session's time
+# is short: a hung stage must not take the rest of it).
+limit() {
+    local seconds="$1"
+    shift
+    if command -v timeout >/dev/null; then
+        timeout --kill-after=5 "$seconds" "$@"
+    else
+        "$@"
+    fi
+}
+
+# What the machine offers: GPU, driver, CUDA libraries, C library. Printed before anything runs,
+# so a failure to load CUDA or NVRTC can be explained from the log alone.
+machine() {
+    echo "== machine"
+    uname -srm
+    ldd --version 2>/dev/null | head -1
+    nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total,clocks.max.sm \
+        --format=csv 2>/dev/null || echo "nvidia-smi: not available"
+    ldconfig -p 2>/dev/null | grep -E 'libcuda\.so|libnvrtc' || echo "ldconfig: no libcuda/libnvrtc"
+    echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 }
 
 # Runs the command, printing its output and appending it to the tests log.
@@ -47,8 +72,7 @@ main() {
     else
         echo "NVRTC: none found; the compile test will skip"
     fi
-    nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv ||
-        echo "nvidia-smi: not available"
+    machine
 
     local examples
     if command -v cargo >/dev/null; then
@@ -56,16 +80,18 @@ main() {
         cargo build --release -p kvown-cuda --all-targets &&
             cargo build --release --example engine || return 1
         examples="$CARGO_TARGET_DIR/release/examples"
+        sanitized=""
         nvrtc_test() { cargo test --release -p kvown-cuda --test nvrtc_compile -- --nocapture; }
         gpu_tests() { cargo test --release -p kvown-cuda -- --nocapture --test-threads=1 gpu_; }
     elif [ -d device-bundle ]; then
         echo "no cargo: running device-bundle/ (built from $(cat device-bundle/COMMIT))"
         examples=device-bundle/examples
-        nvrtc_test() { device-bundle/tests/nvrtc_compile --nocapture; }
+        sanitized="device-bundle/tests/differential --test-threads=1 gpu_"
+        nvrtc_test() { limit 60 device-bundle/tests/nvrtc_compile --nocapture; }
         gpu_tests() {
             local test rc=0
             for test in device-bundle/tests/*; do
-                "$test" --nocapture --test-threads=1 gpu_ || rc=1
+                limit 150 "$test" --nocapture --test-threads=1 gpu_ || rc=1
             done
             return $rc
         }
@@ -82,8 +108,17 @@ main() {
         failures+=("a GPU test was skipped (see 'skipped:' above): the GPU path did not run")
     fi
     stage "engine on CUDA, checker and mirror verification every step" \
-        "$examples/engine" --backend cuda --requests 256 --check
-    stage "kernel timing" "$examples/kernel_timing"
+        limit 120 "$examples/engine" --backend cuda --requests 256 --check
+    stage "engine on CUDA, timed (no per-step checks)" \
+        limit 120 "$examples/engine" --backend cuda --requests 1024
+    stage "kernel timing" limit 120 "$examples/kernel_timing"
+    # compute-sanitizer reads the device only under Firecracker; gVisor (kernel 4.4.0) refuses it.
+    if command -v compute-sanitizer >/dev/null && [ "$(uname -r)" != 4.4.0 ] && [ -n "$sanitized" ]; then
+        stage "compute-sanitizer memcheck of the GPU differential tests" limit 150 \
+            compute-sanitizer --tool memcheck --error-exitcode 1 $sanitized
+    else
+        echo "== compute-sanitizer: not run (not installed, gVisor, or no bundle)"
+    fi
 
     if [ ${#failures[@]} -gt 0 ]; then
         printf 'device-check: FAILED: %s\n' "${failures[@]}"
