@@ -1,9 +1,13 @@
 //! Times each kernel with CUDA events (median of many runs, non-zero inputs) and prints one
 //! table: alloc_extend, alloc_decode + table write for 1,024 requests at page 16, free,
 //! store_kv (with its bandwidth next to a measured device-to-device copy), and copy_pages.
-//! Prints `skipped: <reason>` and exits 0 where no CUDA device works.
+//! Each row also gives the host's time for the call (its median wall time), and building-block
+//! rows time the driver calls a step is made of (a small allocation, a small upload), so a row's
+//! time can be read as host submission or device work. Prints `skipped: <reason>` and exits 0
+//! where no CUDA device works.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use cudarc::driver::{CudaSlice, CudaStream, sys::CUevent_flags};
 use kvown_cuda::{CudaDevice, CudaKvPool, CudaPagedAllocator};
@@ -16,30 +20,58 @@ const PAGE: usize = 16;
 
 type Error = Box<dyn std::error::Error>;
 
-/// Median milliseconds of `RUNS` runs of `body`, each bracketed by timing events; `after` runs
-/// outside the timed region (e.g. to free what `body` allocated).
+/// Medians of one timed call over `RUNS` runs.
+#[derive(Clone, Copy)]
+struct Timing {
+    /// Between the events recorded before and after the call, in milliseconds: device work plus
+    /// any gap while the device waited for the host to submit it.
+    device_ms: f64,
+    /// The host's wall time for the call, in milliseconds.
+    host_ms: f64,
+}
+
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+/// Times `RUNS` runs of `body`, each bracketed by timing events (created beforehand, so their
+/// creation is not timed) and by the host clock; `after` runs outside the timed region (e.g. to
+/// free what `body` allocated).
 fn time<T>(
     stream: &Arc<CudaStream>,
     mut body: impl FnMut() -> Result<T, Error>,
     mut after: impl FnMut(T) -> Result<(), Error>,
-) -> Result<f64, Error> {
+) -> Result<Timing, Error> {
     let warm = body()?;
     after(warm)?;
-    let mut samples = Vec::with_capacity(RUNS);
+    let context = stream.context();
+    let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    let (start, end) = (context.new_event(flags)?, context.new_event(flags)?);
+    let mut device = Vec::with_capacity(RUNS);
+    let mut host = Vec::with_capacity(RUNS);
     for _ in 0..RUNS {
-        let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        start.record(stream)?;
+        let clock = Instant::now();
         let value = body()?;
-        let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        host.push(clock.elapsed().as_secs_f64() * 1e3);
+        end.record(stream)?;
         end.synchronize()?;
-        samples.push(f64::from(start.elapsed_ms(&end)?));
+        device.push(f64::from(start.elapsed_ms(&end)?));
         after(value)?;
     }
-    samples.sort_by(f64::total_cmp);
-    Ok(samples[RUNS / 2])
+    Ok(Timing {
+        device_ms: median(device),
+        host_ms: median(host),
+    })
 }
 
-fn row(name: &str, ms: f64, note: String) {
-    println!("| {name:<34} | {:>10.1} | {note}", ms * 1e3);
+fn row(name: &str, timing: Timing, note: String) {
+    println!(
+        "| {name:<38} | {:>9.1} | {:>7.1} | {note}",
+        timing.device_ms * 1e3,
+        timing.host_ms * 1e3
+    );
 }
 
 fn main() -> Result<(), Error> {
@@ -56,8 +88,44 @@ fn main() -> Result<(), Error> {
         device.name(),
         device.arch()
     );
-    println!("| {:<34} | {:>10} | note", "kernel", "median us");
-    println!("|{}|{}|------", "-".repeat(36), "-".repeat(12));
+    println!(
+        "| {:<38} | {:>9} | {:>7} | note",
+        "call", "events us", "host us"
+    );
+    println!(
+        "|{}|{}|{}|------",
+        "-".repeat(40),
+        "-".repeat(11),
+        "-".repeat(9)
+    );
+
+    // Building blocks: the driver calls an allocation step may make.
+    let words: Vec<u32> = (0..4 * REQUESTS as u32).collect();
+    let alloc_small = time(
+        &stream,
+        // SAFETY: u32 is DeviceRepr; the buffer is dropped unread.
+        || Ok(unsafe { stream.alloc::<u32>(REQUESTS) }?),
+        |buffer| {
+            drop(buffer);
+            Ok(())
+        },
+    )?;
+    row(
+        "block: device alloc + free (4 KiB)",
+        alloc_small,
+        "stream-ordered pool".into(),
+    );
+    let mut kept: CudaSlice<u32> = stream.alloc_zeros(words.len())?;
+    let upload = time(
+        &stream,
+        || Ok(stream.memcpy_htod(&words, &mut kept)?),
+        |()| Ok(()),
+    )?;
+    row(
+        "block: upload 16 KiB (pageable)",
+        upload,
+        "into a kept buffer".into(),
+    );
 
     // Allocation: 1,024 requests of 1,000 prompt tokens, then decode steps that cross a page
     // boundary for every request (seq_len % 16 == 1), so each takes a page and writes its row.
@@ -77,14 +145,14 @@ fn main() -> Result<(), Error> {
         let host: Vec<KvSlot> = out.to_host(&device)?;
         Ok(alloc.borrow_mut().free(&host)?)
     };
-    let extend_ms = time(
+    let extend = time(
         &stream,
         || Ok(alloc.borrow_mut().alloc_extend(&extend, &rows)?),
         free,
     )?;
     row(
         "alloc_extend (1024 x 1000 tokens)",
-        extend_ms,
+        extend,
         "host params upload + kernel".into(),
     );
     let prompt: Vec<ExtendShape> = (0..REQUESTS)
@@ -104,15 +172,31 @@ fn main() -> Result<(), Error> {
             last_loc: prompt[i * 1024 + 1023],
         })
         .collect();
-    let decode_ms = time(
+    let decode_timing = time(
         &stream,
         || Ok(alloc.borrow_mut().alloc_decode(&decode, &rows)?),
         free,
     )?;
     row(
         "alloc_decode + table (1024, ps 16)",
-        decode_ms,
+        decode_timing,
         "every request opens a page".into(),
+    );
+    let mid_page: Vec<DecodeShape> = decode
+        .iter()
+        .map(|shape| DecodeShape {
+            seq_len: shape.seq_len + 1,
+            last_loc: shape.last_loc + 1,
+        })
+        .collect();
+    row(
+        "alloc_decode + table (1024, mid-page)",
+        time(
+            &stream,
+            || Ok(alloc.borrow_mut().alloc_decode(&mid_page, &rows)?),
+            |_| Ok(()),
+        )?,
+        "no request opens a page".into(),
     );
     let held = std::cell::RefCell::new(
         alloc
@@ -120,7 +204,7 @@ fn main() -> Result<(), Error> {
             .alloc_decode(&decode, &rows)?
             .to_host(&device)?,
     );
-    let free_ms = time(
+    let free_timing = time(
         &stream,
         || Ok(alloc.borrow_mut().free(&held.borrow())?),
         |()| {
@@ -133,7 +217,7 @@ fn main() -> Result<(), Error> {
     )?;
     row(
         "free (1024 pages)",
-        free_ms,
+        free_timing,
         "host dedup + sort + upload + kernel".into(),
     );
 
@@ -153,30 +237,30 @@ fn main() -> Result<(), Error> {
         .collect();
     let k: CudaSlice<u8> = stream.clone_htod(&data)?;
     let v: CudaSlice<u8> = stream.clone_htod(&data)?;
-    let store_ms = time(
+    let store = time(
         &stream,
         || Ok(pool.store_kv_device(0, &slots, &k, &v)?),
         |()| Ok(()),
     )?;
     // Bytes moved: read + write of K and V rows.
     let moved = 2.0 * 2.0 * (tokens * row_bytes) as f64;
-    let store_gbs = moved / (store_ms * 1e-3) / 1e9;
+    let store_gbs = moved / (store.device_ms * 1e-3) / 1e9;
     row(
         "store_kv (16384 tok, 2 KiB rows, K+V)",
-        store_ms,
+        store,
         format!("{store_gbs:.0} GB/s (read+write)"),
     );
     let mut copy_dst: CudaSlice<u8> = stream.alloc_zeros(2 * tokens * row_bytes)?;
     let copy_src: CudaSlice<u8> = stream.clone_htod(&[data.clone(), data.clone()].concat())?;
-    let copy_ms = time(
+    let copy = time(
         &stream,
         || Ok(stream.memcpy_dtod(&copy_src, &mut copy_dst)?),
         |()| Ok(()),
     )?;
-    let copy_gbs = moved / (copy_ms * 1e-3) / 1e9;
+    let copy_gbs = moved / (copy.device_ms * 1e-3) / 1e9;
     row(
         "memcpy_dtod (same bytes)",
-        copy_ms,
+        copy,
         format!(
             "{copy_gbs:.0} GB/s; store_kv at {:.0}%",
             100.0 * store_gbs / copy_gbs
@@ -185,15 +269,30 @@ fn main() -> Result<(), Error> {
 
     let src_pages: Vec<u32> = (1..=256).collect();
     let dst_pages: Vec<u32> = (1001..=1256).collect();
-    let copy_pages_ms = time(
+    let copy_pages = time(
         &stream,
         || Ok(pool.copy_pages(&src_pages, &dst_pages)?),
         |()| Ok(()),
     )?;
     row(
         "copy_pages (256 pages of 16, K+V)",
-        copy_pages_ms,
+        copy_pages,
         "includes two small htod copies".into(),
+    );
+
+    // cudarc gives every buffer it allocates two events, for ordering across streams, unless
+    // the context's event tracking is off. The same decode with tracking off for the buffers
+    // allocated from here on (the per-call `out_cache_loc`).
+    // SAFETY: this program uses one stream, so no buffer needs cross-stream ordering.
+    unsafe { device.context().disable_event_tracking() };
+    row(
+        "alloc_decode, cudarc event tracking off",
+        time(
+            &stream,
+            || Ok(alloc.borrow_mut().alloc_decode(&decode, &rows)?),
+            free,
+        )?,
+        "every request opens a page".into(),
     );
     Ok(())
 }

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, LaunchConfig, PushKernelArg};
 use kvown_runtime::alloc::{DecodeShape, ExtendShape, KvSlot, PageId, ReuseOrder};
 
 use crate::detect::CudaDevice;
@@ -55,12 +55,32 @@ impl DeviceSlots {
 /// nothing on `Err`. Unlike the CPU allocator it keeps no per-page state, so it cannot detect a
 /// `last_loc` outside an allocated page or a double free of a page while others are still out (a
 /// free that would overfill the free list is rejected).
+///
+/// A call allocates no device memory but its `out_cache_loc`: its kernel inputs go through a
+/// staging buffer the allocator keeps (grown when a batch needs more). Every call runs on the
+/// device's one stream, so an upload always waits for the launch that read the previous one.
 #[derive(Debug)]
 pub struct CudaPagedAllocator<R: ReuseOrder> {
     device: Arc<CudaDevice>,
     planner: AllocPlanner<R>,
     free_pages: CudaSlice<u32>,
     req_to_token: CudaSlice<u32>,
+    staging: CudaSlice<u32>,
+}
+
+/// Copies `words` to the front of `staging`, replacing it by a larger buffer (the next power of
+/// two) when it is too short, and returns the device view of them.
+fn stage<'a>(
+    stream: &Arc<CudaStream>,
+    staging: &'a mut CudaSlice<u32>,
+    words: &[u32],
+) -> Result<CudaView<'a, u32>, CudaError> {
+    if staging.len() < words.len() {
+        // SAFETY: u32 is DeviceRepr; a launch reads only the prefix copied below.
+        *staging = unsafe { stream.alloc::<u32>(words.len().next_power_of_two()) }?;
+    }
+    stream.memcpy_htod(words, &mut staging.slice_mut(..words.len()))?;
+    Ok(staging.slice(..words.len()))
 }
 
 fn launch_blocks(blocks: u32) -> LaunchConfig {
@@ -86,11 +106,13 @@ impl<R: ReuseOrder> CudaPagedAllocator<R> {
         let initial: Vec<u32> = (1..=planner.num_pages() as u32).collect();
         let free_pages = stream.clone_htod(&initial)?;
         let req_to_token = stream.alloc_zeros::<u32>((rows * row_len).max(1))?;
+        let staging = stream.alloc_zeros::<u32>(1)?;
         Ok(Self {
             device,
             planner,
             free_pages,
             req_to_token,
+            staging,
         })
     }
 
@@ -140,7 +162,7 @@ impl<R: ReuseOrder> CudaPagedAllocator<R> {
             });
         }
         let stream = self.device.stream().clone();
-        let params = stream.clone_htod(&plan.params)?;
+        let params = stage(&stream, &mut self.staging, &plan.params)?;
         let capacity = to_u32("num_pages", self.planner.num_pages().max(1))?;
         let row_len = to_u32("row_len", self.planner.row_len())?;
         let page_size = to_u32("page_size", self.planner.page_size())?;
@@ -195,7 +217,7 @@ impl<R: ReuseOrder> CudaPagedAllocator<R> {
             return Ok(());
         };
         let stream = self.device.stream().clone();
-        let device_pages = stream.clone_htod(&plan.pages)?;
+        let device_pages = stage(&stream, &mut self.staging, &plan.pages)?;
         let count = to_u32("pages", plan.pages.len())?;
         let capacity = to_u32("num_pages", self.planner.num_pages())?;
         let mut launch = stream.launch_builder(&self.device.kernels.free_pages_write);
