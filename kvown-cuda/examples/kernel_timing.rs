@@ -126,6 +126,19 @@ fn main() -> Result<(), Error> {
         upload,
         "into a kept buffer".into(),
     );
+    // SAFETY: u32 is DeviceRepr; every element is written before the copies read it.
+    let mut pinned = unsafe { stream.context().alloc_pinned::<u32>(words.len()) }?;
+    pinned.as_mut_slice()?.copy_from_slice(&words);
+    let pinned_upload = time(
+        &stream,
+        || Ok(stream.memcpy_htod(&pinned, &mut kept)?),
+        |()| Ok(()),
+    )?;
+    row(
+        "block: upload 16 KiB (pinned)",
+        pinned_upload,
+        "page-locked, write-combined".into(),
+    );
 
     // Allocation: 1,024 requests of 1,000 prompt tokens, then decode steps that cross a page
     // boundary for every request (seq_len % 16 == 1), so each takes a page and writes its row.

@@ -48,6 +48,7 @@ mod error;
 pub mod kernels;
 mod kv;
 mod kv_plan;
+mod marks;
 mod mirror;
 mod plan;
 

@@ -4,15 +4,15 @@
 //! launches a plan and then commits it; the host-emulation test runs the same plans through the
 //! kernel sources compiled for the CPU.
 
-use std::collections::HashSet;
 use std::marker::PhantomData;
 use std::ops::Range;
 
 use kvown_runtime::alloc::{
-    AllocError, ContinuedPages, DecodeShape, ExtendShape, KvSlot, PageId, ReuseOrder,
+    AllocError, DecodeShape, ExtendShape, KvSlot, PageGeometry, PageId, ReuseOrder,
 };
 
 use crate::error::{CudaError, to_u32};
+use crate::marks::BatchMarks;
 
 /// Threads per block of the allocation kernels.
 pub const ALLOC_BLOCK: u32 = 256;
@@ -21,36 +21,6 @@ pub const ALLOC_BLOCK: u32 = 256;
 /// `out_cache_loc` only, no request-to-token row (a plain allocation of whole pages is an
 /// extend from 0 with this row). `NO_ROW` in `alloc.cu`.
 pub const NO_ROW: u32 = u32::MAX;
-
-/// Each row (other than [`NO_ROW`]) is named by one request of the batch at most: the kernels
-/// write every request's row in parallel.
-fn check_rows_distinct(rows: &[u32]) -> Result<(), CudaError> {
-    let mut first_of = std::collections::HashMap::with_capacity(rows.len());
-    for (request, &row) in rows.iter().enumerate().filter(|&(_, &row)| row != NO_ROW) {
-        if let Some(first) = first_of.insert(row, request) {
-            return Err(CudaError::RowRepeated {
-                request,
-                row,
-                first,
-            });
-        }
-    }
-    Ok(())
-}
-
-/// No two requests of one batch continue the same partially filled page (the kernels would
-/// give both its next slots): `partial` yields `(request, last_loc)` for each request whose
-/// stored tokens do not end at a page boundary. The host allocator's rule and error.
-fn check_partial_pages_distinct(
-    page_size: usize,
-    partial: impl Iterator<Item = (usize, KvSlot)>,
-) -> Result<(), CudaError> {
-    let mut continued = ContinuedPages::default();
-    for (request, last_loc) in partial {
-        continued.note(page_size, request, last_loc)?;
-    }
-    Ok(())
-}
 
 /// Words per request in the `alloc_extend` parameter array:
 /// `prefix_len, seq_len, last_loc, row, out_start, page_start`.
@@ -88,14 +58,20 @@ pub struct FreePlan {
 
 /// The device free ring's host-side state and the request-to-token table's shape, with reuse
 /// order `R` (`Lifo` like `PagedAllocator`, `Fifo` like `TokenAllocator`).
+///
+/// Planning a batch checks that its rows, and the partial pages it continues, are distinct with
+/// a stamp per row and per page (4 bytes each) instead of a hash set per call: the plans take
+/// `&mut self` for those stamps, and change nothing else.
 #[derive(Debug, Clone)]
 pub struct AllocPlanner<R: ReuseOrder> {
-    page_size: usize,
+    geometry: PageGeometry,
     num_pages: usize,
     free_head: usize,
     free_len: usize,
     rows: usize,
     row_len: usize,
+    row_marks: BatchMarks,
+    page_marks: BatchMarks,
     reuse: PhantomData<R>,
 }
 
@@ -133,19 +109,21 @@ impl<R: ReuseOrder> AllocPlanner<R> {
             value: usize::MAX,
         })?;
         Ok(Self {
-            page_size,
+            geometry: PageGeometry::new(page_size),
             num_pages,
             free_head: 0,
             free_len: num_pages,
             rows,
             row_len,
+            row_marks: BatchMarks::new(rows),
+            page_marks: BatchMarks::new(num_pages + 1),
             reuse: PhantomData,
         })
     }
 
     /// Slots per page.
     pub fn page_size(&self) -> usize {
-        self.page_size
+        self.geometry.page_size()
     }
 
     /// Pages the allocator manages (the ring's length).
@@ -155,12 +133,12 @@ impl<R: ReuseOrder> AllocPlanner<R> {
 
     /// Slots that can ever be handed out.
     pub fn capacity(&self) -> usize {
-        self.num_pages * self.page_size
+        self.num_pages * self.page_size()
     }
 
     /// Slots free now (free pages × page size).
     pub fn available_size(&self) -> usize {
-        self.free_len * self.page_size
+        self.free_len * self.page_size()
     }
 
     /// Ring position of the free list's head.
@@ -186,11 +164,15 @@ impl<R: ReuseOrder> AllocPlanner<R> {
     /// The launch for a batched extend (sglang `alloc_extend`): request `i` gets slots for
     /// positions `[prefix_len, seq_len)` in row `rows[i]` (none for [`NO_ROW`]; any other row
     /// once per batch, [`CudaError::RowRepeated`]). Two requests may not continue one partial
-    /// page ([`AllocError::SharedPartialPage`]). Changes nothing; see
-    /// [`AllocPlanner::commit`].
-    pub fn plan_extend(&self, reqs: &[ExtendShape], rows: &[u32]) -> Result<AllocPlan, CudaError> {
+    /// page ([`AllocError::SharedPartialPage`]). Changes nothing but the planner's scratch
+    /// stamps; see [`AllocPlanner::commit`].
+    pub fn plan_extend(
+        &mut self,
+        reqs: &[ExtendShape],
+        rows: &[u32],
+    ) -> Result<AllocPlan, CudaError> {
         check_row_count(reqs.len(), rows.len())?;
-        let page_size = self.page_size;
+        let geometry = self.geometry;
         let mut params = Vec::with_capacity(reqs.len() * EXTEND_PARAM_WORDS);
         let (mut out_start, mut page_start) = (0usize, 0usize);
         for (request, (shape, &row)) in reqs.iter().zip(rows).enumerate() {
@@ -207,8 +189,8 @@ impl<R: ReuseOrder> AllocPlanner<R> {
                 }
             };
             self.check_request_row(request, row, seq_len)?;
-            request_fits_u32(page_size, shape)?;
-            let new_pages = seq_len.div_ceil(page_size) - prefix_len.div_ceil(page_size);
+            request_fits_u32(geometry.page_size(), shape)?;
+            let new_pages = geometry.pages_for(seq_len) - geometry.pages_for(prefix_len);
             params.extend([
                 to_u32("prefix_len", prefix_len)?,
                 to_u32("seq_len", seq_len)?,
@@ -222,12 +204,11 @@ impl<R: ReuseOrder> AllocPlanner<R> {
         }
         // The kernel indexes out_cache_loc in u32.
         to_u32("out_len", out_start)?;
-        check_rows_distinct(rows)?;
-        check_partial_pages_distinct(
-            page_size,
+        self.check_rows_distinct(rows)?;
+        self.check_partial_pages_distinct(
             reqs.iter()
                 .enumerate()
-                .filter(|(_, shape)| shape.prefix_len % page_size != 0)
+                .filter(|(_, shape)| geometry.offset(shape.prefix_len) != 0)
                 .filter_map(|(request, shape)| Some((request, shape.last_loc?))),
         )?;
         self.plan(
@@ -242,9 +223,15 @@ impl<R: ReuseOrder> AllocPlanner<R> {
     /// The launch for a batched decode (sglang `alloc_decode`): one slot per request, at
     /// position `seq_len - 1` of row `rows[i]` (none for [`NO_ROW`]; any other row once per
     /// batch, [`CudaError::RowRepeated`]). Two requests may not continue one partial page
-    /// ([`AllocError::SharedPartialPage`]). Changes nothing; see [`AllocPlanner::commit`].
-    pub fn plan_decode(&self, reqs: &[DecodeShape], rows: &[u32]) -> Result<AllocPlan, CudaError> {
+    /// ([`AllocError::SharedPartialPage`]). Changes nothing but the planner's scratch stamps;
+    /// see [`AllocPlanner::commit`].
+    pub fn plan_decode(
+        &mut self,
+        reqs: &[DecodeShape],
+        rows: &[u32],
+    ) -> Result<AllocPlan, CudaError> {
         check_row_count(reqs.len(), rows.len())?;
+        let geometry = self.geometry;
         let mut params = Vec::with_capacity(reqs.len() * DECODE_PARAM_WORDS);
         let mut page_start = 0usize;
         for (request, (shape, &row)) in reqs.iter().zip(rows).enumerate() {
@@ -260,14 +247,13 @@ impl<R: ReuseOrder> AllocPlanner<R> {
                 row,
                 to_u32("page_start", page_start)?,
             ]);
-            page_start += usize::from((seq_len - 1) % self.page_size == 0);
+            page_start += usize::from(geometry.offset(seq_len - 1) == 0);
         }
-        check_rows_distinct(rows)?;
-        check_partial_pages_distinct(
-            self.page_size,
+        self.check_rows_distinct(rows)?;
+        self.check_partial_pages_distinct(
             reqs.iter()
                 .enumerate()
-                .filter(|(_, shape)| (shape.seq_len - 1) % self.page_size != 0)
+                .filter(|(_, shape)| geometry.offset(shape.seq_len - 1) != 0)
                 .map(|(request, shape)| (request, shape.last_loc)),
         )?;
         let blocks = reqs.len().div_ceil(ALLOC_BLOCK as usize);
@@ -290,7 +276,7 @@ impl<R: ReuseOrder> AllocPlanner<R> {
     ) -> Result<AllocPlan, CudaError> {
         if pages > self.free_len {
             return Err(AllocError::OutOfMemory {
-                requested: pages.saturating_mul(self.page_size),
+                requested: pages.saturating_mul(self.page_size()),
                 available: self.available_size(),
             }
             .into());
@@ -327,34 +313,30 @@ impl<R: ReuseOrder> AllocPlanner<R> {
     /// The launch that frees the pages holding `slots` (each page once): `Lifo` puts them,
     /// sorted, at the head of the free list; `Fifo` appends them in first-appearance order. Same
     /// order as the CPU allocator's `free`. `None` when `slots` is empty. Changes nothing; see
-    /// [`AllocPlanner::commit_free`].
-    pub fn plan_free(&self, slots: &[KvSlot]) -> Result<Option<FreePlan>, CudaError> {
-        let slot_end = (self.num_pages as u64 + 1) * self.page_size as u64;
+    /// [`AllocPlanner::commit_free`] (and the planner's scratch stamps).
+    pub fn plan_free(&mut self, slots: &[KvSlot]) -> Result<Option<FreePlan>, CudaError> {
+        let slot_end = self.slot_end();
         let mut pages: Vec<PageId> = Vec::new();
+        self.page_marks.start();
         for &slot in slots {
             if u64::from(slot) >= slot_end {
                 return Err(AllocError::SlotOutOfRange { slot, slot_end }.into());
             }
-            let page = slot as usize / self.page_size;
+            let page = self.geometry.page_of(slot);
             if page == 0 {
                 return Err(AllocError::ReservedSlot {
                     slot,
-                    page_size: self.page_size,
+                    page_size: self.page_size(),
                 }
                 .into());
             }
-            // A page's slots usually come together: skip the run here, repeats apart below.
-            if pages.last() != Some(&(page as PageId)) {
+            // Each page once, in first-appearance order.
+            if self.page_marks.claim(page) {
                 pages.push(page as PageId);
             }
         }
-        // Each page once, in memory that follows the slots freed, not the pool.
         if R::FREED_FIRST {
             pages.sort_unstable();
-            pages.dedup();
-        } else {
-            let mut seen = HashSet::with_capacity(pages.len());
-            pages.retain(|&page| seen.insert(page));
         }
         self.place_freed(pages)
     }
@@ -480,18 +462,72 @@ impl<R: ReuseOrder> AllocPlanner<R> {
         last_loc: KvSlot,
         stored: usize,
     ) -> Result<(), CudaError> {
-        let slot_end = (self.num_pages as u64 + 1) * self.page_size as u64;
-        if u64::from(last_loc) >= slot_end || (last_loc as usize) < self.page_size {
+        let geometry = self.geometry;
+        if u64::from(last_loc) >= self.slot_end() || geometry.page_of(last_loc) == 0 {
             return Err(AllocError::LastLocNotAllocated { request, last_loc }.into());
         }
-        if (last_loc as usize + 1) % self.page_size != stored % self.page_size {
+        if geometry.offset(last_loc as usize + 1) != geometry.offset(stored) {
             return Err(AllocError::LastLocMismatch {
                 request,
                 last_loc,
                 prefix_len: stored,
-                page_size: self.page_size,
+                page_size: geometry.page_size(),
             }
             .into());
+        }
+        Ok(())
+    }
+
+    /// One past the last slot of the last page (`new` checked that it fits in `u32`).
+    fn slot_end(&self) -> u64 {
+        (self.num_pages as u64 + 1) * self.page_size() as u64
+    }
+
+    /// Each row (other than [`NO_ROW`]) is named by one request of the batch at most: the
+    /// kernels write every request's row in parallel. The rows are validated already.
+    fn check_rows_distinct(&mut self, rows: &[u32]) -> Result<(), CudaError> {
+        self.row_marks.start();
+        for (request, &row) in rows.iter().enumerate() {
+            if row != NO_ROW && !self.row_marks.claim(row as usize) {
+                let first = rows
+                    .iter()
+                    .position(|&other| other == row)
+                    .expect("an earlier request names the row");
+                return Err(CudaError::RowRepeated {
+                    request,
+                    row,
+                    first,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// No two requests of one batch continue the same partially filled page (the kernels would
+    /// give both its next slots): `partial` yields `(request, last_loc)`, `last_loc` validated,
+    /// for each request whose stored tokens do not end at a page boundary. The host
+    /// allocator's rule and error.
+    fn check_partial_pages_distinct(
+        &mut self,
+        partial: impl Iterator<Item = (usize, KvSlot)> + Clone,
+    ) -> Result<(), CudaError> {
+        let geometry = self.geometry;
+        self.page_marks.start();
+        for (request, last_loc) in partial.clone() {
+            let page = geometry.page_of(last_loc);
+            if !self.page_marks.claim(page) {
+                let (first, _) = partial
+                    .clone()
+                    .find(|&(_, other)| geometry.page_of(other) == page)
+                    .expect("an earlier request continues the page");
+                return Err(AllocError::SharedPartialPage {
+                    request,
+                    last_loc,
+                    page: page as PageId,
+                    first,
+                }
+                .into());
+            }
         }
         Ok(())
     }
@@ -609,9 +645,10 @@ mod tests {
     /// rowless requests are many.
     #[test]
     fn a_row_named_twice_in_a_batch_is_refused() {
-        let planner = AllocPlanner::<Lifo>::new(64, 4, 3, 16).unwrap();
+        let mut planner = AllocPlanner::<Lifo>::new(64, 4, 3, 16).unwrap();
         let extend = fresh(4);
-        let repeated = |rows: &[u32]| match planner.plan_extend(&vec![extend; rows.len()], rows) {
+        let mut repeated = |rows: &[u32]| match planner.plan_extend(&vec![extend; rows.len()], rows)
+        {
             Err(CudaError::RowRepeated {
                 request,
                 row,
@@ -652,7 +689,7 @@ mod tests {
     #[test]
     fn two_requests_in_one_partial_page_are_refused() {
         use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
-        let planner = six_out::<Lifo>(); // pages 1..=6 (slots 4..28) out
+        let mut planner = six_out::<Lifo>(); // pages 1..=6 (slots 4..28) out
         let mut host = PagedAllocator::new(64, 4, false).unwrap();
         host.alloc(24, &mut Vec::new()).unwrap();
         let shape = |prefix_len, seq_len, last_loc| ExtendShape {
@@ -692,7 +729,7 @@ mod tests {
         let batch = [decode(5, 7), decode(5, 7), decode(4, 6)];
         assert!(planner.plan_decode(&batch, &[NO_ROW; 3]).is_ok());
         // Page size 1 has no partial pages.
-        let tokens = AllocPlanner::<Fifo>::new(16, 1, 1, 1).unwrap();
+        let mut tokens = AllocPlanner::<Fifo>::new(16, 1, 1, 1).unwrap();
         assert!(tokens.plan_decode(&batch[..2], &[NO_ROW; 2]).is_ok());
     }
 
@@ -726,7 +763,7 @@ mod tests {
     fn plans_reject_bad_rows_and_last_slots() {
         use kvown_runtime::alloc::{AllocError, DecodeShape};
         // 16 pages of 4 slots (slots 4..68), 2 rows of 32 positions.
-        let planner = AllocPlanner::<Lifo>::new(64, 4, 2, 32).unwrap();
+        let mut planner = AllocPlanner::<Lifo>::new(64, 4, 2, 32).unwrap();
         assert!(matches!(
             planner.plan_extend(&[fresh(4)], &[]),
             Err(CudaError::RowCountMismatch {
@@ -830,7 +867,7 @@ mod tests {
     #[test]
     fn an_extend_batch_past_the_u32_out_cache_loc_is_too_large() {
         let page_size = 1 << 16;
-        let planner = AllocPlanner::<Lifo>::new(65534 * page_size, page_size, 1, 1).unwrap();
+        let mut planner = AllocPlanner::<Lifo>::new(65534 * page_size, page_size, 1, 1).unwrap();
         let finish = |page: usize| ExtendShape {
             prefix_len: 1,
             seq_len: page_size,
@@ -860,7 +897,7 @@ mod tests {
     #[test]
     fn an_extend_whose_thread_stride_wraps_is_too_large() {
         let size = u32::MAX as usize - 2;
-        let planner = AllocPlanner::<Lifo>::new(size, 1, 1, 1).unwrap();
+        let mut planner = AllocPlanner::<Lifo>::new(size, 1, 1, 1).unwrap();
         let top = (u32::MAX - ALLOC_BLOCK + 1) as usize;
         assert!(planner.plan_extend(&[fresh(top)], &[NO_ROW]).is_ok());
         assert!(matches!(

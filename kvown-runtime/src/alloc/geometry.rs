@@ -2,18 +2,23 @@
 
 use super::{KvSlot, PageId};
 
-/// The page size of one allocator and the arithmetic that maps slots and positions to pages.
+/// The page size of one allocator and the arithmetic that maps slots and positions to pages:
+/// shifts and masks when the page size is a power of two, division otherwise. Public so that a
+/// device backend planning the same allocations uses the same arithmetic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PageGeometry {
+pub struct PageGeometry {
     page_size: usize,
     shift: u32,
     power_of_two: bool,
 }
 
 impl PageGeometry {
-    /// Geometry for `page_size >= 1` (the caller checks the lower bound).
-    pub(crate) fn new(page_size: usize) -> Self {
-        debug_assert!(page_size >= 1);
+    /// Geometry for `page_size` slots per page.
+    ///
+    /// # Panics
+    /// When `page_size` is 0 (allocators refuse it first, with [`super::AllocError::ZeroPageSize`]).
+    pub fn new(page_size: usize) -> Self {
+        assert!(page_size >= 1, "page size must be at least 1");
         Self {
             page_size,
             shift: page_size.trailing_zeros(),
@@ -23,13 +28,13 @@ impl PageGeometry {
 
     /// Slots per page.
     #[inline]
-    pub(crate) fn page_size(self) -> usize {
+    pub fn page_size(self) -> usize {
         self.page_size
     }
 
     /// The page that holds `slot`.
     #[inline]
-    pub(crate) fn page_of(self, slot: KvSlot) -> usize {
+    pub fn page_of(self, slot: KvSlot) -> usize {
         if self.power_of_two {
             (slot >> self.shift) as usize
         } else {
@@ -39,7 +44,7 @@ impl PageGeometry {
 
     /// `n % page_size`: the offset of position or slot `n` inside its page.
     #[inline]
-    pub(crate) fn offset(self, n: usize) -> usize {
+    pub fn offset(self, n: usize) -> usize {
         if self.power_of_two {
             n & (self.page_size - 1)
         } else {
@@ -49,7 +54,7 @@ impl PageGeometry {
 
     /// `floor(n / page_size)`: the whole pages in `n` tokens.
     #[inline]
-    pub(crate) fn whole_pages(self, n: usize) -> usize {
+    pub fn whole_pages(self, n: usize) -> usize {
         if self.power_of_two {
             n >> self.shift
         } else {
@@ -59,13 +64,13 @@ impl PageGeometry {
 
     /// `ceil(n / page_size)`: the pages that back `n` tokens, without overflow.
     #[inline]
-    pub(crate) fn pages_for(self, n: usize) -> usize {
+    pub fn pages_for(self, n: usize) -> usize {
         self.whole_pages(n) + usize::from(self.offset(n) != 0)
     }
 
     /// The first slot of `page`. Callers only pass pages whose slots fit in `u32`.
     #[inline]
-    pub(crate) fn first_slot(self, page: PageId) -> KvSlot {
+    pub fn first_slot(self, page: PageId) -> KvSlot {
         page * self.page_size as KvSlot
     }
 }

@@ -58,6 +58,7 @@ mod trusted_tests;
 
 pub use allocator::PageAllocator;
 pub use error::{AllocError, InvariantViolation};
+pub use geometry::PageGeometry;
 pub use page_state::PageState;
 pub use paged::PagedAllocator;
 pub use reuse::{Fifo, Lifo, ReuseOrder};
