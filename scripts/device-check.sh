@@ -39,6 +39,19 @@ limit() {
     fi
 }
 
+# The device time of the first launches of each timed kernel, without the host's part: Nsight
+# Compute over the timing program (clocks left alone), one kernel at a time, since its launch
+# count would otherwise be spent on the first kernels the program launches.
+kernel_durations() {
+    local kernel rc=0
+    for kernel in alloc_decode alloc_extend free_pages_write store_kv_w16; do
+        limit 60 ncu --clock-control none --metrics gpu__time_duration.sum \
+            -k "regex:^${kernel}\$" --launch-count 3 "$1" >"${tests_log}.ncu" 2>&1 || rc=1
+        grep -E "^  ${kernel} |gpu__time_duration" "${tests_log}.ncu" || rc=1
+    done
+    return $rc
+}
+
 # What the machine offers: GPU, driver, CUDA libraries, C library. Printed before anything runs,
 # so a failure to load CUDA or NVRTC can be explained from the log alone.
 machine() {
@@ -112,7 +125,13 @@ main() {
     stage "engine on CUDA, timed (no per-step checks)" \
         limit 120 "$examples/engine" --backend cuda --requests 1024
     stage "kernel timing" limit 120 "$examples/kernel_timing"
-    # compute-sanitizer reads the device only under Firecracker; gVisor (kernel 4.4.0) refuses it.
+    # Nsight Compute and compute-sanitizer read the device only under Firecracker; gVisor
+    # (kernel 4.4.0) refuses them.
+    if command -v ncu >/dev/null && [ "$(uname -r)" != 4.4.0 ]; then
+        stage "kernel-only durations (Nsight Compute)" kernel_durations "$examples/kernel_timing"
+    else
+        echo "== Nsight Compute: not run (not installed, or gVisor)"
+    fi
     if command -v compute-sanitizer >/dev/null && [ "$(uname -r)" != 4.4.0 ] && [ -n "$sanitized" ]; then
         stage "compute-sanitizer memcheck of the GPU differential tests" limit 150 \
             compute-sanitizer --tool memcheck --error-exitcode 1 $sanitized
