@@ -173,6 +173,7 @@ impl<R: ReuseOrder> AllocPlanner<R> {
     ) -> Result<AllocPlan, CudaError> {
         check_row_count(reqs.len(), rows.len())?;
         let geometry = self.geometry;
+        let slot_end = self.slot_end();
         let mut params = Vec::with_capacity(reqs.len() * EXTEND_PARAM_WORDS);
         let (mut out_start, mut page_start) = (0usize, 0usize);
         for (request, (shape, &row)) in reqs.iter().zip(rows).enumerate() {
@@ -184,7 +185,7 @@ impl<R: ReuseOrder> AllocPlanner<R> {
             let last = match shape.validate(request)? {
                 None => 0,
                 Some(last_loc) => {
-                    self.check_last_loc(request, last_loc, prefix_len)?;
+                    self.check_last_loc(request, last_loc, prefix_len, slot_end)?;
                     last_loc
                 }
             };
@@ -231,23 +232,22 @@ impl<R: ReuseOrder> AllocPlanner<R> {
         rows: &[u32],
     ) -> Result<AllocPlan, CudaError> {
         check_row_count(reqs.len(), rows.len())?;
+        // Page starts count up to the batch's length, so they fit in u32 once it does.
+        to_u32("requests", reqs.len())?;
         let geometry = self.geometry;
-        let mut params = Vec::with_capacity(reqs.len() * DECODE_PARAM_WORDS);
-        let mut page_start = 0usize;
-        for (request, (shape, &row)) in reqs.iter().zip(rows).enumerate() {
+        let slot_end = self.slot_end();
+        let mut params = vec![0; reqs.len() * DECODE_PARAM_WORDS];
+        let mut page_start = 0u32;
+        let records = params.chunks_exact_mut(DECODE_PARAM_WORDS);
+        for (request, ((shape, &row), record)) in reqs.iter().zip(rows).zip(records).enumerate() {
             let DecodeShape { seq_len, last_loc } = *shape;
             if seq_len < 2 {
                 return Err(AllocError::DecodeSeqTooShort { request, seq_len }.into());
             }
-            self.check_last_loc(request, last_loc, seq_len - 1)?;
+            self.check_last_loc(request, last_loc, seq_len - 1, slot_end)?;
             self.check_request_row(request, row, seq_len)?;
-            params.extend([
-                to_u32("seq_len", seq_len)?,
-                last_loc,
-                row,
-                to_u32("page_start", page_start)?,
-            ]);
-            page_start += usize::from(geometry.offset(seq_len - 1) == 0);
+            record.copy_from_slice(&[to_u32("seq_len", seq_len)?, last_loc, row, page_start]);
+            page_start += u32::from(geometry.offset(seq_len - 1) == 0);
         }
         self.check_rows_distinct(rows)?;
         self.check_partial_pages_distinct(
@@ -261,7 +261,7 @@ impl<R: ReuseOrder> AllocPlanner<R> {
             params,
             reqs.len(),
             reqs.len(),
-            page_start,
+            page_start as usize,
             to_u32("blocks", blocks)?,
         )
     }
@@ -456,14 +456,17 @@ impl<R: ReuseOrder> AllocPlanner<R> {
         self.check_row(request, row, end)
     }
 
+    /// `last_loc` is in an allocatable page (below `slot_end`, [`AllocPlanner::slot_end`]) at
+    /// the offset that follows `stored` tokens.
     fn check_last_loc(
         &self,
         request: usize,
         last_loc: KvSlot,
         stored: usize,
+        slot_end: u64,
     ) -> Result<(), CudaError> {
         let geometry = self.geometry;
-        if u64::from(last_loc) >= self.slot_end() || geometry.page_of(last_loc) == 0 {
+        if u64::from(last_loc) >= slot_end || geometry.page_of(last_loc) == 0 {
             return Err(AllocError::LastLocNotAllocated { request, last_loc }.into());
         }
         if geometry.offset(last_loc as usize + 1) != geometry.offset(stored) {
