@@ -2,7 +2,9 @@
 # Device check for kvown-cuda, for a machine with an NVIDIA GPU: the NVRTC compile test, every
 # GPU test (`gpu_*`: the CUDA allocator, the K/V pool and the device mirror under the real batch
 # flow, each against the CPU), the engine end to end on CUDA with the invariant checker and the
-# mirror verification after every step, and the kernel timing table. Every stage runs even when
+# mirror verification after every step, the engine timed without those checks, the kernel timing
+# table, each timed kernel's own device time (Nsight Compute) and compute-sanitizer memcheck over
+# the GPU tests (both where the runtime lets them read the device). Every stage runs even when
 # an earlier one fails (one device session should bring back as much as it can); the script
 # fails at the end if any stage failed, or if a GPU test printed "skipped:" (then the GPU path
 # did not run and nothing was verified).

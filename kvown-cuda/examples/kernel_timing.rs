@@ -195,6 +195,8 @@ fn main() -> Result<(), Error> {
         decode_timing,
         "every request opens a page".into(),
     );
+    // The same requests one token later. Their `last_loc + 1` is the first slot of the page after
+    // their own (the planner keeps no page state to notice); the work timed is the same.
     let mid_page: Vec<DecodeShape> = decode
         .iter()
         .map(|shape| DecodeShape {

@@ -312,8 +312,8 @@ impl<R: ReuseOrder> AllocPlanner<R> {
 
     /// The launch that frees the pages holding `slots` (each page once): `Lifo` puts them,
     /// sorted, at the head of the free list; `Fifo` appends them in first-appearance order. Same
-    /// order as the CPU allocator's `free`. `None` when `slots` is empty. Changes nothing; see
-    /// [`AllocPlanner::commit_free`] (and the planner's scratch stamps).
+    /// order as the CPU allocator's `free`. `None` when `slots` is empty. Changes nothing but the
+    /// planner's scratch stamps; see [`AllocPlanner::commit_free`].
     pub fn plan_free(&mut self, slots: &[KvSlot]) -> Result<Option<FreePlan>, CudaError> {
         let slot_end = self.slot_end();
         let mut pages: Vec<PageId> = Vec::new();
