@@ -54,6 +54,11 @@ kernel_durations() {
     return $rc
 }
 
+# Runs the timing program `$1` once more, its JSON report to $OUT/kernel-timing.json.
+kernel_timing_json() {
+    limit 120 "$1" --json >"$OUT/kernel-timing.json"
+}
+
 # What the machine offers: GPU, driver, CUDA libraries, C library. Printed before anything runs,
 # so a failure to load CUDA or NVRTC can be explained from the log alone.
 machine() {
@@ -127,6 +132,10 @@ main() {
     stage "engine on CUDA, timed (no per-step checks)" \
         limit 120 "$examples/engine" --backend cuda --requests 1024
     stage "kernel timing" limit 120 "$examples/kernel_timing"
+    if [ -n "${OUT:-}" ]; then
+        stage "kernel timing as JSON (\$OUT/kernel-timing.json; a second run)" \
+            kernel_timing_json "$examples/kernel_timing"
+    fi
     # Nsight Compute and compute-sanitizer read the device only under Firecracker; gVisor
     # (kernel 4.4.0) refuses them.
     if command -v ncu >/dev/null && [ "$(uname -r)" != 4.4.0 ]; then

@@ -4,11 +4,14 @@
 //! Each row also gives the host's time for the call (its median wall time), and building-block
 //! rows time the driver calls a step is made of (a small allocation, a small upload), so a row's
 //! time can be read as host submission or device work. Prints `skipped: <reason>` and exits 0
-//! where no CUDA device works.
+//! where no CUDA device works. `--json` prints the same rows as one JSON object instead
+//! (`{"device", "arch", "runs", "rows": [{"call", "events_us", "host_us", "note"}]}`, or
+//! `{"skipped": reason}`).
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use clap::Parser;
 use cudarc::driver::{CudaSlice, CudaStream, sys::CUevent_flags};
 use kvown_cuda::{CudaDevice, CudaKvPool, CudaPagedAllocator};
 use kvown_runtime::alloc::{DecodeShape, ExtendShape, KvSlot, Lifo};
@@ -66,38 +69,102 @@ fn time<T>(
     })
 }
 
-fn row(name: &str, timing: Timing, note: String) {
-    println!(
-        "| {name:<38} | {:>9.1} | {:>7.1} | {note}",
-        timing.device_ms * 1e3,
-        timing.host_ms * 1e3
-    );
+/// Command line.
+#[derive(Parser)]
+#[command(about = "Times kvown-cuda's kernels with CUDA events")]
+struct Args {
+    /// Print the rows as one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One timed call, in microseconds.
+#[derive(serde::Serialize)]
+struct Row {
+    call: String,
+    events_us: f64,
+    host_us: f64,
+    note: String,
+}
+
+/// The table, printed row by row, or gathered and printed as JSON at the end.
+#[derive(serde::Serialize)]
+struct Report {
+    device: String,
+    arch: String,
+    runs: usize,
+    rows: Vec<Row>,
+    #[serde(skip)]
+    json: bool,
+}
+
+impl Report {
+    fn new(device: &CudaDevice, json: bool) -> Self {
+        let report = Report {
+            device: device.name().to_owned(),
+            arch: device.arch().to_owned(),
+            runs: RUNS,
+            rows: Vec::new(),
+            json,
+        };
+        if !json {
+            println!(
+                "device: {} ({}), {RUNS} runs each, median",
+                report.device, report.arch
+            );
+            println!(
+                "| {:<38} | {:>9} | {:>7} | note",
+                "call", "events us", "host us"
+            );
+            println!(
+                "|{}|{}|{}|------",
+                "-".repeat(40),
+                "-".repeat(11),
+                "-".repeat(9)
+            );
+        }
+        report
+    }
+
+    fn row(&mut self, call: &str, timing: Timing, note: String) {
+        let row = Row {
+            call: call.to_owned(),
+            events_us: timing.device_ms * 1e3,
+            host_us: timing.host_ms * 1e3,
+            note,
+        };
+        if !self.json {
+            println!(
+                "| {:<38} | {:>9.1} | {:>7.1} | {}",
+                row.call, row.events_us, row.host_us, row.note
+            );
+        }
+        self.rows.push(row);
+    }
+
+    fn finish(self) -> Result<(), Error> {
+        if self.json {
+            println!("{}", serde_json::to_string_pretty(&self)?);
+        }
+        Ok(())
+    }
 }
 
 fn main() -> Result<(), Error> {
+    let args = Args::parse();
     let device = match CudaDevice::get() {
         Ok(device) => device,
         Err(reason) => {
-            println!("skipped: {reason}");
+            if args.json {
+                println!("{}", serde_json::json!({ "skipped": reason.to_string() }));
+            } else {
+                println!("skipped: {reason}");
+            }
             return Ok(());
         }
     };
     let stream = device.stream().clone();
-    println!(
-        "device: {} ({}), {RUNS} runs each, median",
-        device.name(),
-        device.arch()
-    );
-    println!(
-        "| {:<38} | {:>9} | {:>7} | note",
-        "call", "events us", "host us"
-    );
-    println!(
-        "|{}|{}|{}|------",
-        "-".repeat(40),
-        "-".repeat(11),
-        "-".repeat(9)
-    );
+    let mut report = Report::new(&device, args.json);
 
     // Building blocks: the driver calls an allocation step may make.
     let words: Vec<u32> = (0..4 * REQUESTS as u32).collect();
@@ -110,7 +177,7 @@ fn main() -> Result<(), Error> {
             Ok(())
         },
     )?;
-    row(
+    report.row(
         "block: device alloc + free (4 KiB)",
         alloc_small,
         "stream-ordered pool".into(),
@@ -121,7 +188,7 @@ fn main() -> Result<(), Error> {
         || Ok(stream.memcpy_htod(&words, &mut kept)?),
         |()| Ok(()),
     )?;
-    row(
+    report.row(
         "block: upload 16 KiB (pageable)",
         upload,
         "into a kept buffer".into(),
@@ -134,7 +201,7 @@ fn main() -> Result<(), Error> {
         || Ok(stream.memcpy_htod(&pinned, &mut kept)?),
         |()| Ok(()),
     )?;
-    row(
+    report.row(
         "block: upload 16 KiB (pinned)",
         pinned_upload,
         "page-locked, write-combined".into(),
@@ -163,7 +230,7 @@ fn main() -> Result<(), Error> {
         || Ok(alloc.borrow_mut().alloc_extend(&extend, &rows)?),
         free,
     )?;
-    row(
+    report.row(
         "alloc_extend (1024 x 1000 tokens)",
         extend,
         "host params upload + kernel".into(),
@@ -190,7 +257,7 @@ fn main() -> Result<(), Error> {
         || Ok(alloc.borrow_mut().alloc_decode(&decode, &rows)?),
         free,
     )?;
-    row(
+    report.row(
         "alloc_decode + table (1024, ps 16)",
         decode_timing,
         "every request opens a page".into(),
@@ -204,7 +271,7 @@ fn main() -> Result<(), Error> {
             last_loc: shape.last_loc + 1,
         })
         .collect();
-    row(
+    report.row(
         "alloc_decode + table (1024, mid-page)",
         time(
             &stream,
@@ -230,7 +297,7 @@ fn main() -> Result<(), Error> {
             Ok(())
         },
     )?;
-    row(
+    report.row(
         "free (1024 pages)",
         free_timing,
         "host dedup + sort + upload + kernel".into(),
@@ -260,7 +327,7 @@ fn main() -> Result<(), Error> {
     // Bytes moved: read + write of K and V rows.
     let moved = 2.0 * 2.0 * (tokens * row_bytes) as f64;
     let store_gbs = moved / (store.device_ms * 1e-3) / 1e9;
-    row(
+    report.row(
         "store_kv (16384 tok, 2 KiB rows, K+V)",
         store,
         format!("{store_gbs:.0} GB/s (read+write)"),
@@ -273,7 +340,7 @@ fn main() -> Result<(), Error> {
         |()| Ok(()),
     )?;
     let copy_gbs = moved / (copy.device_ms * 1e-3) / 1e9;
-    row(
+    report.row(
         "memcpy_dtod (same bytes)",
         copy,
         format!(
@@ -289,7 +356,7 @@ fn main() -> Result<(), Error> {
         || Ok(pool.copy_pages(&src_pages, &dst_pages)?),
         |()| Ok(()),
     )?;
-    row(
+    report.row(
         "copy_pages (256 pages of 16, K+V)",
         copy_pages,
         "includes two small htod copies".into(),
@@ -300,7 +367,7 @@ fn main() -> Result<(), Error> {
     // allocated from here on (the per-call `out_cache_loc`).
     // SAFETY: this program uses one stream, so no buffer needs cross-stream ordering.
     unsafe { device.context().disable_event_tracking() };
-    row(
+    report.row(
         "alloc_decode, cudarc event tracking off",
         time(
             &stream,
@@ -309,5 +376,5 @@ fn main() -> Result<(), Error> {
         )?,
         "every request opens a page".into(),
     );
-    Ok(())
+    report.finish()
 }
