@@ -172,6 +172,15 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
 
             #sealed
 
+            // Functions named like the expansion's parameters (`value` in the setters, `init` in
+            // `From`): they shadow what `use super::*` brings in under those names, where a
+            // `const value` would turn the parameter into a constant pattern; a function never
+            // does. (The capability parameters are `_`.)
+            #[allow(dead_code)]
+            fn value() {}
+            #[allow(dead_code)]
+            fn init() {}
+
             #init_struct
 
             #view_struct
@@ -441,7 +450,7 @@ fn field_accessors(
             #[doc = #set_doc]
             #[inline(always)]
             #(#deprecated)*
-            #inner_vis #setter_constness fn #setter(&mut self, _owner: &impl #trait_name, value: #ty) #setter_where {
+            #inner_vis #setter_constness fn #setter(&mut self, _: &impl #trait_name, value: #ty) #setter_where {
                 self.#ident = value;
             }
 
@@ -450,7 +459,7 @@ fn field_accessors(
             #(#deprecated)*
             #inner_vis const fn #mut_accessor<#borrow>(
                 &#borrow mut self,
-                _owner: &#borrow impl #trait_name,
+                _: &#borrow impl #trait_name,
             ) -> &#borrow mut #ty {
                 &mut self.#ident
             }
