@@ -69,6 +69,16 @@ fn time<T>(
     })
 }
 
+/// `REQUESTS` prompts of `seq_len` tokens each, on an empty prefix.
+fn prompts(seq_len: usize) -> Vec<ExtendShape> {
+    let fresh = ExtendShape {
+        prefix_len: 0,
+        seq_len,
+        last_loc: None,
+    };
+    vec![fresh; REQUESTS]
+}
+
 /// Command line.
 #[derive(Parser)]
 #[command(about = "Times kvown-cuda's kernels with CUDA events")]
@@ -212,13 +222,7 @@ fn main() -> Result<(), Error> {
     let size = REQUESTS * 2048;
     let rows: Vec<u32> = (0..REQUESTS as u32).collect();
     let alloc = CudaPagedAllocator::<Lifo>::new(device.clone(), size, PAGE, REQUESTS, 2048)?;
-    let extend: Vec<ExtendShape> = (0..REQUESTS)
-        .map(|_| ExtendShape {
-            prefix_len: 0,
-            seq_len: 1000,
-            last_loc: None,
-        })
-        .collect();
+    let extend = prompts(1000);
     // The allocator is shared by the timed closure and the untimed `after`, so it sits in a cell.
     let alloc = std::cell::RefCell::new(alloc);
     let free = |out: kvown_cuda::DeviceSlots| -> Result<(), Error> {
@@ -235,16 +239,9 @@ fn main() -> Result<(), Error> {
         extend,
         "host params upload + kernel".into(),
     );
-    let prompt: Vec<ExtendShape> = (0..REQUESTS)
-        .map(|_| ExtendShape {
-            prefix_len: 0,
-            seq_len: 1024,
-            last_loc: None,
-        })
-        .collect();
     let prompt = alloc
         .borrow_mut()
-        .alloc_extend(&prompt, &rows)?
+        .alloc_extend(&prompts(1024), &rows)?
         .to_host(&device)?;
     let decode: Vec<DecodeShape> = (0..REQUESTS)
         .map(|i| DecodeShape {
