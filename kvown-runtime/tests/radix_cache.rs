@@ -4,7 +4,7 @@
 mod radix_setup;
 
 use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator};
-use kvown_runtime::radix::{NodeId, RadixCache, RadixError, TreePos};
+use kvown_runtime::radix::{EvictionPolicy, NodeId, RadixCache, RadixError, TreePos};
 use radix_setup::{alloc_slots, allocator, key, path_slots};
 
 const PAGE_SIZES: [usize; 4] = [1, 3, 4, 16];
@@ -883,4 +883,25 @@ fn the_slots_of_the_last_page_of_the_u32_range_read_back_without_overflow() {
         assert_eq!(cache.cached_slots().collect::<Vec<_>>(), slots);
         cache.check().unwrap();
     }
+}
+
+#[test]
+fn a_page_size_of_zero_is_a_typed_error_from_the_fallible_constructors() {
+    assert_eq!(
+        RadixCache::try_new(0).unwrap_err(),
+        RadixError::ZeroPageSize
+    );
+    assert_eq!(
+        RadixCache::try_with_policy(0, EvictionPolicy::Lfu).unwrap_err(),
+        RadixError::ZeroPageSize
+    );
+    let cache = RadixCache::try_with_policy(4, EvictionPolicy::Lfu).unwrap();
+    assert_eq!(
+        (cache.page_size(), cache.policy()),
+        (4, EvictionPolicy::Lfu)
+    );
+    assert_eq!(cache.total_size(), 0);
+    let panic = std::panic::catch_unwind(|| RadixCache::new(0)).unwrap_err();
+    let message = panic.downcast_ref::<String>().expect("a formatted message");
+    assert_eq!(*message, RadixError::ZeroPageSize.to_string());
 }

@@ -147,6 +147,9 @@ pub enum RadixError {
         /// The cache's page size.
         page_size: usize,
     },
+    /// A page holds at least one slot.
+    #[error("radix cache page size 0; pass the allocator's page size (at least 1)")]
+    ZeroPageSize,
     /// The allocator must use the cache's page size.
     #[error("allocator page size {allocator} differs from the radix cache's {cache}")]
     PageSizeMismatch {

@@ -197,9 +197,15 @@ impl RadixCache {
     /// least recently used leaves first ([`EvictionPolicy::Lru`]).
     ///
     /// # Panics
-    /// If `page_size` is 0.
+    /// If `page_size` is 0; [`RadixCache::try_new`] refuses it with a typed error instead.
     pub fn new(page_size: usize) -> RadixCache {
         RadixCache::with_policy(page_size, EvictionPolicy::Lru)
+    }
+
+    /// [`RadixCache::new`] for a page size that comes from outside: a page size of 0 is
+    /// [`RadixError::ZeroPageSize`].
+    pub fn try_new(page_size: usize) -> Result<RadixCache, RadixError> {
+        RadixCache::try_with_policy(page_size, EvictionPolicy::Lru)
     }
 
     /// An empty cache for pages of `page_size` slots whose evictions follow `policy`.
@@ -221,10 +227,22 @@ impl RadixCache {
     /// ```
     ///
     /// # Panics
-    /// If `page_size` is 0.
+    /// If `page_size` is 0; [`RadixCache::try_with_policy`] refuses it with a typed error
+    /// instead.
     pub fn with_policy(page_size: usize, policy: EvictionPolicy) -> RadixCache {
-        assert!(page_size > 0, "radix cache page size must be at least 1");
-        RadixCache {
+        RadixCache::try_with_policy(page_size, policy).unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// [`RadixCache::with_policy`] for a page size that comes from outside: a page size of 0 is
+    /// [`RadixError::ZeroPageSize`].
+    pub fn try_with_policy(
+        page_size: usize,
+        policy: EvictionPolicy,
+    ) -> Result<RadixCache, RadixError> {
+        if page_size == 0 {
+            return Err(RadixError::ZeroPageSize);
+        }
+        Ok(RadixCache {
             page_size,
             arena: Arena::new(),
             children: ChildIndex::default(),
@@ -238,7 +256,7 @@ impl RadixCache {
             eviction: Box::default(),
             pages: PageIndex::default(),
             events: None,
-        }
+        })
     }
 
     /// Slots per page; every cached length is a multiple of it.
