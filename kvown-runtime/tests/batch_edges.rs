@@ -735,6 +735,38 @@ fn a_plain_decode_over_a_speculative_reservation_is_refused_and_changes_nothing(
     release_all_and_empty_out(batch.into_reqs(), cache);
 }
 
+// `prepare_for_decode` checks and ticks the clocks in one pass: a batch refused by a request
+// in its middle has every clock turned back, those before the refused request included.
+#[test]
+fn a_decode_batch_refused_in_its_middle_keeps_every_clock() {
+    let mut cache = cache(256, 4, true);
+    let batch = extend(
+        vec![Req::new(1, tokens(0, 5)), Req::new(2, tokens(50, 6))],
+        &mut cache,
+    );
+    let mut reqs = decode(batch, &mut cache).into_reqs();
+    // A request that holds no KV, between the two that do.
+    reqs.insert(1, Req::new(3, tokens(90, 3)));
+    let before = state(&cache);
+    let (batch, error) = prepare_for_decode(ScheduleBatch::new(reqs), &cache).unwrap_err();
+    assert_eq!(error, KvError::NotHeld { rid: 3 });
+    assert_eq!(state(&cache), before);
+    let clocks: Vec<(u64, u64)> = batch
+        .reqs()
+        .iter()
+        .map(|r| (r.rid(), r.kv().decode_batch_idx()))
+        .collect();
+    assert_eq!(clocks, [(1, 1), (3, 0), (2, 1)], "no clock ticked");
+    let mut batch = batch;
+    let idle = batch.take_if(|r| r.rid() == 3);
+    assert_eq!(idle.len(), 1);
+    let batch = decode(batch, &mut cache);
+    for req in batch.reqs() {
+        assert_eq!(req.kv().decode_batch_idx(), 2);
+    }
+    release_all_and_empty_out(batch.into_reqs(), cache);
+}
+
 // §9.19 / §7.5: over-allocation is freed at release from ceil_align(committed).
 #[test]
 fn over_allocation_is_freed_from_the_committed_page_end() {

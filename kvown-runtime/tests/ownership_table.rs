@@ -34,7 +34,7 @@ const EXPECTED: &[(&str, &str, &str, u32)] = &[
     ("ReqKvInfo", "kv_allocated_len", "release_kv_cache", 1),
     ("ReqKvInfo", "extend_batch_idx", "prepare_for_extend", 1),
     ("ReqKvInfo", "extend_batch_idx", "reset_for_retract", 1),
-    ("ReqKvInfo", "decode_batch_idx", "prepare_for_decode", 1),
+    ("ReqKvInfo", "decode_batch_idx", "prepare_for_decode", 2),
     (
         "ReqKvInfo",
         "decode_batch_idx",
