@@ -5,19 +5,23 @@
 # the median head/base ratio of the pairs, by run order and overall, with its interquartile
 # range. Averaging both orders cancels the bias of always running second; a VM that switches
 # speed every few seconds still moves single pairs by 20%, so read a ratio together with its
-# range and with the instruction counts of scripts/instructions.sh.
+# range and with the instruction counts of scripts/instructions.sh. A run of W2 and W2c takes
+# well under a second, so 150 rounds (300 pairs) take a minute or two and resolve about 1% while
+# the VM holds one speed. Two builds can still differ by up to 3% in code neither changes (the
+# binary's layout), so add a workload the change does not touch as a control, and do not read
+# a ratio within 0.97-1.03 as a change without the instruction counts.
 #
 #   scripts/compare.sh BASE_REV [ROUNDS] [WORKLOAD...]
-#   scripts/compare.sh 4545fe7 40 W2 W2c
+#   scripts/compare.sh 4545fe7 150 W2 W2c
 #
-# Defaults: 20 rounds, workloads W1_k1 W1p_k1 W2 W2c. The base is built in a temporary git
+# Defaults: 100 rounds, workloads W1_k1 W1p_k1 W2 W2c. The base is built in a temporary git
 # worktree with its own target directory (`$CARGO_TARGET_DIR-compare-base`, or
 # `target/compare-base`), so the first build of a base takes a few minutes.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 base_rev="${1:?usage: scripts/compare.sh BASE_REV [ROUNDS] [WORKLOAD...]}"
-rounds="${2:-20}"
+rounds="${2:-100}"
 shift $(($# < 2 ? $# : 2))
 workloads=("$@")
 [ ${#workloads[@]} -gt 0 ] || workloads=(W1_k1 W1p_k1 W2 W2c)
