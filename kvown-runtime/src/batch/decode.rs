@@ -12,9 +12,10 @@ use crate::request::{Req, ReqKvInfo};
 /// decode clock and counts the pages the step takes, in one pass over the requests. Owns
 /// `decode_batch_idx`.
 ///
-/// Fails (changing nothing: the clocks ticked before the check failed are turned back) when a request holds no KV, holds it in another cache, holds a
-/// speculative reservation ([`KvError::ReservationHeld`]: its committed length is short of
-/// its allocated one), or its row is full.
+/// Fails, changing nothing (the pass ticks every clock, and a refused batch has them turned
+/// back), when a request holds no KV, holds it in another cache, holds a speculative
+/// reservation ([`KvError::ReservationHeld`]: its committed length is short of its allocated
+/// one), or its row is full.
 #[owner]
 pub fn prepare_for_decode<A: KvAllocator>(
     mut batch: ScheduleBatch<Ready>,
