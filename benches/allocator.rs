@@ -94,21 +94,23 @@ fn checker(c: &mut Criterion) {
 
 fn extend(c: &mut Criterion) {
     let mut group = c.benchmark_group("W3_extend");
-    let mut extend = ExtendBatch::new();
-    group.throughput(Throughput::Elements(extend.tokens() as u64));
-    group.bench_function("batch64", |b| {
-        b.iter_custom(|iters| {
-            let mut measured = Duration::ZERO;
-            for _ in 0..iters {
-                let reqs = extend.fresh_reqs();
-                let start = Instant::now();
-                let batch = extend.extend(black_box(reqs));
-                measured += start.elapsed();
-                extend.release(batch);
-            }
-            measured
-        })
-    });
+    for (name, radix) in [("batch64", false), ("batch64_prefix_cache", true)] {
+        let mut extend = ExtendBatch::new(radix);
+        group.throughput(Throughput::Elements(extend.tokens() as u64));
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut measured = Duration::ZERO;
+                for _ in 0..iters {
+                    let reqs = extend.fresh_reqs();
+                    let start = Instant::now();
+                    let batch = extend.extend(black_box(reqs));
+                    measured += start.elapsed();
+                    extend.release(batch);
+                }
+                measured
+            })
+        });
+    }
     group.finish();
 }
 

@@ -45,7 +45,7 @@ struct Args {
 
 /// The timed workloads, in the order they run; `ref_*` are reference loops, not kvown, and
 /// `A/B` is the ratio of two workloads timed in alternation ([`paired`]).
-const WORKLOADS: [&str; 34] = [
+const WORKLOADS: [&str; 35] = [
     "W1_k1",
     "W1_k32",
     "W1_k1024",
@@ -56,6 +56,7 @@ const WORKLOADS: [&str; 34] = [
     "W2c",
     "W2e",
     "W3",
+    "W3c",
     "E1_lru",
     "E1_lfu",
     "E1_fifo",
@@ -452,17 +453,20 @@ fn decode_phases(workload: &'static str, radix: bool, repeats: usize) -> Vec<Pha
         .collect()
 }
 
-fn extend(repeats: usize) -> Workload {
+/// W3 (`radix` false) or W3c: `BATCHES` batches of warm-up, then `repeats` measurements of
+/// `BATCHES` batches each, in tokens per second.
+fn extend(name: &str, radix: bool, repeats: usize) -> Workload {
     const BATCHES: usize = 20;
-    let mut extend = ExtendBatch::new();
+    let mut extend = ExtendBatch::new(radix);
     let tokens = extend.tokens();
     // Warm-up, as W1 and W2 have: the first batches touch the pool, the table and the heap for
     // the first time.
     for _ in 0..BATCHES {
-        let batch = extend.extend(extend.fresh_reqs());
+        let reqs = extend.fresh_reqs();
+        let batch = extend.extend(reqs);
         extend.release(batch);
     }
-    repeat("W3", "tokens/s", repeats, || {
+    let workload = repeat(name, "tokens/s", repeats, || {
         let mut nanos = 0;
         for _ in 0..BATCHES {
             let reqs = extend.fresh_reqs();
@@ -472,7 +476,11 @@ fn extend(repeats: usize) -> Workload {
             extend.release(batch);
         }
         (BATCHES * tokens) as f64 / (nanos as f64 / 1e9)
-    })
+    });
+    if let Err(violation) = extend.check() {
+        panic!("{name}: invariant violated after the run: {violation}");
+    }
+    workload
 }
 
 fn guarded_vs_plain(repeats: usize) -> Workload {
@@ -555,8 +563,10 @@ fn main() {
     if selected("W2e") {
         workloads.push(decode_steps_with_events(repeats));
     }
-    if selected("W3") {
-        workloads.push(extend(repeats));
+    for (name, radix) in [("W3", false), ("W3c", true)] {
+        if selected(name) {
+            workloads.push(extend(name, radix, repeats));
+        }
     }
     for policy in EvictionPolicy::ALL {
         let name = format!("E1_{policy}");

@@ -521,20 +521,22 @@ impl EvictionChurn {
     }
 }
 
-impl Default for ExtendBatch {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 /// W3, extend: a batch of 64 fresh prompts, request `i` of `512 + (i * 7919 mod 3585)`
 /// tokens (512..=4096), through `init_next_round_input` + `prepare_for_extend` +
-/// `alloc_for_extend`, prefix cache off. Building the requests and releasing them afterwards
-/// are outside the measured part; each batch reuses the previous one's `out_cache_loc` storage
+/// `alloc_for_extend`. Building the requests and releasing them afterwards are outside the
+/// measured part; each batch reuses the previous one's `out_cache_loc` storage
 /// (`ScheduleBatch::with_buffer`), as a serving loop would.
+///
+/// W3 runs with the prefix cache off. W3c runs with it on: every batch's prompts are new (their
+/// first tokens are the batch's own), each request's whole pages are registered right after its
+/// extend (`cache_unfinished_req`, measured), and released requests are inserted, so from the
+/// second batch on the pool is full of cached prompts and each extend evicts what it lacks.
 pub struct ExtendBatch {
     cache: KvCache<PagedAllocator>,
-    prompts: Vec<Vec<u32>>,
+    radix: bool,
+    /// Batches handed out so far: the next batch's requests are numbered from
+    /// `batches * BATCH`.
+    batches: u64,
     /// The `out_cache_loc` storage handed from each released batch to the next one.
     out_buffer: Vec<KvSlot>,
 }
@@ -542,54 +544,89 @@ pub struct ExtendBatch {
 impl ExtendBatch {
     /// Prompts per batch.
     pub const BATCH: usize = 64;
+    /// Longest prompt.
+    const MAX_LEN: usize = 4096;
 
-    /// An empty pool large enough for one batch.
-    pub fn new() -> Self {
-        let max_len = 4096;
-        let allocator = PagedAllocator::new(Self::BATCH * (max_len + PAGE_SIZE), PAGE_SIZE, false)
-            .expect("a valid pool");
-        let rows = ReqToTokenPool::new(Self::BATCH, max_len).expect("a valid request table");
-        let prompts = (0..Self::BATCH)
-            .map(|i| prompt(i as u64, 512 + (i * 7919) % 3585, 0))
-            .collect();
+    /// An empty pool large enough for one batch, with the prefix cache on (`radix`, W3c) or
+    /// off (W3).
+    pub fn new(radix: bool) -> Self {
+        let allocator =
+            PagedAllocator::new(Self::BATCH * (Self::MAX_LEN + PAGE_SIZE), PAGE_SIZE, false)
+                .expect("a valid pool");
+        let rows = ReqToTokenPool::new(Self::BATCH, Self::MAX_LEN).expect("a valid request table");
+        let tree = if radix {
+            TreeCache::Radix(RadixCache::new(PAGE_SIZE))
+        } else {
+            TreeCache::Disabled
+        };
         ExtendBatch {
-            cache: KvCache::new(allocator, rows, TreeCache::Disabled).expect("page sizes agree"),
-            prompts,
+            cache: KvCache::new(allocator, rows, tree).expect("page sizes agree"),
+            radix,
+            batches: 0,
             out_buffer: Vec::new(),
         }
     }
 
-    /// Tokens extended per batch.
-    pub fn tokens(&self) -> usize {
-        self.prompts.iter().map(Vec::len).sum()
+    /// Prompt length of request `i` of a batch.
+    fn prompt_len(i: usize) -> usize {
+        512 + (i * 7919) % 3585
     }
 
-    /// Fresh requests for one batch (not measured).
-    pub fn fresh_reqs(&self) -> Vec<Req> {
-        (0..)
-            .zip(&self.prompts)
-            .map(|(rid, prompt)| Req::new(rid, prompt.clone()))
+    /// Tokens extended per batch.
+    pub fn tokens(&self) -> usize {
+        (0..Self::BATCH).map(Self::prompt_len).sum()
+    }
+
+    /// Fresh requests for the next batch, with prompts no earlier batch had (not measured).
+    pub fn fresh_reqs(&mut self) -> Vec<Req> {
+        let first = self.batches * Self::BATCH as u64;
+        self.batches += 1;
+        (0..Self::BATCH)
+            .map(|i| {
+                let rid = first + i as u64;
+                Req::new(rid, prompt(rid, Self::prompt_len(i), 0))
+            })
             .collect()
     }
 
-    /// The measured part: match, prepare and allocate the extend of `reqs`.
+    /// The measured part: match, prepare and allocate the extend of `reqs`, and with the
+    /// prefix cache register their whole pages.
     #[inline]
     pub fn extend(&mut self, mut reqs: Vec<Req>) -> ScheduleBatch {
         for req in &mut reqs {
             init_next_round_input(req, &mut self.cache, usize::MAX).expect("match");
         }
         let batch = ScheduleBatch::with_buffer(reqs, std::mem::take(&mut self.out_buffer));
-        alloc_for_extend(prepare_for_extend(batch), &mut self.cache)
-            .unwrap_or_else(|failure| panic!("extend: {}", failure.error))
+        let mut batch = alloc_for_extend(prepare_for_extend(batch), &mut self.cache)
+            .unwrap_or_else(|failure| panic!("extend: {}", failure.error));
+        if self.radix {
+            // `reqs_mut` forgets `out_cache_loc` (its storage stays for the next batch): a
+            // serving loop reads it before it registers the pages.
+            for req in batch.reqs_mut() {
+                cache_unfinished_req(req, &mut self.cache).expect("register the prompt");
+            }
+        }
+        batch
     }
 
-    /// Releases a batch from [`ExtendBatch::extend`] (not measured).
+    /// Runs the invariant checker with no request held (after a [`ExtendBatch::release`]):
+    /// every page is free or cached.
+    #[allow(
+        dead_code,
+        reason = "used by examples/bench.rs, not by benches/allocator.rs"
+    )]
+    pub fn check(&self) -> Result<(), String> {
+        self.cache.check(&[]).map_err(|v| v.to_string())
+    }
+
+    /// Releases a batch from [`ExtendBatch::extend`] (not measured); with the prefix cache the
+    /// requests are inserted, and their pages stay cached.
     pub fn release(&mut self, batch: ScheduleBatch) {
         self.cache.free_group_begin().expect("no open group");
         let (reqs, out_buffer) = batch.into_parts();
         self.out_buffer = out_buffer;
         for mut req in reqs {
-            release_kv_cache(&mut req, &mut self.cache, false).expect("release");
+            release_kv_cache(&mut req, &mut self.cache, self.radix).expect("release");
         }
         self.cache.free_group_end().expect("the group is open");
     }
