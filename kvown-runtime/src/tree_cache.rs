@@ -6,7 +6,7 @@
 
 use kvown_macros::owner;
 
-use crate::alloc::{KvAllocator, ceil_align, floor_align};
+use crate::alloc::{KvAllocator, ceil_align};
 use crate::cache::{KvCache, TreeCache};
 use crate::error::KvError;
 use crate::radix::{RadixCache, TreePos};
@@ -89,7 +89,7 @@ pub fn cache_unfinished_req<A: KvAllocator>(
         // A decode step commits a position before its token is known (sglang's overlap
         // schedule), so `committed` may exceed the tokens: only those with a token are keyed.
         let token_count = committed.min(req.fill_ids().len());
-        let key_len = floor_align(token_count, allocator.page_size());
+        let key_len = tree.layout().floor_align(token_count);
         let key = &req.fill_ids()[..key_len];
         let new_slots = &req_to_token.row(row)?[protected..key_len];
         let params = req.insert_params(true);
@@ -182,7 +182,7 @@ pub(crate) fn cache_finished_req<A: KvAllocator>(
     match tree {
         TreeCache::Radix(tree) => {
             let token_count = committed.min(req.fill_ids().len());
-            let key_len = floor_align(token_count, allocator.page_size());
+            let key_len = tree.layout().floor_align(token_count);
             let key = &req.fill_ids()[..key_len];
             // Everything that can fail comes before the tree changes: the request's lock is
             // checked to be its own and the insert planned (read-only), then the one free, then

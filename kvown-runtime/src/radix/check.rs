@@ -38,7 +38,8 @@ impl RadixCache {
     ///
     /// Cost: O(cached pages + nodes); meant for tests and debug builds.
     pub fn check(&self) -> Result<(), RadixError> {
-        let page_size = self.page_size;
+        let layout = self.layout;
+        let page_size = layout.page_size();
         let stride = page_size + 1;
         let root = &self.arena[NodeId::ROOT];
         expect_eq(NodeId::ROOT, "root lock count", 1, root.lock_ref as usize)?;
@@ -64,7 +65,7 @@ impl RadixCache {
                 usize::from(!node.data.is_empty()),
             )?;
             expect_eq(id, "key is whole pages", 0, node.data.len() % stride)?;
-            expect_eq(id, "key start", parent.end(page_size), node.start())?;
+            expect_eq(id, "key start", parent.end(layout), node.start())?;
             if node.parent != NodeId::ROOT {
                 expect_eq(
                     id,
@@ -75,10 +76,10 @@ impl RadixCache {
             }
             let found = self.children.find(
                 &self.arena,
-                page_size,
+                layout,
                 node.parent,
                 node.namespace,
-                node.page_tokens(0, page_size),
+                node.page_tokens(0, layout),
             );
             expect_eq(
                 id,
@@ -89,11 +90,11 @@ impl RadixCache {
             child_counts[node.parent.index()] += 1;
             child_locks[node.parent.index()] += node.lock_ref as usize;
             if node.lock_ref == 0 {
-                evictable += node.len(page_size);
+                evictable += node.len(layout);
             } else {
-                protected += node.len(page_size);
+                protected += node.len(layout);
             }
-            for page in node.page_ids(page_size) {
+            for page in node.page_ids(layout) {
                 expect_eq(id, "page cached once", 1, usize::from(pages.insert(page)))?;
                 expect_eq(
                     id,
@@ -170,7 +171,8 @@ impl RadixCache {
         tokens: &[u32],
         slots: &[KvSlot],
     ) -> Result<Option<(usize, PrefixPart)>, RadixError> {
-        let page_size = self.page_size;
+        let layout = self.layout;
+        let page_size = layout.page_size();
         // The path's nodes with the part of each key on it, root side first.
         let mut path = Vec::new();
         let (mut node, mut end) = (self.node_at(at, at.len)?, at.len);
@@ -183,9 +185,9 @@ impl RadixCache {
         for &(node, start, end) in path.iter().rev() {
             let entry = &self.arena[node];
             for page in 0..(end - start) / page_size {
-                let first_slot = entry.page_id(page, page_size) as usize * page_size;
+                let first_slot = entry.page_id(page, layout) as usize * page_size;
                 let first = start + page * page_size;
-                for (offset, &token) in entry.page_tokens(page, page_size).iter().enumerate() {
+                for (offset, &token) in entry.page_tokens(page, layout).iter().enumerate() {
                     let position = first + offset;
                     if tokens.get(position) != Some(&token) {
                         return Ok(Some((position, PrefixPart::Token)));
@@ -319,11 +321,9 @@ mod tests {
         // Unlinked and linked again in its new namespace, so that the index agrees with it.
         cache
             .children
-            .unlink(&mut cache.arena, cache.page_size, locked);
+            .unlink(&mut cache.arena, cache.layout, locked);
         cache.arena[locked].namespace = Namespace(1);
-        cache
-            .children
-            .link(&mut cache.arena, cache.page_size, locked);
+        cache.children.link(&mut cache.arena, cache.layout, locked);
         assert_eq!(broken(&cache), "namespace is the parent's");
         // A child of the root in another namespace than the one it is indexed under.
         let mut cache = RadixCache::new(2);

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::Namespace;
+use super::layout::KeyLayout;
 use super::node::{Arena, Node, NodeId};
 
 /// Map from (parent, first-page hash) to the head of a chain of children.
@@ -33,7 +34,7 @@ impl ChildIndex {
     pub(super) fn find(
         &self,
         arena: &Arena,
-        page_size: usize,
+        layout: KeyLayout,
         parent: NodeId,
         namespace: Namespace,
         first_page: &[u32],
@@ -41,7 +42,7 @@ impl ChildIndex {
         let mut node = *self.heads.get(&child_key(parent, namespace, first_page))?;
         while node != NodeId::NONE {
             let entry = &arena[node];
-            if entry.namespace == namespace && entry.page_tokens(0, page_size) == first_page {
+            if entry.namespace == namespace && entry.page_tokens(0, layout) == first_page {
                 return Some(node);
             }
             node = arena[node].hash_next;
@@ -50,15 +51,15 @@ impl ChildIndex {
     }
 
     /// Indexes `child` under its current parent and first page.
-    pub(super) fn link(&mut self, arena: &mut Arena, page_size: usize, child: NodeId) {
-        let key = key_of(&arena[child], page_size);
+    pub(super) fn link(&mut self, arena: &mut Arena, layout: KeyLayout, child: NodeId) {
+        let key = key_of(&arena[child], layout);
         let next = self.heads.insert(key, child).unwrap_or(NodeId::NONE);
         arena[child].hash_next = next;
     }
 
     /// Removes `child` from the index (it must be indexed under its current parent and key).
-    pub(super) fn unlink(&mut self, arena: &mut Arena, page_size: usize, child: NodeId) {
-        let key = key_of(&arena[child], page_size);
+    pub(super) fn unlink(&mut self, arena: &mut Arena, layout: KeyLayout, child: NodeId) {
+        let key = key_of(&arena[child], layout);
         let next = std::mem::replace(&mut arena[child].hash_next, NodeId::NONE);
         let head = self
             .heads
@@ -104,8 +105,8 @@ impl ChildIndex {
     }
 }
 
-fn key_of(node: &Node, page_size: usize) -> u64 {
-    child_key(node.parent, node.namespace, node.page_tokens(0, page_size))
+fn key_of(node: &Node, layout: KeyLayout) -> u64 {
+    child_key(node.parent, node.namespace, node.page_tokens(0, layout))
 }
 
 /// Hasher for keys that are already hashes: a splitmix64 finalizer spreads every input bit.

@@ -234,16 +234,13 @@ impl RadixCache {
         let mut log = self.events.take().unwrap_or_default();
         log.queue.clear();
         log.queue.push(CacheEvent::Cleared);
-        let page_size = self.page_size;
+        let layout = self.layout;
+        let page_size = layout.page_size();
         for id in self.nodes_parents_first() {
             let node = &self.arena[id];
             let parent_hash = self.last_page_hash(&log, node.parent);
-            let pages = (0..node.num_pages(page_size)).map(|page| {
-                (
-                    node.page_tokens(page, page_size),
-                    node.page_id(page, page_size),
-                )
-            });
+            let pages = (0..node.num_pages(layout))
+                .map(|page| (node.page_tokens(page, layout), node.page_id(page, layout)));
             log.store(node.namespace, parent_hash, pages, page_size);
         }
         self.events = Some(log);
@@ -282,9 +279,9 @@ impl RadixCache {
     /// it. `None` for the root.
     fn last_page_hash(&self, log: &EventLog, node: NodeId) -> Option<PageHash> {
         let entry = &self.arena[node];
-        let pages = entry.num_pages(self.page_size);
+        let pages = entry.num_pages(self.layout);
         (node != NodeId::ROOT).then(|| {
-            let page = entry.page_id(pages - 1, self.page_size);
+            let page = entry.page_id(pages - 1, self.layout);
             log.hashes[page as usize]
         })
     }
@@ -326,13 +323,14 @@ impl RadixCache {
         slots: &[KvSlot],
     ) {
         let mut log = self.events.take().expect("events are on");
-        let page_size = self.page_size;
+        let layout = self.layout;
+        let page_size = layout.page_size();
         let namespace = namespace.unwrap_or(self.arena[parent].namespace);
         let parent_hash = self.last_page_hash(&log, parent);
         let pages = tokens
             .chunks_exact(page_size)
             .zip(slots.chunks_exact(page_size))
-            .map(|(page_tokens, page_slots)| (page_tokens, page_slots[0] / page_size as u32));
+            .map(|(page_tokens, page_slots)| (page_tokens, layout.page_of(page_slots[0])));
         log.store(namespace, parent_hash, pages, page_size);
         self.events = Some(log);
     }
@@ -342,9 +340,9 @@ impl RadixCache {
     #[inline(always)]
     pub(super) fn record_removed(&mut self, leaf: NodeId) {
         if let Some(log) = &mut self.events {
-            let (node, page_size) = (&self.arena[leaf], self.page_size);
-            let pages = (0..node.num_pages(page_size)).rev();
-            log.remove(pages.map(|page| node.page_id(page, page_size)));
+            let (node, layout) = (&self.arena[leaf], self.layout);
+            let pages = (0..node.num_pages(layout)).rev();
+            log.remove(pages.map(|page| node.page_id(page, layout)));
         }
     }
 
@@ -354,15 +352,15 @@ impl RadixCache {
         let Some(log) = &self.events else {
             return Ok(());
         };
-        let page_size = self.page_size;
+        let layout = self.layout;
         for id in self.nodes_parents_first() {
             let node = &self.arena[id];
             let mut hash = self
                 .last_page_hash(log, node.parent)
                 .unwrap_or_else(|| PageHash::seed(node.namespace));
-            for page in 0..node.num_pages(page_size) {
-                hash = hash.chain(node.page_tokens(page, page_size));
-                let recorded = log.hashes.get(node.page_id(page, page_size) as usize);
+            for page in 0..node.num_pages(layout) {
+                hash = hash.chain(node.page_tokens(page, layout));
+                let recorded = log.hashes.get(node.page_id(page, layout) as usize);
                 if recorded != Some(&hash) {
                     // Hashes shown as `usize` (whole on 64-bit targets); 0 for none recorded.
                     return Err(RadixError::Inconsistent {

@@ -115,9 +115,9 @@ impl RadixCache {
 
     /// [`RadixError::PageSizeMismatch`] unless `alloc` has this cache's page size.
     fn ensure_page_size<A: KvAllocator + ?Sized>(&self, alloc: &A) -> Result<(), RadixError> {
-        if alloc.page_size() != self.page_size {
+        if alloc.page_size() != self.layout.page_size() {
             return Err(RadixError::PageSizeMismatch {
-                cache: self.page_size,
+                cache: self.layout.page_size(),
                 allocator: alloc.page_size(),
             });
         }
@@ -136,8 +136,7 @@ impl RadixCache {
             return Ok(0);
         }
         for &victim in &plan.victims {
-            plan.pages
-                .extend(self.arena[victim].page_ids(self.page_size));
+            plan.pages.extend(self.arena[victim].page_ids(self.layout));
         }
         if let Err(source) = alloc.free_page_ids(&plan.pages) {
             self.order.extend(plan.taken.drain(..));
@@ -163,7 +162,7 @@ impl RadixCache {
                 break;
             };
             plan.victims.push(victim);
-            tokens += self.arena[victim].len(self.page_size);
+            tokens += self.arena[victim].len(self.layout);
             // A victim that is an orphan of this plan passes on what it inherited in it.
             let (last_access, stats) = match plan.parents.get(&victim) {
                 Some(planned) => (planned.last_access, planned.stats),
@@ -219,13 +218,13 @@ impl RadixCache {
     fn remove_leaf(&mut self, leaf: NodeId) {
         self.record_removed(leaf);
         self.list_evictable(leaf, false);
-        self.children.unlink(&mut self.arena, self.page_size, leaf);
+        self.children.unlink(&mut self.arena, self.layout, leaf);
         let entry = &self.arena[leaf];
-        for page in entry.page_ids(self.page_size) {
+        for page in entry.page_ids(self.layout) {
             self.pages.remove(page);
         }
         let (tokens, parent, last_access) =
-            (entry.len(self.page_size), entry.parent, entry.last_access);
+            (entry.len(self.layout), entry.parent, entry.last_access);
         let stats = *self.arena.stats(leaf);
         self.evictable_size -= tokens;
         self.total_size -= tokens;

@@ -1,5 +1,6 @@
 //! Inserting page-aligned keys with their slots.
 
+use super::layout::KeyLayout;
 use super::node::{Node, NodeId};
 use super::policy::NodeStats;
 use super::{InsertOutcome, InsertParams, Namespace, RadixCache, RadixError, TreePos};
@@ -171,8 +172,8 @@ impl RadixCache {
             // The common case of registering pages as they fill: no walk, and the hint is
             // known to be good.
             self.validate_key(key, slots)?;
-            if self.page_size > 1 {
-                validate_pages(&slots[from.len..], from.len, self.page_size)?;
+            if self.layout.page_size() > 1 {
+                validate_pages(&slots[from.len..], from.len, self.layout)?;
             }
             InsertPlan {
                 prefix_len: from.len,
@@ -190,12 +191,13 @@ impl RadixCache {
     /// Checks that the pages `slots` (whole pages from key position `start`) would hand the
     /// tree are not cached yet and each named once; leaves the page index as it found it.
     fn validate_new_pages(&mut self, slots: &[KvSlot], start: usize) -> Result<(), RadixError> {
-        let page_size = self.page_size;
+        let layout = self.layout;
+        let page_size = layout.page_size();
         let pages = || {
             slots
                 .iter()
                 .step_by(page_size)
-                .map(move |&first| first / page_size as u32)
+                .map(move |&first| layout.page_of(first))
         };
         // One read-only pass finds a cached page and whether the pages run one way (as the
         // allocators hand them out), which rules out a repeat.
@@ -244,15 +246,16 @@ impl RadixCache {
         key: &[u32],
         slots: &[KvSlot],
     ) -> Result<InsertPlan, RadixError> {
-        let page_size = self.page_size;
+        let layout = self.layout;
+        let page_size = layout.page_size();
         let mut node = self.validate_insert(from, key, slots)?;
         let mut pos = from.len;
         let mut extend_in_place = node == from.node;
         let step = loop {
             let entry = &self.arena[node];
-            let node_end = entry.end(page_size);
+            let node_end = entry.end(layout);
             if pos < node_end {
-                let first_page = (pos - entry.start()) / page_size;
+                let first_page = layout.whole_pages(pos - entry.start());
                 pos += self.common_pages(node, first_page, &key[pos..]) * page_size;
                 if pos == self.arena[node].start() {
                     // Entered by the hint at a node start and the first page differs: the key
@@ -279,7 +282,7 @@ impl RadixCache {
             let first_page = &key[pos..pos + page_size];
             match self
                 .children
-                .find(&self.arena, page_size, node, namespace, first_page)
+                .find(&self.arena, layout, node, namespace, first_page)
             {
                 Some(child) => node = child,
                 None => break InsertStep::AddLeaf,
@@ -337,7 +340,7 @@ impl RadixCache {
     fn is_own_leaf_end(&self, from: TreePos) -> bool {
         from.node != NodeId::ROOT && self.arena.is_live(from.node) && {
             let entry = &self.arena[from.node];
-            entry.child_count == 0 && entry.lock_ref == 1 && entry.end(self.page_size) == from.len
+            entry.child_count == 0 && entry.lock_ref == 1 && entry.end(self.layout) == from.len
         }
     }
 
@@ -355,7 +358,8 @@ impl RadixCache {
         slots: &[KvSlot],
         params: InsertParams,
     ) -> Option<Result<(), RadixError>> {
-        let page_size = self.page_size;
+        let layout = self.layout;
+        let page_size = layout.page_size();
         let one_page = tokens.len() == page_size && slots.len() == page_size;
         // Positions count in `u32` (a node's depth); a key reaching past that goes the general
         // way, which refuses it.
@@ -363,10 +367,10 @@ impl RadixCache {
         if !(one_page && fits && self.is_own_leaf_end(from)) {
             return None;
         }
-        if let Err(error) = validate_pages(slots, from.len, page_size) {
+        if let Err(error) = validate_pages(slots, from.len, layout) {
             return Some(Err(error));
         }
-        let page = slots[0] / page_size as u32;
+        let page = layout.page_of(slots[0]);
         if !self.pages.insert(page) {
             return Some(Err(RadixError::PageCached {
                 position: from.len,
@@ -376,8 +380,8 @@ impl RadixCache {
         self.record_extended(from.node, tokens, slots);
         let now = self.tick();
         let data = &mut self.arena[from.node].data;
-        reserve_growth(data, page_size + 1);
-        append_page(data, tokens, slots[0], page_size);
+        reserve_growth(data, layout.words_per_page());
+        append_page(data, tokens, slots[0], layout);
         self.add_tokens(from.node, page_size);
         self.record_insert(from.node, params);
         self.stamp(from.node, now);
@@ -391,7 +395,8 @@ impl RadixCache {
         key: &[u32],
         slots: &[KvSlot],
     ) -> Result<NodeId, RadixError> {
-        let page_size = self.page_size;
+        let layout = self.layout;
+        let page_size = layout.page_size();
         self.validate_key(key, slots)?;
         self.ensure_live(from.node)?;
         if self.arena[from.node].lock_ref == 0 {
@@ -401,21 +406,22 @@ impl RadixCache {
             return Err(RadixError::HintOutOfRange {
                 node: from.node,
                 len: from.len,
-                node_end: self.arena[from.node].end(page_size),
+                node_end: self.arena[from.node].end(layout),
                 key_len: key.len(),
                 page_size,
             });
         }
         let node = self.node_at(from, key.len())?;
-        validate_pages(&slots[from.len..], from.len, page_size)?;
+        validate_pages(&slots[from.len..], from.len, layout)?;
         Ok(node)
     }
 
     /// Checks what an insert's key and slots must be wherever it starts: whole pages, no longer
     /// than a `u32` position can count, one slot per token.
     fn validate_key(&self, key: &[u32], slots: &[KvSlot]) -> Result<(), RadixError> {
-        let page_size = self.page_size;
-        if !key.len().is_multiple_of(page_size) {
+        let layout = self.layout;
+        let page_size = layout.page_size();
+        if !layout.is_aligned(key.len()) {
             return Err(RadixError::UnalignedKey {
                 len: key.len(),
                 page_size,
@@ -447,16 +453,16 @@ impl RadixCache {
         slots: &[KvSlot],
         now: u64,
     ) -> NodeId {
-        let page_size = self.page_size;
+        let layout = self.layout;
         self.record_stored(parent, namespace, &key[pos..], &slots[pos..]);
-        let mut data = Vec::with_capacity(Node::key_words(key.len() - pos, page_size));
-        append_pages(&mut data, &key[pos..], &slots[pos..], page_size);
+        let mut data = Vec::with_capacity(layout.key_words(key.len() - pos));
+        append_pages(&mut data, &key[pos..], &slots[pos..], layout);
         self.hold_pages(&slots[pos..]);
         let leaf = self.arena.alloc(
             Node::new(data, parent, namespace, pos, now),
             NodeStats::new(now),
         );
-        self.children.link(&mut self.arena, page_size, leaf);
+        self.children.link(&mut self.arena, layout, leaf);
         self.arena[parent].child_count += 1;
         self.refresh_leaf_status(parent);
         self.refresh_leaf_status(leaf);
@@ -467,11 +473,11 @@ impl RadixCache {
     /// Appends `suffix` (whole pages) with its slots to the leaf `node`, which ends where the
     /// suffix starts.
     fn extend_leaf(&mut self, node: NodeId, suffix: &[u32], slots: &[KvSlot]) {
-        let page_size = self.page_size;
+        let layout = self.layout;
         self.record_extended(node, suffix, slots);
         let data = &mut self.arena[node].data;
-        reserve_growth(data, Node::key_words(suffix.len(), page_size));
-        append_pages(data, suffix, slots, page_size);
+        reserve_growth(data, layout.key_words(suffix.len()));
+        append_pages(data, suffix, slots, layout);
         self.hold_pages(slots);
         self.add_tokens(node, suffix.len());
     }
@@ -488,9 +494,10 @@ impl RadixCache {
     /// Records the pages of `slots` (whole pages that [`RadixCache::plan_insert`] found new)
     /// in the page index.
     fn hold_pages(&mut self, slots: &[KvSlot]) {
-        let page_size = self.page_size;
+        let layout = self.layout;
+        let page_size = layout.page_size();
         for &first in slots.iter().step_by(page_size) {
-            let fresh = self.pages.insert(first / page_size as u32);
+            let fresh = self.pages.insert(layout.page_of(first));
             debug_assert!(fresh, "plan_insert refuses a page the tree holds");
         }
     }
@@ -507,27 +514,29 @@ fn reserve_growth(data: &mut Vec<u32>, needed: usize) {
 }
 
 /// Appends each page of `key` followed by its page id (taken from the page's first slot).
-fn append_pages(data: &mut Vec<u32>, key: &[u32], slots: &[KvSlot], page_size: usize) {
+fn append_pages(data: &mut Vec<u32>, key: &[u32], slots: &[KvSlot], layout: KeyLayout) {
+    let page_size = layout.page_size();
     for (tokens, page_slots) in key
         .chunks_exact(page_size)
         .zip(slots.chunks_exact(page_size))
     {
-        append_page(data, tokens, page_slots[0], page_size);
+        append_page(data, tokens, page_slots[0], layout);
     }
 }
 
 /// Appends one page: its `tokens`, then the id of the page whose first slot is `first_slot`.
 #[inline(always)]
-fn append_page(data: &mut Vec<u32>, tokens: &[u32], first_slot: KvSlot, page_size: usize) {
+fn append_page(data: &mut Vec<u32>, tokens: &[u32], first_slot: KvSlot, layout: KeyLayout) {
     data.extend_from_slice(tokens);
-    data.push(first_slot / page_size as u32);
+    data.push(layout.page_of(first_slot));
 }
 
 /// Checks that `slots` (starting at key position `start`, page-aligned) are whole pages: each
 /// page's slots are the run `first, first + 1, …` of a page-aligned `first`. One branch-free
 /// pass per page (vectorised); the offending slot is looked for only when a page fails.
 #[inline(always)]
-fn validate_pages(slots: &[KvSlot], start: usize, page_size: usize) -> Result<(), RadixError> {
+fn validate_pages(slots: &[KvSlot], start: usize, layout: KeyLayout) -> Result<(), RadixError> {
+    let page_size = layout.page_size();
     let mut broken = false;
     for page_slots in slots.chunks_exact(page_size) {
         let first = page_slots[0];
@@ -538,7 +547,7 @@ fn validate_pages(slots: &[KvSlot], start: usize, page_size: usize) -> Result<()
             .fold(0, |differs, (&found, expected)| {
                 differs | (found ^ expected)
             });
-        broken |= differs != 0 || !(first as usize).is_multiple_of(page_size);
+        broken |= differs != 0 || !layout.is_aligned(first as usize);
     }
     if broken {
         return Err(first_broken_page(slots, start, page_size));

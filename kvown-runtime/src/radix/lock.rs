@@ -89,7 +89,7 @@ impl RadixCache {
             .filter(|&id| id != NodeId::ROOT)
             .collect();
         // Descendants first: a node ends strictly deeper than its parent.
-        nodes.sort_unstable_by_key(|&id| Reverse(self.arena[id].end(self.page_size)));
+        nodes.sort_unstable_by_key(|&id| Reverse(self.arena[id].end(self.layout)));
         // Locks found leaked at or below each node: a node's count includes its descendants'.
         let mut leaked_below = vec![0usize; self.arena.entries()];
         let mut leaked = Vec::new();
@@ -139,7 +139,7 @@ impl RadixCache {
         while node != stop && node != NodeId::ROOT {
             let entry = &mut self.arena[node];
             if entry.lock_ref == 0 {
-                let tokens = entry.len(self.page_size);
+                let tokens = entry.len(self.layout);
                 self.evictable_size -= tokens;
                 self.protected_size += tokens;
             }
@@ -157,7 +157,7 @@ impl RadixCache {
             let entry = &mut self.arena[node];
             entry.lock_ref -= 1;
             if entry.lock_ref == 0 {
-                let tokens = entry.len(self.page_size);
+                let tokens = entry.len(self.layout);
                 self.protected_size -= tokens;
                 self.evictable_size += tokens;
                 // Only a locked node is extended in place: its spare key capacity goes back.
@@ -173,8 +173,8 @@ impl RadixCache {
     /// strictly deeper than its parent, so the walks meet at the common ancestor.
     fn common_ancestor(&self, mut a: NodeId, mut b: NodeId) -> NodeId {
         while a != b {
-            let end_a = self.arena[a].end(self.page_size);
-            let end_b = self.arena[b].end(self.page_size);
+            let end_a = self.arena[a].end(self.layout);
+            let end_b = self.arena[b].end(self.layout);
             if end_a >= end_b {
                 a = self.arena[a].parent;
             }

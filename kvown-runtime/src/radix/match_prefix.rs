@@ -21,7 +21,8 @@ impl RadixCache {
     ///
     /// Cost: O(matched tokens + nodes on the path) plus one split.
     pub fn match_prefix_in(&mut self, namespace: Namespace, key: &[u32]) -> TreePos {
-        let page_size = self.page_size;
+        let layout = self.layout;
+        let page_size = layout.page_size();
         let key = &key[..floor_align(key.len(), page_size)];
         let now = self.tick();
         let mut node = NodeId::ROOT;
@@ -29,7 +30,7 @@ impl RadixCache {
         while pos < key.len() {
             let Some(child) = self.children.find(
                 &self.arena,
-                page_size,
+                layout,
                 node,
                 namespace,
                 &key[pos..pos + page_size],
@@ -39,7 +40,7 @@ impl RadixCache {
             self.stamp(child, now);
             let pages = self.common_pages(child, 0, &key[pos..]);
             pos += pages * page_size;
-            if pages < self.arena[child].num_pages(page_size) {
+            if pages < self.arena[child].num_pages(layout) {
                 node = self.split(child, pos);
                 break;
             }
@@ -62,7 +63,8 @@ impl RadixCache {
         start: usize,
         out: &mut [KvSlot],
     ) -> Result<(), RadixError> {
-        let page_size = self.page_size;
+        let layout = self.layout;
+        let page_size = layout.page_size();
         let mut node = self.node_at(at, at.len)?;
         if start > at.len {
             return Err(RadixError::StartPastEnd { start, end: at.len });
@@ -82,9 +84,9 @@ impl RadixCache {
             // page-aligned) never falls inside a page.
             let mut position = from;
             while position < end {
-                let offset = position % page_size;
+                let offset = layout.offset(position);
                 let run = page_size - offset;
-                let page = entry.page_id((position - entry.start()) / page_size, page_size);
+                let page = entry.page_id(layout.whole_pages(position - entry.start()), layout);
                 let first = page * page_size as u32 + offset as u32;
                 let run_out = &mut out[position - start..position - start + run];
                 // By offset, not `first..`: the run may end the last page of the `u32` range,
@@ -108,14 +110,14 @@ impl RadixCache {
         while self.arena[node].start() > at.len {
             node = self.arena[node].parent;
         }
-        let node_end = self.arena[node].end(self.page_size);
-        if at.len > node_end || !at.len.is_multiple_of(self.page_size) {
+        let node_end = self.arena[node].end(self.layout);
+        if at.len > node_end || !self.layout.is_aligned(at.len) {
             return Err(RadixError::HintOutOfRange {
                 node: at.node,
                 len: at.len,
                 node_end,
                 key_len,
-                page_size: self.page_size,
+                page_size: self.layout.page_size(),
             });
         }
         Ok(node)

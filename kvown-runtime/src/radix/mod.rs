@@ -68,6 +68,7 @@ mod error;
 mod events;
 mod evict;
 mod insert;
+mod layout;
 mod lock;
 mod match_prefix;
 mod node;
@@ -87,6 +88,7 @@ use crate::alloc::{KvSlot, PageId};
 use children::ChildIndex;
 use events::EventLog;
 use evict::EvictionScratch;
+pub(crate) use layout::KeyLayout;
 use node::{Arena, NOT_EVICTABLE, Node};
 use page_index::PageIndex;
 use policy::Rank;
@@ -168,7 +170,7 @@ pub struct InsertOutcome {
 /// The radix prefix cache of one KV pool. All lengths are in tokens.
 #[derive(Debug)]
 pub struct RadixCache {
-    page_size: usize,
+    layout: KeyLayout,
     arena: Arena,
     children: ChildIndex,
     /// Unlocked non-root nodes without children: the eviction candidates.
@@ -243,7 +245,7 @@ impl RadixCache {
             return Err(RadixError::ZeroPageSize);
         }
         Ok(RadixCache {
-            page_size,
+            layout: KeyLayout::new(page_size),
             arena: Arena::new(),
             children: ChildIndex::default(),
             evictable_leaves: Vec::new(),
@@ -261,7 +263,12 @@ impl RadixCache {
 
     /// Slots per page; every cached length is a multiple of it.
     pub fn page_size(&self) -> usize {
-        self.page_size
+        self.layout.page_size()
+    }
+
+    /// The page arithmetic of this cache's keys.
+    pub(crate) fn layout(&self) -> KeyLayout {
+        self.layout
     }
 
     /// The order in which evictions take unlocked leaves.
@@ -286,15 +293,15 @@ impl RadixCache {
 
     /// Every page the tree holds, each once (for ps = 1 a page id is the slot).
     pub fn cached_pages(&self) -> impl Iterator<Item = PageId> + '_ {
-        let page_size = self.page_size;
+        let layout = self.layout;
         self.arena
             .live()
-            .flat_map(move |(_, node)| node.page_ids(page_size))
+            .flat_map(move |(_, node)| node.page_ids(layout))
     }
 
     /// Every slot the tree holds, each once.
     pub fn cached_slots(&self) -> impl Iterator<Item = KvSlot> + '_ {
-        let page_size = self.page_size as u32;
+        let page_size = self.layout.page_size() as u32;
         self.cached_pages()
             // Inclusive: the last page of the `u32` range ends at 2^32.
             .flat_map(move |page| page * page_size..=page * page_size + (page_size - 1))
@@ -308,7 +315,7 @@ impl RadixCache {
         let key_bytes: usize = self
             .arena
             .live()
-            .map(|(_, node)| node.len(self.page_size) * size_of::<u32>())
+            .map(|(_, node)| node.len(self.layout) * size_of::<u32>())
             .sum();
         let node_data_bytes: usize = self
             .arena
@@ -420,10 +427,11 @@ impl RadixCache {
     /// Number of leading whole pages of `key` equal to the pages of `node` from `first_page`.
     fn common_pages(&self, node: NodeId, first_page: usize, key: &[u32]) -> usize {
         let entry = &self.arena[node];
-        let page_size = self.page_size;
-        (first_page..entry.num_pages(page_size))
+        let layout = self.layout;
+        let page_size = layout.page_size();
+        (first_page..entry.num_pages(layout))
             .zip(key.chunks_exact(page_size))
-            .take_while(|&(page, tokens)| entry.page_tokens(page, page_size) == tokens)
+            .take_while(|&(page, tokens)| entry.page_tokens(page, layout) == tokens)
             .count()
     }
 
@@ -431,10 +439,10 @@ impl RadixCache {
     /// upper node takes the key before `pos` and is returned; `node` keeps its handle, children,
     /// lock count and leaf status with the key from `pos`. Counters do not change.
     fn split(&mut self, node: NodeId, pos: usize) -> NodeId {
-        let page_size = self.page_size;
-        self.children.unlink(&mut self.arena, page_size, node);
+        let layout = self.layout;
+        self.children.unlink(&mut self.arena, layout, node);
         let entry = &mut self.arena[node];
-        let cut = Node::key_words(pos - entry.start(), page_size);
+        let cut = layout.key_words(pos - entry.start());
         let lower = entry.data.split_off(cut);
         let mut upper_data = std::mem::replace(&mut entry.data, lower);
         upper_data.shrink_to_fit();
@@ -449,11 +457,11 @@ impl RadixCache {
         upper.child_count = 1;
         let upper_stats = self.arena.stats(node).split_upper();
         let upper = self.arena.alloc(upper, upper_stats);
-        self.children.link(&mut self.arena, page_size, upper);
+        self.children.link(&mut self.arena, layout, upper);
         let entry = &mut self.arena[node];
         entry.parent = upper;
         entry.depth = pos as u32;
-        self.children.link(&mut self.arena, page_size, node);
+        self.children.link(&mut self.arena, layout, node);
         upper
     }
 }

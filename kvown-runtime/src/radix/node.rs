@@ -8,6 +8,7 @@ use std::fmt;
 use std::ops::{Index, IndexMut};
 
 use super::Namespace;
+use super::layout::KeyLayout;
 use super::policy::NodeStats;
 use crate::alloc::PageId;
 
@@ -97,47 +98,46 @@ impl Node {
         }
     }
 
-    /// The `u32` words that hold a key of `tokens` tokens (whole pages): each page's tokens
-    /// followed by its page id.
-    pub(super) fn key_words(tokens: usize, page_size: usize) -> usize {
-        tokens / page_size * (page_size + 1)
-    }
-
     /// Pages in the key.
-    pub(super) fn num_pages(&self, page_size: usize) -> usize {
-        self.data.len() / (page_size + 1)
+    #[inline(always)]
+    pub(super) fn num_pages(&self, layout: KeyLayout) -> usize {
+        layout.pages_in_words(self.data.len())
     }
 
     /// Tokens in the key.
-    pub(super) fn len(&self, page_size: usize) -> usize {
-        self.num_pages(page_size) * page_size
+    #[inline(always)]
+    pub(super) fn len(&self, layout: KeyLayout) -> usize {
+        self.num_pages(layout) * layout.page_size()
     }
 
     /// Start position of the key on its path.
+    #[inline(always)]
     pub(super) fn start(&self) -> usize {
         self.depth as usize
     }
 
     /// Position just past the key on its path.
-    pub(super) fn end(&self, page_size: usize) -> usize {
-        self.start() + self.len(page_size)
+    #[inline(always)]
+    pub(super) fn end(&self, layout: KeyLayout) -> usize {
+        self.start() + self.len(layout)
     }
 
     /// Token ids of page `page` of the key.
-    pub(super) fn page_tokens(&self, page: usize, page_size: usize) -> &[u32] {
-        let at = page * (page_size + 1);
-        &self.data[at..at + page_size]
+    pub(super) fn page_tokens(&self, page: usize, layout: KeyLayout) -> &[u32] {
+        let at = page * layout.words_per_page();
+        &self.data[at..at + layout.page_size()]
     }
 
     /// Page id of page `page` of the key.
-    pub(super) fn page_id(&self, page: usize, page_size: usize) -> PageId {
-        self.data[page * (page_size + 1) + page_size]
+    pub(super) fn page_id(&self, page: usize, layout: KeyLayout) -> PageId {
+        self.data[page * layout.words_per_page() + layout.page_size()]
     }
 
     /// Page ids of the whole key, in key order.
-    pub(super) fn page_ids(&self, page_size: usize) -> impl Iterator<Item = PageId> + '_ {
+    pub(super) fn page_ids(&self, layout: KeyLayout) -> impl Iterator<Item = PageId> + '_ {
+        let page_size = layout.page_size();
         self.data
-            .chunks_exact(page_size + 1)
+            .chunks_exact(layout.words_per_page())
             .map(move |page| page[page_size])
     }
 }
