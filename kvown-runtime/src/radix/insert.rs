@@ -195,9 +195,8 @@ impl RadixCache {
         let page_size = layout.page_size();
         let pages = || {
             slots
-                .iter()
-                .step_by(page_size)
-                .map(move |&first| layout.page_of(first))
+                .chunks_exact(page_size)
+                .map(move |page_slots| layout.page_of(page_slots[0]))
         };
         // One read-only pass finds a cached page and whether the pages run one way (as the
         // allocators hand them out), which rules out a repeat.
@@ -496,8 +495,8 @@ impl RadixCache {
     fn hold_pages(&mut self, slots: &[KvSlot]) {
         let layout = self.layout;
         let page_size = layout.page_size();
-        for &first in slots.iter().step_by(page_size) {
-            let fresh = self.pages.insert(layout.page_of(first));
+        for page_slots in slots.chunks_exact(page_size) {
+            let fresh = self.pages.insert(layout.page_of(page_slots[0]));
             debug_assert!(fresh, "plan_insert refuses a page the tree holds");
         }
     }
