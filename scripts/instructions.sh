@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Instructions per unit of work of the W1_k1, W1p_k1, W2, W2c, W2e, W3 and W3c workloads, counted by
-# valgrind's callgrind: a figure that does not move with machine noise, for comparing changes on
-# a busy machine. Each workload runs twice under callgrind (`--repeats 1` and `--repeats 2`); the
-# difference is exactly one measurement (2^20 pages for W1_k1 and W1p_k1, 2,000 steps for W2,
-# W2c and W2e, 20 batches of 144,602 tokens for W3 and W3c), so setup and warm-up cancel out. Needs valgrind; takes about half a minute.
+# Instructions per unit of work of the W1_k1, W1p_k1, W2, W2c, W2e, W3 and W3c workloads,
+# counted by valgrind's callgrind: a figure that does not move with machine noise, for comparing
+# changes on a busy machine. Each workload runs twice under callgrind (`--repeats 1` and
+# `--repeats 2`); the difference is exactly one measurement (2^20 pages for W1_k1 and W1p_k1,
+# 2,000 steps for W2, W2c and W2e, 20 batches of 144,602 tokens for W3 and W3c), so setup and
+# warm-up cancel out.
+# Needs valgrind; takes about 20 seconds.
 # Caveat: callgrind counts every iteration of a `rep movsb` (glibc's large memmove) as one
 # instruction, so a change that swaps many small copies for one bulk move can count higher
 # while running faster; read such a change with the timings too.

@@ -34,6 +34,15 @@ fn prompt(rid: u64, len: usize, capacity: usize) -> Vec<u32> {
     tokens
 }
 
+/// The radix prefix cache when `radix`, none otherwise: the W2c / W3c side of a workload.
+fn prefix_cache(radix: bool) -> TreeCache {
+    if radix {
+        TreeCache::Radix(RadixCache::new(PAGE_SIZE))
+    } else {
+        TreeCache::Disabled
+    }
+}
+
 /// W1, pool churn: a 65,536-page allocator; one cycle allocates `k` pages in one call and
 /// frees them page by page, last allocated first: as slots (`W1_k*`) or as page ids
 /// (`W1p_k*`).
@@ -223,13 +232,8 @@ impl DecodeLoop {
         let allocator = PagedAllocator::new(pool_tokens, PAGE_SIZE, false).expect("a valid pool");
         let rows =
             ReqToTokenPool::new(Self::RUNNING, Self::FINISH_LEN).expect("a valid request table");
-        let tree = if radix {
-            TreeCache::Radix(RadixCache::new(PAGE_SIZE))
-        } else {
-            TreeCache::Disabled
-        };
         let mut workload = DecodeLoop {
-            cache: KvCache::new(allocator, rows, tree).expect("page sizes agree"),
+            cache: KvCache::new(allocator, rows, prefix_cache(radix)).expect("page sizes agree"),
             running: Some(ScheduleBatch::new(Vec::new())),
             next_rid: Self::RUNNING as u64,
             radix,
@@ -554,13 +558,8 @@ impl ExtendBatch {
             PagedAllocator::new(Self::BATCH * (Self::MAX_LEN + PAGE_SIZE), PAGE_SIZE, false)
                 .expect("a valid pool");
         let rows = ReqToTokenPool::new(Self::BATCH, Self::MAX_LEN).expect("a valid request table");
-        let tree = if radix {
-            TreeCache::Radix(RadixCache::new(PAGE_SIZE))
-        } else {
-            TreeCache::Disabled
-        };
         ExtendBatch {
-            cache: KvCache::new(allocator, rows, tree).expect("page sizes agree"),
+            cache: KvCache::new(allocator, rows, prefix_cache(radix)).expect("page sizes agree"),
             radix,
             batches: 0,
             out_buffer: Vec::new(),
