@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
 use kvown::radix::EvictionPolicy;
-use workloads::{DecodeLoop, EvictionChurn, ExtendBatch, PoolChurn};
+use workloads::{DecodeLoop, EvictionChurn, ExtendBatch, PoolChurn, WideDecode};
 
 fn pool_churn(c: &mut Criterion) {
     let mut group = c.benchmark_group("W1_pool_churn");
@@ -56,6 +56,54 @@ fn decode_step(c: &mut Criterion) {
         panic!("W2e: invariant violated after the run: {violation}");
     }
     group.finish();
+}
+
+/// The CUDA path's host share: W2 and W2c on the staged allocator (its device left out), and a
+/// 1,024-request decode step on the host allocator and on the staged one.
+fn staging(c: &mut Criterion) {
+    let mut group = c.benchmark_group("staging");
+    for (name, radix) in [("W2_staged", false), ("W2c_staged", true)] {
+        let mut decode = DecodeLoop::staged(radix);
+        for _ in 0..2000 {
+            decode.step();
+        }
+        group.bench_function(name, |b| b.iter(|| black_box(&mut decode).step()));
+        if let Err(violation) = decode.check() {
+            panic!("{name}: invariant violated after the run: {violation}");
+        }
+    }
+    group.bench_function("decode_1024", |b| {
+        b.iter_custom(|steps| wide_decode(WideDecode::new(), steps))
+    });
+    group.bench_function("decode_1024_staged", |b| {
+        b.iter_custom(|steps| wide_decode(WideDecode::staged(), steps))
+    });
+    group.finish();
+}
+
+/// `steps` decode steps of `decode`, recycling its requests (untimed) when their rows fill.
+fn wide_decode<A>(mut decode: WideDecode<A>, steps: u64) -> Duration
+where
+    A: kvown::alloc::KvAllocator + kvown::alloc::AsPageAllocator,
+{
+    let mut total = Duration::ZERO;
+    let mut left = steps;
+    while left > 0 {
+        if decode.steps_left() == 0 {
+            decode.recycle();
+        }
+        let run = left.min(decode.steps_left() as u64);
+        let start = Instant::now();
+        for _ in 0..run {
+            black_box(&mut decode).step();
+        }
+        total += start.elapsed();
+        left -= run;
+    }
+    if let Err(violation) = decode.check() {
+        panic!("decode_1024: invariant violated after the run: {violation}");
+    }
+    total
 }
 
 /// E1: one admission, insert and eviction of about a page in a full radix cache, per policy.
@@ -114,5 +162,13 @@ fn extend(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, pool_churn, decode_step, checker, extend, eviction);
+criterion_group!(
+    benches,
+    pool_churn,
+    decode_step,
+    staging,
+    checker,
+    extend,
+    eviction
+);
 criterion_main!(benches);

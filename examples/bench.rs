@@ -22,7 +22,7 @@ use guarded::{
 };
 use kvown::radix::EvictionPolicy;
 use reference::{BareChurn, DenseDecode};
-use workloads::{DecodeLoop, EvictionChurn, ExtendBatch, Phase, PhaseTimes, PoolChurn};
+use workloads::{DecodeLoop, EvictionChurn, ExtendBatch, Phase, PhaseTimes, PoolChurn, WideDecode};
 
 /// Runs the allocator workloads and prints their figures.
 #[derive(Debug, Parser)]
@@ -45,7 +45,7 @@ struct Args {
 
 /// The timed workloads, in the order they run; `ref_*` are reference loops, not kvown, and
 /// `A/B` is the ratio of two workloads timed in alternation ([`paired`]).
-const WORKLOADS: [&str; 35] = [
+const WORKLOADS: [&str; 42] = [
     "W1_k1",
     "W1_k32",
     "W1_k1024",
@@ -55,6 +55,10 @@ const WORKLOADS: [&str; 35] = [
     "W2",
     "W2c",
     "W2e",
+    "W2_staged",
+    "W2c_staged",
+    "D1024",
+    "D1024_staged",
     "W3",
     "W3c",
     "E1_lru",
@@ -75,6 +79,9 @@ const WORKLOADS: [&str; 35] = [
     "W2/ref_dense_decode_append",
     "W2c/W2",
     "W2e/W2c",
+    "W2_staged/W2",
+    "W2c_staged/W2c",
+    "stage_decode_1024",
     "E1_lfu/E1_lru",
     "E1_fifo/E1_lru",
     "E1_mru/E1_lru",
@@ -243,21 +250,68 @@ fn figure(name: &str, unit: &'static str, value: f64) -> Workload {
 fn paired(
     name: &str,
     repeats: usize,
-    mut numerator: impl FnMut() -> f64,
-    mut denominator: impl FnMut() -> f64,
+    numerator: impl FnMut() -> f64,
+    denominator: impl FnMut() -> f64,
 ) -> Workload {
-    let mut numerator_first = false;
-    repeat(name, "ratio", repeats, || {
-        numerator_first = !numerator_first;
-        let (top, bottom) = if numerator_first {
-            let top = numerator();
-            (top, denominator())
+    alternated(
+        name,
+        "ratio",
+        repeats,
+        numerator,
+        denominator,
+        |top, bottom| top / bottom,
+    )
+}
+
+/// `repeats` pairs of back-to-back measurements of `first` and `second`, which of the two runs
+/// first alternating, each pair summarised by `combine(first, second)`.
+fn alternated(
+    name: &str,
+    unit: &'static str,
+    repeats: usize,
+    mut first: impl FnMut() -> f64,
+    mut second: impl FnMut() -> f64,
+    combine: impl Fn(f64, f64) -> f64,
+) -> Workload {
+    let mut first_first = false;
+    repeat(name, unit, repeats, || {
+        first_first = !first_first;
+        let (a, b) = if first_first {
+            let a = first();
+            (a, second())
         } else {
-            let bottom = denominator();
-            (numerator(), bottom)
+            let b = second();
+            (first(), b)
         };
-        top / bottom
+        combine(a, b)
     })
+}
+
+/// Decode steps per stage_decode_1024 measurement.
+const WIDE_STEPS: usize = 256;
+
+/// stage_decode_1024's side on allocator `A`, warmed up: a measurement of `WIDE_STEPS` decode
+/// steps in us per step, the requests checked and recycled (untimed) first when their rows
+/// would fill.
+fn wide_decode_timer<A>(mut decode: WideDecode<A>) -> impl FnMut() -> f64
+where
+    A: kvown::alloc::KvAllocator + kvown::alloc::AsPageAllocator,
+{
+    let mut measure = move || {
+        if decode.steps_left() < WIDE_STEPS {
+            if let Err(violation) = decode.check() {
+                panic!("stage_decode_1024: invariant violated: {violation}");
+            }
+            decode.recycle();
+        }
+        let start = Instant::now();
+        for _ in 0..WIDE_STEPS {
+            black_box(&mut decode).step();
+        }
+        start.elapsed().as_nanos() as f64 / 1e3 / WIDE_STEPS as f64
+    };
+    measure();
+    measure
 }
 
 /// [`paired`] for two step functions, each warmed up and timed as W2 is ([`step_timer`]).
@@ -403,6 +457,24 @@ fn paired_ratios(selected: impl Fn(&str) -> bool, repeats: usize) -> Vec<Workloa
         ratios.push(paired_steps(name, repeats, w2e_step, w2c_step));
         assert_checked("W2e", &w2e);
         assert_checked("W2c", &w2c);
+    }
+    for (name, radix) in [("W2_staged/W2", false), ("W2c_staged/W2c", true)] {
+        if selected(name) {
+            let (mut staged, mut host) = (DecodeLoop::staged(radix), DecodeLoop::new(radix));
+            let staged_step = || black_box(&mut staged).step();
+            let host_step = || black_box(&mut host).step();
+            ratios.push(paired_steps(name, repeats, staged_step, host_step));
+            assert_checked(name, &host);
+            if let Err(violation) = staged.check() {
+                panic!("{name}: invariant violated after the run: {violation}");
+            }
+        }
+    }
+    let name = "stage_decode_1024";
+    if selected(name) {
+        let staged = wide_decode_timer(WideDecode::staged());
+        let host = wide_decode_timer(WideDecode::new());
+        ratios.push(alternated(name, "us", repeats, staged, host, |a, b| a - b));
     }
     for policy in EvictionPolicy::ALL {
         let name = format!("E1_{policy}/E1_lru");
@@ -562,6 +634,23 @@ fn main() {
     }
     if selected("W2e") {
         workloads.push(decode_steps_with_events(repeats));
+    }
+    for (name, radix) in [("W2_staged", false), ("W2c_staged", true)] {
+        if selected(name) {
+            let mut decode = DecodeLoop::staged(radix);
+            workloads.push(per_step(name, repeats, || black_box(&mut decode).step()));
+            if let Err(violation) = decode.check() {
+                panic!("{name}: invariant violated after the run: {violation}");
+            }
+        }
+    }
+    if selected("D1024") {
+        let timer = wide_decode_timer(WideDecode::new());
+        workloads.push(repeat("D1024", "us/step", repeats, timer));
+    }
+    if selected("D1024_staged") {
+        let timer = wide_decode_timer(WideDecode::staged());
+        workloads.push(repeat("D1024_staged", "us/step", repeats, timer));
     }
     for (name, radix) in [("W3", false), ("W3c", true)] {
         if selected(name) {

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use kvown::alloc::{KvAllocator, KvSlot, PagedAllocator};
+use kvown::alloc::{AsPageAllocator, KvAllocator, KvSlot, Lifo, PagedAllocator};
 use kvown::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, prepare_for_decode, prepare_for_extend,
     release_kv_cache,
@@ -17,6 +17,24 @@ use kvown::reclaim::reclaim_leaks;
 use kvown::request::Req;
 use kvown::slots::ReqToTokenPool;
 use kvown::tree_cache::{cache_unfinished_req, init_next_round_input};
+use kvown_cuda::StagedAllocator;
+use kvown_cuda::staging::{HostLink, default_slot_words};
+
+/// The allocator of the CUDA path with its device left out: the host allocator staging every
+/// call's packet into a ring of host memory that ships nothing ([`HostLink`]). Its cost over
+/// [`PagedAllocator`] is what the CUDA path adds to the host step, apart from the driver calls.
+pub type HostStaged = StagedAllocator<Lifo, HostLink>;
+
+/// Ring slots of [`HostStaged`], as the engine's CUDA backend uses.
+const STAGING_DEPTH: usize = 4;
+
+/// `allocator` staged for `table` into a ring of host memory.
+pub fn host_staged(allocator: PagedAllocator, table: &ReqToTokenPool) -> HostStaged {
+    let rows = table.size() + 1;
+    let slot_words = default_slot_words(allocator.capacity(), rows, 0);
+    let link = HostLink::new(STAGING_DEPTH, slot_words, (rows, table.max_context_len()));
+    StagedAllocator::new(allocator, link, table).expect("the ring fits the table")
+}
 
 /// Slots per page in every workload.
 pub const PAGE_SIZE: usize = 16;
@@ -209,8 +227,8 @@ impl PhaseClock for PhaseTimes {
 /// `alloc_for_decode`). With the radix cache (W2c) every full page is registered as it fills
 /// (`cache_unfinished_req` when `kv_committed_len % 16 == 0`, and after each extend), and
 /// finished requests are inserted on release; eviction makes room when the pool is short.
-pub struct DecodeLoop {
-    cache: KvCache<PagedAllocator>,
+pub struct DecodeLoop<A = PagedAllocator> {
+    cache: KvCache<A>,
     running: Option<ScheduleBatch>,
     next_rid: u64,
     radix: bool,
@@ -219,6 +237,34 @@ pub struct DecodeLoop {
 }
 
 impl DecodeLoop {
+    /// The loop with the prefix cache on (`radix`, W2c) or off (W2), all requests admitted.
+    pub fn new(radix: bool) -> Self {
+        DecodeLoop::with_allocator(radix, |allocator, _| allocator)
+    }
+
+    /// W2e: W2c with the prefix cache's events on from the start (the queue is drained by
+    /// [`DecodeLoop::step_draining_events`]).
+    pub fn with_events() -> Self {
+        let mut workload = DecodeLoop::new(true);
+        assert!(
+            workload.cache.enable_cache_events(),
+            "W2c has a radix cache"
+        );
+        workload.drain_events();
+        workload.event_pages = 0;
+        workload
+    }
+}
+
+impl DecodeLoop<HostStaged> {
+    /// W2_staged / W2c_staged: W2 / W2c on the CUDA path's allocator, its device left out
+    /// ([`HostStaged`]).
+    pub fn staged(radix: bool) -> Self {
+        DecodeLoop::with_allocator(radix, host_staged)
+    }
+}
+
+impl<A: KvAllocator + AsPageAllocator> DecodeLoop<A> {
     /// Requests running at every step.
     pub const RUNNING: usize = 256;
     /// Length at which a request finishes.
@@ -226,12 +272,17 @@ impl DecodeLoop {
     /// Prompt length of a replacement.
     pub const REPLACEMENT_LEN: usize = 512;
 
-    /// The loop with the prefix cache on (`radix`, W2c) or off (W2), all requests admitted.
-    pub fn new(radix: bool) -> Self {
+    /// The loop with the prefix cache on (`radix`, W2c) or off (W2), all requests admitted,
+    /// over the allocator `make` builds from the pool and the table.
+    fn with_allocator(
+        radix: bool,
+        make: impl FnOnce(PagedAllocator, &ReqToTokenPool) -> A,
+    ) -> Self {
         let pool_tokens = Self::RUNNING * (Self::FINISH_LEN + PAGE_SIZE);
         let allocator = PagedAllocator::new(pool_tokens, PAGE_SIZE, false).expect("a valid pool");
         let rows =
             ReqToTokenPool::new(Self::RUNNING, Self::FINISH_LEN).expect("a valid request table");
+        let allocator = make(allocator, &rows);
         let mut workload = DecodeLoop {
             cache: KvCache::new(allocator, rows, prefix_cache(radix)).expect("page sizes agree"),
             running: Some(ScheduleBatch::new(Vec::new())),
@@ -246,19 +297,6 @@ impl DecodeLoop {
             })
             .collect();
         workload.admit(reqs);
-        workload
-    }
-
-    /// W2e: W2c with the prefix cache's events on from the start (the queue is drained by
-    /// [`DecodeLoop::step_draining_events`]).
-    pub fn with_events() -> Self {
-        let mut workload = DecodeLoop::new(true);
-        assert!(
-            workload.cache.enable_cache_events(),
-            "W2c has a radix cache"
-        );
-        workload.drain_events();
-        workload.event_pages = 0;
         workload
     }
 
@@ -392,6 +430,103 @@ impl DecodeLoop {
             Ok(reclaimed) => Err(format!("the workload leaked: {reclaimed}")),
             Err(error) => Err(error.to_string()),
         }
+    }
+}
+
+/// stage_decode_1024: decode steps of 1,024 requests at page 16 (`prepare_for_decode` +
+/// `alloc_for_decode`, a token appended to each request first, as W2 does), on the host
+/// allocator or on [`HostStaged`]. Every request starts at 1,024 tokens, so one step in 16
+/// opens a page for all of them; [`WideDecode::recycle`] releases them all and admits fresh
+/// ones when the rows are about to fill.
+pub struct WideDecode<A = PagedAllocator> {
+    cache: KvCache<A>,
+    running: Option<ScheduleBatch>,
+    next_rid: u64,
+}
+
+impl WideDecode {
+    /// On the host allocator.
+    pub fn new() -> Self {
+        WideDecode::with_allocator(|allocator, _| allocator)
+    }
+}
+
+impl WideDecode<HostStaged> {
+    /// On the CUDA path's allocator, its device left out.
+    pub fn staged() -> Self {
+        WideDecode::with_allocator(host_staged)
+    }
+}
+
+impl<A: KvAllocator + AsPageAllocator> WideDecode<A> {
+    /// Requests decoding at every step.
+    pub const REQUESTS: usize = 1024;
+    /// Prompt length of every request.
+    pub const PROMPT_LEN: usize = 1024;
+    /// Positions per row.
+    pub const WIDTH: usize = 2048;
+
+    fn with_allocator(make: impl FnOnce(PagedAllocator, &ReqToTokenPool) -> A) -> Self {
+        let pool_tokens = Self::REQUESTS * (Self::WIDTH + PAGE_SIZE);
+        let allocator = PagedAllocator::new(pool_tokens, PAGE_SIZE, false).expect("a valid pool");
+        let rows = ReqToTokenPool::new(Self::REQUESTS, Self::WIDTH).expect("a valid table");
+        let allocator = make(allocator, &rows);
+        let mut workload = WideDecode {
+            cache: KvCache::new(allocator, rows, TreeCache::Disabled).expect("page sizes agree"),
+            running: None,
+            next_rid: 0,
+        };
+        workload.recycle();
+        workload
+    }
+
+    /// Decode steps left before a request's row is full.
+    pub fn steps_left(&self) -> usize {
+        let running = self.running.as_ref().expect("the batch is home");
+        Self::WIDTH - 1 - running.reqs()[0].kv().kv_allocated_len()
+    }
+
+    /// Releases every request and admits `REQUESTS` fresh ones, extended.
+    pub fn recycle(&mut self) {
+        if let Some(mut running) = self.running.take() {
+            for req in running.reqs_mut() {
+                release_kv_cache(req, &mut self.cache, false).expect("release");
+            }
+        }
+        let reqs = (0..Self::REQUESTS)
+            .map(|_| {
+                let rid = self.next_rid;
+                self.next_rid += 1;
+                Req::new(rid, prompt(rid, Self::PROMPT_LEN, Self::WIDTH))
+            })
+            .collect();
+        let batch = alloc_for_extend(
+            prepare_for_extend(ScheduleBatch::new(reqs)),
+            &mut self.cache,
+        )
+        .unwrap_or_else(|failure| panic!("extend: {}", failure.error));
+        self.running = Some(batch);
+    }
+
+    /// One decode step of every request.
+    #[inline]
+    pub fn step(&mut self) {
+        let mut running = self.running.take().expect("the batch is home");
+        for req in running.reqs_mut() {
+            let position = req.fill_ids().len();
+            req.push_output(token(req.rid(), position));
+        }
+        let prepared = prepare_for_decode(running, &self.cache)
+            .unwrap_or_else(|(_, error)| panic!("prepare_for_decode: {error}"));
+        let running = alloc_for_decode(prepared, &mut self.cache)
+            .unwrap_or_else(|failure| panic!("alloc_for_decode: {}", failure.error));
+        self.running = Some(running);
+    }
+
+    /// Runs the invariant checker over the running requests.
+    pub fn check(&self) -> Result<(), String> {
+        let running = self.running.as_ref().expect("the batch is home");
+        self.cache.check(running.reqs()).map_err(|v| v.to_string())
     }
 }
 

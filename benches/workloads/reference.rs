@@ -65,13 +65,13 @@ pub struct DenseDecode {
 }
 
 impl DenseDecode {
-    const WIDTH: usize = DecodeLoop::FINISH_LEN;
+    const WIDTH: usize = <DecodeLoop>::FINISH_LEN;
 
     /// The loop with W2's starting lengths, every request's prefix written in the table.
     pub fn new(append: bool) -> Self {
-        let running = DecodeLoop::RUNNING;
+        let running = <DecodeLoop>::RUNNING;
         let lens: Vec<u32> = (0..running)
-            .map(|i| (DecodeLoop::REPLACEMENT_LEN + (i * 7919) % 1536) as u32)
+            .map(|i| (<DecodeLoop>::REPLACEMENT_LEN + (i * 7919) % 1536) as u32)
             .collect();
         let rows: Vec<u32> = (1..=running as u32).collect();
         let mut table = vec![0; (running + 1) * Self::WIDTH];
@@ -127,7 +127,7 @@ impl DenseDecode {
                 tokens[i].push(slot);
             }
             if len + 1 == Self::WIDTH {
-                let kept = DecodeLoop::REPLACEMENT_LEN;
+                let kept = <DecodeLoop>::REPLACEMENT_LEN;
                 for position in (kept..Self::WIDTH).step_by(PAGE_SIZE) {
                     self.free_pages
                         .push(self.table[base + position] / page_size);

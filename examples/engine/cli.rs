@@ -47,7 +47,7 @@ impl fmt::Display for LenRange {
     }
 }
 
-/// Where the K/V data lives (on CUDA, with the allocator mirrored on the device too).
+/// Where the K/V data lives (on CUDA, with each step's table writes staged to the device too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BackendChoice {
     /// CUDA when a GPU works, the host otherwise.

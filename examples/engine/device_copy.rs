@@ -1,14 +1,15 @@
-//! The engine's checks on a device: with the allocator mirrored on CUDA, every check also copies
-//! the device free list and the held rows back and compares them with the host's.
+//! The engine's checks on a device: with the allocator staged on CUDA, every check also copies
+//! the held rows of the device table back and compares them with the host's.
 
 use kvown::alloc::{PageAllocator, ReuseOrder};
 use kvown::slots::{ReqRow, ReqToTokenPool};
-use kvown_cuda::{DeviceAllocOps, MirroredAllocator};
+use kvown_cuda::StagedAllocator;
+use kvown_cuda::staging::ReadBack;
 
 /// An allocator whose state may have a device copy to compare with the host.
 pub trait DeviceCopy {
-    /// Compares the device copy, if there is one, with the host: the free list and `row[..len]`
-    /// of each `(row, len)` in `rows`.
+    /// Compares the device copy, if there is one, with the host: `row[..len]` of each
+    /// `(row, len)` in `rows`.
     fn verify_device(
         &self,
         table: &ReqToTokenPool,
@@ -27,13 +28,13 @@ impl<R: ReuseOrder> DeviceCopy for PageAllocator<R> {
     }
 }
 
-impl<D: DeviceAllocOps> DeviceCopy for MirroredAllocator<D> {
+impl<R: ReuseOrder, L: ReadBack> DeviceCopy for StagedAllocator<R, L> {
     fn verify_device(
         &self,
         table: &ReqToTokenPool,
         rows: impl Iterator<Item = (ReqRow, usize)>,
     ) -> Result<(), String> {
-        self.verify(table, rows)
-            .map_err(|divergence| format!("device mirror: {divergence}"))
+        self.verify(table, rows, None)
+            .map_err(|divergence| format!("device table: {divergence}"))
     }
 }

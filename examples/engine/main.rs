@@ -9,10 +9,11 @@
 //! for the workload flags.
 //!
 //! On CUDA (`--backend cuda`, or `auto` where a GPU works) the K/V pool is on the device and the
-//! allocator is a `MirroredAllocator`: the host allocator runs the batch flow, and the device
-//! free list and request-to-token table follow every call. The checks (at the end, and every
-//! step with `--check`) then also copy the device free list and the held rows back and compare
-//! them with the host's. On the host nothing changes.
+//! allocator is a `StagedAllocator`: the host allocator runs the batch flow, and each call ships
+//! its `out_cache_loc` and request-to-token writes to the device table through a pinned staging
+//! ring (one copy and one scatter kernel; a decode step replays a captured CUDA graph). The
+//! checks (at the end, and every step with `--check`) then also copy the held rows of the device
+//! table back and compare them with the host's. On the host nothing changes.
 
 mod admission;
 mod cli;
@@ -34,7 +35,8 @@ use kvown::cache::{KvCache, TreeCache};
 use kvown::kv::{KvPool, new_host_pool};
 use kvown::radix::RadixCache;
 use kvown::slots::ReqToTokenPool;
-use kvown_cuda::{Backend, CudaDevice, CudaKvPool, MirroredAllocator};
+use kvown_cuda::staging::default_slot_words;
+use kvown_cuda::{Backend, CudaDevice, CudaKvPool, CudaStepLink, StagedAllocator};
 
 use cli::{Args, BackendChoice};
 use device_copy::DeviceCopy;
@@ -91,7 +93,10 @@ fn backend(args: &Args) -> Result<(Option<Arc<CudaDevice>>, String), String> {
     match &backend {
         Backend::Cuda(device) => Ok((
             Some(device.clone()),
-            format!("{backend} (--backend {flag}): K/V pool and allocator mirror on the device"),
+            format!(
+                "{backend} (--backend {flag}): K/V pool on the device, each step's table writes \
+                 staged to it"
+            ),
         )),
         Backend::Host { reason } if args.backend == BackendChoice::Cuda => {
             Err(format!("--backend cuda: CUDA is unavailable: {reason}"))
@@ -149,9 +154,9 @@ fn run(args: &Args) -> Result<Summary, String> {
             serve(args, cache, pool, jobs, backend)
         }
         Some(device) => {
-            let mirrored = MirroredAllocator::on_cuda(device.clone(), allocator, &table)
-                .map_err(|e| format!("allocator mirror on {backend}: {e}"))?;
-            let cache = KvCache::new(mirrored, table, tree).map_err(|e| e.to_string())?;
+            let staged = staged_on_cuda(&device, allocator, &table)
+                .map_err(|e| format!("staging ring on {backend}: {e}"))?;
+            let cache = KvCache::new(staged, table, tree).map_err(|e| e.to_string())?;
             let pool = CudaKvPool::new(device, layout, kv_data::DTYPE)
                 .map_err(|e| format!("KV pool on {backend}: {e}"))?;
             serve(args, cache, Box::new(pool), jobs, backend)
@@ -159,7 +164,32 @@ fn run(args: &Args) -> Result<Summary, String> {
     }
 }
 
-/// Runs the workload over `cache` (host allocator or device mirror) and `pool` to the end.
+/// Packets in flight before the host waits for the device.
+const STAGING_DEPTH: usize = 4;
+
+/// The host allocator staged on `device`: a device table of `table`'s shape, a pinned ring, and
+/// the decode step's copy and scatter captured as a CUDA graph for a batch of every row.
+fn staged_on_cuda(
+    device: &Arc<CudaDevice>,
+    allocator: PagedAllocator,
+    table: &ReqToTokenPool,
+) -> Result<StagedAllocator<kvown::alloc::Lifo, CudaStepLink>, String> {
+    let rows = table.size() + 1;
+    let slot_words = default_slot_words(allocator.capacity(), rows, rows);
+    let mut link = CudaStepLink::new(
+        device.clone(),
+        STAGING_DEPTH,
+        slot_words,
+        rows,
+        table.max_context_len(),
+    )
+    .map_err(|e| e.to_string())?;
+    link.capture_decode_graphs(rows)
+        .map_err(|e| format!("capturing the decode graphs: {e}"))?;
+    StagedAllocator::new(allocator, link, table).map_err(|e| e.to_string())
+}
+
+/// Runs the workload over `cache` (host allocator or device stager) and `pool` to the end.
 fn serve<A: KvAllocator + AsPageAllocator + DeviceCopy>(
     args: &Args,
     cache: KvCache<A>,

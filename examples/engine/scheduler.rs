@@ -70,7 +70,7 @@ pub struct Stats {
 }
 
 /// The engine: waiting queue, the chunked request, the running batch and the KV state, over
-/// allocator `A` (the host allocator, or its device mirror).
+/// allocator `A` (the host allocator, or its device stager).
 pub struct Engine<'a, A> {
     args: &'a Args,
     cache: KvCache<A>,

@@ -1,9 +1,11 @@
-//! Times each kernel with CUDA events (median of many runs, non-zero inputs) and prints one
-//! table: alloc_extend, alloc_decode + table write for 1,024 requests at page 16, free,
-//! store_kv (with its bandwidth next to a measured device-to-device copy), and copy_pages.
-//! Each row also gives the host's time for the call (its median wall time), and building-block
-//! rows time the driver calls a step is made of (a small allocation, a small upload), so a row's
-//! time can be read as host submission or device work. Prints `skipped: <reason>` and exits 0
+//! Times each GPU step with CUDA events (median of many runs, non-zero inputs) and prints one
+//! table: the batch flow's decode step for 1,024 requests at page 16 on the staged allocator
+//! (`prepare_for_decode` + `alloc_for_decode`, the packet's copy and `scatter_step`), opening a
+//! page and mid-page, shipped by a CUDA graph and by a plain copy + launch; an extend of 1,024 x
+//! 1,000 tokens; store_kv (with its bandwidth next to a measured device-to-device copy); and
+//! copy_pages. Each row also gives the host's time for the call (its median wall time), and
+//! building-block rows time the driver calls a step is made of (a small allocation, a small
+//! upload), so a row's time can be read as host submission or device work. Prints `skipped: <reason>` and exits 0
 //! where no CUDA device works. `--json` prints the same rows as one JSON object instead
 //! (`{"device", "arch", "runs", "rows": [{"call", "events_us", "host_us", "note"}]}`, or
 //! `{"skipped": reason}`).
@@ -13,9 +15,17 @@ use std::time::Instant;
 
 use clap::Parser;
 use cudarc::driver::{CudaSlice, CudaStream, sys::CUevent_flags};
-use kvown_cuda::{CudaDevice, CudaKvPool, CudaPagedAllocator};
-use kvown_runtime::alloc::{DecodeShape, ExtendShape, KvSlot, Lifo};
+use kvown_cuda::staging::default_slot_words;
+use kvown_cuda::{CudaDevice, CudaKvPool, CudaStepLink, StagedAllocator};
+use kvown_runtime::alloc::{KvAllocator, Lifo, PagedAllocator};
+use kvown_runtime::batch::{
+    ScheduleBatch, alloc_for_decode, alloc_for_extend, prepare_for_decode, prepare_for_extend,
+    release_kv_cache,
+};
+use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::kv::{KvDtype, KvLayout, KvPool, KvTensor};
+use kvown_runtime::request::Req;
+use kvown_runtime::slots::ReqToTokenPool;
 
 const RUNS: usize = 200;
 const REQUESTS: usize = 1024;
@@ -69,14 +79,69 @@ fn time<T>(
     })
 }
 
-/// `REQUESTS` prompts of `seq_len` tokens each, on an empty prefix.
-fn prompts(seq_len: usize) -> Vec<ExtendShape> {
-    let fresh = ExtendShape {
-        prefix_len: 0,
-        seq_len,
-        last_loc: None,
+/// The staged allocator on `device` for `REQUESTS` requests of up to `WIDTH` tokens, in a
+/// cache without a prefix cache; with `graph`, decode steps replay captured graphs.
+type StagedCache = KvCache<StagedAllocator<Lifo, CudaStepLink>>;
+
+/// Positions per request row.
+const WIDTH: usize = 2048;
+
+fn staged_cache(device: &Arc<CudaDevice>, graph: bool) -> Result<StagedCache, Error> {
+    let host = PagedAllocator::new(REQUESTS * WIDTH, PAGE, false)?;
+    let table = ReqToTokenPool::new(REQUESTS, WIDTH)?;
+    let rows = REQUESTS + 1;
+    let slot_words = default_slot_words(host.capacity(), rows, rows);
+    let mut link = CudaStepLink::new(device.clone(), 4, slot_words, rows, WIDTH)?;
+    if graph {
+        link.capture_decode_graphs(rows)?;
+    }
+    let staged = StagedAllocator::new(host, link, &table)?;
+    Ok(KvCache::new(staged, table, TreeCache::Disabled)?)
+}
+
+/// `REQUESTS` new requests with prompts of `len` tokens, extended.
+fn admitted(cache: &mut StagedCache, len: usize) -> Result<ScheduleBatch, Error> {
+    let reqs = (0..REQUESTS as u64)
+        .map(|rid| Req::new(rid, (0..len as u32).map(|t| t + rid as u32).collect()))
+        .collect();
+    alloc_for_extend(prepare_for_extend(ScheduleBatch::new(reqs)), cache)
+        .map_err(|failure| failure.error.to_string().into())
+}
+
+/// Decode steps of every request of `batch` (each starting on a page boundary), timed with
+/// events on the staging stream: the medians of the steps whose tokens open a page and of
+/// those that do not.
+fn decode_steps(
+    cache: &mut StagedCache,
+    mut batch: ScheduleBatch,
+) -> Result<(Timing, Timing), Error> {
+    let stream = cache.allocator().ring().link().stream().clone();
+    let context = stream.context();
+    let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    let (start, end) = (context.new_event(flags)?, context.new_event(flags)?);
+    let (mut opening, mut mid) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
+    // One warm-up step, then the timed ones.
+    for step in 0..=RUNS {
+        let opens = batch.reqs()[0].kv().kv_allocated_len() % PAGE == 0;
+        start.record(&stream)?;
+        let clock = Instant::now();
+        let prepared = prepare_for_decode(batch, cache).map_err(|(_, e)| e.to_string())?;
+        batch = alloc_for_decode(prepared, cache).map_err(|f| f.error.to_string())?;
+        let host = clock.elapsed().as_secs_f64() * 1e3;
+        end.record(&stream)?;
+        end.synchronize()?;
+        let device = f64::from(start.elapsed_ms(&end)?);
+        let samples = if opens { &mut opening } else { &mut mid };
+        if step > 0 {
+            samples.0.push(device);
+            samples.1.push(host);
+        }
+    }
+    let timing = |(device, host): (Vec<f64>, Vec<f64>)| Timing {
+        device_ms: median(device),
+        host_ms: median(host),
     };
-    vec![fresh; REQUESTS]
+    Ok((timing(opening), timing(mid)))
 }
 
 /// Command line.
@@ -217,87 +282,42 @@ fn main() -> Result<(), Error> {
         "page-locked, write-combined".into(),
     );
 
-    // Allocation: 1,024 requests of 1,000 prompt tokens, then decode steps that cross a page
-    // boundary for every request (seq_len % 16 == 1), so each takes a page and writes its row.
-    let size = REQUESTS * 2048;
-    let rows: Vec<u32> = (0..REQUESTS as u32).collect();
-    let alloc = CudaPagedAllocator::<Lifo>::new(device.clone(), size, PAGE, REQUESTS, 2048)?;
-    let extend = prompts(1000);
-    // The allocator is shared by the timed closure and the untimed `after`, so it sits in a cell.
-    let alloc = std::cell::RefCell::new(alloc);
-    let free = |out: kvown_cuda::DeviceSlots| -> Result<(), Error> {
-        let host: Vec<KvSlot> = out.to_host(&device)?;
-        Ok(alloc.borrow_mut().free(&host)?)
-    };
+    // The staged allocator: 1,024 requests with 1,024-token prompts, then decode steps. One
+    // step in 16 opens a page for every request; the rest write mid-page.
+    for graph in [true, false] {
+        let mut cache = staged_cache(&device, graph)?;
+        let batch = admitted(&mut cache, 1024)?;
+        let (opening, mid) = decode_steps(&mut cache, batch)?;
+        let how = if graph { "graph" } else { "copy + launch" };
+        report.row(
+            &format!("decode step (1024, ps 16, {how})"),
+            opening,
+            "every request opens a page".into(),
+        );
+        report.row(
+            &format!("decode step (1024, mid-page, {how})"),
+            mid,
+            "no request opens a page".into(),
+        );
+    }
+    let mut cache = staged_cache(&device, false)?;
+    let extend_stream = cache.allocator().ring().link().stream().clone();
+    let cache = std::cell::RefCell::new(&mut cache);
     let extend = time(
-        &stream,
-        || Ok(alloc.borrow_mut().alloc_extend(&extend, &rows)?),
-        free,
-    )?;
-    report.row(
-        "alloc_extend (1024 x 1000 tokens)",
-        extend,
-        "host params upload + kernel".into(),
-    );
-    let prompt = alloc
-        .borrow_mut()
-        .alloc_extend(&prompts(1024), &rows)?
-        .to_host(&device)?;
-    let decode: Vec<DecodeShape> = (0..REQUESTS)
-        .map(|i| DecodeShape {
-            seq_len: 1025,
-            last_loc: prompt[i * 1024 + 1023],
-        })
-        .collect();
-    let decode_timing = time(
-        &stream,
-        || Ok(alloc.borrow_mut().alloc_decode(&decode, &rows)?),
-        free,
-    )?;
-    report.row(
-        "alloc_decode + table (1024, ps 16)",
-        decode_timing,
-        "every request opens a page".into(),
-    );
-    // The same requests one token later. Their `last_loc + 1` is the first slot of the page after
-    // their own (the planner keeps no page state to notice); the work timed is the same.
-    let mid_page: Vec<DecodeShape> = decode
-        .iter()
-        .map(|shape| DecodeShape {
-            seq_len: shape.seq_len + 1,
-            last_loc: shape.last_loc + 1,
-        })
-        .collect();
-    report.row(
-        "alloc_decode + table (1024, mid-page)",
-        time(
-            &stream,
-            || Ok(alloc.borrow_mut().alloc_decode(&mid_page, &rows)?),
-            |_| Ok(()),
-        )?,
-        "no request opens a page".into(),
-    );
-    let held = std::cell::RefCell::new(
-        alloc
-            .borrow_mut()
-            .alloc_decode(&decode, &rows)?
-            .to_host(&device)?,
-    );
-    let free_timing = time(
-        &stream,
-        || Ok(alloc.borrow_mut().free(&held.borrow())?),
-        |()| {
-            *held.borrow_mut() = alloc
-                .borrow_mut()
-                .alloc_decode(&decode, &rows)?
-                .to_host(&device)?;
+        &extend_stream,
+        || admitted(&mut cache.borrow_mut(), 1000),
+        |mut batch| {
+            let mut cache = cache.borrow_mut();
+            for req in batch.reqs_mut() {
+                release_kv_cache(req, &mut cache, false)?;
+            }
             Ok(())
         },
     )?;
     report.row(
-        "free (1024 pages)",
-        free_timing,
-        "host dedup + sort + upload + kernel".into(),
+        "extend (1024 x 1000 tokens)",
+        extend,
+        "prepare + alloc_for_extend + copy + scatter".into(),
     );
 
     // store_kv: 8 KV heads x 128 dims f16 (2 KiB rows), 16,384 tokens per call (a prefill-sized
@@ -359,19 +379,5 @@ fn main() -> Result<(), Error> {
         "includes two small htod copies".into(),
     );
 
-    // cudarc gives every buffer it allocates two events, for ordering across streams, unless
-    // the context's event tracking is off. The same decode with tracking off for the buffers
-    // allocated from here on (the per-call `out_cache_loc`).
-    // SAFETY: this program uses one stream, so no buffer needs cross-stream ordering.
-    unsafe { device.context().disable_event_tracking() };
-    report.row(
-        "alloc_decode, cudarc event tracking off",
-        time(
-            &stream,
-            || Ok(alloc.borrow_mut().alloc_decode(&decode, &rows)?),
-            free,
-        )?,
-        "every request opens a page".into(),
-    );
     report.finish()
 }

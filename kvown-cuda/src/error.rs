@@ -1,79 +1,12 @@
-//! Errors of the device allocator (every failing call leaves the allocator unchanged) and of
-//! building and verifying a device mirror.
+//! Errors of device calls, and of building and verifying a staged allocator.
 
 use cudarc::driver::DriverError;
-use kvown_runtime::alloc::{AllocError, KvSlot, PageId};
+use kvown_runtime::alloc::KvSlot;
 use kvown_runtime::slots::ReqRow;
 
-/// Why a device allocator call was refused or failed.
+/// Why a device call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
-    /// The same rejection the CPU allocator gives (out of memory, bad shape, bad slot).
-    #[error(transparent)]
-    Alloc(#[from] AllocError),
-    /// The batch gave a different number of request rows than requests.
-    #[error("{requests} requests but {rows} request rows")]
-    RowCountMismatch {
-        /// Requests in the batch.
-        requests: usize,
-        /// Rows given.
-        rows: usize,
-    },
-    /// A request row is past the end of the request-to-token table.
-    #[error("request {request}: row {row} out of range: the table has rows 0..{rows}")]
-    RowOutOfRange {
-        /// Position in the batch.
-        request: usize,
-        /// The bad row.
-        row: u32,
-        /// Rows in the table.
-        rows: usize,
-    },
-    /// Two requests of one batch name the same request row: on the device they would write it
-    /// at once.
-    #[error("request {request} names row {row}, which request {first} of the batch names too")]
-    RowRepeated {
-        /// Position in the batch of the second request.
-        request: usize,
-        /// The row.
-        row: u32,
-        /// Position in the batch of the first.
-        first: usize,
-    },
-    /// Positions past the end of a request-to-token row.
-    #[error("request {request}: positions up to {end} do not fit a row of {row_len} tokens")]
-    RowOverflow {
-        /// Position in the batch (0 for `write_row`).
-        request: usize,
-        /// One past the last position written.
-        end: usize,
-        /// Tokens per row (`max_context_len`).
-        row_len: usize,
-    },
-    /// Freeing more pages than the allocator owns: some page is freed twice.
-    #[error("free of {pages} pages with {free} of {num_pages} already free: a page is freed twice")]
-    FreeListOverflow {
-        /// Distinct pages in the call.
-        pages: usize,
-        /// Pages free before the call.
-        free: usize,
-        /// Pages the allocator manages.
-        num_pages: usize,
-    },
-    /// A page named twice in one call that frees pages in a given order.
-    #[error("page {page} is named twice")]
-    DuplicatePage {
-        /// The page.
-        page: PageId,
-    },
-    /// A page that this allocator does not manage (page 0 is padding).
-    #[error("page {page} is out of range: this allocator's pages are 1..={num_pages}")]
-    PageOutOfRange {
-        /// The page.
-        page: PageId,
-        /// Pages the allocator manages.
-        num_pages: usize,
-    },
     /// A count does not fit the kernels' 32-bit indices.
     #[error("{what} = {value} exceeds the kernels' 32-bit range")]
     TooLarge {
@@ -87,91 +20,55 @@ pub enum CudaError {
     Driver(#[from] DriverError),
 }
 
-/// Why a [`MirroredAllocator`](crate::MirroredAllocator) cannot be built: its device half
-/// could not follow this host allocator exactly.
+/// Why a [`StagedAllocator`](crate::StagedAllocator) cannot be built, or why
+/// [`StagedAllocator::verify`](crate::StagedAllocator::verify) found the device apart from the
+/// host.
 #[derive(Debug, thiserror::Error)]
-pub enum MirrorError {
-    /// The host allocator sends frees to a release list, merged and sorted lazily.
+pub enum StagingError {
+    /// The device table is not the host table's shape.
     #[error(
-        "the host allocator uses need_sort: its release list is merged and sorted lazily on the \
-         host, which the device free list does not follow; build it with need_sort = false"
+        "the device table has {device:?} (rows, positions) but the host table {host:?}; build \
+         the link with the host table's size + 1 rows (row 0 is padding) and its max_context_len"
     )]
-    NeedSort,
-    /// The host allocator is not as constructed.
+    TableMismatch {
+        /// The host table's `(rows, width)`, padding row included.
+        host: (usize, usize),
+        /// The device table's.
+        device: (usize, usize),
+    },
+    /// The table has more entries than a packet's 32-bit flat indices reach.
     #[error(
-        "the host allocator is in use ({free_pages} of {num_pages} pages free, free group open: \
-         {in_free_group}); a mirror starts from a fresh allocator, every page free in the \
-         initial order"
+        "the request-to-token table has {entries} entries, more than the 2^32 that packets \
+         index; use fewer rows or shorter rows"
     )]
-    HostInUse {
-        /// Pages on its free list.
-        free_pages: usize,
-        /// Pages it manages.
-        num_pages: usize,
-        /// Whether a free group is open.
-        in_free_group: bool,
+    TableTooLarge {
+        /// Rows times positions.
+        entries: usize,
     },
-    /// The device half has pages out.
-    #[error("the device half is in use: {free_pages} of {num_pages} pages free")]
-    DeviceInUse {
-        /// Pages on its free list.
-        free_pages: usize,
-        /// Pages it manages.
-        num_pages: usize,
-    },
-    /// Host and device manage different pages.
+    /// The ring's slots cannot hold one call's packet (or the ring has no slot).
     #[error(
-        "the host pool has {host_pages} pages of {host_page_size} slots but the device pool \
-         {device_pages} pages of {device_page_size}"
+        "the staging ring has {depth} slots of {slot_words} words; it needs at least one slot \
+         of {needed} words (kvown_cuda::staging::required_slot_words; default_slot_words adds \
+         room for matched prefixes)"
     )]
-    PoolMismatch {
-        /// Host pages.
-        host_pages: usize,
-        /// Host page size.
-        host_page_size: usize,
-        /// Device pages.
-        device_pages: usize,
-        /// Device page size.
-        device_page_size: usize,
+    RingTooSmall {
+        /// Words per slot.
+        slot_words: usize,
+        /// Slots.
+        depth: usize,
+        /// Words one call's packet can take.
+        needed: usize,
     },
-    /// The device request-to-token table cannot hold the host table.
-    #[error(
-        "the device table has {device_rows} rows of {device_row_len} slots; the host table \
-         needs {rows} rows of {row_len}"
-    )]
-    TableTooSmall {
-        /// Rows of the host table (padding row 0 included).
-        rows: usize,
-        /// Slots per host row.
-        row_len: usize,
-        /// Rows of the device table.
-        device_rows: usize,
-        /// Slots per device row.
-        device_row_len: usize,
-    },
-    /// A device call failed: creating the device half, or reading it back for
-    /// [`MirroredAllocator::new`](crate::MirroredAllocator::new) or
-    /// [`MirroredAllocator::verify`](crate::MirroredAllocator::verify).
-    #[error("the device half failed: {0}")]
+    /// A device call failed while reading the device back.
+    #[error("reading the device back failed: {0}")]
     Device(#[from] CudaError),
-    /// [`MirroredAllocator::verify`](crate::MirroredAllocator::verify) (or
-    /// [`MirroredAllocator::new`](crate::MirroredAllocator::new), for a device half with every
-    /// page free in another order): the device free list is not the host's (`None`: the list
-    /// ended there).
-    #[error(
-        "the device free list differs from the host's at position {position}: host page \
-         {host:?}, device page {device:?}"
-    )]
-    FreeListDiverged {
-        /// First position (from the head) where they differ.
-        position: usize,
-        /// The host's page there.
-        host: Option<PageId>,
-        /// The device's page there.
-        device: Option<PageId>,
+    /// `verify` was given a row the host table does not hold.
+    #[error("row {row} is not held in the host table: there is nothing to compare it with")]
+    RowNotHeld {
+        /// The row.
+        row: ReqRow,
     },
-    /// [`MirroredAllocator::verify`](crate::MirroredAllocator::verify): a device
-    /// request-to-token row is not the host's.
+    /// A device request-to-token row is not the host's.
     #[error(
         "device row {row} differs from the host's at position {position}: host slot {host}, \
          device slot {device}"
@@ -186,11 +83,14 @@ pub enum MirrorError {
         /// The device's slot there.
         device: KvSlot,
     },
-}
-
-/// `value` as a kernel `u32` index, or [`CudaError::TooLarge`].
-pub(crate) fn to_u32(what: &'static str, value: usize) -> Result<u32, CudaError> {
-    u32::try_from(value).map_err(|_| CudaError::TooLarge { what, value })
+    /// The last `out_cache_loc` on the device is not the host's.
+    #[error("the device out_cache_loc {device:?} is not the host's {host:?}")]
+    OutDiverged {
+        /// The host's slots.
+        host: Vec<KvSlot>,
+        /// The device's.
+        device: Vec<KvSlot>,
+    },
 }
 
 #[cfg(test)]
@@ -202,38 +102,37 @@ mod tests {
     #[test]
     fn messages_have_no_runs_of_spaces() {
         let errors = [
-            MirrorError::FreeListDiverged {
-                position: 2,
-                host: Some(3),
-                device: None,
+            StagingError::TableMismatch {
+                host: (5, 64),
+                device: (4, 64),
             },
-            MirrorError::RowDiverged {
+            StagingError::TableTooLarge { entries: 1 << 33 },
+            StagingError::RingTooSmall {
+                slot_words: 8,
+                depth: 2,
+                needed: 92,
+            },
+            StagingError::RowDiverged {
                 row: 1,
                 position: 4,
                 host: 17,
                 device: 18,
-            },
-            MirrorError::NeedSort,
-            MirrorError::HostInUse {
-                free_pages: 1,
-                num_pages: 2,
-                in_free_group: false,
             },
         ];
         for error in errors {
             let message = error.to_string();
             assert!(!message.contains("  "), "{message:?}");
         }
-        let message = MirrorError::FreeListDiverged {
-            position: 2,
-            host: Some(3),
-            device: None,
+        let message = StagingError::RowDiverged {
+            row: 1,
+            position: 4,
+            host: 17,
+            device: 18,
         }
         .to_string();
         assert_eq!(
             message,
-            "the device free list differs from the host's at position 2: host page Some(3), \
-             device page None"
+            "device row 1 differs from the host's at position 4: host slot 17, device slot 18"
         );
     }
 }

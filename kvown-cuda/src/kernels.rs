@@ -21,11 +21,11 @@ pub struct KernelSource {
     pub functions: &'static [&'static str],
 }
 
-/// The allocation kernels (sglang §4.5): `alloc_extend`, `alloc_decode`, `free_pages_write`.
-pub const ALLOC_SOURCE: KernelSource = KernelSource {
-    name: "alloc.cu",
-    source: include_str!("kernels/alloc.cu"),
-    functions: &["alloc_extend", "alloc_decode", "free_pages_write"],
+/// The step scatter: `scatter_step` writes a staged packet's table writes on the device.
+pub const SCATTER_SOURCE: KernelSource = KernelSource {
+    name: "scatter.cu",
+    source: include_str!("kernels/scatter.cu"),
+    functions: &["scatter_step"],
 };
 
 /// The KV row kernels, one per word width: `store_kv_wN`, `gather_kv_wN`, `copy_pages_wN`.
@@ -49,7 +49,7 @@ pub const KV_SOURCE: KernelSource = KernelSource {
 };
 
 /// Every kernel source of the crate.
-pub const KERNEL_SOURCES: [KernelSource; 2] = [ALLOC_SOURCE, KV_SOURCE];
+pub const KERNEL_SOURCES: [KernelSource; 2] = [SCATTER_SOURCE, KV_SOURCE];
 
 /// Word widths of the KV row kernels, widest first; index `i` matches the `_w{WORD_BYTES[i]}`
 /// kernels.
@@ -184,9 +184,7 @@ pub(crate) struct RowKernels {
 /// Every kernel, loaded into one context.
 #[derive(Debug)]
 pub(crate) struct Kernels {
-    pub(crate) alloc_extend: CudaFunction,
-    pub(crate) alloc_decode: CudaFunction,
-    pub(crate) free_pages_write: CudaFunction,
+    pub(crate) scatter_step: CudaFunction,
     /// Indexed like [`WORD_BYTES`].
     pub(crate) rows: Vec<RowKernels>,
 }
@@ -207,7 +205,7 @@ impl Kernels {
                     detail: format!("{}: {error}", source.name),
                 })
         };
-        let alloc = module(&ALLOC_SOURCE)?;
+        let scatter = module(&SCATTER_SOURCE)?;
         let kv = module(&KV_SOURCE)?;
         let function = |module: &Arc<cudarc::driver::CudaModule>, name: &str| {
             module
@@ -227,9 +225,7 @@ impl Kernels {
             })
             .collect::<Result<_, Unavailable>>()?;
         Ok(Self {
-            alloc_extend: function(&alloc, "alloc_extend")?,
-            alloc_decode: function(&alloc, "alloc_decode")?,
-            free_pages_write: function(&alloc, "free_pages_write")?,
+            scatter_step: function(&scatter, "scatter_step")?,
             rows,
         })
     }

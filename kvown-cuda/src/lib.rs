@@ -1,10 +1,12 @@
-//! kvown CUDA backend: the KV data pool ([`CudaKvPool`]) and the paged slot allocator
-//! ([`CudaPagedAllocator`]) on an NVIDIA GPU, through `cudarc` with dynamic loading, so the crate
-//! builds and its CPU-side tests run on machines with no CUDA at all.
+//! kvown CUDA backend: the KV data pool ([`CudaKvPool`]) on an NVIDIA GPU, and each step's
+//! allocation results shipped to it ([`StagedAllocator`]), through `cudarc` with dynamic
+//! loading, so the crate builds and its CPU-side tests run on machines with no CUDA at all.
 //!
-//! * [`MirroredAllocator`] is the runtime's `KvAllocator` on the device: the host allocator stays
-//!   authoritative and every call it accepts is replayed on the device half, so `KvCache` and
-//!   the batch flow run unchanged with the free list and the request-to-token table on the GPU.
+//! * [`StagedAllocator`] is the runtime's `KvAllocator` for a device: the host allocator makes
+//!   every decision, and each batch-flow call ships its `out_cache_loc` and its
+//!   request-to-token writes to the device as one packet through a pinned staging ring: one
+//!   copy and one scatter kernel ([`staging`]). The device keeps no free list and replays
+//!   nothing.
 //! * [`Backend::auto`] picks CUDA when a device, a driver and NVRTC work, and the host pool
 //!   otherwise, and says which and why. Detection never panics ([`CudaDevice::get`]).
 //! * Kernels are CUDA C in `src/kernels/*.cu`, embedded with `include_str!` and compiled at run
@@ -29,38 +31,25 @@
 //!
 //! # Verification status
 //!
-//! Verified without a GPU: the crate builds, and every kernel source compiles with NVRTC 12.9 to
-//! PTX for `sm_80` and `sm_90` with an empty program log (`tests/nvrtc_compile.rs`); the host
-//! planning of the device allocator ([`AllocPlanner`]) and of the device pool ([`KvPlanner`]),
-//! together with the `alloc.cu` and `kv.cu` kernels compiled as host C++, reproduces the CPU
-//! allocator and the host pool exactly, byte for byte (`tests/differential.rs`, `emulated_*`), and
-//! the mirror follows the host through the runtime's batch flow (`tests/mirror/`).
-//!
-//! Verified on an NVIDIA H200 (2026-12-04, `scripts/device-check.sh`): the kernels, the device
-//! pool and the mirror on the GPU give the CPU's results (`gpu_*` tests, with compute-sanitizer
-//! reporting no error), the engine runs on CUDA with the checker and the mirror's verification
-//! every step, and `examples/kernel_timing.rs` timed each kernel (results and logs in the crate's
-//! README).
+//! Without a GPU: the crate builds, every kernel source compiles with NVRTC 12.9 to PTX for
+//! `sm_80` and `sm_90` (`tests/nvrtc_compile.rs`); the `scatter.cu` and `kv.cu` kernels compiled
+//! as host C++ reproduce the host table and the host pool exactly under the runtime's batch
+//! flow and random pools (`tests/staging/`, `tests/differential.rs`). On a GPU,
+//! `scripts/device-check.sh` runs the same tests on the device, the engine on CUDA and the
+//! timings; the crate's README records its last results.
 #![warn(missing_docs)]
 
-mod alloc;
 mod backend;
 mod detect;
 mod error;
 pub mod kernels;
 mod kv;
 mod kv_plan;
-mod marks;
-mod mirror;
-mod plan;
+pub mod staging;
 
-pub use alloc::{CudaPagedAllocator, DeviceSlots};
 pub use backend::Backend;
 pub use detect::{CudaDevice, Unavailable};
-pub use error::{CudaError, MirrorError};
+pub use error::{CudaError, StagingError};
 pub use kv::{CudaKvPool, kv_bytes, kv_data_from_bytes};
 pub use kv_plan::{KvPlanner, PageCopy, ROW_BLOCK_MAX, RowLaunch, RowShape};
-pub use mirror::{DeviceAllocOps, MirroredAllocator};
-pub use plan::{
-    ALLOC_BLOCK, AllocPlan, AllocPlanner, DECODE_PARAM_WORDS, EXTEND_PARAM_WORDS, FreePlan, NO_ROW,
-};
+pub use staging::{CudaStepLink, HostLink, StagedAllocator};

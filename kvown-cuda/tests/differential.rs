@@ -1,28 +1,22 @@
-//! CUDA vs CPU: the device allocator against `PagedAllocator` / `TokenAllocator` (page sizes 1,
-//! 16, 64; prefix hits; out-of-memory edges), and `CudaKvPool` against the host pool (random
-//! shapes and dtypes reaching every kernel word width; stores with padding slot 0, gathers, slot
-//! and page copies, refused calls; every byte compared after every step), on seeded random
+//! CUDA vs CPU: the staged allocator's device table and `out_cache_loc` against the host's under
+//! the runtime's batch flow (`staging/`), and `CudaKvPool` against the host pool (random shapes
+//! and dtypes reaching every kernel word width; stores with padding slot 0, gathers, slot and
+//! page copies, refused calls; every byte compared after every step), on seeded random
 //! batches. The GPU tests run only where a CUDA device works; elsewhere each prints
 //! `skipped: <reason>` and passes. The same scenarios also run against the kernels compiled as
-//! host C++ (`emulator/`), so the kernels' index arithmetic and the host planning are checked on
+//! host C++ (`emulator/`), so the kernels' index arithmetic and the host side are checked on
 //! every machine with a C++ compiler.
 
 mod emulator;
-mod mirror;
+mod staging;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use emulator::{EmulatedAllocator, EmulatedKvPool};
+use emulator::EmulatedKvPool;
 use kvown_cuda::kernels::WORD_BYTES;
-use kvown_cuda::{
-    CudaDevice, CudaError, CudaKvPool, CudaPagedAllocator, DeviceAllocOps, KvPlanner, PageCopy,
-    kv_bytes, kv_data_from_bytes,
-};
-use kvown_runtime::alloc::{
-    AllocError, DecodeShape, ExtendShape, Fifo, KvAllocator, KvSlot, Lifo, PageAllocator, PageId,
-    PagedAllocator, ReuseOrder, TokenAllocator,
-};
+use kvown_cuda::{CudaDevice, CudaKvPool, KvPlanner, PageCopy, kv_bytes, kv_data_from_bytes};
+use kvown_runtime::alloc::{KvSlot, PageId};
 use kvown_runtime::kv::{KvData, KvDtype, KvLayout, KvPool, KvPoolError, KvTensor, new_host_pool};
 
 fn device() -> Option<Arc<CudaDevice>> {
@@ -40,74 +34,11 @@ fn or_skip<T>(result: Result<T, impl std::fmt::Display>) -> Option<T> {
     }
 }
 
-/// A device allocator under test, the CUDA one or its kernels emulated on the host: the device
-/// half a `MirroredAllocator` drives, plus the slot-list free (`CudaPagedAllocator::free`) that
-/// the differential scenarios compare with the CPU allocator's `free`.
-trait DeviceAllocator: DeviceAllocOps {
-    fn free_slots(&mut self, slots: &[KvSlot]) -> Result<(), CudaError>;
-}
-
-impl<R: ReuseOrder> DeviceAllocator for CudaPagedAllocator<R> {
-    fn free_slots(&mut self, slots: &[KvSlot]) -> Result<(), CudaError> {
-        self.free(slots)
-    }
-}
-
-impl<R: ReuseOrder> DeviceAllocator for EmulatedAllocator<R> {
-    fn free_slots(&mut self, slots: &[KvSlot]) -> Result<(), CudaError> {
-        self.free(slots)
-    }
-}
-
-/// Builds device allocators of `size` slots in pages of `page_size` with a table of `rows` rows
-/// of `row_len`, in reuse order `R`, or `None`, with a skip notice, where they cannot run.
-trait MakeDevice {
-    type Device<R: ReuseOrder>: DeviceAllocator<Order = R>;
-    fn make<R: ReuseOrder>(
-        &self,
-        size: usize,
-        page_size: usize,
-        rows: usize,
-        row_len: usize,
-    ) -> Option<Self::Device<R>>;
-}
-
 /// The real device.
 struct OnGpu(Arc<CudaDevice>);
 
-impl MakeDevice for OnGpu {
-    type Device<R: ReuseOrder> = CudaPagedAllocator<R>;
-
-    fn make<R: ReuseOrder>(
-        &self,
-        size: usize,
-        page_size: usize,
-        rows: usize,
-        row_len: usize,
-    ) -> Option<CudaPagedAllocator<R>> {
-        Some(
-            CudaPagedAllocator::new(self.0.clone(), size, page_size, rows, row_len)
-                .expect("device allocator"),
-        )
-    }
-}
-
 /// The kernels compiled as host C++.
 struct OnHost;
-
-impl MakeDevice for OnHost {
-    type Device<R: ReuseOrder> = EmulatedAllocator<R>;
-
-    fn make<R: ReuseOrder>(
-        &self,
-        size: usize,
-        page_size: usize,
-        rows: usize,
-        row_len: usize,
-    ) -> Option<EmulatedAllocator<R>> {
-        or_skip(EmulatedAllocator::new(size, page_size, rows, row_len))
-    }
-}
 
 /// xorshift64*: deterministic, dependency-free randomness.
 struct Rng(u64);
@@ -125,253 +56,6 @@ impl Rng {
     fn chance(&mut self, percent: usize) -> bool {
         self.below(100) < percent
     }
-}
-
-/// A request's row and the slots of its positions, as the CPU side recorded them.
-struct Live {
-    row: u32,
-    slots: Vec<KvSlot>,
-}
-
-const ROWS: usize = 48;
-const ROW_LEN: usize = 700;
-
-/// Expects both results to be the same error, or both `Ok` with equal slots.
-fn same(
-    cpu: Result<Vec<KvSlot>, AllocError>,
-    gpu: Result<Vec<KvSlot>, CudaError>,
-    what: &str,
-) -> Option<Vec<KvSlot>> {
-    match (cpu, gpu) {
-        (Ok(cpu), Ok(gpu)) => {
-            assert_eq!(cpu, gpu, "{what}: out_cache_loc differs");
-            Some(cpu)
-        }
-        (Err(cpu), Err(CudaError::Alloc(gpu))) => {
-            assert_eq!(cpu, gpu, "{what}: errors differ");
-            None
-        }
-        (cpu, gpu) => panic!("{what}: CPU {cpu:?} but GPU {gpu:?}"),
-    }
-}
-
-fn run_allocator<R: ReuseOrder>(
-    gpu: &mut impl DeviceAllocator<Order = R>,
-    mut cpu: PageAllocator<R>,
-    page_size: usize,
-    seed: u64,
-    steps: usize,
-) {
-    let mut rng = Rng(seed);
-    let mut live: Vec<Live> = Vec::new();
-    let mut cached: Vec<Vec<KvSlot>> = Vec::new();
-    let mut free_rows: Vec<u32> = (0..ROWS as u32).collect();
-    let (mut extends, mut decodes, mut ooms) = (0, 0, 0);
-    for step in 0..steps {
-        let what = format!("page {page_size} seed {seed} step {step}");
-        match rng.below(10) {
-            // Extend a batch of new requests, some reusing a cached prefix.
-            0..=3 => {
-                let count = 1 + rng.below(4.min(free_rows.len()).max(1));
-                let mut shapes = Vec::new();
-                let mut rows = Vec::new();
-                let mut prefixes = Vec::new();
-                for _ in 0..count.min(free_rows.len()) {
-                    let row = free_rows.swap_remove(rng.below(free_rows.len()));
-                    let prefix: Vec<KvSlot> = if !cached.is_empty() && rng.chance(50) {
-                        let mut entry = cached.swap_remove(rng.below(cached.len()));
-                        let keep = 1 + rng.below(entry.len());
-                        // Pages wholly past the kept prefix go back to the allocators.
-                        let whole_from = keep.div_ceil(page_size) * page_size;
-                        if whole_from < entry.len() {
-                            let tail = entry.split_off(whole_from);
-                            cpu.free(&tail).unwrap();
-                            gpu.free_slots(&tail).unwrap();
-                        }
-                        entry.truncate(keep);
-                        entry
-                    } else {
-                        Vec::new()
-                    };
-                    // Mostly modest, sometimes large enough to run out of memory.
-                    let extend = if rng.chance(10) {
-                        rng.below(ROW_LEN - prefix.len())
-                    } else {
-                        rng.below(80)
-                    };
-                    shapes.push(ExtendShape {
-                        prefix_len: prefix.len(),
-                        seq_len: prefix.len() + extend,
-                        last_loc: prefix.last().copied(),
-                    });
-                    gpu.write_row(row, 0, &prefix).unwrap();
-                    rows.push(row);
-                    prefixes.push(prefix);
-                }
-                let mut out = Vec::new();
-                let cpu_result = cpu.alloc_extend(&shapes, &mut out).map(|()| out);
-                let gpu_result = gpu
-                    .alloc_extend(&shapes, &rows)
-                    .and_then(|slots| gpu.slots_to_host(&slots));
-                match same(cpu_result, gpu_result, &what) {
-                    Some(out) => {
-                        extends += 1;
-                        let mut offset = 0;
-                        for ((shape, row), mut slots) in shapes.iter().zip(rows).zip(prefixes) {
-                            let n = shape.seq_len - shape.prefix_len;
-                            slots.extend_from_slice(&out[offset..offset + n]);
-                            offset += n;
-                            live.push(Live { row, slots });
-                        }
-                    }
-                    None => {
-                        ooms += 1;
-                        // Refused: give prefixes back to the cache and rows back to the pool.
-                        cached.extend(prefixes.into_iter().filter(|p| !p.is_empty()));
-                        free_rows.extend(rows);
-                    }
-                }
-            }
-            // Decode every live request that has room.
-            4..=7 => {
-                let batch: Vec<usize> = (0..live.len())
-                    .filter(|&i| !live[i].slots.is_empty() && live[i].slots.len() < ROW_LEN)
-                    .collect();
-                let shapes: Vec<DecodeShape> = batch
-                    .iter()
-                    .map(|&i| DecodeShape {
-                        seq_len: live[i].slots.len() + 1,
-                        last_loc: *live[i].slots.last().unwrap(),
-                    })
-                    .collect();
-                let rows: Vec<u32> = batch.iter().map(|&i| live[i].row).collect();
-                let mut out = Vec::new();
-                let cpu_result = cpu.alloc_decode(&shapes, &mut out).map(|()| out);
-                let gpu_result = gpu
-                    .alloc_decode(&shapes, &rows)
-                    .and_then(|slots| gpu.slots_to_host(&slots));
-                match same(cpu_result, gpu_result, &what) {
-                    Some(out) => {
-                        decodes += 1;
-                        for (&i, slot) in batch.iter().zip(out) {
-                            live[i].slots.push(slot);
-                        }
-                    }
-                    None => ooms += 1,
-                }
-            }
-            // Finish a request: free it, or keep its slots as a cached prefix.
-            _ => {
-                if live.is_empty() {
-                    continue;
-                }
-                let done = live.swap_remove(rng.below(live.len()));
-                assert_eq!(
-                    gpu.read_row(done.row, done.slots.len()).unwrap(),
-                    done.slots,
-                    "{what}: row"
-                );
-                if !done.slots.is_empty() {
-                    if rng.chance(40) {
-                        cached.push(done.slots);
-                    } else {
-                        cpu.free(&done.slots).unwrap();
-                        gpu.free_slots(&done.slots).unwrap();
-                    }
-                }
-                free_rows.push(done.row);
-            }
-        }
-        let cpu_free: Vec<_> = cpu.free_pages().collect();
-        assert_eq!(
-            gpu.free_list().unwrap(),
-            cpu_free,
-            "{what}: free lists differ"
-        );
-        assert_eq!(gpu.available_size(), cpu.available_size(), "{what}");
-    }
-    println!("page {page_size} seed {seed}: {extends} extends, {decodes} decodes, {ooms} refused");
-}
-
-/// Every allocator configuration of the scenarios: LIFO pages of 3, 7 (not powers of two), 16
-/// and 64, and page size 1 in both reuse orders (the paged allocator and the token one).
-fn allocator_scenarios(make: &impl MakeDevice, seeds: std::ops::RangeInclusive<u64>, steps: usize) {
-    for seed in seeds {
-        for page_size in [3, 7, 16, 64] {
-            let size = page_size * (40 + 20 * seed as usize);
-            let cpu = PagedAllocator::new(size, page_size, false).unwrap();
-            let Some(mut device) = make.make::<Lifo>(size, page_size, ROWS, ROW_LEN) else {
-                return;
-            };
-            run_allocator::<Lifo>(&mut device, cpu, page_size, seed, steps);
-        }
-        let cpu = PagedAllocator::new(900, 1, false).unwrap();
-        let Some(mut device) = make.make::<Lifo>(900, 1, ROWS, ROW_LEN) else {
-            return;
-        };
-        run_allocator::<Lifo>(&mut device, cpu, 1, seed, steps);
-        let cpu = TokenAllocator::new(900, false).unwrap();
-        let Some(mut device) = make.make::<Fifo>(900, 1, ROWS, ROW_LEN) else {
-            return;
-        };
-        run_allocator::<Fifo>(&mut device, cpu, 1, seed, steps);
-    }
-}
-
-#[test]
-fn gpu_allocator_matches_cpu_on_random_batches() {
-    let Some(device) = device() else { return };
-    allocator_scenarios(&OnGpu(device), 1..=4, 300);
-}
-
-#[test]
-fn emulated_kernels_match_cpu_on_random_batches() {
-    allocator_scenarios(&OnHost, 1..=2, 200);
-}
-
-/// Exactly all four pages fits; one token more does not; a refusal changes nothing.
-fn out_of_memory_edges(make: &impl MakeDevice) {
-    let page_size = 16;
-    let Some(mut device) = make.make::<Lifo>(4 * page_size, page_size, ROWS, ROW_LEN) else {
-        return;
-    };
-    let mut cpu = PagedAllocator::new(4 * page_size, page_size, false).unwrap();
-    for (seq_len, fits) in [
-        (4 * page_size + 1, false),
-        (4 * page_size, true),
-        (1, false),
-    ] {
-        let shape = [ExtendShape {
-            prefix_len: 0,
-            seq_len,
-            last_loc: None,
-        }];
-        let mut out = Vec::new();
-        let cpu_result = cpu.alloc_extend(&shape, &mut out).map(|()| out);
-        let device_result = device
-            .alloc_extend(&shape, &[0])
-            .and_then(|slots| device.slots_to_host(&slots));
-        assert_eq!(
-            same(cpu_result, device_result, "oom edge").is_some(),
-            fits,
-            "seq_len {seq_len}"
-        );
-        assert_eq!(
-            device.free_list().unwrap(),
-            cpu.free_pages().collect::<Vec<_>>()
-        );
-    }
-}
-
-#[test]
-fn gpu_allocator_out_of_memory_edges_match() {
-    let Some(device) = device() else { return };
-    out_of_memory_edges(&OnGpu(device));
-}
-
-#[test]
-fn emulated_out_of_memory_edges_match() {
-    out_of_memory_edges(&OnHost);
 }
 
 /// Builds the K/V pool under test, or `None`, with a skip notice, where it cannot run.

@@ -1,23 +1,23 @@
-//! The kernels of `src/kernels/` compiled as host C++ (with `cuda_shim.hpp`) and driven through
-//! the crate's host planners ([`kvown_cuda::AllocPlanner`], [`kvown_cuda::KvPlanner`]): the same
-//! launches the CUDA backend makes, run on the CPU block by block and thread by thread. This
-//! checks the kernels' index arithmetic and the host planning on machines without a GPU; only
-//! the driver calls (upload, launch, copy back) are left to the GPU check.
+//! The kernels of `src/kernels/` compiled as host C++ (with `cuda_shim.hpp`) and driven as the
+//! CUDA backend drives them (the staging ring's packets, [`kvown_cuda::KvPlanner`]'s launches):
+//! the same launches, run on the CPU block by block and thread by thread. This checks the
+//! kernels' index arithmetic and the host side on machines without a GPU; only the driver calls
+//! (copy, launch, copy back) are left to the GPU check.
 //!
 //! Each emulator is a C++ driver program (`*_driver.cpp`) that includes one `.cu` file, owns the
 //! emulated device memory and answers each command line on stdin with one line on stdout. This
 //! module builds and runs the drivers; `alloc` and `kv` speak their protocols.
 
-mod alloc;
 mod kv;
+mod scatter;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::OnceLock;
 
-pub use alloc::EmulatedAllocator;
 pub use kv::EmulatedKvPool;
+pub use scatter::{EmulatedLink, Pace};
 
 /// A driver program, `tests/emulator/<source>`, built at most once per test binary.
 pub struct Driver {

@@ -610,6 +610,47 @@ impl<R: ReuseOrder> PageAllocator<R> {
     }
 }
 
+impl<R: ReuseOrder> PageAllocator<R> {
+    /// [`KvAllocator::alloc_decode_trusted`] that also tells `on_write` each table write as it
+    /// makes it: the flat index `row * width + position` into the table's entries and the slot.
+    /// An allocator that wraps this one and keeps a copy of the table (a device stager) records
+    /// the step in the same pass. Only out of memory fails, before anything is written.
+    #[inline]
+    pub fn alloc_decode_trusted_with<I>(
+        &mut self,
+        batch: TrustedDecodeRows<I>,
+        table: &mut ReqToTokenPool,
+        out: &mut Vec<KvSlot>,
+        on_write: impl FnMut(usize, KvSlot),
+    ) -> Result<(), AllocError>
+    where
+        I: ExactSizeIterator<Item = DecodeRow> + Clone,
+    {
+        if cfg!(debug_assertions) {
+            self.verify_trusted(&batch, table);
+        }
+        let new_pages = batch.new_pages();
+        self.ensure_free(new_pages)?;
+        let (free, entries) = (&self.free, table.entries_mut());
+        let opened = match self.geometry.specialised() {
+            Specialised::PowerOfTwo(math) => {
+                fill_trusted_decode(math, free, batch.rows(), entries, out, on_write)
+            }
+            Specialised::AnySize(math) => {
+                fill_trusted_decode(math, free, batch.rows(), entries, out, on_write)
+            }
+        };
+        assert_eq!(
+            opened, new_pages,
+            "a trusted decode batch opened another number of pages than it declared"
+        );
+        for page in self.free.take_front(new_pages) {
+            self.state[page as usize] = PageState::Held;
+        }
+        Ok(())
+    }
+}
+
 /// Whether every slot of `slots` lies in `page` (a page of this allocator, so its slots fit
 /// in `u32`): a `u32` range test folded without early exit, which LLVM vectorises.
 #[inline]
@@ -765,28 +806,7 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
     where
         I: ExactSizeIterator<Item = DecodeRow> + Clone,
     {
-        if cfg!(debug_assertions) {
-            self.verify_trusted(&batch, table);
-        }
-        let new_pages = batch.new_pages();
-        self.ensure_free(new_pages)?;
-        let (free, entries) = (&self.free, table.entries_mut());
-        let opened = match self.geometry.specialised() {
-            Specialised::PowerOfTwo(math) => {
-                fill_trusted_decode(math, free, batch.rows(), entries, out)
-            }
-            Specialised::AnySize(math) => {
-                fill_trusted_decode(math, free, batch.rows(), entries, out)
-            }
-        };
-        assert_eq!(
-            opened, new_pages,
-            "a trusted decode batch opened another number of pages than it declared"
-        );
-        for page in self.free.take_front(new_pages) {
-            self.state[page as usize] = PageState::Held;
-        }
-        Ok(())
+        self.alloc_decode_trusted_with(batch, table, out, |_, _| {})
     }
 
     #[inline]

@@ -122,6 +122,17 @@ pub struct DecodeRow {
     pub len: usize,
 }
 
+/// One request of a batched extend, by its place in the request-to-token table
+/// ([`KvAllocator::alloc_extend_rows`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExtendRow<'a> {
+    /// The request's row.
+    pub row: ReqRow,
+    /// Slots written to positions `[0, prefix.len())` of a new row before its new slots (a
+    /// matched prefix); empty for a row the request already holds.
+    pub prefix: &'a [KvSlot],
+}
+
 /// A decode batch given by rows that a [`KvCache`](crate::cache::KvCache)'s batch flow has
 /// already checked (`prepare_for_decode`): every row is held by exactly one request of the
 /// batch, each `len` is that request's allocated length, in `1..width`, and `new_pages` of the
@@ -240,14 +251,15 @@ pub trait KvAllocator {
     }
 
     /// [`KvAllocator::alloc_extend`] for requests whose request-to-token rows are known: the
-    /// `i`-th row of `rows` is the row of `reqs[i]`, which gets the new slots at positions
-    /// `[prefix_len, seq_len)` (the batch flow writes the host table itself). An allocator
-    /// that keeps a copy of the table, such as a device mirror, writes its copy in the same
-    /// step. The default ignores `rows` without iterating it, so it costs nothing.
-    fn alloc_extend_rows(
+    /// `i`-th item of `rows` is the row of `reqs[i]`, which gets the new slots at positions
+    /// `[prefix_len, seq_len)`, after `prefix` at positions `[0, prefix.len())` when the row is
+    /// new and takes a matched prefix (the batch flow writes the host table itself). An
+    /// allocator that keeps a copy of the table, such as a device stager, writes its copy in the
+    /// same step. The default ignores `rows` without iterating it, so it costs nothing.
+    fn alloc_extend_rows<'a>(
         &mut self,
         reqs: &[ExtendShape],
-        rows: impl Iterator<Item = ReqRow>,
+        rows: impl Iterator<Item = ExtendRow<'a>>,
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError>
     where

@@ -347,7 +347,8 @@ pub(crate) fn unmark_decode<M: PageMath>(math: M, state: &mut [PageState], slots
 /// each request's last slot from `table`, writes its new slot there and to `out` (the next slot
 /// of its page, or the first slot of the next page of `free` when the token opens one, 0 when
 /// `free` is short), and returns how many pages it opened. Checks nothing but the bounds of
-/// `table`; takes nothing from `free`.
+/// `table`; takes nothing from `free`. `on_write` is told each write's flat table index and
+/// slot as it is made (a stager copies the step for the device in this same pass).
 #[inline]
 pub(crate) fn fill_trusted_decode<M: PageMath>(
     math: M,
@@ -355,6 +356,7 @@ pub(crate) fn fill_trusted_decode<M: PageMath>(
     reqs: impl ExactSizeIterator<Item = DecodeRow>,
     table: TableEntries<'_>,
     out: &mut Vec<KvSlot>,
+    mut on_write: impl FnMut(usize, KvSlot),
 ) -> usize {
     let start = out.len();
     out.resize(start + reqs.len(), 0);
@@ -370,6 +372,7 @@ pub(crate) fn fill_trusted_decode<M: PageMath>(
             entries[position - 1] + 1
         };
         entries[position] = *slot;
+        on_write(position, *slot);
     }
     new_pages
 }

@@ -3,7 +3,7 @@
 use kvown_macros::owner;
 
 use super::{AllocFailure, ExtendPrepared, LastAllocation, Ready, ScheduleBatch};
-use crate::alloc::{ExtendShape, KvAllocator};
+use crate::alloc::{ExtendRow, ExtendShape, KvAllocator};
 use crate::cache::KvCache;
 use crate::error::KvError;
 use crate::slots::ReqRow;
@@ -116,9 +116,21 @@ pub fn alloc_for_extend<A: KvAllocator>(
     // The allocator appends to a cleared `out_cache_loc`; forgotten with it, the last
     // allocation's positions are not paired with its slots if the allocator refuses.
     batch.forget_out_cache_loc();
+    // A new row takes its matched prefix with the new slots, in the same allocator call.
+    let extend_rows = batch
+        .reqs
+        .iter()
+        .zip(&req_rows)
+        .map(|(req, &row)| ExtendRow {
+            row,
+            prefix: match req.kv().holds_kv() {
+                true => &[],
+                false => &req.prefix_indices,
+            },
+        });
     if let Err(error) = cache.allocator.alloc_extend_rows(
         &batch.state.shapes,
-        req_rows.iter().copied(),
+        extend_rows,
         &mut batch.out_cache_loc,
     ) {
         return Err(batch.fail(error.into()));
@@ -149,7 +161,6 @@ pub fn alloc_for_extend<A: KvAllocator>(
             .expect("the row is held by this request");
         if fresh {
             table[..shape.prefix_len].copy_from_slice(&req.prefix_indices);
-            cache.allocator.row_written(row, 0, &req.prefix_indices);
             req.prefix_indices.clear();
         }
         table[shape.prefix_len..shape.seq_len]

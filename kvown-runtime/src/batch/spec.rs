@@ -4,7 +4,7 @@
 use kvown_macros::owner;
 
 use super::{AllocFailure, Ready, ScheduleBatch, SpecPrepared};
-use crate::alloc::{ExtendShape, KvAllocator};
+use crate::alloc::{ExtendRow, ExtendShape, KvAllocator};
 use crate::cache::KvCache;
 use crate::error::KvError;
 
@@ -102,10 +102,12 @@ pub fn alloc_for_spec_decode<A: KvAllocator>(
         return Err(batch.fail(error));
     }
     let mut slots = Vec::new();
-    let rows = batch.reqs.iter().map(|req| {
-        req.kv()
+    let rows = batch.reqs.iter().map(|req| ExtendRow {
+        row: req
+            .kv()
             .req_pool_idx()
-            .expect("checked by prepare_for_spec_decode")
+            .expect("checked by prepare_for_spec_decode"),
+        prefix: &[],
     });
     if let Err(error) = cache
         .allocator

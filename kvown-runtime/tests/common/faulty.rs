@@ -9,8 +9,8 @@ use std::cell::Cell;
 use std::rc::Rc;
 
 use kvown_runtime::alloc::{
-    AllocError, AsPageAllocator, DecodeRow, DecodeShape, ExtendShape, KvAllocator, KvSlot,
-    PageAllocator, PageId, TrustedDecodeRows,
+    AllocError, AsPageAllocator, DecodeRow, DecodeShape, ExtendRow, ExtendShape, KvAllocator,
+    KvSlot, PageAllocator, PageId, TrustedDecodeRows,
 };
 use kvown_runtime::slots::{ReqRow, ReqToTokenPool};
 
@@ -253,10 +253,10 @@ impl<A: KvAllocator> KvAllocator for Faulty<A> {
         self.inner.alloc_page_ids(num_pages, out)
     }
 
-    fn alloc_extend_rows(
+    fn alloc_extend_rows<'a>(
         &mut self,
         reqs: &[ExtendShape],
-        rows: impl Iterator<Item = ReqRow>,
+        rows: impl Iterator<Item = ExtendRow<'a>>,
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
         self.extend_with_fault(reqs, out, |inner, out| {

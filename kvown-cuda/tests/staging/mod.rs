@@ -1,19 +1,22 @@
-//! The device mirror under the real batch flow: a `KvCache<MirroredAllocator<_>>` whose device
-//! half is the `alloc.cu` kernels compiled as host C++ (and the GPU, where one works), driven by
-//! seeded random steps: admission with shared prefixes, re-admission and chunked prefill
-//! (`init_next_round_input`, `prepare_for_extend` / `alloc_for_extend`, `cache_unfinished_req`),
-//! plain or speculative decode (`check_decode_mem` with `retract_decode`, or unchecked so that it
-//! runs out of memory), finish, abort, grouped release, eviction, and requests dropped without
-//! their release and reclaimed (`reclaim_leaks`), with the prefix cache on and off, over
-//! page sizes 1 (both reuse orders), 16 and 64.
+//! The staged allocator under the real batch flow: a `KvCache<StagedAllocator<_, _>>` whose
+//! link ships each call's packet to the `scatter.cu` kernel compiled as host C++ (and to the
+//! GPU, where one works), driven by seeded random steps: admission with shared prefixes,
+//! re-admission and chunked prefill (`init_next_round_input`, `prepare_for_extend` /
+//! `alloc_for_extend`, `cache_unfinished_req`), plain or speculative decode (`check_decode_mem`
+//! with `retract_decode`, or unchecked so that it runs out of memory), finish, abort, grouped
+//! release, eviction, and requests dropped without their release and reclaimed
+//! (`reclaim_leaks`), with the prefix cache on and off, over page sizes 1 (both reuse orders),
+//! 16 and 64, with decode graphs' fixed layout and without, and with a device that runs behind
+//! the host through a ring of two slots.
 //!
-//! After every step the device free list, the device row of every request holding KV and the
-//! last device `out_cache_loc` must equal the host's, and the invariant checker must pass; a
-//! refused allocation must leave the host and the whole device table exactly as they were.
+//! After every step the device row of every request holding KV and the last device
+//! `out_cache_loc` must equal the host's, and the invariant checker must pass; a refused
+//! allocation must leave the host, the device table and the ring exactly as they were.
 
-use kvown_cuda::{CudaError, DeviceAllocOps, MirrorError, MirroredAllocator};
+use kvown_cuda::staging::{ReadBack, StagingStats, default_slot_words};
+use kvown_cuda::{CudaStepLink, StagedAllocator, StagingError};
 use kvown_runtime::alloc::{
-    DecodeShape, ExtendShape, KvAllocator, KvSlot, Lifo, PageAllocator, PageId, PagedAllocator,
+    DecodeShape, ExtendRow, ExtendShape, KvAllocator, KvSlot, Lifo, PageAllocator, PagedAllocator,
     ReuseOrder, TokenAllocator,
 };
 use kvown_runtime::batch::{
@@ -29,14 +32,66 @@ use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
 use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
 
-use super::{EmulatedAllocator, MakeDevice, OnGpu, OnHost, Rng, device};
+use super::emulator::{EmulatedLink, Pace};
+use super::{OnGpu, OnHost, Rng, device, or_skip};
 
 /// Request rows of the table (row 0, padding, comes on top).
 const ROWS: usize = 8;
 /// Positions per request row.
 const WIDTH: usize = 192;
 
-/// One scenario: the pool, the reuse order, the prefix cache, plain or speculative decode.
+/// Builds the links under test: the GPU's, or the emulated kernels at a pace.
+trait MakeLink {
+    type Link: ReadBack;
+    /// A link of `depth` slots of `slot_words` words for a table of `ROWS + 1` rows of
+    /// `WIDTH`, laying decode packets of up to `graph` requests out for a graph; `None`, with
+    /// a skip notice, where it cannot run.
+    fn make(&self, depth: usize, slot_words: usize, graph: Option<usize>) -> Option<Self::Link>;
+}
+
+impl MakeLink for OnGpu {
+    type Link = CudaStepLink;
+
+    fn make(&self, depth: usize, slot_words: usize, graph: Option<usize>) -> Option<Self::Link> {
+        let mut link = CudaStepLink::new(self.0.clone(), depth, slot_words, ROWS + 1, WIDTH)
+            .expect("a device link");
+        if let Some(batch) = graph {
+            link.capture_decode_graphs(batch).expect("decode graphs");
+        }
+        Some(link)
+    }
+}
+
+/// The emulated kernels, at a pace.
+struct Emulated(Pace);
+
+impl MakeLink for Emulated {
+    type Link = EmulatedLink;
+
+    fn make(&self, depth: usize, slot_words: usize, graph: Option<usize>) -> Option<Self::Link> {
+        let link = or_skip(EmulatedLink::new(
+            depth,
+            slot_words,
+            (ROWS + 1, WIDTH),
+            self.0,
+        ))?;
+        Some(match graph {
+            Some(batch) => link.with_decode_graphs(batch),
+            None => link,
+        })
+    }
+}
+
+impl MakeLink for OnHost {
+    type Link = EmulatedLink;
+
+    fn make(&self, depth: usize, slot_words: usize, graph: Option<usize>) -> Option<Self::Link> {
+        Emulated(Pace::Immediate).make(depth, slot_words, graph)
+    }
+}
+
+/// One scenario: the pool, the reuse order, the prefix cache, plain or speculative decode, the
+/// ring.
 #[derive(Debug, Clone, Copy)]
 struct Cfg {
     page_size: usize,
@@ -48,6 +103,13 @@ struct Cfg {
     spec_reserve: Option<usize>,
     /// Longest extend per request per step (chunked prefill).
     chunk: usize,
+    /// Ring slots.
+    depth: usize,
+    /// Decode packets laid out for graphs of this batch.
+    graph: Option<usize>,
+    /// Compare the device with the host every this many steps (each comparison reads the
+    /// device back, which lets a lagging device catch up).
+    check_every: usize,
     seed: u64,
 }
 
@@ -64,22 +126,24 @@ struct Counts {
     groups: usize,
     evicted: usize,
     reclaimed: usize,
+    ring_waits: u64,
 }
 
-/// Everything a refused allocation must leave as it was, on both sides.
+/// Everything a refused allocation must leave as it was.
 #[derive(Debug, PartialEq)]
 struct Snapshot<R: ReuseOrder> {
     host: PageAllocator<R>,
     host_table: ReqToTokenPool,
-    device_free: Vec<PageId>,
-    device_table: Vec<Vec<KvSlot>>,
+    /// `None` in steps that leave the device alone.
+    device_table: Option<Vec<Vec<KvSlot>>>,
     device_out: Option<Vec<KvSlot>>,
+    stats: StagingStats,
 }
 
-struct Sim<D: DeviceAllocOps> {
+struct Sim<R: ReuseOrder, L: ReadBack> {
     cfg: Cfg,
     rng: Rng,
-    cache: KvCache<MirroredAllocator<D>>,
+    cache: KvCache<StagedAllocator<R, L>>,
     running: ScheduleBatch,
     /// Chunked prefills between chunks (they hold KV).
     chunking: Vec<Req>,
@@ -88,13 +152,15 @@ struct Sim<D: DeviceAllocOps> {
     next_rid: u64,
     /// The host's slots of the last allocation, in `out_cache_loc` order.
     host_out: Option<Vec<KvSlot>>,
+    /// Whether this step reads the device back.
+    device_checks: bool,
     counts: Counts,
 }
 
-impl<D: DeviceAllocOps> Sim<D> {
-    fn new(cfg: Cfg, host: PageAllocator<D::Order>, half: D) -> Self {
+impl<R: ReuseOrder, L: ReadBack> Sim<R, L> {
+    fn new(cfg: Cfg, host: PageAllocator<R>, link: L) -> Self {
         let table = ReqToTokenPool::new(ROWS, WIDTH).unwrap();
-        let mirror = MirroredAllocator::new(host, half, &table).unwrap();
+        let staged = StagedAllocator::new(host, link, &table).unwrap();
         let tree = if cfg.radix {
             TreeCache::Radix(RadixCache::new(cfg.page_size))
         } else {
@@ -103,22 +169,19 @@ impl<D: DeviceAllocOps> Sim<D> {
         Sim {
             cfg,
             rng: Rng(cfg.seed),
-            cache: KvCache::new(mirror, table, tree).unwrap(),
+            cache: KvCache::new(staged, table, tree).unwrap(),
             running: ScheduleBatch::new(Vec::new()),
             chunking: Vec::new(),
             waiting: Vec::new(),
             next_rid: 1,
             host_out: None,
+            device_checks: true,
             counts: Counts::default(),
         }
     }
 
-    fn device(&self) -> &D {
-        self.cache.allocator().device()
-    }
-
-    /// The checker, then the device against the host: free list, the rows of `extra` and of
-    /// every request holding KV up to their allocated length, the last `out_cache_loc`.
+    /// The checker, then the device against the host: the rows of `extra` and of every
+    /// request holding KV up to their allocated length, the last `out_cache_loc`.
     fn compare(&self, extra: &[Req], what: &str) {
         let held = || {
             self.running
@@ -130,32 +193,36 @@ impl<D: DeviceAllocOps> Sim<D> {
         if let Err(violation) = self.cache.check(held()) {
             panic!("{what}: invariant broken: {violation}");
         }
-        let mirror = self.cache.allocator();
+        if !self.device_checks {
+            return;
+        }
         let rows = held().filter_map(|req| {
             let row = req.kv().req_pool_idx()?;
             Some((row, req.kv().kv_allocated_len()))
         });
-        if let Err(divergence) = mirror.verify(self.cache.req_to_token(), rows) {
+        let staged = self.cache.allocator();
+        let host_out = self.host_out.as_deref();
+        if let Err(divergence) = staged.verify(self.cache.req_to_token(), rows, host_out) {
             panic!("{what}: {divergence}");
         }
-        let device_out = mirror
-            .last_out_cache_loc()
-            .map(|slots| self.device().slots_to_host(slots).unwrap());
-        assert_eq!(device_out, self.host_out, "{what}: out_cache_loc");
     }
 
-    fn snapshot(&self) -> Snapshot<D::Order> {
-        let mirror = self.cache.allocator();
+    fn snapshot(&self) -> Snapshot<R> {
+        let staged = self.cache.allocator();
+        let link = staged.ring().link();
         Snapshot {
-            host: mirror.host().clone(),
+            host: staged.host().clone(),
             host_table: self.cache.req_to_token().clone(),
-            device_free: self.device().free_list().unwrap(),
-            device_table: (0..=ROWS)
-                .map(|row| self.device().read_row(row as u32, WIDTH).unwrap())
-                .collect(),
-            device_out: mirror
+            device_table: self.device_checks.then(|| {
+                (0..=ROWS)
+                    .map(|row| link.read_row(row, WIDTH).unwrap())
+                    .collect()
+            }),
+            device_out: staged
                 .last_out_cache_loc()
-                .map(|slots| self.device().slots_to_host(slots).unwrap()),
+                .filter(|_| self.device_checks)
+                .map(|out| link.read_out(out.slot, out.len).unwrap()),
+            stats: staged.stats(),
         }
     }
 
@@ -472,6 +539,7 @@ impl<D: DeviceAllocOps> Sim<D> {
     fn run(mut self, steps: usize) -> Counts {
         self.compare(&[], "start");
         for step in 0..steps {
+            self.device_checks = step % self.cfg.check_every == 0;
             self.step();
             self.compare(&[], &format!("{:?} step {step}", self.cfg));
         }
@@ -483,15 +551,23 @@ impl<D: DeviceAllocOps> Sim<D> {
         }
         let capacity = self.cache.allocator().capacity();
         self.cache.evict_shortfall(capacity).unwrap();
+        self.device_checks = true;
         self.compare(&[], "drained");
+        self.counts.ring_waits = self.cache.allocator().stats().waits;
         assert_eq!(self.cache.available_size(), capacity, "every page is back");
         self.counts
     }
 }
 
 /// Every scenario: page sizes 1 (LIFO and FIFO), 16 and 64, prefix cache on and off, plain and
-/// speculative decode.
-fn scenarios(halves: &impl MakeDevice, seeds: std::ops::RangeInclusive<u64>, steps: usize) {
+/// speculative decode, rings of 2 to 4 slots with and without decode graphs; the device
+/// compared with the host every `check_every` steps. Returns the total counts.
+fn scenarios(
+    links: &impl MakeLink,
+    seeds: std::ops::RangeInclusive<u64>,
+    steps: usize,
+    check_every: usize,
+) -> Counts {
     let mut total = Counts::default();
     for seed in seeds {
         for (page_size, pages, fifo) in [
@@ -502,6 +578,8 @@ fn scenarios(halves: &impl MakeDevice, seeds: std::ops::RangeInclusive<u64>, ste
         ] {
             for radix in [true, false] {
                 for spec_reserve in [None, Some(6)] {
+                    let ring = [(3, None), (2, Some(ROWS)), (4, Some(ROWS / 2))];
+                    let (depth, graph) = ring[(seed as usize + usize::from(radix)) % 3];
                     let cfg = Cfg {
                         page_size,
                         pages,
@@ -509,10 +587,13 @@ fn scenarios(halves: &impl MakeDevice, seeds: std::ops::RangeInclusive<u64>, ste
                         radix,
                         spec_reserve,
                         chunk: [64, 24, 200][seed as usize % 3],
+                        depth,
+                        graph,
+                        check_every,
                         seed: seed * 1_000 + page_size as u64,
                     };
-                    let Some(counts) = run_scenario(halves, cfg, steps) else {
-                        return;
+                    let Some(counts) = run_scenario(links, cfg, steps) else {
+                        return total;
                     };
                     println!("{cfg:?}: {counts:?}");
                     total.extends += counts.extends;
@@ -524,6 +605,7 @@ fn scenarios(halves: &impl MakeDevice, seeds: std::ops::RangeInclusive<u64>, ste
                     total.groups += counts.groups;
                     total.evicted += counts.evicted;
                     total.reclaimed += counts.reclaimed;
+                    total.ring_waits += counts.ring_waits;
                 }
             }
         }
@@ -542,394 +624,166 @@ fn scenarios(halves: &impl MakeDevice, seeds: std::ops::RangeInclusive<u64>, ste
     ] {
         assert!(count > 0, "no {path}: the scenarios miss a path");
     }
+    total
 }
 
-fn run_scenario(halves: &impl MakeDevice, cfg: Cfg, steps: usize) -> Option<Counts> {
+fn run_scenario(links: &impl MakeLink, cfg: Cfg, steps: usize) -> Option<Counts> {
     let size = cfg.pages * cfg.page_size;
-    if cfg.fifo {
-        let half = halves.make(size, 1, ROWS + 1, WIDTH)?;
+    let slot_words = default_slot_words(size, ROWS + 1, cfg.graph.unwrap_or(0));
+    let link = links.make(cfg.depth, slot_words, cfg.graph)?;
+    Some(if cfg.fifo {
         let host = TokenAllocator::new(size, false).unwrap();
-        Some(Sim::new(cfg, host, half).run(steps))
+        Sim::new(cfg, host, link).run(steps)
     } else {
-        let half = halves.make(size, cfg.page_size, ROWS + 1, WIDTH)?;
         let host = PagedAllocator::new(size, cfg.page_size, false).unwrap();
-        Some(Sim::new(cfg, host, half).run(steps))
-    }
+        Sim::new(cfg, host, link).run(steps)
+    })
 }
 
 #[test]
-fn emulated_mirror_follows_the_host_through_the_batch_flow() {
-    scenarios(&OnHost, 1..=2, 150);
+fn emulated_device_follows_the_host_through_the_batch_flow() {
+    scenarios(&OnHost, 1..=2, 150, 1);
+}
+
+/// A device that runs behind the host: packets queue until the host waits for a slot or
+/// reads the device back, so the ring wraps with every slot in flight and the host waits.
+#[test]
+fn emulated_device_running_behind_follows_the_host() {
+    let total = scenarios(&Emulated(Pace::Lagging), 3..=4, 120, 8);
+    assert!(total.ring_waits > 0, "the host never ran a ring ahead");
 }
 
 #[test]
-fn gpu_mirror_follows_the_host_through_the_batch_flow() {
+fn gpu_device_follows_the_host_through_the_batch_flow() {
     let Some(device) = device() else { return };
-    scenarios(&OnGpu(device), 1..=3, 200);
+    scenarios(&OnGpu(device), 1..=3, 200, 1);
 }
 
-/// A mirror outside a cache against its host: free lists, the last `out_cache_loc`, and row 1
-/// untouched (these calls have no rows).
-fn assert_follows<D: DeviceAllocOps>(mirror: &MirroredAllocator<D>, out: &[KvSlot], what: &str) {
-    let device = mirror.device();
-    let host_free: Vec<PageId> = mirror.host().free_pages().collect();
-    assert_eq!(device.free_list().unwrap(), host_free, "{what}: free lists");
-    let last = mirror.last_out_cache_loc().expect("an allocation happened");
-    assert_eq!(
-        device.slots_to_host(last).unwrap(),
-        out,
-        "{what}: out_cache_loc"
-    );
-    assert_eq!(
-        device.read_row(1, 16).unwrap(),
-        [0; 16],
-        "{what}: no row is written"
-    );
+/// A staged allocator outside a cache, over `pages` pages of 4 slots (with `need_sort` as
+/// given) and a table of `ROWS` rows, on emulated kernels at `pace` with a ring of `depth`.
+fn raw_staged(
+    need_sort: bool,
+    pace: Pace,
+    depth: usize,
+) -> Option<(StagedAllocator<Lifo, EmulatedLink>, ReqToTokenPool)> {
+    let table = ReqToTokenPool::new(ROWS, WIDTH).unwrap();
+    let host = PagedAllocator::new(64 * 4, 4, need_sort).unwrap();
+    let link = Emulated(pace).make(depth, default_slot_words(256, ROWS + 1, 0), None)?;
+    Some((StagedAllocator::new(host, link, &table).unwrap(), table))
 }
 
-/// The calls the batch flow does not make: a plain `alloc` (an extend with no row), an extend
-/// and a decode without rows, frees in the host's three orders: segments in row order
-/// (unsorted), a free group (sorted at its end) and a plain free (sorted), and an allocation
-/// and a free by page ids.
-fn rowless_calls_follow_the_host(halves: &impl MakeDevice) {
-    let page_size = 4;
-    let table = ReqToTokenPool::new(2, 16).unwrap();
-    let Some(half) = halves.make::<Lifo>(64, page_size, 3, 16) else {
+/// The calls the batch flow does not make ship their `out_cache_loc` alone; frees and page-id
+/// allocations ship nothing. A `need_sort` host is staged like any other (the device keeps no
+/// free list to follow it).
+#[test]
+fn rowless_calls_ship_their_out_cache_loc_and_frees_ship_nothing() {
+    let Some((mut staged, table)) = raw_staged(true, Pace::Immediate, 3) else {
         return;
     };
-    let host = PagedAllocator::new(64, page_size, false).unwrap();
-    let mut mirror = MirroredAllocator::new(host, half, &table).unwrap();
+    let shipped = |staged: &StagedAllocator<Lifo, EmulatedLink>| staged.stats().packets;
     let mut whole = Vec::new();
-    mirror.alloc(3 * page_size, &mut whole).unwrap();
-    assert_follows(&mirror, &whole, "alloc");
-    let mut extended = Vec::new();
+    staged.alloc(8, &mut whole).unwrap();
+    staged
+        .verify(&table, std::iter::empty(), Some(&whole))
+        .unwrap();
     let extend = [0, 0].map(|_| ExtendShape {
         prefix_len: 0,
         seq_len: 6,
         last_loc: None,
     });
-    mirror.alloc_extend(&extend, &mut extended).unwrap();
-    assert_follows(&mirror, &extended, "alloc_extend");
+    let mut extended = Vec::new();
+    staged.alloc_extend(&extend, &mut extended).unwrap();
+    staged
+        .verify(&table, std::iter::empty(), Some(&extended))
+        .unwrap();
     let decode = [DecodeShape {
         seq_len: 7,
         last_loc: extended[5],
     }];
     let mut decoded = Vec::new();
-    mirror.alloc_decode(&decode, &mut decoded).unwrap();
-    assert_follows(&mirror, &decoded, "alloc_decode");
-    // The second request's pages, then the first's: not sorted.
-    mirror
-        .free_segments(&[(&extended[6..], 0), (&extended[..6], 0)])
+    staged.alloc_decode(&decode, &mut decoded).unwrap();
+    staged
+        .verify(&table, std::iter::empty(), Some(&decoded))
         .unwrap();
-    assert_follows(&mirror, &decoded, "free_segments");
-    mirror.free_group_begin().unwrap();
-    mirror.free(&whole[8..]).unwrap();
-    mirror.free(&whole[..4]).unwrap();
-    mirror.free_group_end().unwrap();
-    assert_follows(&mirror, &decoded, "free group");
-    mirror.free(&whole[4..8]).unwrap();
-    assert_follows(&mirror, &decoded, "free");
-    // Page ids: the provided method allocates through `alloc`, which the mirror follows.
+    assert_eq!(shipped(&staged), 3);
+    staged.free(&whole).unwrap();
+    staged.free_segments(&[(&extended[6..], 0)]).unwrap();
     let mut pages = Vec::new();
-    mirror.alloc_page_ids(2, &mut pages).unwrap();
-    let slots: Vec<KvSlot> = pages
-        .iter()
-        .flat_map(|&page| page * page_size as KvSlot..(page + 1) * page_size as KvSlot)
-        .collect();
-    assert_follows(&mirror, &slots, "alloc_page_ids");
-    mirror.free_page_ids(&pages).unwrap();
-    assert_follows(&mirror, &slots, "free_page_ids");
-    assert_eq!(mirror.available_size(), 64);
+    staged.alloc_page_ids(2, &mut pages).unwrap();
+    staged.free_page_ids(&pages).unwrap();
+    assert_eq!(shipped(&staged), 3, "frees and page ids ship nothing");
+    assert_eq!(
+        staged.ring().link().read_row(1, 16).unwrap(),
+        [0; 16],
+        "rowless calls write no row"
+    );
 }
 
-#[test]
-fn emulated_rowless_calls_follow_the_host() {
-    rowless_calls_follow_the_host(&OnHost);
-}
-
-#[test]
-fn gpu_rowless_calls_follow_the_host() {
-    let Some(device) = device() else { return };
-    rowless_calls_follow_the_host(&OnGpu(device));
-}
-
-/// A mirror is refused, with the reason, where the device half could not follow the host.
-#[test]
-fn mirror_refuses_what_it_cannot_follow() {
-    let table = ReqToTokenPool::new(ROWS, WIDTH).unwrap();
-    let half = || OnHost.make::<Lifo>(64, 4, ROWS + 1, WIDTH);
-    let Some(fresh) = half() else { return };
-    let need_sort = PagedAllocator::new(64, 4, true).unwrap();
-    assert!(matches!(
-        MirroredAllocator::new(need_sort, fresh, &table),
-        Err(MirrorError::NeedSort)
-    ));
-
-    let mut used = PagedAllocator::new(64, 4, false).unwrap();
-    used.alloc(4, &mut Vec::new()).unwrap();
-    assert!(matches!(
-        MirroredAllocator::new(used, half().unwrap(), &table),
-        Err(MirrorError::HostInUse {
-            free_pages: 15,
-            num_pages: 16,
-            in_free_group: false
-        })
-    ));
-
-    let other_pages = PagedAllocator::new(64, 16, false).unwrap();
-    assert!(matches!(
-        MirroredAllocator::new(other_pages, half().unwrap(), &table),
-        Err(MirrorError::PoolMismatch {
-            host_page_size: 16,
-            device_page_size: 4,
-            ..
-        })
-    ));
-
-    let wider = ReqToTokenPool::new(ROWS, WIDTH + 1).unwrap();
-    let host = || PagedAllocator::new(64, 4, false).unwrap();
-    assert!(matches!(
-        MirroredAllocator::new(host(), half().unwrap(), &wider),
-        Err(MirrorError::TableTooSmall {
-            rows: 9,
-            row_len: 193,
-            ..
-        })
-    ));
-
-    let mut busy = half().unwrap();
-    let shape = ExtendShape {
-        prefix_len: 0,
-        seq_len: 4,
-        last_loc: None,
-    };
-    DeviceAllocOps::alloc_extend(&mut busy, &[shape], &[kvown_cuda::NO_ROW]).unwrap();
-    assert!(matches!(
-        MirroredAllocator::new(host(), busy, &table),
-        Err(MirrorError::DeviceInUse {
-            free_pages: 15,
-            num_pages: 16
-        })
-    ));
-}
-
-/// A batch whose rows the device table lacks, or that writes past their width, is a caller bug:
-/// it panics before the host (or the device) changes (the width was checked only by the device
-/// replay, after the host had allocated).
+/// A batch whose rows the device table lacks, or that writes past their width, is a caller
+/// bug: it panics before the host changes or anything is shipped.
 #[test]
 fn rows_outside_the_device_table_panic_before_anything_changes() {
-    let table = ReqToTokenPool::new(ROWS, WIDTH).unwrap();
-    let Some(half) = OnHost.make::<Lifo>(1024, 4, ROWS + 1, WIDTH) else {
+    let Some((mut staged, _table)) = raw_staged(false, Pace::Immediate, 3) else {
         return;
     };
-    let host = PagedAllocator::new(1024, 4, false).unwrap();
-    let mut mirror = MirroredAllocator::new(host, half, &table).unwrap();
     let shape = |seq_len| ExtendShape {
         prefix_len: 0,
         seq_len,
         last_loc: None,
     };
-    let before: Vec<PageId> = mirror.host().free_pages().collect();
-    let outside = ROWS + 1;
-    for (row, seq_len) in [(outside, 8), (1, WIDTH + 4)] {
+    let before = staged.host().clone();
+    for (row, seq_len) in [(ROWS + 1, 8), (1, WIDTH + 4)] {
+        let rows = [ExtendRow { row, prefix: &[] }];
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            mirror.alloc_extend_rows(&[shape(seq_len)], [row].into_iter(), &mut Vec::new())
+            staged.alloc_extend_rows(&[shape(seq_len)], rows.into_iter(), &mut Vec::new())
         }));
         assert!(result.is_err(), "row {row} up to {seq_len} must be refused");
-        assert_eq!(mirror.host().free_pages().collect::<Vec<_>>(), before);
-        assert_eq!(mirror.device().available_size(), 1024);
+        assert_eq!(staged.host(), &before);
+        assert_eq!(staged.stats().packets, 0);
     }
-}
-
-/// A mirror on the emulated kernels.
-type EmulatedMirror = MirroredAllocator<EmulatedAllocator<Lifo>>;
-
-/// A mirror over 16 pages of 4 slots on the emulated kernels (a table of 2 rows of 16) with 8
-/// slots allocated: the mirror, those slots and the host's free list after them (`None` when
-/// the emulated kernels cannot be built).
-fn mirror_with_two_pages_held() -> Option<(EmulatedMirror, Vec<KvSlot>, Vec<PageId>)> {
-    let table = ReqToTokenPool::new(2, 16).unwrap();
-    let half = OnHost.make::<Lifo>(64, 4, 3, 16)?;
-    let host = PagedAllocator::new(64, 4, false).unwrap();
-    let mut mirror = MirroredAllocator::new(host, half, &table).unwrap();
-    let mut held = Vec::new();
-    mirror.alloc(8, &mut held).unwrap();
-    let before = mirror.host().free_pages().collect();
-    Some((mirror, held, before))
-}
-
-/// The device computes an extend's positions, rounded up to a page, in u32: a rowless extend
-/// near u32::MAX is refused before the host allocates (the kernel wrapped and handed out a
-/// slot of a page already in use).
-#[test]
-fn a_rowless_extend_past_the_devices_position_range_panics_before_anything_changes() {
-    let Some((mut mirror, held, before)) = mirror_with_two_pages_held() else {
-        return;
-    };
-    let prefix_len = u32::MAX as usize - 1;
-    let shape = ExtendShape {
-        prefix_len,
-        seq_len: prefix_len + 1,
-        last_loc: Some(held[1]),
-    };
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        mirror.alloc_extend(&[shape], &mut Vec::new())
+        staged.row_written(ROWS + 1, 0, &[4])
     }));
-    assert!(result.is_err(), "the extend must be refused");
-    assert_eq!(mirror.host().free_pages().collect::<Vec<_>>(), before);
-    assert_eq!(mirror.device().available_size(), 56);
+    assert!(
+        result.is_err(),
+        "a row write outside the table must be refused"
+    );
+    assert_eq!(staged.stats().packets, 0);
 }
 
-/// An allocation past the device's `u32` positions that the host refuses anyway (it needs more
-/// pages than are free) gets the host's error, as from the host alone, not the panic kept for
-/// allocations the host would make.
+/// Three row writes through a ring of two slots on a device that has run none of them: the
+/// third needs slot 0 again. With the slot's event the host waits for the device first, and
+/// the device ends up with every write; a link without events lets the host overwrite slot 0
+/// before its copy ran, and the device loses the first write.
 #[test]
-fn allocations_the_host_refuses_are_errors_whatever_their_positions() {
-    use kvown_runtime::alloc::AllocError;
-    let table = ReqToTokenPool::new(2, 16).unwrap();
-    let Some(half) = OnHost.make::<Lifo>(64, 4, 3, 16) else {
+fn a_ring_slot_is_rewritten_only_after_its_copy_ran() {
+    let Some((mut guarded, mut table)) = raw_staged(false, Pace::Lagging, 2) else {
         return;
     };
-    let host = PagedAllocator::new(64, 4, false).unwrap();
-    let mut mirror = MirroredAllocator::new(host, half, &table).unwrap();
-    let huge = 1 << 40;
-    assert!(matches!(
-        mirror.alloc(huge, &mut Vec::new()),
-        Err(AllocError::OutOfMemory { .. })
-    ));
-    let shape = ExtendShape {
-        prefix_len: 0,
-        seq_len: huge,
-        last_loc: None,
-    };
-    assert!(matches!(
-        mirror.alloc_extend(&[shape], &mut Vec::new()),
-        Err(AllocError::OutOfMemory { .. })
-    ));
-    // Decodes past u32 positions with a last slot in no held page, or at the wrong offset.
-    let decode = |last_loc| DecodeShape {
-        seq_len: u32::MAX as usize + 2,
-        last_loc,
-    };
-    assert!(matches!(
-        mirror.alloc_decode(&[decode(7)], &mut Vec::new()),
-        Err(AllocError::LastLocNotAllocated { .. })
-    ));
-    let mut held = Vec::new();
-    mirror.alloc(4, &mut held).unwrap();
-    assert!(matches!(
-        mirror.alloc_decode(&[decode(held[0])], &mut Vec::new()),
-        Err(AllocError::LastLocMismatch { .. })
-    ));
-    assert_eq!(mirror.device().available_size(), 60);
-    assert_eq!(mirror.host().free_page_count(), 15);
-}
-
-/// A rowless decode's position is a `u32` on the device too: a decode to position `u32::MAX`
-/// or past it, which the host accepts (it opens a page here), is refused before the host
-/// allocates (the device planner refused it after the host had taken the page, so the replay
-/// panicked with the two halves apart).
-#[test]
-fn a_rowless_decode_past_the_devices_position_range_panics_before_anything_changes() {
-    let Some((mut mirror, held, before)) = mirror_with_two_pages_held() else {
-        return;
-    };
-    // `seq_len - 1` stored tokens fill whole pages: the new token opens one.
-    let shape = DecodeShape {
-        seq_len: u32::MAX as usize + 2,
-        last_loc: held[3],
-    };
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        mirror.alloc_decode(&[shape], &mut Vec::new())
-    }));
-    let message = result.expect_err("the decode must be refused");
-    let message = message
-        .downcast_ref::<String>()
-        .map(String::as_str)
-        .unwrap_or_default();
-    assert!(!message.contains("device mirror lost"), "{message}");
-    assert_eq!(mirror.host().free_pages().collect::<Vec<_>>(), before);
-    assert_eq!(mirror.device().available_size(), 56);
-}
-
-/// A device row write or read past a row is refused with the row's bounds, also when its end
-/// is past `usize` (it overflowed: a panic in debug builds, a wrapped end that passed the
-/// check in release builds).
-#[test]
-fn device_row_ranges_past_usize_are_refused() {
-    let Some(mut half) = OnHost.make::<Lifo>(64, 4, 3, 16) else {
-        return;
-    };
-    for start in [17, usize::MAX] {
-        assert!(
-            matches!(
-                half.write_row(1, start, &[5]),
-                Err(CudaError::RowOverflow { row_len: 16, .. })
-            ),
-            "{start}"
-        );
+    let rows = table.alloc(3).unwrap();
+    let slots = |row: usize| [10 * row as KvSlot, 10 * row as KvSlot + 1];
+    for &row in &rows {
+        table.write(row, 0, &slots(row)).unwrap();
     }
-    assert!(matches!(
-        half.read_row(1, 17),
-        Err(CudaError::RowOverflow { row_len: 16, .. })
-    ));
-    half.write_row(2, 15, &[7]).unwrap();
-    assert_eq!(half.read_row(2, 16).unwrap()[15], 7);
-}
-
-/// `verify` reports the first slot where a device row and the host's differ.
-#[test]
-fn verify_reports_a_row_that_differs() {
-    let mut table = ReqToTokenPool::new(ROWS, WIDTH).unwrap();
-    let Some(half) = OnHost.make::<Lifo>(64, 4, ROWS + 1, WIDTH) else {
-        return;
+    let write = |staged: &mut StagedAllocator<Lifo, EmulatedLink>| {
+        for &row in &rows {
+            staged.row_written(row, 0, &slots(row));
+        }
     };
-    let host = PagedAllocator::new(64, 4, false).unwrap();
-    let mut mirror = MirroredAllocator::new(host, half, &table).unwrap();
-    let row = table.alloc(1).unwrap()[0];
-    let shape = ExtendShape {
-        prefix_len: 0,
-        seq_len: 6,
-        last_loc: None,
-    };
-    let mut out = Vec::new();
-    mirror
-        .alloc_extend_rows(&[shape], [row].into_iter(), &mut out)
+    write(&mut guarded);
+    assert_eq!(guarded.stats().waits, 1, "the host waited once");
+    guarded
+        .verify(&table, rows.iter().map(|&row| (row, 2)), None)
         .unwrap();
-    table.write(row, 0, &out).unwrap();
-    mirror.verify(&table, [(row, 6)]).unwrap();
-    let mut changed = out.clone();
-    changed[4] += 1;
-    table.write(row, 0, &changed).unwrap();
-    assert!(matches!(
-        mirror.verify(&table, [(row, 6)]),
-        Err(MirrorError::RowDiverged { position: 4, .. })
-    ));
-}
 
-/// A device half with every page back, but not in the order it handed them out, is refused
-/// with the first place where its free list and the host's part (it was accepted: both counts
-/// were full, and its next allocation took page 2 where the host took page 1).
-#[test]
-fn a_device_with_its_pages_back_in_another_order_is_refused() {
-    let table = ReqToTokenPool::new(ROWS, WIDTH).unwrap();
-    let Some(mut half) = OnHost.make::<Lifo>(64, 4, ROWS + 1, WIDTH) else {
-        return;
-    };
-    let shape = ExtendShape {
-        prefix_len: 0,
-        seq_len: 8,
-        last_loc: None,
-    };
-    half.alloc_extend(&[shape], &[kvown_cuda::NO_ROW]).unwrap();
-    half.free_pages(&[2, 1]).unwrap();
-    let host = PagedAllocator::new(64, 4, false).unwrap();
-    assert!(matches!(
-        MirroredAllocator::new(host, half, &table),
-        Err(MirrorError::FreeListDiverged {
-            position: 0,
-            host: Some(1),
-            device: Some(2)
-        })
-    ));
+    let (mut unguarded, _) = raw_staged(false, Pace::LaggingWithoutEvents, 2).unwrap();
+    write(&mut unguarded);
+    assert_eq!(unguarded.stats().waits, 0);
+    let error = unguarded
+        .verify(&table, rows.iter().map(|&row| (row, 2)), None)
+        .unwrap_err();
+    assert!(
+        matches!(error, StagingError::RowDiverged { row, .. } if row == rows[0]),
+        "{error}"
+    );
 }
