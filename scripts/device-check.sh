@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Device check for kvown-cuda, for a machine with an NVIDIA GPU: the NVRTC compile test, every
-# GPU test (`gpu_*`: the CUDA allocator, the K/V pool and the device mirror under the real batch
-# flow, each against the CPU), the engine end to end on CUDA with the invariant checker and the
-# mirror verification after every step, the engine timed without those checks, the kernel timing
-# table, each timed kernel's own device time (Nsight Compute) and compute-sanitizer memcheck over
-# the GPU tests (both where the runtime lets them read the device). Every stage runs even when
+# GPU test (`gpu_*`: the K/V pool, and the staged allocator's device table and out_cache_loc
+# under the real batch flow, with and without decode graphs, each against the CPU), the engine
+# end to end on CUDA with the invariant checker and the device table's verification after every
+# step, the engine timed on CUDA and on the CPU in the same run (the CUDA median must be within
+# 5 us of the CPU's), the kernel timing table (decode step with graph and with copy + launch,
+# extend, store_kv, copy_pages), the scatter's and store_kv's own device time (Nsight Compute)
+# and compute-sanitizer memcheck over the GPU tests (both where the runtime lets them read the
+# device). Every stage runs even when
 # an earlier one fails (one device session should bring back as much as it can); the script
 # fails at the end if any stage failed, or if a GPU test printed "skipped:" (then the GPU path
 # did not run and nothing was verified).
@@ -46,12 +49,30 @@ limit() {
 # count would otherwise be spent on the first kernels the program launches.
 kernel_durations() {
     local kernel rc=0
-    for kernel in alloc_decode alloc_extend free_pages_write store_kv_w16; do
+    for kernel in scatter_step store_kv_w16; do
         limit 60 ncu --clock-control none --metrics gpu__time_duration.sum \
             -k "regex:^${kernel}\$" --launch-count 3 "$1" >"${tests_log}.ncu" 2>&1 || rc=1
         grep -E "^  ${kernel} |gpu__time_duration" "${tests_log}.ncu" || rc=1
     done
     return $rc
+}
+
+# The engine timed on CUDA and on the CPU, one after the other (`$1`: the engine), each median
+# kvown time per step printed; fails unless the CUDA median is at most the CPU's plus 5 us (one
+# copy and one launch per step). Both JSON summaries go to $OUT when it is set.
+engine_cuda_vs_cpu() {
+    local dir="${OUT:-$(mktemp -d)}" backend rc=0
+    for backend in cuda cpu; do
+        limit 120 "$1" --backend "$backend" --requests 1024 --json >"$dir/engine-$backend.json" || rc=1
+    done
+    [ $rc = 0 ] || return 1
+    python3 - "$dir/engine-cuda.json" "$dir/engine-cpu.json" <<'PY'
+import json, sys
+cuda, cpu = (json.load(open(path))["kvown_ns_per_step_median"] / 1e3 for path in sys.argv[1:])
+print(f"engine median kvown time per step: CUDA {cuda:.2f} us, CPU {cpu:.2f} us, "
+      f"difference {cuda - cpu:+.2f} us (target: at most +5 us)")
+sys.exit(0 if cuda <= cpu + 5 else 1)
+PY
 }
 
 # Runs the timing program `$1` once more, its JSON report to $OUT/kernel-timing.json.
@@ -127,10 +148,10 @@ main() {
     if grep -q 'skipped:' "$tests_log"; then
         failures+=("a GPU test was skipped (see 'skipped:' above): the GPU path did not run")
     fi
-    stage "engine on CUDA, checker and mirror verification every step" \
+    stage "engine on CUDA, checker and device table verification every step" \
         limit 120 "$examples/engine" --backend cuda --requests 256 --check
-    stage "engine on CUDA, timed (no per-step checks)" \
-        limit 120 "$examples/engine" --backend cuda --requests 1024
+    stage "engine on CUDA and on the CPU, timed (no per-step checks)" \
+        engine_cuda_vs_cpu "$examples/engine"
     stage "kernel timing" limit 120 "$examples/kernel_timing"
     if [ -n "${OUT:-}" ]; then
         stage "kernel timing as JSON (\$OUT/kernel-timing.json; a second run)" \

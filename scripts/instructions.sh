@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Instructions per unit of work of the W1_k1, W1p_k1, W2, W2c, W2e, W3 and W3c workloads,
-# counted by valgrind's callgrind: a figure that does not move with machine noise, for comparing
-# changes on a busy machine. Each workload runs twice under callgrind (`--repeats 1` and
-# `--repeats 2`); the difference is exactly one measurement (2^20 pages for W1_k1 and W1p_k1,
-# 2,000 steps for W2, W2c and W2e, 20 batches of 144,602 tokens for W3 and W3c), so setup and
+# Instructions per unit of work of the W1_k1, W1p_k1, W2, W2c, W2e, W2_staged, W2c_staged, D1024,
+# D1024_staged, W3 and W3c workloads, counted by valgrind's callgrind: a figure that does not
+# move with machine noise, for comparing changes on a busy machine. Each workload runs twice
+# under callgrind (`--repeats 1` and `--repeats 2`); the difference is exactly one measurement
+# (2^20 pages for W1_k1 and W1p_k1, 2,000 steps for W2, W2c, W2e and their staged forms, 256
+# steps for D1024 and D1024_staged, 20 batches of 144,602 tokens for W3 and W3c), so setup and
 # warm-up cancel out.
-# Needs valgrind; takes about 20 seconds.
+# Needs valgrind; takes about 30 seconds.
 # Caveat: callgrind counts every iteration of a `rep movsb` (glibc's large memmove) as one
 # instruction, so a change that swaps many small copies for one bulk move can count higher
 # while running faster; read such a change with the timings too.
@@ -21,6 +22,7 @@ collected() { # workload repeats -> instructions executed by the whole run
 }
 printf '%-8s %14s  %s\n' workload instructions unit
 for spec in "W1_k1 1048576 page" "W1p_k1 1048576 page" "W2 2000 step" "W2c 2000 step" "W2e 2000 step" \
+    "W2_staged 2000 step" "W2c_staged 2000 step" "D1024 256 step" "D1024_staged 256 step" \
     "W3 2892040 token" "W3c 2892040 token"; do
     read -r name units unit <<<"$spec"
     one="$(collected "$name" 1)"
