@@ -170,6 +170,12 @@ where
 ///
 /// Batched calls append to `out` (the batch's `out_cache_loc`) in request order and leave `out`
 /// untouched on error.
+///
+/// Four provided methods tell the allocator where the batch flow writes the request-to-token
+/// table: [`KvAllocator::alloc_extend_rows`], [`KvAllocator::alloc_decode_table`],
+/// [`KvAllocator::alloc_decode_trusted`] and [`KvAllocator::row_written`]. Their defaults cost
+/// nothing; an allocator that wraps another to keep a copy of the table (kvown-cuda's
+/// `StagedAllocator`, which ships each step's table writes to the GPU) overrides them.
 pub trait KvAllocator {
     /// Slots per page (1 for [`TokenAllocator`]).
     fn page_size(&self) -> usize;
@@ -277,7 +283,7 @@ pub trait KvAllocator {
     /// The iterator is cloned when the allocator needs a second look.
     ///
     /// The default reads the shapes, calls [`KvAllocator::alloc_decode`] and writes the
-    /// table; an allocator that keeps a copy of the table, such as a device mirror, writes its
+    /// table; an allocator that keeps a copy of the table, such as a device stager, writes its
     /// copy in the same step. (The batch flow calls [`KvAllocator::alloc_decode_trusted`], where
     /// the paged allocator reads and writes each row once.)
     fn alloc_decode_table<I>(
@@ -328,7 +334,7 @@ pub trait KvAllocator {
 }
 
 /// An allocator whose bookkeeping is a host [`PageAllocator`]: the allocator itself, or a
-/// wrapper that keeps one as its authoritative state (a device mirror). The invariant checker
+/// wrapper that keeps one as its authoritative state (the CUDA stager). The invariant checker
 /// ([`KvCache::check`](crate::cache::KvCache::check)) reads that state.
 pub trait AsPageAllocator {
     /// The reuse order of the host allocator.
