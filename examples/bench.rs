@@ -85,9 +85,9 @@ const WORKLOADS: [&str; 35] = [
 
 /// The targets: workload, comparison, bound. Each is a ratio of two workloads timed in
 /// alternation in the same run, or a count that does not depend on the machine, so `met` or
-/// `missed` means the same wherever the bench runs (`benches/README.md`, "Targets"). The peers'
-/// figures are turned into multiples of the same floors on the machine they were quoted for
-/// (`ref_bare_churn` 5.95 ns, `ref_dense_decode_append` 1.10 us there).
+/// `missed` means much the same wherever the bench runs (`benches/README.md`, "Targets"). The
+/// peers' figures are turned into multiples of the same floors on the machine they were quoted
+/// for (`ref_bare_churn` 5.95 ns, `ref_dense_decode_append` 1.10 us there).
 const TARGETS: [(&str, Bound, f64); 5] = [
     // At least twice as fast as the Rust port of vLLM's block pool, 22 ns per page:
     // 22 / 5.95 = 3.7 times the bare page stack, halved.

@@ -62,7 +62,10 @@ fn readme_quotes_the_blessed_compiler_errors() {
 #[test]
 fn readme_is_a_manual_of_at_most_350_lines() {
     let lines = README.lines().count();
-    assert!(lines <= 350, "README.md has {lines} lines; keep it a manual");
+    assert!(
+        lines <= 350,
+        "README.md has {lines} lines; keep it a manual"
+    );
 }
 
 #[test]
@@ -81,7 +84,9 @@ fn readme_gives_the_main_job_and_test_commands() {
 /// The lines of the fenced block that follows the first line containing `marker`.
 fn block_after<'a>(text: &'a str, marker: &str) -> Vec<&'a str> {
     let start = text.find(marker).expect("marker present");
-    let mut lines = text[start..].lines().skip_while(|line| !line.starts_with("```"));
+    let mut lines = text[start..]
+        .lines()
+        .skip_while(|line| !line.starts_with("```"));
     lines.next().expect("an opening fence");
     lines.take_while(|line| !line.starts_with("```")).collect()
 }
@@ -137,7 +142,9 @@ fn bench_targets() -> Vec<(String, &'static str, f64)> {
         .lines()
         .filter_map(|line| line.trim().strip_prefix("(\""))
         .map(|entry| {
-            let (name, rest) = entry.split_once("\", Bound::").expect("(name, Bound, value)");
+            let (name, rest) = entry
+                .split_once("\", Bound::")
+                .expect("(name, Bound, value)");
             let (bound, value) = rest.split_once(", ").expect("(name, Bound, value)");
             let symbol = match bound {
                 "AtMost" => "<=",
@@ -201,7 +208,10 @@ fn readme_peer_ratios_follow_from_the_figures() {
         let kvown = leading_number(columns[2]);
         for peer in &columns[6..8] {
             let Some((figure, ratio)) = peer.split_once(", ") else {
-                assert!(peer.is_empty(), "a peer cell reads `figure unit, ratio x`: {peer}");
+                assert!(
+                    peer.is_empty(),
+                    "a peer cell reads `figure unit, ratio x`: {peer}"
+                );
                 continue;
             };
             let ratio: f64 = ratio.trim_end_matches('x').parse().expect("a ratio");
