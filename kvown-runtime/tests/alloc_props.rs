@@ -91,10 +91,17 @@ fn page_slots(pages: &[PageId], page_size: usize) -> Vec<KvSlot> {
         .collect()
 }
 
-/// The head of the free list the next allocation of `needed` pages reads (merged when short).
-fn next_free<R: ReuseOrder>(allocator: &PageAllocator<R>, needed: usize) -> Vec<PageId> {
+/// The head of the free list the next allocation of `needed` pages reads: merged with the
+/// release list when `estimate` (sglang's merge trigger for the call) exceeds the free list and
+/// the merged list can serve the call.
+fn next_free<R: ReuseOrder>(
+    allocator: &PageAllocator<R>,
+    needed: usize,
+    estimate: usize,
+) -> Vec<PageId> {
     let free: Vec<PageId> = allocator.free_pages().collect();
-    if needed <= free.len() {
+    let released = allocator.released_pages().count();
+    if released == 0 || estimate <= free.len() || needed > free.len() + released {
         return free;
     }
     let mut merged: Vec<PageId> = free.into_iter().chain(allocator.released_pages()).collect();
@@ -139,7 +146,7 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
         match op {
             Op::Alloc(pages) => {
                 let mut out = Vec::new();
-                let free = next_free(&allocator, pages);
+                let free = next_free(&allocator, pages, pages);
                 match allocator.alloc(pages * page_size, &mut out) {
                     Ok(()) => {
                         prop_assert_eq!(&out, &page_slots(&free[..pages], page_size));
@@ -153,7 +160,7 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
             }
             Op::AllocPages(pages) => {
                 let mut out = vec![0];
-                let free = next_free(&allocator, pages);
+                let free = next_free(&allocator, pages, pages);
                 match allocator.alloc_page_ids(pages, &mut out) {
                     Ok(()) => {
                         prop_assert_eq!(&out[1..], &free[..pages]);
@@ -191,7 +198,14 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
                     .iter()
                     .map(|r| r.seq_len.div_ceil(page_size) - r.prefix_len.div_ceil(page_size))
                     .sum();
-                let free = next_free(&allocator, needed);
+                // sglang's paged `alloc_extend` merges when `extend_num_tokens // ps + bs + 1`
+                // exceeds the free list; the token allocator's `alloc(n)` when `n` does.
+                let tokens: usize = reqs.iter().map(|r| r.seq_len - r.prefix_len).sum();
+                let estimate = match R::FREED_FIRST {
+                    true => tokens / page_size + reqs.len() + 1,
+                    false => needed,
+                };
+                let free = next_free(&allocator, needed, estimate);
                 let mut out = vec![0];
                 match allocator.alloc_extend(&reqs, &mut out) {
                     Ok(()) => {
@@ -242,7 +256,8 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
                     .iter()
                     .filter(|r| (r.seq_len - 1) % page_size == 0)
                     .count();
-                let free = next_free(&allocator, needed);
+                // sglang's `alloc_decode` merges when the batch exceeds the free list.
+                let free = next_free(&allocator, needed, reqs.len());
                 let mut out = Vec::new();
                 match allocator.alloc_decode(&reqs, &mut out) {
                     Ok(()) => {

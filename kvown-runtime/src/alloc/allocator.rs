@@ -23,8 +23,11 @@ use crate::slots::ReqToTokenPool;
 ///   row order, a group end as [`deferred_pages`](Self::deferred_pages) lists them: the pages
 ///   of `free_segment(s)` and `free_page_ids` in call order, then those of `free` sorted
 ///   ascending).
-/// * With `need_sort`, frees go to a release list instead; when the free list alone is short
-///   for a request that free + release can serve, the two are merged and sorted ascending.
+/// * With `need_sort`, frees go to a release list instead, and the two lists are merged and
+///   sorted ascending when sglang merges them: when its cheap over-estimate of the pages a call
+///   takes exceeds the free list (see [`PageAllocator::merge_released`]), so that every
+///   allocation hands out sglang's pages in sglang's order. One difference is deliberate: an
+///   out-of-memory answer changes nothing here, where sglang keeps the merge it made first.
 /// * Every page carries a [`PageState`], so double frees, frees of unallocated pages and
 ///   duplicate pages are rejected before anything changes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,6 +93,22 @@ impl<R: ReuseOrder> PageAllocator<R> {
     /// Whether frees go to a release list that is merged and sorted lazily.
     pub fn need_sort(&self) -> bool {
         self.need_sort
+    }
+
+    /// Merges the release list into the free list, sorted ascending (sglang
+    /// `merge_and_sort_free`); a no-op when nothing is released.
+    ///
+    /// Allocations merge by themselves exactly when sglang's do, with one deliberate
+    /// difference: a call that runs out of memory changes nothing here, where sglang has
+    /// merged first and keeps the merge. A caller that wants sglang's state exactly calls this
+    /// after an out-of-memory answer in `need_sort` mode.
+    pub fn merge_released(&mut self) {
+        if self.free.released_len() > 0 {
+            for page in self.free.released_pages() {
+                self.state[page as usize] = PageState::Free;
+            }
+            self.free.merge_and_sort();
+        }
     }
 
     /// Pages freed in the open free group, not yet available.
@@ -236,6 +255,10 @@ impl<R: ReuseOrder> PageAllocator<R> {
         reqs: impl ExactSizeIterator<Item = DecodeShape> + Clone,
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
+        if self.free.released_len() > 0 && reqs.len() > self.free.free_len() {
+            let shapes: Vec<DecodeShape> = reqs.collect();
+            return self.decode_batch_merging(&shapes, out);
+        }
         let start = out.len();
         let pass = match self.geometry.specialised() {
             Specialised::PowerOfTwo(math) => self.decode_pass(math, reqs.clone(), out),
@@ -300,7 +323,16 @@ impl<R: ReuseOrder> PageAllocator<R> {
                 new_pages.saturating_add(check_extend(geometry, &mut self.state, reqs, request)?);
             new_tokens = new_tokens.saturating_add(shape.seq_len - shape.prefix_len);
         }
-        self.ensure_free(new_pages)?;
+        // sglang's merge trigger: the paged allocator's `alloc_extend` merges when
+        // `extend_num_tokens // page_size + bs + 1 > len(free_pages)`; the token allocator's
+        // `alloc(extend_num_tokens)` when the tokens exceed the free list.
+        let estimate = match R::FREED_FIRST {
+            true => (new_tokens / geometry.page_size())
+                .saturating_add(reqs.len())
+                .saturating_add(1),
+            false => new_pages,
+        };
+        self.ensure_free_within(new_pages, estimate)?;
         Ok((new_pages, new_tokens))
     }
 
@@ -348,30 +380,66 @@ impl<R: ReuseOrder> PageAllocator<R> {
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError> {
         if !fill.valid {
-            let mut continued = ContinuedPages::default();
-            for (request, shape) in reqs.iter().enumerate() {
-                let opens = check_decode(
-                    self.geometry,
-                    &self.state,
-                    request,
-                    shape.seq_len,
-                    shape.last_loc,
-                )?;
-                if !opens {
-                    continued.note(self.geometry.page_size(), request, shape.last_loc)?;
-                }
-            }
+            self.validate_decode(reqs)?;
             unreachable!("fill_decode rejected a batch that check_decode accepts")
         }
         self.merge_or_oom(fill.new_pages)?;
         self.decode_batch(reqs.iter().copied(), out)
     }
 
+    /// A decode batch in `need_sort` mode with more requests than free pages, where sglang
+    /// merges the release list before it allocates (`alloc_decode`: `bs > len(free_pages)`):
+    /// validates the batch, merges when the merged list can serve it (out of memory otherwise,
+    /// changing nothing), then allocates.
+    #[cold]
+    #[inline(never)]
+    fn decode_batch_merging(
+        &mut self,
+        reqs: &[DecodeShape],
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), AllocError> {
+        let new_pages = self.validate_decode(reqs)?;
+        self.merge_or_oom(new_pages)?;
+        self.decode_batch(reqs.iter().copied(), out)
+    }
+
+    /// Checks every request of a decode batch without changing anything: the first invalid
+    /// request's typed error, or the pages the batch opens.
+    fn validate_decode(&self, reqs: &[DecodeShape]) -> Result<usize, AllocError> {
+        let mut continued = ContinuedPages::default();
+        let mut opening = 0;
+        for (request, shape) in reqs.iter().enumerate() {
+            let opens = check_decode(
+                self.geometry,
+                &self.state,
+                request,
+                shape.seq_len,
+                shape.last_loc,
+            )?;
+            if opens {
+                opening += 1;
+            } else {
+                continued.note(self.geometry.page_size(), request, shape.last_loc)?;
+            }
+        }
+        Ok(opening)
+    }
+
     /// Makes `pages` free pages available at the head of the free list, merging the release
     /// list first when that is what it takes; otherwise reports out of memory.
     #[inline(always)]
     fn ensure_free(&mut self, pages: usize) -> Result<(), AllocError> {
-        if pages <= self.free.free_len() {
+        self.ensure_free_within(pages, pages)
+    }
+
+    /// [`Self::ensure_free`] for a call whose sglang counterpart merges the release list when
+    /// `estimate` (its over-estimate of the pages the call takes, at least `pages`) exceeds the
+    /// free list: merges then too, when the merged list can serve `pages`. The release list is
+    /// empty outside `need_sort` mode, so there this is `ensure_free`.
+    #[inline(always)]
+    fn ensure_free_within(&mut self, pages: usize, estimate: usize) -> Result<(), AllocError> {
+        let free = self.free.free_len();
+        if pages <= free && (estimate <= free || self.free.released_len() == 0) {
             return Ok(());
         }
         self.merge_or_oom(pages)
@@ -382,10 +450,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
     #[inline(never)]
     fn merge_or_oom(&mut self, pages: usize) -> Result<(), AllocError> {
         if self.need_sort && pages <= self.free.total_len() {
-            for page in self.free.released_pages() {
-                self.state[page as usize] = PageState::Free;
-            }
-            self.free.merge_and_sort();
+            self.merge_released();
             return Ok(());
         }
         Err(AllocError::OutOfMemory {
@@ -630,7 +695,8 @@ impl<R: ReuseOrder> PageAllocator<R> {
             self.verify_trusted(&batch, table);
         }
         let new_pages = batch.new_pages();
-        self.ensure_free(new_pages)?;
+        // sglang's `alloc_decode` merges when `bs > len(free_pages)`.
+        self.ensure_free_within(new_pages, batch.rows().len())?;
         let (free, entries) = (&self.free, table.entries_mut());
         let opened = match self.geometry.specialised() {
             Specialised::PowerOfTwo(math) => {
