@@ -107,7 +107,7 @@ impl Sglang {
             self.merge_and_sort_free();
         }
         let ps = self.page_size;
-        let opens = |r: &DecodeShape| (r.seq_len - 1) % ps == 0;
+        let opens = |r: &DecodeShape| (r.seq_len - 1).is_multiple_of(ps);
         let new_pages = reqs.iter().filter(|r| opens(r)).count();
         if new_pages > self.free.len() {
             return None;
