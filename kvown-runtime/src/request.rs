@@ -17,7 +17,12 @@ use crate::slots::ReqRow;
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ReqKvInfo {
     /// The request's row in the request-to-token table; `None` while it holds no KV.
-    #[owned_by(crate::batch::alloc_for_extend, crate::batch::release_kv_cache, read = copy)]
+    #[owned_by(
+        crate::batch::alloc_for_extend,
+        crate::batch::prealloc_for_transfer,
+        crate::batch::release_kv_cache,
+        read = copy
+    )]
     req_pool_idx: Option<ReqRow>,
     /// Prefix `[0, cache_protected_len)` is owned by the prefix cache and locked by this
     /// request; always page-aligned.
@@ -33,6 +38,8 @@ pub struct ReqKvInfo {
         crate::batch::alloc_for_extend,
         crate::batch::alloc_for_decode,
         crate::batch::commit_spec_tokens,
+        crate::batch::prealloc_for_transfer,
+        crate::batch::commit_transfer,
         crate::batch::release_kv_cache
     )]
     kv_committed_len: usize,
@@ -41,6 +48,7 @@ pub struct ReqKvInfo {
         crate::batch::alloc_for_extend,
         crate::batch::alloc_for_decode,
         crate::batch::alloc_for_spec_decode,
+        crate::batch::prealloc_for_transfer,
         crate::batch::release_kv_cache
     )]
     kv_allocated_len: usize,
@@ -60,6 +68,7 @@ pub struct ReqKvInfo {
     #[owned_by(
         crate::tree_cache::init_next_round_input,
         crate::batch::alloc_for_extend,
+        crate::batch::prealloc_for_transfer,
         crate::batch::release_kv_cache,
         crate::reclaim::reclaim_leaks,
         read = copy

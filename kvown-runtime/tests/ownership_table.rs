@@ -9,6 +9,11 @@ use kvown_runtime::ownership::audit::AuditTable;
 /// `(struct, field, owner, writes)`. Resets to zero are counted too (sglang exempts them).
 const EXPECTED: &[(&str, &str, &str, u32)] = &[
     ("ReqKvInfo", "req_pool_idx", "alloc_for_extend", 1),
+    // Decode-side preallocation (sglang's `PD ::` rows, disaggregation/decode.py and
+    // allocation.py): `_pre_alloc` + `alloc_for_decode_prealloc` are `prealloc_for_transfer`
+    // (row, cache, allocated = fill, committed = prefix); the commit of a completed transfer
+    // is `commit_transfer`, where sglang commits at preallocation already.
+    ("ReqKvInfo", "req_pool_idx", "prealloc_for_transfer", 1),
     ("ReqKvInfo", "req_pool_idx", "release_kv_cache", 1),
     (
         "ReqKvInfo",
@@ -27,10 +32,13 @@ const EXPECTED: &[(&str, &str, &str, u32)] = &[
     ("ReqKvInfo", "kv_committed_len", "alloc_for_extend", 1),
     ("ReqKvInfo", "kv_committed_len", "alloc_for_decode", 1),
     ("ReqKvInfo", "kv_committed_len", "commit_spec_tokens", 1),
+    ("ReqKvInfo", "kv_committed_len", "prealloc_for_transfer", 1),
+    ("ReqKvInfo", "kv_committed_len", "commit_transfer", 1),
     ("ReqKvInfo", "kv_committed_len", "release_kv_cache", 1),
     ("ReqKvInfo", "kv_allocated_len", "alloc_for_extend", 1),
     ("ReqKvInfo", "kv_allocated_len", "alloc_for_decode", 1),
     ("ReqKvInfo", "kv_allocated_len", "alloc_for_spec_decode", 1),
+    ("ReqKvInfo", "kv_allocated_len", "prealloc_for_transfer", 1),
     ("ReqKvInfo", "kv_allocated_len", "release_kv_cache", 1),
     ("ReqKvInfo", "extend_batch_idx", "prepare_for_extend", 1),
     ("ReqKvInfo", "extend_batch_idx", "reset_for_retract", 1),
@@ -44,6 +52,7 @@ const EXPECTED: &[(&str, &str, &str, u32)] = &[
     ("ReqKvInfo", "decode_batch_idx", "reset_for_retract", 1),
     ("ReqKvInfo", "kv_cache", "init_next_round_input", 1),
     ("ReqKvInfo", "kv_cache", "alloc_for_extend", 1),
+    ("ReqKvInfo", "kv_cache", "prealloc_for_transfer", 1),
     ("ReqKvInfo", "kv_cache", "release_kv_cache", 2),
     ("ReqKvInfo", "kv_cache", "reclaim_leaks", 1),
 ];

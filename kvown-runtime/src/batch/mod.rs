@@ -12,6 +12,7 @@ mod extend;
 mod release;
 mod retract;
 mod spec;
+mod transfer;
 
 pub use decode::{alloc_for_decode, prepare_for_decode};
 pub use extend::{alloc_for_extend, prepare_for_extend};
@@ -20,6 +21,10 @@ pub use retract::{
     RetractOutcome, check_decode_mem, new_tokens_required_next_decode, retract_decode,
 };
 pub use spec::{alloc_for_spec_decode, commit_spec_tokens, prepare_for_spec_decode};
+pub use transfer::{
+    CancelFailure, PreallocFailure, TransferTicket, cancel_transfer, commit_transfer,
+    prealloc_for_transfer, transfer_fill_len,
+};
 
 use std::ops::Range;
 

@@ -24,11 +24,13 @@ mod element;
 mod error;
 mod host;
 mod layout;
+mod transfer;
 
 pub use element::{KvData, KvDtype, KvElement, KvSlice};
 pub use error::{KvPoolError, KvTensor};
 pub use host::{HostKvPool, new_host_pool};
 pub use layout::KvLayout;
+pub use transfer::{KvTransfer, LocalTransfer, TransferError, TransferId};
 
 use crate::alloc::{KvSlot, PageId};
 

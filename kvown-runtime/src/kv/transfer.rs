@@ -1,0 +1,165 @@
+//! Moving a request's K/V from a prefill node's pool to a decode node's ([`KvTransfer`]), for
+//! prefill/decode disaggregation. [`LocalTransfer`] does it in one process; a transfer engine
+//! between machines sits behind the same trait.
+//!
+//! The decode side preallocates the request's row and slots first
+//! ([`crate::batch::prealloc_for_transfer`]), which gives the destination slots; the sender
+//! knows its source slots from the request's row. Both lists are in position order, so slot
+//! `src[i]`'s K and V rows (every layer) go to `dst[i]`.
+//!
+//! How an existing engine fits: NIXL registers both pools' buffers once and posts one
+//! descriptor list per request (a `(address, length)` pair per layer, K and V, and slot run);
+//! Mooncake's transfer engine does the same with its batch transfer API. `submit` posts the
+//! descriptors and returns at once, `poll` reports the completions (or failures) the engine
+//! has seen, and the decode side then commits ([`crate::batch::commit_transfer`]) or cancels
+//! ([`crate::batch::cancel_transfer`]) each request.
+
+use super::{KvPool, KvPoolError};
+use crate::alloc::KvSlot;
+
+/// Names one submitted transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TransferId(pub u64);
+
+/// Why a transfer was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    /// The two slot lists differ in length.
+    #[error("{src} source slots but {dst} destination slots: a transfer pairs them one to one")]
+    LengthMismatch {
+        /// Source slots.
+        src: usize,
+        /// Destination slots.
+        dst: usize,
+    },
+    /// The two pools do not hold the same rows (layers, heads, dims or dtype differ).
+    #[error(
+        "the sender's and the receiver's pools differ in shape ({detail}); both must hold the same model's K/V"
+    )]
+    PoolMismatch {
+        /// What differs.
+        detail: String,
+    },
+    /// A pool refused a read or a write (a slot past its end, say).
+    #[error("a pool refused the transfer: {0}")]
+    Pool(#[from] KvPoolError),
+    /// The transfer engine reports a failure.
+    #[error("the transfer failed: {0}")]
+    Failed(String),
+}
+
+/// Moves K/V rows between a sender's pool and a receiver's.
+pub trait KvTransfer {
+    /// Starts moving the K and V rows of every layer of `src` (sender slots) to `dst`
+    /// (receiver slots), pairwise. May return before the data has moved.
+    fn submit(&mut self, src: &[KvSlot], dst: &[KvSlot]) -> Result<TransferId, TransferError>;
+    /// Appends to `done` the transfers that ended since the last call, each with its outcome.
+    fn poll(&mut self, done: &mut Vec<(TransferId, Result<(), TransferError>)>);
+}
+
+/// A prefill pool and a decode pool in one process: [`KvTransfer::submit`] copies the rows
+/// layer by layer at once (all or nothing: every layer is read before any is written), and
+/// [`KvTransfer::poll`] reports it done. [`LocalTransfer::fail_next`] makes the next submitted
+/// transfer fail without copying, as a broken link would.
+pub struct LocalTransfer {
+    prefill: Box<dyn KvPool>,
+    decode: Box<dyn KvPool>,
+    next_id: u64,
+    ended: Vec<(TransferId, Result<(), TransferError>)>,
+    fail_next: bool,
+}
+
+impl std::fmt::Debug for LocalTransfer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalTransfer")
+            .field("layout", self.prefill.layout())
+            .field("next_id", &self.next_id)
+            .field("pending", &self.ended.len())
+            .finish()
+    }
+}
+
+impl LocalTransfer {
+    /// Pairs `prefill` (the sender) with `decode` (the receiver); their layouts' rows and
+    /// dtypes must agree.
+    pub fn new(prefill: Box<dyn KvPool>, decode: Box<dyn KvPool>) -> Result<Self, TransferError> {
+        let (from, to) = (prefill.layout(), decode.layout());
+        let shape = |l: &super::KvLayout| {
+            (
+                l.layers(),
+                l.row_len(super::KvTensor::K),
+                l.row_len(super::KvTensor::V),
+            )
+        };
+        if shape(from) != shape(to) || prefill.dtype() != decode.dtype() {
+            return Err(TransferError::PoolMismatch {
+                detail: format!(
+                    "(layers, K row, V row, dtype): sender {:?} {:?}, receiver {:?} {:?}",
+                    shape(from),
+                    prefill.dtype(),
+                    shape(to),
+                    decode.dtype()
+                ),
+            });
+        }
+        Ok(LocalTransfer {
+            prefill,
+            decode,
+            next_id: 0,
+            ended: Vec::new(),
+            fail_next: false,
+        })
+    }
+
+    /// The sender's pool, where the prefill side stores its K/V.
+    pub fn prefill_pool(&mut self) -> &mut dyn KvPool {
+        self.prefill.as_mut()
+    }
+
+    /// The receiver's pool, where the decode side stores and reads its K/V.
+    pub fn decode_pool(&mut self) -> &mut dyn KvPool {
+        self.decode.as_mut()
+    }
+
+    /// Makes the next submitted transfer fail, copying nothing.
+    pub fn fail_next(&mut self) {
+        self.fail_next = true;
+    }
+
+    fn copy(&mut self, src: &[KvSlot], dst: &[KvSlot]) -> Result<(), TransferError> {
+        let layers = self.prefill.layout().layers();
+        let rows = (0..layers)
+            .map(|layer| self.prefill.load_kv(layer, src))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (layer, (k, v)) in rows.iter().enumerate() {
+            self.decode
+                .store_kv(layer, dst, k.as_slice(), v.as_slice())?;
+        }
+        Ok(())
+    }
+}
+
+impl KvTransfer for LocalTransfer {
+    fn submit(&mut self, src: &[KvSlot], dst: &[KvSlot]) -> Result<TransferId, TransferError> {
+        if src.len() != dst.len() {
+            return Err(TransferError::LengthMismatch {
+                src: src.len(),
+                dst: dst.len(),
+            });
+        }
+        let id = TransferId(self.next_id);
+        self.next_id += 1;
+        let outcome = match std::mem::take(&mut self.fail_next) {
+            true => Err(TransferError::Failed(
+                "the link dropped (LocalTransfer::fail_next)".into(),
+            )),
+            false => self.copy(src, dst),
+        };
+        self.ended.push((id, outcome));
+        Ok(id)
+    }
+
+    fn poll(&mut self, done: &mut Vec<(TransferId, Result<(), TransferError>)>) {
+        done.append(&mut self.ended);
+    }
+}
