@@ -1,5 +1,6 @@
-//! `alloc_extend` (the three-part rule of spec §4.5) and `alloc_decode`, including the worked
-//! example, the §9 item 9 edge table, many-page requests, mixed decode batches and bad shapes.
+//! `alloc_extend` (the three-part rule of sglang's `alloc_extend_kernel`, `mem_cache/allocator/`
+//! `paged.py`) and `alloc_decode`, including a worked example, the edge cases of the paged
+//! allocator's shapes, many-page requests, mixed decode batches and bad shapes.
 
 use kvown_runtime::alloc::{
     AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PagedAllocator,

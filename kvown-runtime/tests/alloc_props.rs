@@ -109,7 +109,8 @@ fn next_free<R: ReuseOrder>(
     merged
 }
 
-/// Spec §4.5 restated per position: part 1 continues after `last_loc`, later positions use
+/// sglang's three-part extend rule (`alloc_extend_naive`, `mem_cache/allocator/paged.py`)
+/// restated per position: part 1 continues after `last_loc`, later positions use
 /// the request's share of `free` (page `(pos − ceil_align(pre)) / ps` of it).
 fn reference_extend(page_size: usize, reqs: &[ExtendShape], free: &[PageId]) -> Vec<KvSlot> {
     let mut out = Vec::new();

@@ -1,5 +1,5 @@
-//! Unit tests for the request-bookkeeping items of the spec (§9 items 12–19) and its edge
-//! cases: row contents after extend and decode, release accounting, the next-decode memory
+//! Unit tests of the request bookkeeping against sglang's rules (`mem_cache/allocation.py`,
+//! `managers/schedule_batch.py`, `mem_cache/radix_cache.py`) and their edge cases: row contents after extend and decode, release accounting, the next-decode memory
 //! formulas, retraction order and end state, speculative reservation, chunked prefill at page
 //! size > 1, release between match and allocation, and errors that change nothing.
 
@@ -130,7 +130,7 @@ fn release_all_and_empty_out(mut all: Vec<Req>, mut cache: Cache) {
     empty_out(cache);
 }
 
-// §9.12: row[0:prefix] == prefix slots, row[prefix:seq] == the request's out_cache_loc segment.
+// sglang `write_cache_indices`: row[0:prefix] == prefix slots, row[prefix:seq] == the request's out_cache_loc segment.
 #[test]
 fn extend_writes_prefix_then_new_slots_into_the_row() {
     let page_size = 4;
@@ -179,7 +179,7 @@ fn extend_writes_prefix_then_new_slots_into_the_row() {
     empty_out(cache);
 }
 
-// §9.13: decode writes row[seq_old]; a new page only when the new token opens one.
+// sglang `alloc_for_decode`: decode writes row[seq_old]; a new page only when the new token opens one.
 #[test]
 fn decode_writes_the_old_length_and_opens_pages_only_at_boundaries() {
     let page_size = 4;
@@ -219,7 +219,7 @@ fn decode_writes_the_old_length_and_opens_pages_only_at_boundaries() {
     release_all_and_empty_out(batch.into_reqs(), cache);
 }
 
-// §9.15: release frees [protected, ceil_align(allocated)) minus what the tree took over.
+// sglang `release_kv_cache` / `cache_finished_req`: release frees [protected, ceil_align(allocated)) minus what the tree took over.
 #[test]
 fn release_frees_the_owned_range_minus_the_tree_take() {
     let page_size = 4;
@@ -279,7 +279,7 @@ fn release_frees_the_owned_range_minus_the_tree_take() {
     empty_out(cache);
 }
 
-// §9.17 non-spec: ps × (requests with committed % ps == 0); page size 1: the request count.
+// `new_tokens_required_next_decode` (kvown's count, not sglang's): ps × (requests with committed % ps == 0); page size 1: the request count.
 // Spec: Σ ceil_align(alloc + max(0, committed + reserve − alloc)) − ceil_align(alloc).
 #[test]
 fn new_tokens_required_next_decode_formulas() {
@@ -367,7 +367,7 @@ fn new_tokens_required_next_decode_panics_on_page_size_zero_for_any_batch() {
     }
 }
 
-// §9.17: check_decode_mem evicts only the shortfall.
+// sglang `check_decode_mem`: it evicts only the shortfall.
 #[test]
 fn check_decode_mem_evicts_only_the_shortfall() {
     let page_size = 4;
@@ -422,7 +422,7 @@ fn check_decode_mem_evicts_only_the_shortfall() {
     empty_out(cache);
 }
 
-// §9.18: fewest outputs first, longest prompt first among equals; retracted requests end
+// sglang `retract_decode`: fewest outputs first, longest prompt first among equals; retracted requests end
 // with no row, committed = protected = 0, both clocks 0, retraction_count + 1; nothing is
 // inserted into the tree.
 #[test]
@@ -495,7 +495,7 @@ fn retraction_order_and_end_state() {
     release_all_and_empty_out(readmitted.into_reqs(), cache);
 }
 
-// §9.18: keeps at least one; aborts the last one when even it does not fit.
+// sglang `retract_decode`: keeps at least one; aborts the last one when even it does not fit.
 #[test]
 fn retraction_keeps_one_and_aborts_the_last_when_it_cannot_fit() {
     let page_size = 4;
@@ -616,7 +616,7 @@ fn handing_out_the_requests_mutably_clears_the_last_allocations_slots() {
     release_all_and_empty_out(batch.into_reqs(), cache);
 }
 
-// §9.19: the reservation never shrinks; zero need allocates nothing but still applies the max;
+// sglang `alloc_for_spec_decode`: the reservation never shrinks; zero need allocates nothing but still applies the max;
 // row[cur:nxt] is filled in request order.
 #[test]
 fn speculative_reservation_never_shrinks_and_fills_in_request_order() {
@@ -767,7 +767,7 @@ fn a_decode_batch_refused_in_its_middle_keeps_every_clock() {
     release_all_and_empty_out(batch.into_reqs(), cache);
 }
 
-// §9.19 / §7.5: over-allocation is freed at release from ceil_align(committed).
+// sglang `alloc_for_spec_decode` and `cache_finished_req`: over-allocation is freed at release from ceil_align(committed).
 #[test]
 fn over_allocation_is_freed_from_the_committed_page_end() {
     let page_size = 4;
@@ -843,7 +843,7 @@ fn chunked_prefix_longer_than_protected_continues_the_partial_page() {
     empty_out(cache);
 }
 
-// Overlap schedule (§9): a decode step commits a position whose token comes later, so the
+// sglang's overlap schedule: a decode step commits a position whose token comes later, so the
 // committed length can pass the tokens by one. Registering then keys only the tokens there are
 // (it used to slice past them and panic).
 #[test]

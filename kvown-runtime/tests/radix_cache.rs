@@ -1,4 +1,5 @@
-//! Radix prefix cache behaviour (spec §8, §9 item 20) against the real allocators.
+//! Radix prefix cache behaviour (sglang `mem_cache/radix_cache.py`, `RadixCache`) against the real
+//! allocators.
 
 #[path = "common/radix_setup.rs"]
 mod radix_setup;

@@ -402,7 +402,7 @@ fn check_last_loc(
 
 /// Writes the slots of positions `[prefix_len, seq_len)` of one validated request, taking its
 /// new pages from `pages` and marking them held (and its partial last page, which validation
-/// marked `Pending`, held again). The three parts of §4.5: the rest of the old partial page
+/// marked `Pending`, held again). The three parts of sglang's `alloc_extend_kernel` (`mem_cache/allocator/paged.py`, `alloc_extend_naive`): the rest of the old partial page
 /// after `last_loc`, then new full pages in free-list order, then a partial last page.
 #[inline]
 pub(crate) fn fill_extend(
