@@ -101,6 +101,18 @@ pub enum RadixError {
         /// The handle passed.
         node: NodeId,
     },
+    /// A node already counts as many locks as its counter holds; another would wrap it and
+    /// turn locked tokens evictable.
+    #[error(
+        "node {node} already counts {locks} locks, the most a node can hold: release \
+         (dec_lock_ref) locks that are no longer needed before taking another"
+    )]
+    LockLimit {
+        /// The node at the limit (the shallowest on the path, whose count includes those below).
+        node: NodeId,
+        /// Its lock count.
+        locks: u32,
+    },
     /// More unlocks of a node than locks taken on it.
     #[error(
         "dec_lock_ref on node {node}, on which no lock was taken (its descendants' locks are \
