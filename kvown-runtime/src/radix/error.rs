@@ -101,6 +101,21 @@ pub enum RadixError {
         /// The handle passed.
         node: NodeId,
     },
+    /// [`RadixCache::insert_allocated`](super::RadixCache::insert_allocated) was given a page
+    /// the allocator does not hold as allocated.
+    #[error(
+        "the page at key position {position} (page {page}) is {} in the allocator, not \
+         allocated: insert only pages the allocator handed out and nobody freed",
+        match .state { Some(state) => format!("{state:?}"), None => "beyond the last page".to_owned() }
+    )]
+    PageNotAllocated {
+        /// Key position of the page's first token.
+        position: usize,
+        /// The page.
+        page: crate::alloc::PageId,
+        /// Its state in the allocator (`None` past its last page).
+        state: Option<crate::alloc::PageState>,
+    },
     /// A node already counts as many locks as its counter holds; another would wrap it and
     /// turn locked tokens evictable.
     #[error(

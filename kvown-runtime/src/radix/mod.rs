@@ -300,6 +300,14 @@ impl RadixCache {
             .flat_map(move |(_, node)| node.page_ids(layout))
     }
 
+    /// Every page the tree holds, each once, with the node that holds it.
+    pub fn cached_pages_by_node(&self) -> impl Iterator<Item = (NodeId, PageId)> + '_ {
+        let layout = self.layout;
+        self.arena
+            .live()
+            .flat_map(move |(id, node)| node.page_ids(layout).map(move |page| (id, page)))
+    }
+
     /// Every slot the tree holds, each once.
     pub fn cached_slots(&self) -> impl Iterator<Item = KvSlot> + '_ {
         let page_size = self.layout.page_size() as u32;
