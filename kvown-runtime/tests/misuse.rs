@@ -44,8 +44,15 @@ fn a_slot_handed_to_two_requests_is_named_with_both_holders() {
         last_loc: first[0],
     };
     allocator.alloc_decode(&[decode], &mut first).unwrap();
-    assert_eq!((first.as_slice(), second.as_slice()), (&[4, 5][..], &[5, 6][..]));
-    assert_eq!(allocator.check(), Ok(()), "the allocator alone cannot see it");
+    assert_eq!(
+        (first.as_slice(), second.as_slice()),
+        (&[4, 5][..], &[5, 6][..])
+    );
+    assert_eq!(
+        allocator.check(),
+        Ok(()),
+        "the allocator alone cannot see it"
+    );
 
     let mut ledger = PageLedger::new(&allocator).unwrap();
     ledger.claim_slots(Holder::Request(1), &first).unwrap();
@@ -131,7 +138,12 @@ fn an_insert_of_a_never_allocated_page_is_refused() {
         })
     );
     assert_eq!(tree.total_size(), 0);
-    assert!(refused.unwrap_err().to_string().contains("insert only pages"));
+    assert!(
+        refused
+            .unwrap_err()
+            .to_string()
+            .contains("insert only pages")
+    );
 
     let mut held = Vec::new();
     allocator.alloc(4, &mut held).unwrap();
@@ -195,10 +207,7 @@ fn a_stale_node_id_is_refused_though_its_entry_was_reused() {
 /// refuses it and names the size to pass.
 #[test]
 fn a_pool_size_that_is_not_whole_pages_is_refused_by_new_exact() {
-    assert_eq!(
-        PagedAllocator::new(100, 16, false).unwrap().capacity(),
-        96
-    );
+    assert_eq!(PagedAllocator::new(100, 16, false).unwrap().capacity(), 96);
     let refused = PagedAllocator::new_exact(100, 16, false).unwrap_err();
     assert_eq!(
         refused,
@@ -208,7 +217,10 @@ fn a_pool_size_that_is_not_whole_pages_is_refused_by_new_exact() {
             nearest: 96
         }
     );
-    assert!(refused.to_string().contains("pass 96 (6 pages)"), "{refused}");
+    assert!(
+        refused.to_string().contains("pass 96 (6 pages)"),
+        "{refused}"
+    );
     assert_eq!(
         PagedAllocator::new_exact(10, 16, false),
         Err(AllocError::UnalignedPoolSize {
@@ -255,7 +267,10 @@ fn huge_pools_child() {
     assert!(std::env::var_os(CHILD).is_some(), "run by the parent test");
     let too_large = |result: Result<_, AllocError>| match result {
         Err(AllocError::PoolTooLarge { .. }) => {}
-        other => panic!("expected PoolTooLarge, got {:?}", other.map(|_: PagedAllocator| ())),
+        other => panic!(
+            "expected PoolTooLarge, got {:?}",
+            other.map(|_: PagedAllocator| ())
+        ),
     };
     too_large(PagedAllocator::new(u32::MAX as usize - 1, 1, false));
     too_large(PagedAllocator::new(1 << 31, 1, false));
@@ -265,7 +280,9 @@ fn huge_pools_child() {
         "{:?}",
         token.map(|_| ())
     );
-    let message = PagedAllocator::new(1 << 31, 1, false).unwrap_err().to_string();
+    let message = PagedAllocator::new(1 << 31, 1, false)
+        .unwrap_err()
+        .to_string();
     assert!(message.contains("take fewer pages"), "{message}");
 }
 
@@ -278,9 +295,12 @@ fn an_extend_refused_for_a_reservation_ticks_no_clock() {
     let mut cache = KvCache::new(allocator, rows, TreeCache::Disabled).unwrap();
     let mut req = Req::new(1, (0..5).collect());
     init_next_round_input(&mut req, &mut cache, usize::MAX).unwrap();
-    let batch = alloc_for_extend(prepare_for_extend(ScheduleBatch::new(vec![req])), &mut cache)
-        .map_err(|failure| failure.error)
-        .unwrap();
+    let batch = alloc_for_extend(
+        prepare_for_extend(ScheduleBatch::new(vec![req])),
+        &mut cache,
+    )
+    .map_err(|failure| failure.error)
+    .unwrap();
     let prepared = prepare_for_spec_decode(batch, &cache, 8)
         .map_err(|(_, error)| error)
         .unwrap();

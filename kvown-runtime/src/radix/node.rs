@@ -329,7 +329,10 @@ mod tests {
         );
         for (&old, &new) in ids.iter().zip(&reused) {
             assert!(arena.is_live(new));
-            assert!(!arena.is_live(old), "a handle to the evicted node stays stale");
+            assert!(
+                !arena.is_live(old),
+                "a handle to the evicted node stays stale"
+            );
         }
         assert_eq!(arena.entries(), 4, "the root and three entries");
     }
