@@ -177,6 +177,17 @@ pub enum RadixError {
     /// A page holds at least one slot.
     #[error("radix cache page size 0; pass the allocator's page size (at least 1)")]
     ZeroPageSize,
+    /// A page size no allocator has: page 1 would end past the `u32` slot range.
+    #[error(
+        "radix cache page size {page_size} exceeds {max}, the largest an allocator can have \
+         (page 1 must end within the u32 slot range); pass the allocator's page size"
+    )]
+    PageSizeTooLarge {
+        /// The page size passed.
+        page_size: usize,
+        /// The largest page size.
+        max: usize,
+    },
     /// The allocator must use the cache's page size.
     #[error("allocator page size {allocator} differs from the radix cache's {cache}")]
     PageSizeMismatch {

@@ -200,13 +200,15 @@ impl RadixCache {
     /// least recently used leaves first ([`EvictionPolicy::Lru`]).
     ///
     /// # Panics
-    /// If `page_size` is 0; [`RadixCache::try_new`] refuses it with a typed error instead.
+    /// If `page_size` is 0 or above `u32::MAX / 2`; [`RadixCache::try_new`] refuses it with a
+    /// typed error instead.
     pub fn new(page_size: usize) -> RadixCache {
         RadixCache::with_policy(page_size, EvictionPolicy::Lru)
     }
 
     /// [`RadixCache::new`] for a page size that comes from outside: a page size of 0 is
-    /// [`RadixError::ZeroPageSize`].
+    /// [`RadixError::ZeroPageSize`], one larger than any allocator's (`u32::MAX / 2`)
+    /// [`RadixError::PageSizeTooLarge`].
     pub fn try_new(page_size: usize) -> Result<RadixCache, RadixError> {
         RadixCache::try_with_policy(page_size, EvictionPolicy::Lru)
     }
@@ -230,20 +232,26 @@ impl RadixCache {
     /// ```
     ///
     /// # Panics
-    /// If `page_size` is 0; [`RadixCache::try_with_policy`] refuses it with a typed error
-    /// instead.
+    /// If `page_size` is 0 or above `u32::MAX / 2`; [`RadixCache::try_with_policy`] refuses it
+    /// with a typed error instead.
     pub fn with_policy(page_size: usize, policy: EvictionPolicy) -> RadixCache {
         RadixCache::try_with_policy(page_size, policy).unwrap_or_else(|error| panic!("{error}"))
     }
 
     /// [`RadixCache::with_policy`] for a page size that comes from outside: a page size of 0 is
-    /// [`RadixError::ZeroPageSize`].
+    /// [`RadixError::ZeroPageSize`], one larger than any allocator's (`u32::MAX / 2`)
+    /// [`RadixError::PageSizeTooLarge`].
     pub fn try_with_policy(
         page_size: usize,
         policy: EvictionPolicy,
     ) -> Result<RadixCache, RadixError> {
         if page_size == 0 {
             return Err(RadixError::ZeroPageSize);
+        }
+        // Page 1 of an allocator ends at slot `2 * page_size`, which must fit in a `u32`.
+        let max = KvSlot::MAX as usize / 2;
+        if page_size > max {
+            return Err(RadixError::PageSizeTooLarge { page_size, max });
         }
         Ok(RadixCache {
             layout: KeyLayout::new(page_size),
