@@ -199,7 +199,9 @@ pub enum RadixError {
     /// The allocator refused to free the pages an eviction chose; nothing was evicted.
     #[error(
         "eviction refused: the allocator did not free the {tokens} tokens of the {nodes} \
-         least recently used nodes, which stay cached: {source}"
+         least recently used nodes, which stay cached: {source}. A page the tree holds but the \
+         allocator does not was inserted without being allocated (insert_allocated refuses \
+         such a page; PageLedger names its node)"
     )]
     Free {
         /// Nodes the eviction chose.
