@@ -763,7 +763,7 @@ fn construct(which: u8, a: usize, b: usize) {
                 alloc.check().unwrap();
             }
             let exact = PagedAllocator::new_exact(a, b, false);
-            assert!(exact.is_err() || (b != 0 && a % b == 0));
+            assert!(exact.is_err() || (b != 0 && a.is_multiple_of(b)));
         }
         1 if a <= SMALL || refused_by_arithmetic(a, 1) => {
             if let Ok(alloc) = TokenAllocator::new(a, true) {
@@ -777,10 +777,10 @@ fn construct(which: u8, a: usize, b: usize) {
             let small = a <= SMALL && entries <= SMALL as u128;
             let past =
                 a == usize::MAX || (a as u128 + 1) * (b as u128).max(16) > isize::MAX as u128;
-            if small || past {
-                if let Ok(rows) = ReqToTokenPool::new(a, b) {
-                    assert_eq!(rows.available_size(), a);
-                }
+            if (small || past)
+                && let Ok(rows) = ReqToTokenPool::new(a, b)
+            {
+                assert_eq!(rows.available_size(), a);
             }
         }
         3 => assert_eq!(

@@ -44,7 +44,7 @@ impl PageAllocator<Lifo> {
     /// assert!(PagedAllocator::new_exact(96, 16, false).is_ok());
     /// ```
     pub fn new_exact(size: usize, page_size: usize, need_sort: bool) -> Result<Self, AllocError> {
-        if page_size != 0 && size % page_size != 0 {
+        if page_size != 0 && !size.is_multiple_of(page_size) {
             let whole = size - size % page_size;
             return Err(AllocError::UnalignedPoolSize {
                 size,
