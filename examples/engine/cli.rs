@@ -330,14 +330,20 @@ impl Args {
     fn validate_workload_size(&self) -> Result<(), String> {
         match max_prompt_tokens(self) {
             Some(tokens) if tokens <= MAX_WORKLOAD_TOKENS => Ok(()),
-            _ => Err(format!(
-                "--requests {} x --prompt-len max {} could draw more than {MAX_WORKLOAD_TOKENS} \
-                 prompt tokens (the workload is drawn up front, every prompt in memory): pass \
-                 --requests {} or fewer, or a shorter --prompt-len",
-                self.requests,
-                self.prompt_len.max,
-                (MAX_WORKLOAD_TOKENS / self.prompt_len.max).saturating_sub(8)
-            )),
+            _ => {
+                let requests = (MAX_WORKLOAD_TOKENS / self.prompt_len.max).saturating_sub(8);
+                let prompt = MAX_WORKLOAD_TOKENS / self.requests.saturating_add(8);
+                let fewer = match requests {
+                    0 => String::new(),
+                    requests => format!("--requests {requests} or fewer, or "),
+                };
+                Err(format!(
+                    "--requests {} x --prompt-len max {} could draw more than \
+                     {MAX_WORKLOAD_TOKENS} prompt tokens (the workload is drawn up front, every \
+                     prompt in memory): pass {fewer}--prompt-len max {prompt} or less",
+                    self.requests, self.prompt_len.max,
+                ))
+            }
         }
     }
 
@@ -589,11 +595,13 @@ mod tests {
         for (flags, message) in [
             (
                 &["--requests", "10000000"][..],
-                "pass --requests 131064 or fewer",
+                "pass --requests 131064 or fewer, or --prompt-len max 26 or less",
             ),
             (
                 &["--prompt-len", "1..4000000000"],
-                "--requests 400 x --prompt-len max 4000000000",
+                "--requests 400 x --prompt-len max 4000000000 could draw more than 268435456 \
+                 prompt tokens (the workload is drawn up front, every prompt in memory): pass \
+                 --prompt-len max 657930 or less",
             ),
             (
                 &["--pool-tokens", "4294967294", "--page-size", "1"],
