@@ -20,7 +20,8 @@
 //! A normal run does a few thousand calls. A soak run scales it:
 //! `KVOWN_FUZZ_CALLS=1000000 cargo test --release -p kvown-runtime --test misuse_fuzz -- --ignored --nocapture`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
@@ -32,13 +33,15 @@ use kvown_runtime::alloc::{
 use kvown_runtime::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, alloc_for_spec_decode, commit_spec_tokens,
     prepare_for_decode, prepare_for_extend, prepare_for_spec_decode, release_kv_cache,
+    retract_decode,
 };
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::{Holder, PageLedger};
 use kvown_runtime::radix::{Namespace, NodeId, RadixCache, TreePos};
+use kvown_runtime::reclaim::reclaim_leaks;
 use kvown_runtime::request::Req;
 use kvown_runtime::slots::{ReqRow, ReqToTokenPool};
-use kvown_runtime::tree_cache::init_next_round_input;
+use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
 
 /// Pages of the raw allocator and of the caches.
 const RAW_PAGES: usize = 16;
@@ -51,6 +54,22 @@ const WIDTH: usize = 96;
 static CALLS: AtomicU64 = AtomicU64::new(0);
 /// `may_corrupt` calls whose corruption the checker reported with the census.
 static CAUGHT: AtomicU64 = AtomicU64::new(0);
+/// In the soak run: per kind of call, how many were accepted and how many refused.
+static OUTCOMES: Mutex<Option<BTreeMap<String, (u64, u64)>>> = Mutex::new(None);
+
+/// Counts `op`'s outcome when the soak run asked for the figures.
+fn record(op: &Op, ok: bool) {
+    if let Some(outcomes) = OUTCOMES.lock().unwrap().as_mut() {
+        let name = format!("{op:?}");
+        let kind = name.split([' ', '{']).next().unwrap_or_default().to_owned();
+        let counts = outcomes.entry(kind).or_default();
+        if ok {
+            counts.0 += 1;
+        } else {
+            counts.1 += 1;
+        }
+    }
+}
 
 /// Sizes at the edges of every range the constructors check.
 const EDGE_SIZES: [usize; 10] = [
@@ -188,10 +207,23 @@ enum Op {
     Evict {
         tokens: usize,
     },
-    /// The cache's free group out of order, with a decode inside.
+    /// The cache's free group out of order, with a release inside.
     CacheGroup {
         end_first: bool,
-        decode: bool,
+        release: bool,
+    },
+    /// Registers a running request's committed pages in the prefix cache.
+    CacheUnfinished {
+        pick: usize,
+    },
+    /// Retracts from the running requests `mask` selects until their next decode fits.
+    Retract {
+        mask: u8,
+    },
+    /// Drops a running request without releasing it: the checker must name the leak, and
+    /// `reclaim_leaks` give it back.
+    Leak {
+        pick: usize,
     },
 }
 
@@ -235,7 +267,10 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => (0usize..8, 0u8..4).prop_map(|(pick, kind)| Op::CrossCache { pick, kind }),
         1 => prop_oneof![0usize..64, edge].prop_map(|tokens| Op::Evict { tokens }),
         1 => (any::<bool>(), any::<bool>())
-            .prop_map(|(end_first, decode)| Op::CacheGroup { end_first, decode }),
+            .prop_map(|(end_first, release)| Op::CacheGroup { end_first, release }),
+        2 => (0usize..8).prop_map(|pick| Op::CacheUnfinished { pick }),
+        1 => any::<u8>().prop_map(|mask| Op::Retract { mask }),
+        1 => (0usize..8).prop_map(|pick| Op::Leak { pick }),
     ]
 }
 
@@ -453,6 +488,7 @@ impl RawWorld {
                 (ok, foreign_last.is_some())
             }
             Op::RawDecode { who, foreign } => {
+                let who = who % self.reqs.len().max(1);
                 let Some(own) = self.last_slot(who) else {
                     return false;
                 };
@@ -550,6 +586,7 @@ impl RawWorld {
                 (result.is_ok(), true)
             }
             Op::RawFree { who, by_pages } => {
+                let who = who % self.reqs.len().max(1);
                 let Some(slots) = self.reqs.get(who).cloned() else {
                     return false;
                 };
@@ -624,6 +661,7 @@ impl RawWorld {
                 reuse_key,
                 checked,
             } => {
+                let who = who % self.reqs.len().max(1);
                 let Some(slots) = self.reqs.get(who).cloned() else {
                     return false;
                 };
@@ -742,10 +780,10 @@ impl RawWorld {
 
     /// A held row, or one nobody holds (freed, padding, out of range).
     fn pick_row(&self, pick: usize) -> ReqRow {
-        match self.held_rows.get(pick) {
-            Some(&row) => row,
-            None => [0, 1, ROWS, ROWS + 1, usize::MAX][pick % 5],
+        if pick % 2 == 0 && !self.held_rows.is_empty() {
+            return self.held_rows[pick / 2 % self.held_rows.len()];
         }
+        [0, 1, ROWS, ROWS + 1, usize::MAX][pick % 5]
     }
 }
 
@@ -1087,7 +1125,7 @@ impl CacheWorld {
                 }
                 ok
             }
-            Op::CacheGroup { end_first, decode } => {
+            Op::CacheGroup { end_first, release } => {
                 if *end_first {
                     let before = self.snapshot();
                     assert!(self.cache.free_group_end().is_err());
@@ -1099,7 +1137,7 @@ impl CacheWorld {
                     self.cache.check(&self.running).is_err(),
                     "checked in a group"
                 );
-                if *decode && !self.running.is_empty() {
+                if *release && !self.running.is_empty() {
                     let mut req = self.running.remove(0);
                     let _ = release_kv_cache(&mut req, &mut self.cache, true);
                     if req.kv().holds_kv() {
@@ -1109,6 +1147,61 @@ impl CacheWorld {
                     }
                 }
                 self.cache.free_group_end().unwrap();
+                true
+            }
+            Op::CacheUnfinished { pick } => {
+                if self.running.is_empty() {
+                    return false;
+                }
+                let pick = pick % self.running.len();
+                let before = self.snapshot();
+                let ok = cache_unfinished_req(&mut self.running[pick], &mut self.cache).is_ok();
+                if !ok {
+                    assert_eq!(
+                        self.snapshot(),
+                        before,
+                        "a refused {op:?} changed the state"
+                    );
+                }
+                ok
+            }
+            Op::Retract { mask } => {
+                let reqs = self.take(*mask);
+                let before = self.snapshot_with(&reqs);
+                let mut batch = ScheduleBatch::new(reqs);
+                match retract_decode(&mut batch, &mut self.cache, None) {
+                    Ok(outcome) => {
+                        self.done.extend(outcome.retracted);
+                        self.done.extend(outcome.aborted);
+                        self.running.extend(batch.into_reqs());
+                        true
+                    }
+                    Err(_) => {
+                        self.running.extend(batch.into_reqs());
+                        assert_eq!(
+                            self.snapshot(),
+                            before,
+                            "a refused {op:?} changed the state"
+                        );
+                        false
+                    }
+                }
+            }
+            Op::Leak { pick } => {
+                if self.running.is_empty() {
+                    return false;
+                }
+                let leaked = self.running.remove(pick % self.running.len());
+                let rid = leaked.rid();
+                drop(leaked);
+                let violation = self.cache.check(&self.running).expect_err("a leak unseen");
+                assert!(
+                    violation.to_string().contains("reclaim_leaks"),
+                    "{violation}"
+                );
+                let reclaimed = reclaim_leaks(&mut self.cache, &mut self.running)
+                    .unwrap_or_else(|error| panic!("reclaim after request {rid} leaked: {error}"));
+                assert!(!reclaimed.is_empty());
                 true
             }
             _ => unreachable!("not a batch-flow call: {op:?}"),
@@ -1165,12 +1258,11 @@ fn run_case(page_size: usize, ops: &[Op]) {
             | Op::ReleaseAgain { .. }
             | Op::CrossCache { .. }
             | Op::Evict { .. }
-            | Op::CacheGroup { .. } => {
-                world.run(op);
-            }
-            _ => {
-                raw.run(op);
-            }
+            | Op::CacheGroup { .. }
+            | Op::CacheUnfinished { .. }
+            | Op::Retract { .. }
+            | Op::Leak { .. } => record(op, world.run(op)),
+            _ => record(op, raw.run(op)),
         }
     }
     // Everything released and evicted, the pools are whole.
@@ -1211,6 +1303,7 @@ fn misuse_soak() {
         .ok()
         .and_then(|calls| calls.parse().ok())
         .unwrap_or(1_000_000);
+    *OUTCOMES.lock().unwrap() = Some(BTreeMap::new());
     let start = std::time::Instant::now();
     let before = CALLS.load(Ordering::Relaxed);
     let mut cases = 0;
@@ -1232,4 +1325,8 @@ fn misuse_soak() {
         start.elapsed().as_secs_f64(),
         CAUGHT.load(Ordering::Relaxed)
     );
+    let outcomes = OUTCOMES.lock().unwrap().take().unwrap_or_default();
+    for (kind, (accepted, refused)) in outcomes {
+        eprintln!("  {kind:<16} {accepted:>8} accepted {refused:>8} refused");
+    }
 }
