@@ -780,7 +780,7 @@ impl RawWorld {
 
     /// A held row, or one nobody holds (freed, padding, out of range).
     fn pick_row(&self, pick: usize) -> ReqRow {
-        if pick % 2 == 0 && !self.held_rows.is_empty() {
+        if pick.is_multiple_of(2) && !self.held_rows.is_empty() {
             return self.held_rows[pick / 2 % self.held_rows.len()];
         }
         [0, 1, ROWS, ROWS + 1, usize::MAX][pick % 5]
