@@ -266,7 +266,7 @@ pub enum Violation {
     },
     /// A page id past the pool's pages, in the prefix cache or a request's row (an allocator
     /// that handed out a slot it does not have).
-    #[error("page {page}, held by {holder:?}, is outside the pool's pages 0..{pages}")]
+    #[error("page {page}, held by {holder}, is outside the pool's pages 0..{pages}")]
     PageOutOfRange {
         /// The page.
         page: usize,
