@@ -260,11 +260,15 @@ fn huge_pools_are_typed_errors_under_a_memory_limit() {
 }
 
 /// The child of [`huge_pools_are_typed_errors_under_a_memory_limit`]; ignored in a plain run,
-/// which has no memory limit.
+/// which has no memory limit, and does nothing when run by hand (`--ignored`) without it: the
+/// host might then grant the memory and the test would take it.
 #[test]
 #[ignore = "run by huge_pools_are_typed_errors_under_a_memory_limit under ulimit -v"]
 fn huge_pools_child() {
-    assert!(std::env::var_os(CHILD).is_some(), "run by the parent test");
+    if std::env::var_os(CHILD).is_none() {
+        eprintln!("huge_pools_child: skipped, not run under the parent's memory limit");
+        return;
+    }
     let too_large = |result: Result<_, AllocError>| match result {
         Err(AllocError::PoolTooLarge { .. }) => {}
         other => panic!(

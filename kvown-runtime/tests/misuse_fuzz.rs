@@ -18,7 +18,8 @@
 //! then starts over. The raw world's calls are in `misuse_fuzz/raw.rs`, the cache's in
 //! `misuse_fuzz/cache.rs`.
 //!
-//! A normal run does a few thousand calls. A soak run scales it:
+//! A normal run does about 12,000 calls (200 cases, a few seconds in a debug build). A soak
+//! run scales it:
 //! `KVOWN_FUZZ_CALLS=1000000 cargo test --release -p kvown-runtime --test misuse_fuzz -- --ignored --nocapture`.
 
 #[path = "misuse_fuzz/cache.rs"]
