@@ -11,6 +11,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use kvown::radix::EvictionPolicy;
 
 use crate::report::AdmissionSummary;
+use crate::workload::{MAX_WORKLOAD_TOKENS, max_prompt_tokens};
 
 /// An inclusive range of lengths, written `min..max` (or a single `n`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,12 +70,31 @@ pub enum Admission {
     Ratio,
 }
 
+/// The limits `--help` states after the flags.
+const LIMITS: &str = "\
+Limits (checked before anything is allocated or drawn; a run past one exits non-zero naming it):
+  --requests                at most 10000000, and --requests x the longest --prompt-len (plus 8
+                            system prompts) at most 268435456 tokens: the workload is drawn up
+                            front, every prompt in memory (1 GiB at the limit)
+  --requests/--arrival-rate the arrivals span at most 10000000 steps (every step is recorded)
+  --pool-tokens             a whole number of pages of --page-size, at most 134217728 slots (the
+                            synthetic model's K/V take 1 KiB a slot: 128 GiB at the limit), and
+                            enough for the shortest request (prompt + output - 1 positions, in
+                            whole pages; with --spec, 2 x --spec-tokens more); longer requests
+                            are aborted, and the summary warns how large a pool runs them all
+  --plot                    its directory must exist; a plot that cannot be written is a warning
+                            after the summary, not a failure";
+
+/// Where the occupancy plot goes by default: the workspace's `target` directory, wherever the
+/// engine is run from.
+pub const DEFAULT_PLOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/target/kvown-occupancy.svg");
+
 /// A continuous-batching serving loop over kvown's allocator, radix cache and KV pool, on a
 /// synthetic workload.
 #[derive(Debug, Parser)]
-#[command(name = "engine")]
+#[command(name = "engine", version, after_help = LIMITS)]
 pub struct Args {
-    /// Requests in the workload.
+    /// Requests in the workload (limits below).
     #[arg(long, default_value_t = 400)]
     pub requests: usize,
     /// Mean requests arriving per step.
@@ -118,7 +138,7 @@ pub struct Args {
     /// Slots per page.
     #[arg(long, default_value_t = 16)]
     pub page_size: usize,
-    /// KV slots in the pool.
+    /// KV slots in the pool: whole pages, enough for the shortest request (limits below).
     #[arg(long, default_value_t = 65536)]
     pub pool_tokens: usize,
     /// Most requests running (decoding or prefilling) at once.
@@ -158,8 +178,10 @@ pub struct Args {
     /// the pages the cache holds, or the run fails. The summary counts the events.
     #[arg(long)]
     pub cache_events: bool,
-    /// Where to write the pool-occupancy plot (SVG).
-    #[arg(long, default_value = "target/kvown-occupancy.svg")]
+    /// Where to write the pool-occupancy plot (SVG). Its directory must exist (the default's,
+    /// the workspace's `target`, is created if missing); a plot that cannot be written is a
+    /// warning after the summary.
+    #[arg(long, default_value = DEFAULT_PLOT)]
     pub plot: PathBuf,
 }
 
@@ -173,6 +195,11 @@ const MAX_ARRIVAL_STEPS: f64 = 1e7;
 
 /// The most `--requests`: the workload is drawn up front, every prompt in memory.
 const MAX_REQUESTS: usize = 10_000_000;
+
+/// The most `--pool-tokens`: the synthetic model's K/V take 1 KiB a slot (2 layers, 2 heads of
+/// 64 f16 each for K and V), so 128 GiB at the limit, more than a GPU holds. Checked before the
+/// allocator's bookkeeping (9 bytes a page) is taken.
+const MAX_POOL_TOKENS: usize = 1 << 27;
 
 /// The flags of `--admission ratio`, by clap id.
 const RATIO_FLAGS: [&str; 3] = [
@@ -251,8 +278,20 @@ impl Args {
         if self.pool_tokens < self.page_size {
             return Err("--pool-tokens must hold at least one page of --page-size".into());
         }
-        // The pool holds whole pages only: `--pool-tokens` past the last whole page is unused.
+        if self.pool_tokens > MAX_POOL_TOKENS {
+            return Err(format!(
+                "--pool-tokens must be at most {MAX_POOL_TOKENS} (the synthetic K/V take 1 KiB a \
+                 slot: 128 GiB at the limit)"
+            ));
+        }
+        // The pool holds whole pages only: a remainder would be unused.
         let usable = self.pool_tokens / self.page_size * self.page_size;
+        if usable != self.pool_tokens {
+            return Err(format!(
+                "--pool-tokens {} is not a whole number of pages of --page-size {}: pass {usable}",
+                self.pool_tokens, self.page_size
+            ));
+        }
         if self.spec && self.spec_tokens > usable / 2 {
             return Err(
                 "--spec-tokens: the reservation, 2 x --spec-tokens, must fit in the whole pages \
@@ -270,7 +309,65 @@ impl Args {
         if self.new_token_ratio_decay_steps == 0 {
             return Err("--new-token-ratio-decay-steps must be positive".into());
         }
+        self.validate_workload_size()?;
+        let shortest = self.lifetime_slots(self.prompt_len.min, self.output_len.min);
+        if shortest > usable {
+            return Err(format!(
+                "no request fits the pool: the shortest (--prompt-len {} and --output-len {}) \
+                 needs {shortest} slots of K/V, and --pool-tokens gives {usable}; pass \
+                 --pool-tokens {shortest} or more ({} runs every request), or shorter \
+                 --prompt-len / --output-len",
+                self.prompt_len.min,
+                self.output_len.min,
+                self.pool_for_every_request()
+            ));
+        }
         Ok(())
+    }
+
+    /// The workload is drawn up front: refuses flags whose prompts could exceed
+    /// [`MAX_WORKLOAD_TOKENS`], naming the most requests that fit.
+    fn validate_workload_size(&self) -> Result<(), String> {
+        match max_prompt_tokens(self) {
+            Some(tokens) if tokens <= MAX_WORKLOAD_TOKENS => Ok(()),
+            _ => {
+                let requests = (MAX_WORKLOAD_TOKENS / self.prompt_len.max).saturating_sub(8);
+                let prompt = MAX_WORKLOAD_TOKENS / self.requests.saturating_add(8);
+                let fewer = match requests {
+                    0 => String::new(),
+                    requests => format!("--requests {requests} or fewer, or "),
+                };
+                Err(format!(
+                    "--requests {} x --prompt-len max {} could draw more than \
+                     {MAX_WORKLOAD_TOKENS} prompt tokens (the workload is drawn up front, every \
+                     prompt in memory): pass {fewer}--prompt-len max {prompt} or less",
+                    self.requests, self.prompt_len.max,
+                ))
+            }
+        }
+    }
+
+    /// Slots a request of `prompt` tokens and `output` outputs could ever hold, in whole pages
+    /// (the scheduler's `lifetime_need`): its last output is never computed, so
+    /// `prompt + output - 1` positions, and with `--spec` a reservation of `2 x --spec-tokens`
+    /// on top of all but the last two. Saturates at `usize::MAX`.
+    pub fn lifetime_slots(&self, prompt: usize, output: usize) -> usize {
+        let computed = prompt.saturating_add(output) - 1;
+        let held = match self.spec_reserve() {
+            None => computed,
+            Some(reserve) => computed
+                .saturating_sub(1)
+                .saturating_add(reserve)
+                .max(computed),
+        };
+        held.checked_next_multiple_of(self.page_size)
+            .unwrap_or(usize::MAX)
+    }
+
+    /// The pool that every request of the workload fits alone: the longest prompt with the
+    /// longest output.
+    pub fn pool_for_every_request(&self) -> usize {
+        self.lifetime_slots(self.prompt_len.max, self.output_len.max)
     }
 
     /// The admission policy and its parameters, for the summary.
@@ -461,27 +558,106 @@ mod tests {
             let error = Args::from_flags(flags).validate().unwrap_err();
             assert!(error.contains(message), "{flags:?}: {error}");
         }
+        // One-token requests: a reservation of 2 x 32 fills the pool of 64 exactly.
+        let one_token = ["--prompt-len", "1", "--output-len", "1"];
+        let spec = ["--spec", "--pool-tokens", "64", "--spec-tokens", "32"];
         assert_eq!(
-            Args::from_flags(&["--spec", "--pool-tokens", "64", "--spec-tokens", "32"]).validate(),
+            Args::from_flags(&[&spec[..], &one_token].concat()).validate(),
             Ok(())
         );
-        // 100 slots make one page of 64: a reservation of 2 x 50 fits --pool-tokens but not the
-        // pool (every request was aborted); 2 x 32 fits the page.
-        let one_page = |spec_tokens| {
-            let flags = ["--spec", "--pool-tokens", "100", "--page-size", "64"];
-            Args::from_flags(&[&flags[..], &["--spec-tokens", spec_tokens]].concat()).validate()
-        };
-        let error = one_page("50").unwrap_err();
-        assert!(error.contains("2 x --spec-tokens"), "{error}");
-        assert_eq!(one_page("32"), Ok(()));
+        // 100 slots are one page of 64 and 36 unused: refused, naming the size to pass.
+        let error = Args::from_flags(&["--pool-tokens", "100", "--page-size", "64"])
+            .validate()
+            .unwrap_err();
+        assert!(
+            error.contains("not a whole number of pages") && error.contains("pass 64"),
+            "{error}"
+        );
         assert_eq!(
             Args::from_flags(&["--requests", "1000", "--arrival-rate", "0.0001"]).validate(),
             Ok(())
         );
         // Without --spec nothing is reserved: a pool under 2 x the default --spec-tokens runs.
         assert_eq!(
-            Args::from_flags(&["--pool-tokens", "4", "--page-size", "1"]).validate(),
+            Args::from_flags(
+                &[&["--pool-tokens", "4", "--page-size", "1"][..], &one_token].concat()
+            )
+            .validate(),
             Ok(())
+        );
+    }
+
+    /// Every size the engine allocates or draws from is checked before it does: flags that
+    /// aborted the process (a 14 GB prompt, 10^7 requests drawn up front, a 2^32-slot pool)
+    /// are refused naming the flag and what would fit.
+    #[test]
+    fn sizes_that_aborted_the_process_are_refused_before_anything_is_allocated() {
+        for (flags, message) in [
+            (
+                &["--requests", "10000000"][..],
+                "pass --requests 131064 or fewer, or --prompt-len max 26 or less",
+            ),
+            (
+                &["--prompt-len", "1..4000000000"],
+                "--requests 400 x --prompt-len max 4000000000 could draw more than 268435456 \
+                 prompt tokens (the workload is drawn up front, every prompt in memory): pass \
+                 --prompt-len max 657930 or less",
+            ),
+            (
+                &["--pool-tokens", "4294967294", "--page-size", "1"],
+                "--pool-tokens must be at most 134217728",
+            ),
+            (
+                &["--pool-tokens", "1000000000", "--page-size", "1"],
+                "--pool-tokens must be at most",
+            ),
+        ] {
+            let error = Args::from_flags(flags).validate().unwrap_err();
+            assert!(error.contains(message), "{flags:?}: {error}");
+        }
+    }
+
+    /// A pool that not even the shortest request fits is refused (it ran, aborted every
+    /// request and exited 0), with the pool that the shortest and the longest request need.
+    #[test]
+    fn a_pool_no_request_fits_is_refused_with_the_sizes_that_would() {
+        let error = Args::from_flags(&["--pool-tokens", "16"])
+            .validate()
+            .unwrap_err();
+        // The shortest: 32 + 8 - 1 positions in pages of 16; the longest 2048 + 512 - 1.
+        assert!(error.contains("no request fits the pool"), "{error}");
+        assert!(
+            error.contains("pass --pool-tokens 48 or more (2560 runs every request)"),
+            "{error}"
+        );
+        assert_eq!(
+            Args::from_flags(&["--pool-tokens", "48"]).validate(),
+            Ok(())
+        );
+        // With --spec the shortest reserves 2 x 6 past the 38 positions it has committed then.
+        let spec = ["--pool-tokens", "48", "--spec", "--spec-tokens", "6"];
+        let error = Args::from_flags(&spec).validate().unwrap_err();
+        assert!(error.contains("pass --pool-tokens 64 or more"), "{error}");
+    }
+
+    #[test]
+    fn help_states_the_limits_and_version_is_printed() {
+        let parse = |flag: &str| Args::try_parse_flags(["engine", flag]).unwrap_err();
+        let help = parse("--help").to_string();
+        for limit in [
+            "Limits",
+            "268435456",
+            "134217728",
+            "whole number of pages",
+            "--plot",
+        ] {
+            assert!(help.contains(limit), "--help lacks {limit}: {help}");
+        }
+        let version = parse("--version");
+        assert_eq!(version.kind(), ErrorKind::DisplayVersion);
+        assert!(
+            version.to_string().contains(env!("CARGO_PKG_VERSION")),
+            "{version}"
         );
     }
 }

@@ -232,7 +232,23 @@ fn serve<A: KvAllocator + AsPageAllocator + DeviceCopy>(
     progress.finish_and_clear();
     engine.finish()?;
 
-    plot::occupancy(&engine.stats, pool_pages, &args.plot)?;
+    let mut warnings = Vec::new();
+    let mut plot = args.plot.display().to_string();
+    let default_plot = args.plot.as_os_str() == cli::DEFAULT_PLOT;
+    if let Err(error) = plot::occupancy(&engine.stats, pool_pages, &args.plot, default_plot) {
+        plot.push_str(" (not written: see the warning after the summary)");
+        warnings.push(error);
+    }
+    if engine.stats.aborted > 0 {
+        warnings.push(format!(
+            "{} of {} requests were aborted: they cannot fit the pool of {} slots alone; pass \
+             --pool-tokens {} to run every request the flags can draw",
+            engine.stats.aborted,
+            args.requests,
+            pool_pages * args.page_size,
+            args.pool_for_every_request()
+        ));
+    }
     let (median, p99) = report::step_time_percentiles(&engine.stats);
     let stats = &engine.stats;
     // Tokens looked up at admission and tokens the prefix cache supplied: a rate.
@@ -263,33 +279,41 @@ fn serve<A: KvAllocator + AsPageAllocator + DeviceCopy>(
         checked_every_step: args.check,
         backend,
         wall_seconds,
-        plot: args.plot.display().to_string(),
+        plot,
         leak_check: "passed",
+        warnings,
     })
 }
 
 fn main() -> ExitCode {
     let args = Args::try_parse_flags(std::env::args_os()).unwrap_or_else(|error| error.exit());
-    match run(&args) {
-        Ok(summary) if args.json => match serde_json::to_string_pretty(&summary) {
-            Ok(json) => {
-                println!("{json}");
-                ExitCode::SUCCESS
-            }
-            Err(error) => {
-                eprintln!("engine: JSON: {error}");
-                ExitCode::FAILURE
-            }
-        },
-        Ok(summary) => {
-            summary.print_table();
-            ExitCode::SUCCESS
-        }
+    let summary = match run(&args) {
+        Ok(summary) => summary,
         Err(error) => {
             eprintln!("engine: FAILED: {error}");
-            ExitCode::FAILURE
+            return ExitCode::FAILURE;
         }
+    };
+    if args.json {
+        match serde_json::to_string_pretty(&summary) {
+            Ok(json) => println!("{json}"),
+            Err(error) => {
+                eprintln!("engine: JSON: {error}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        summary.print_table();
     }
+    // After the summary, which they do not replace.
+    for warning in &summary.warnings {
+        eprintln!("engine: warning: {warning}");
+    }
+    if !summary.served() {
+        eprintln!("engine: FAILED: no request finished (see the warning above)");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
 }
 
 #[cfg(test)]
@@ -539,24 +563,76 @@ mod tests {
 
     #[test]
     fn a_request_whose_output_cannot_fit_the_pool_is_aborted() {
-        // Output lengths are numbers, not tokens: one past the pool is aborted. The table was
-        // as wide as the longest job (16 TB for 10^12 tokens, an abort on allocation), and
-        // near usize::MAX the lengths overflowed (a follow-up prompt of usize::MAX tokens, a
-        // panic; or a table narrower than a job, a failed extend).
-        for output in [
-            "1000000000000",
-            "18446744073709551615",
-            "18446744073709551000..18446744073709551615",
-        ] {
+        // Output lengths are numbers, not tokens: one past the pool is aborted, and the summary
+        // warns with the pool that runs them all. The table was as wide as the longest job (16
+        // TB for 10^12 tokens, an abort on allocation), and near usize::MAX the lengths
+        // overflowed (a follow-up prompt of usize::MAX tokens, a panic; or a table narrower
+        // than a job, a failed extend). Seed 3 draws at least one short output of the three.
+        for output in ["8..1000000000000", "8..18446744073709551615"] {
             for spec in [false, true] {
                 let mut flags = vec!["--output-len", output, "--requests", "3", "--check"];
                 if spec {
                     flags.push("--spec");
                 }
                 let summary = run_with("huge-output", &flags);
-                assert_eq!((summary.finished, summary.aborted), (0, 3), "{flags:?}");
+                assert_eq!(summary.finished + summary.aborted, 3, "{flags:?}");
+                assert!(summary.aborted > 0, "{flags:?}");
+                let warning = summary.warnings.join("\n");
+                assert!(
+                    warning.contains("requests were aborted") && warning.contains("--pool-tokens"),
+                    "{warning}"
+                );
             }
         }
+        // Where every output is past the pool, the run is refused before it starts.
+        for output in [
+            "1000000000000",
+            "18446744073709551000..18446744073709551615",
+        ] {
+            let args = Args::from_flags(&["--backend", "cpu", "--output-len", output]);
+            let error = run(&args).unwrap_err();
+            assert!(error.contains("no request fits the pool"), "{error}");
+        }
+    }
+
+    /// A plot that cannot be written (its directory missing) is a warning kept with the
+    /// summary, and the run succeeds; the run creates no directory for it.
+    #[test]
+    fn an_unwritable_plot_is_a_warning_after_the_summary() {
+        let missing = std::env::temp_dir().join("kvown-engine-no-such-dir");
+        let _ = std::fs::remove_dir_all(&missing);
+        let plot = missing.join("sub").join("plot.svg");
+        let flags = [
+            "--backend",
+            "cpu",
+            "--json",
+            "--requests",
+            "3",
+            "--plot",
+            plot.to_str().expect("a UTF-8 temporary path"),
+        ];
+        let summary = run(&Args::from_flags(&flags)).expect("the run succeeds without its plot");
+        assert_eq!(summary.finished, 3);
+        assert!(summary.served());
+        assert_eq!(summary.warnings.len(), 1, "{:?}", summary.warnings);
+        assert!(
+            summary.warnings[0].contains("was not written")
+                && summary.warnings[0].contains("does not exist"),
+            "{:?}",
+            summary.warnings
+        );
+        assert!(summary.plot.contains("not written"), "{}", summary.plot);
+        assert!(!missing.exists(), "the run created the plot's directory");
+        // A directory as the plot's path: the drawing itself fails, and is a warning too.
+        let flags = ["--backend", "cpu", "--requests", "3", "--plot"];
+        let dir = std::env::temp_dir();
+        let args = Args::from_flags(&[&flags[..], &[dir.to_str().unwrap()]].concat());
+        let summary = run(&args).expect("the run succeeds without its plot");
+        assert!(
+            summary.warnings[0].contains("was not written"),
+            "{:?}",
+            summary.warnings
+        );
     }
 
     #[test]

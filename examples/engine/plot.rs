@@ -59,11 +59,32 @@ fn thinned_markers(retraction_steps: &[u64], steps: u64) -> Vec<u64> {
 }
 
 /// Writes the occupancy of `stats` as an SVG at `path` for a pool of `pool_pages` pages.
-pub fn occupancy(stats: &Stats, pool_pages: usize, path: &Path) -> Result<(), String> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+/// `path`'s directory must exist, unless `create_parent` (the default path, in the workspace's
+/// `target`): a path the user gave creates no directories.
+pub fn occupancy(
+    stats: &Stats,
+    pool_pages: usize,
+    path: &Path,
+    create_parent: bool,
+) -> Result<(), String> {
+    let not_written =
+        |reason: String| format!("the plot {} was not written: {reason}", path.display());
+    if let Some(parent) = path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+    {
+        if create_parent {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| not_written(format!("{}: {e}", parent.display())))?;
+        } else if !parent.is_dir() {
+            return Err(not_written(format!(
+                "its directory {} does not exist; create it or pass another --plot",
+                parent.display()
+            )));
+        }
     }
-    draw(stats, pool_pages, path).map_err(|e| format!("plot {}: {e}", path.display()))
+    draw(stats, pool_pages, path)
+        .map_err(|e| not_written(format!("{e}; pass a writable --plot path")))
 }
 
 fn draw(stats: &Stats, pool_pages: usize, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
@@ -136,7 +157,7 @@ mod tests {
             ..Stats::default()
         };
         let path = std::env::temp_dir().join("kvown-engine-plot-long-run.svg");
-        occupancy(&stats, 200, &path).expect("the plot is written");
+        occupancy(&stats, 200, &path, false).expect("the plot is written");
         let bytes = std::fs::metadata(&path).expect("the plot exists").len();
         assert!(bytes < 4 << 20, "{bytes} bytes for {steps} steps");
         // The envelope stays: each bucket keeps its lowest and highest value.

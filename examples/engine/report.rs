@@ -53,10 +53,21 @@ pub struct Summary {
     pub backend: String,
     /// Wall-clock seconds of the loop.
     pub wall_seconds: f64,
-    /// Where the occupancy plot was written.
+    /// Where the occupancy plot was written (or, marked so, where it could not be).
     pub plot: String,
     /// Leak check: pool and request table back at full capacity after releasing and evicting.
     pub leak_check: &'static str,
+    /// What the run could not do but did not fail for (printed after the summary): requests
+    /// aborted for a pool too small, a plot that could not be written.
+    pub warnings: Vec<String>,
+}
+
+impl Summary {
+    /// Whether the run served its workload: some request finished. A workload whose every
+    /// request was aborted for want of pool exits non-zero.
+    pub fn served(&self) -> bool {
+        self.finished > 0
+    }
 }
 
 /// The admission policy and its parameters: one line in the table, in JSON an object tagged by

@@ -9,6 +9,19 @@ use crate::cli::{Args, LenRange};
 /// System prompts that shared-prefix requests start with.
 const SYSTEM_PROMPTS: usize = 8;
 
+/// The most prompt tokens [`generate`] may hold (1 GiB of `u32`): the workload is drawn up
+/// front, every prompt in memory, so [`Args::validate`] refuses flags that could draw more.
+pub const MAX_WORKLOAD_TOKENS: usize = 1 << 28;
+
+/// The most prompt tokens the workload of `args` can hold: every prompt, system prompts
+/// included, is at most `--prompt-len`'s max long (a follow-up quotes only a conversation
+/// shorter than that). `None` past `usize::MAX`.
+pub fn max_prompt_tokens(args: &Args) -> Option<usize> {
+    args.requests
+        .checked_add(SYSTEM_PROMPTS)?
+        .checked_mul(args.prompt_len.max)
+}
+
 /// One request of the workload.
 #[derive(Debug, Clone)]
 pub struct Job {
@@ -51,7 +64,8 @@ fn random_tokens(rng: &mut SmallRng, len: usize) -> Vec<u32> {
     (0..len).map(|_| rng.gen_range(1..50_000)).collect()
 }
 
-/// Draws the workload described by `args`.
+/// Draws the workload described by `args`, whose size [`Args::validate`] has checked
+/// ([`MAX_WORKLOAD_TOKENS`]).
 pub fn generate(args: &Args) -> Vec<Job> {
     let mut rng = SmallRng::seed_from_u64(args.seed);
     let system_prompts: Vec<Vec<u32>> = (0..SYSTEM_PROMPTS)

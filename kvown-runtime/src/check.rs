@@ -10,15 +10,30 @@ use crate::radix::{LockMismatch, Namespace, NodeId, RadixError, TreePos};
 use crate::request::Req;
 use crate::slots::{ReqRow, ReqToTokenPool};
 
+mod ledger;
+use ledger::PageHolders;
+pub use ledger::PageLedger;
+
 /// Who holds a page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Holder {
     /// The allocator's free (or release) list.
     Free,
-    /// The prefix cache.
-    Tree,
-    /// A request's own range `[cache_protected_len, ceil_align(kv_allocated_len))`.
+    /// The prefix cache, in this node.
+    Tree(NodeId),
+    /// A request's own range `[cache_protected_len, ceil_align(kv_allocated_len))`, by its
+    /// id (or, for a [`PageLedger`], whatever id its caller gives the holder).
     Request(u64),
+}
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Holder::Free => f.write_str("the allocator's free list"),
+            Holder::Tree(node) => write!(f, "prefix-cache node {node}"),
+            Holder::Request(rid) => write!(f, "request {rid}"),
+        }
+    }
 }
 
 /// Which part of a request's protected prefix differs from the path its lock holds.
@@ -203,7 +218,11 @@ pub enum Violation {
         expected: usize,
     },
     /// A page is held by two holders at once, or by one request for two runs of positions.
-    #[error("page {page} is held twice: by {first:?} and by {second:?}")]
+    #[error(
+        "page {page} is held twice: by {first} and by {second}; one of them took it without \
+         the allocator handing it out (a foreign last_loc, a free behind its holder's back): \
+         find which, and release the other's claim"
+    )]
     PageHeldTwice {
         /// The page.
         page: usize,
@@ -212,9 +231,42 @@ pub enum Violation {
         /// The other.
         second: Holder,
     },
+    /// One slot is held by two requests: both would write their KV to it (a raw `alloc_extend`
+    /// or `alloc_decode` given another request's `last_loc` hands the rest of that request's
+    /// partial page out a second time).
+    #[error(
+        "slot {slot} (page {page}) is held by {first} and by {second}; both would write their \
+         KV to it. A partial page belongs to one request: pass each request its own last_loc"
+    )]
+    SlotHeldTwice {
+        /// The slot.
+        slot: KvSlot,
+        /// Its page.
+        page: usize,
+        /// The holder that claimed it first.
+        first: Holder,
+        /// The other.
+        second: Holder,
+    },
+    /// A page a holder claims is not held as allocated by the allocator: the free list has it
+    /// (or nobody allocated it since the last clear), so the allocator will hand it out again
+    /// or refuse to free it.
+    #[error(
+        "page {page}, held by {holder}, is {state:?} in the allocator, not allocated: it was \
+         never handed out (or was freed) and will be handed out again; give a holder only pages \
+         the allocator allocated"
+    )]
+    PageNotAllocated {
+        /// The page.
+        page: usize,
+        /// Who claims it.
+        holder: Holder,
+        /// Its state in the allocator.
+        state: crate::alloc::PageState,
+    },
     /// A page id past the pool's pages, in the prefix cache or a request's row (an allocator
     /// that handed out a slot it does not have).
-    #[error("page {page}, held by {holder:?}, is outside the pool's pages 0..{pages}")]
+    #[error("page {page}, held by {holder}, is outside the pool's pages 0..{pages}")]
     PageOutOfRange {
         /// The page.
         page: usize,
@@ -360,16 +412,12 @@ impl<A: AsPageAllocator> KvCache<A> {
         }
         allocator.check()?;
         let page_size = allocator.page_size();
-        let mut holders = PageHolders(vec![None; allocator.num_pages() + 1]);
-        for page in allocator.free_pages().chain(allocator.released_pages()) {
-            holders.claim(page as usize, Holder::Free)?;
-        }
+        let mut holders = PageHolders::new(allocator.num_pages() + 1, page_size);
+        holders.claim_free(allocator)?;
         let mut cached = 0;
         if let Some(tree) = self.tree.radix() {
             tree.check()?;
-            for page in tree.cached_pages() {
-                holders.claim(page as usize, Holder::Tree)?;
-            }
+            holders.claim_tree(tree)?;
             cached = tree.total_size();
         }
 
@@ -449,10 +497,10 @@ impl<A: AsPageAllocator> KvCache<A> {
                         expected: first + offset,
                     });
                 }
-                holders.claim(page, Holder::Request(req.rid()))?;
+                holders.claim_run(page, run, Holder::Request(req.rid()))?;
             }
             for (position, &slot) in slots[..protected].iter().enumerate() {
-                if holders.0.get(slot as usize / page_size) != Some(&Some(Holder::Tree)) {
+                if !holders.is_tree(slot as usize / page_size) {
                     return Err(Violation::PrefixNotCached {
                         rid: req.rid(),
                         position,
@@ -555,9 +603,9 @@ impl Census {
         &self,
         allocator: &PageAllocator<R>,
     ) -> Vec<PageId> {
-        (1..self.holders.0.len() as PageId)
+        (1..self.holders.pages.len() as PageId)
             .filter(|&page| {
-                self.holders.0[page as usize].is_none() && allocator.is_page_allocated(page)
+                self.holders.pages[page as usize].is_none() && allocator.is_page_allocated(page)
             })
             .collect()
     }
@@ -590,33 +638,6 @@ impl From<LockMismatch> for Violation {
             node: mismatch.node,
             locks: mismatch.locks,
             held: mismatch.held,
-        }
-    }
-}
-
-/// Who holds each page, filled while checking; a second claim by another holder is a violation.
-struct PageHolders(Vec<Option<Holder>>);
-
-impl PageHolders {
-    fn claim(&mut self, page: usize, holder: Holder) -> Result<(), Violation> {
-        let pages = self.0.len();
-        let Some(held) = self.0.get_mut(page) else {
-            return Err(Violation::PageOutOfRange {
-                page,
-                pages,
-                holder,
-            });
-        };
-        match *held {
-            None => {
-                *held = Some(holder);
-                Ok(())
-            }
-            Some(first) => Err(Violation::PageHeldTwice {
-                page,
-                first,
-                second: holder,
-            }),
         }
     }
 }

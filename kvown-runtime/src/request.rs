@@ -82,6 +82,12 @@ impl ReqKvInfo {
     pub fn holds_kv(&self) -> bool {
         self.req_pool_idx().is_some()
     }
+
+    /// Whether the request holds slots allocated beyond its committed length: a speculative
+    /// reservation (`kv_allocated_len > kv_committed_len`), which an extend refuses.
+    pub fn holds_reservation(&self) -> bool {
+        self.kv_allocated_len() > self.kv_committed_len()
+    }
 }
 
 /// One request as the scheduler sees it: its tokens, its KV record and its prefix-cache lock.

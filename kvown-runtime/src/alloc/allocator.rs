@@ -15,6 +15,10 @@ use super::{
 };
 use crate::slots::ReqToTokenPool;
 
+/// Bookkeeping bytes per page: the state byte, and a page id each in the free/release ring and
+/// the deferred list ([`PageAllocator::bookkeeping_bytes`]).
+const BYTES_PER_PAGE: usize = 1 + 2 * std::mem::size_of::<PageId>();
+
 /// A page allocator over pages `1..=num_pages` of `page_size` slots; page 0 is padding.
 ///
 /// * Allocation always takes pages from the head of the free list.
@@ -70,15 +74,30 @@ impl<R: ReuseOrder> PageAllocator<R> {
                 slot_end,
             });
         }
-        let mut state = vec![PageState::Unused; num_pages + 1];
-        state[0] = PageState::Reserved;
+        // Sized from the caller's numbers: reserved fallibly, so that a pool the host cannot
+        // hold is a typed error rather than an abort.
+        let too_large = AllocError::PoolTooLarge {
+            num_pages,
+            page_size,
+            bookkeeping_bytes: num_pages.saturating_add(1).saturating_mul(BYTES_PER_PAGE),
+        };
+        let mut state = Vec::new();
+        let mut deferred = Vec::new();
+        if state.try_reserve_exact(num_pages + 1).is_err()
+            || deferred.try_reserve_exact(num_pages).is_err()
+        {
+            return Err(too_large);
+        }
+        let free = FreeList::try_full(num_pages).ok_or(too_large)?;
+        state.push(PageState::Reserved);
+        state.resize(num_pages + 1, PageState::Unused);
         Ok(Self {
             geometry: PageGeometry::new(page_size),
             num_pages,
             need_sort,
             state,
-            free: FreeList::full(num_pages),
-            deferred: Vec::with_capacity(num_pages),
+            free,
+            deferred,
             ordered_deferred: 0,
             in_free_group: false,
             order: PhantomData,

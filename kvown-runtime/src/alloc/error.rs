@@ -236,6 +236,35 @@ pub enum AllocError {
         /// One past the largest slot id the pool would use (`u64::MAX` when that overflows).
         slot_end: u64,
     },
+    /// The pool's bookkeeping does not fit in memory: the system allocator refused it.
+    #[error(
+        "cannot allocate the bookkeeping of {num_pages} pages of {page_size} slots (about \
+         {bookkeeping_bytes} bytes): the host refused the memory; take fewer pages"
+    )]
+    PoolTooLarge {
+        /// Requested pages (excluding page 0).
+        num_pages: usize,
+        /// Requested page size.
+        page_size: usize,
+        /// Bytes the bookkeeping needs (9 per page).
+        bookkeeping_bytes: usize,
+    },
+    /// A pool size that is not a whole number of pages: the allocator would silently leave the
+    /// remainder unused.
+    #[error(
+        "a pool of {size} slots is not a whole number of pages of {page_size} slots; pass \
+         {nearest} ({} pages) instead",
+        .nearest / .page_size
+    )]
+    UnalignedPoolSize {
+        /// The size passed.
+        size: usize,
+        /// The page size passed.
+        page_size: usize,
+        /// The largest whole number of pages below `size`, in slots (the next one above when
+        /// that is 0).
+        nearest: usize,
+    },
 }
 
 /// A broken allocator invariant, reported by `check()`.

@@ -19,14 +19,14 @@ pub(crate) struct FreeList {
 }
 
 impl FreeList {
-    /// `[1, 2, …, num_pages]` (head first), nothing released, room for every page.
-    pub(crate) fn full(num_pages: usize) -> Self {
-        let mut list = Self {
-            pages: VecDeque::with_capacity(num_pages),
-            released: 0,
-        };
+    /// `[1, 2, …, num_pages]` (head first), nothing released, room for every page; `None`
+    /// when the system allocator refuses the room.
+    pub(crate) fn try_full(num_pages: usize) -> Option<Self> {
+        let mut pages = VecDeque::new();
+        pages.try_reserve_exact(num_pages).ok()?;
+        let mut list = Self { pages, released: 0 };
         list.reset(num_pages);
-        list
+        Some(list)
     }
 
     /// Back to `[1, 2, …, num_pages]` with an empty release list; keeps the buffer.

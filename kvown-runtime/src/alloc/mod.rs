@@ -186,12 +186,22 @@ pub trait KvAllocator {
     /// Allocates `num_tokens` slots (a multiple of the page size) as whole pages, in free-list order.
     fn alloc(&mut self, num_tokens: usize, out: &mut Vec<KvSlot>) -> Result<(), AllocError>;
     /// Batched extend allocation (sglang `alloc_extend`, three parts per request).
+    ///
+    /// A `last_loc` must be the caller's own: the allocator checks that it lies in an allocated
+    /// page at the offset `prefix_len` implies, and that no two requests of the batch continue
+    /// one partial page, but not whose page it is across calls. A request continuing another's
+    /// partial page gets that request's next slots, and the check is
+    /// [`PageLedger`](crate::check::PageLedger) (or [`KvCache::check`](crate::cache::KvCache::check),
+    /// whose batch flow reads each `last_loc` from the request's own row).
     fn alloc_extend(
         &mut self,
         reqs: &[ExtendShape],
         out: &mut Vec<KvSlot>,
     ) -> Result<(), AllocError>;
     /// Batched decode allocation, one slot per request (new page only at a page boundary).
+    /// Whose page a `last_loc` is the allocator cannot know, as for
+    /// [`KvAllocator::alloc_extend`]; [`KvAllocator::alloc_decode_table`] reads it from the
+    /// request's row.
     fn alloc_decode(
         &mut self,
         reqs: &[DecodeShape],

@@ -9,7 +9,9 @@ use crate::error::KvError;
 use crate::slots::ReqRow;
 
 /// Fixes each request's extend `[prefix_len, extend_end)` (set by `init_next_round_input`) and
-/// ticks its extend clock. Owns `extend_batch_idx`.
+/// ticks its extend clock, unless a request holds a speculative reservation, which
+/// `alloc_for_extend` refuses ([`KvError::ReservationHeld`]): a refused batch ticks no clock.
+/// Owns `extend_batch_idx`.
 ///
 /// The prefix of a request without KV is its matched prefix (`prefix_indices`); a request
 /// that holds KV (a chunked prefill continuing) extends from its committed length, whose last
@@ -17,6 +19,7 @@ use crate::slots::ReqRow;
 #[owner]
 pub fn prepare_for_extend(mut batch: ScheduleBatch<Ready>) -> ScheduleBatch<ExtendPrepared> {
     let mut shapes = Vec::with_capacity(batch.reqs.len());
+    let refused = batch.reqs.iter().any(|req| req.kv().holds_reservation());
     for req in &mut batch.reqs {
         shapes.push(ExtendShape {
             prefix_len: req.prefix_len(),
@@ -26,7 +29,9 @@ pub fn prepare_for_extend(mut batch: ScheduleBatch<Ready>) -> ScheduleBatch<Exte
                 false => req.prefix_indices.last().copied(),
             },
         });
-        *req.kv_mut().extend_batch_idx_mut(owner) += 1;
+        if !refused {
+            *req.kv_mut().extend_batch_idx_mut(owner) += 1;
+        }
     }
     batch.into_state(ExtendPrepared { shapes })
 }
@@ -58,7 +63,7 @@ pub fn alloc_for_extend<A: KvAllocator>(
             return Err(batch.fail(error));
         }
         let (committed, allocated) = (req.kv().kv_committed_len(), req.kv().kv_allocated_len());
-        if allocated > committed {
+        if req.kv().holds_reservation() {
             let error = KvError::ReservationHeld {
                 rid: req.rid(),
                 committed,

@@ -26,7 +26,7 @@ fn child_key(parent: NodeId, namespace: Namespace, first_page: &[u32]) -> u64 {
         .fold(u64::from(namespace.0), |hash, &token| {
             (hash.rotate_left(5) ^ u64::from(token)).wrapping_mul(0x517c_c1b7_2722_0a95)
         });
-    (u64::from(parent.0) << 32) | (page_hash >> 32)
+    (u64::from(parent.raw_index()) << 32) | (page_hash >> 32)
 }
 
 impl ChildIndex {

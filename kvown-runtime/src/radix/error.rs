@@ -101,6 +101,33 @@ pub enum RadixError {
         /// The handle passed.
         node: NodeId,
     },
+    /// [`RadixCache::insert_allocated`](super::RadixCache::insert_allocated) was given a page
+    /// the allocator does not hold as allocated.
+    #[error(
+        "the page at key position {position} (page {page}) is {} in the allocator, not \
+         allocated: insert only pages the allocator handed out and nobody freed",
+        match .state { Some(state) => format!("{state:?}"), None => "beyond the last page".to_owned() }
+    )]
+    PageNotAllocated {
+        /// Key position of the page's first token.
+        position: usize,
+        /// The page.
+        page: crate::alloc::PageId,
+        /// Its state in the allocator (`None` past its last page).
+        state: Option<crate::alloc::PageState>,
+    },
+    /// A node already counts as many locks as its counter holds; another would wrap it and
+    /// turn locked tokens evictable.
+    #[error(
+        "node {node} already counts {locks} locks, the most a node can hold: release \
+         (dec_lock_ref) locks that are no longer needed before taking another"
+    )]
+    LockLimit {
+        /// The node at the limit (the shallowest on the path, whose count includes those below).
+        node: NodeId,
+        /// Its lock count.
+        locks: u32,
+    },
     /// More unlocks of a node than locks taken on it.
     #[error(
         "dec_lock_ref on node {node}, on which no lock was taken (its descendants' locks are \
@@ -150,6 +177,17 @@ pub enum RadixError {
     /// A page holds at least one slot.
     #[error("radix cache page size 0; pass the allocator's page size (at least 1)")]
     ZeroPageSize,
+    /// A page size no allocator has: page 1 would end past the `u32` slot range.
+    #[error(
+        "radix cache page size {page_size} exceeds {max}, the largest an allocator can have \
+         (page 1 must end within the u32 slot range); pass the allocator's page size"
+    )]
+    PageSizeTooLarge {
+        /// The page size passed.
+        page_size: usize,
+        /// The largest page size.
+        max: usize,
+    },
     /// The allocator must use the cache's page size.
     #[error("allocator page size {allocator} differs from the radix cache's {cache}")]
     PageSizeMismatch {
@@ -161,7 +199,9 @@ pub enum RadixError {
     /// The allocator refused to free the pages an eviction chose; nothing was evicted.
     #[error(
         "eviction refused: the allocator did not free the {tokens} tokens of the {nodes} \
-         least recently used nodes, which stay cached: {source}"
+         least recently used nodes, which stay cached: {source}. A page the tree holds but the \
+         allocator does not was inserted without being allocated (insert_allocated refuses \
+         such a page; PageLedger names its node)"
     )]
     Free {
         /// Nodes the eviction chose.

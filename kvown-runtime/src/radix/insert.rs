@@ -4,7 +4,7 @@ use super::layout::KeyLayout;
 use super::node::{Node, NodeId};
 use super::policy::NodeStats;
 use super::{InsertOutcome, InsertParams, Namespace, RadixCache, RadixError, TreePos};
-use crate::alloc::KvSlot;
+use crate::alloc::{AsPageAllocator, KvSlot};
 
 /// Where an insert leaves the tree and what it does there, found by
 /// [`RadixCache::plan_insert`] without changing anything and carried out by
@@ -83,7 +83,8 @@ impl RadixCache {
     ///
     /// The pages it takes must be the caller's to give: allocated and not yet the tree's (the
     /// batch flow passes a request's own pages). The tree refuses a page it already holds or
-    /// one the slots name twice; whether the caller allocated a page it cannot know.
+    /// one the slots name twice; whether the caller allocated a page it cannot know:
+    /// [`RadixCache::insert_allocated`] asks the allocator.
     ///
     /// Cost: O(key.len() - from.len + nodes on the path below `from`) plus at most one split;
     /// extending the caller's own leaf by one page is O(page size), amortized.
@@ -142,6 +143,55 @@ impl RadixCache {
     ) -> Result<InsertOutcome, RadixError> {
         let plan = self.plan_insert(namespace, from, key, slots)?;
         Ok(self.apply_insert(plan, key, slots, params))
+    }
+
+    /// [`RadixCache::insert_from_in`] for pages that must come from `allocator`: every page of
+    /// `slots[from.len..]` (the pages the tree takes, and the duplicates the caller frees) must
+    /// be held as allocated there, or the insert is refused with
+    /// [`RadixError::PageNotAllocated`], changing nothing. A page inserted without being
+    /// allocated would be handed out again by the allocator, and its eviction refused for as
+    /// long as it is the next victim. The plain inserts cannot see the allocator and trust the
+    /// caller; [`PageLedger`](crate::check::PageLedger) and
+    /// [`KvCache::check`](crate::cache::KvCache::check) find such a page afterwards.
+    ///
+    /// ```
+    /// use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+    /// use kvown_runtime::radix::{Namespace, RadixCache, RadixError, TreePos};
+    ///
+    /// let allocator = PagedAllocator::new(64, 4, false)?;
+    /// let mut tree = RadixCache::new(4);
+    /// // Page 2 (slots 8..12) was never handed out.
+    /// let refused = tree.insert_allocated(&allocator, Namespace::DEFAULT, TreePos::ROOT, &[1, 2, 3, 4], &[8, 9, 10, 11]);
+    /// assert!(matches!(refused, Err(RadixError::PageNotAllocated { page: 2, .. })));
+    /// assert_eq!(tree.total_size(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`RadixCache::insert_from_in`], and [`RadixError::PageNotAllocated`].
+    pub fn insert_allocated<A: AsPageAllocator>(
+        &mut self,
+        allocator: &A,
+        namespace: Namespace,
+        from: TreePos,
+        key: &[u32],
+        slots: &[KvSlot],
+    ) -> Result<InsertOutcome, RadixError> {
+        let allocator = allocator.page_allocator();
+        let page_size = self.layout.page_size();
+        if let Some(taken) = slots.get(from.len..) {
+            for (index, page_slots) in taken.chunks(page_size).enumerate() {
+                let page = self.layout.page_of(page_slots[0]);
+                if !allocator.is_page_allocated(page) {
+                    return Err(RadixError::PageNotAllocated {
+                        position: from.len + index * page_size,
+                        page,
+                        state: allocator.page_state(page),
+                    });
+                }
+            }
+        }
+        self.insert_from_in(namespace, from, key, slots)
     }
 
     /// The checks and the walk of [`RadixCache::insert_from`], changing nothing (the page

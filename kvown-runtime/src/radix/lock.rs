@@ -16,8 +16,14 @@ impl RadixCache {
     /// [`RadixCache::dec_lock_ref`]. Locking the root does nothing.
     ///
     /// Cost: O(nodes on the path).
+    ///
+    /// # Errors
+    /// [`RadixError::UnknownNode`] for a handle that names no node (evicted, or of another
+    /// cache), and [`RadixError::LockLimit`] when a node of the path already counts `u32::MAX`
+    /// locks; nothing changes.
     pub fn inc_lock_ref(&mut self, node: NodeId) -> Result<(), RadixError> {
         self.ensure_live(node)?;
+        self.ensure_lockable(node, NodeId::ROOT)?;
         self.lock_path(node, NodeId::ROOT);
         self.count_own_lock(node, true);
         Ok(())
@@ -44,7 +50,8 @@ impl RadixCache {
     /// after registering one more page in the caller's own leaf) or its child.
     ///
     /// # Errors
-    /// As [`RadixCache::dec_lock_ref`] on `from`, or an unknown `to`; nothing changes.
+    /// As [`RadixCache::dec_lock_ref`] on `from`, or as [`RadixCache::inc_lock_ref`] on `to`;
+    /// nothing changes.
     pub fn move_lock(&mut self, from: NodeId, to: NodeId) -> Result<(), RadixError> {
         self.ensure_unlockable(from)?;
         if from == to {
@@ -53,6 +60,7 @@ impl RadixCache {
         }
         self.ensure_live(to)?;
         let common = self.common_ancestor(from, to);
+        self.ensure_lockable(to, common)?;
         self.lock_path(to, common);
         self.unlock_path(from, common);
         self.count_own_lock(to, true);
@@ -122,6 +130,24 @@ impl RadixCache {
         }
     }
 
+    /// Refuses a lock on `node` that a node of its path below `stop` could not count: one that
+    /// already counts `u32::MAX` locks (an ancestor counts at least its descendants' locks, so
+    /// it reaches the limit first). Checked before anything changes, so a refused lock leaves
+    /// the tree as it was instead of wrapping the count.
+    fn ensure_lockable(&self, mut node: NodeId, stop: NodeId) -> Result<(), RadixError> {
+        while node != stop && node != NodeId::ROOT {
+            let entry = &self.arena[node];
+            if entry.lock_ref == u32::MAX {
+                return Err(RadixError::LockLimit {
+                    node,
+                    locks: entry.lock_ref,
+                });
+            }
+            node = entry.parent;
+        }
+        Ok(())
+    }
+
     /// Counts a lock `taken` on (or released from) `node` itself; the root's one lock stays.
     fn count_own_lock(&mut self, node: NodeId, taken: bool) {
         if node != NodeId::ROOT {
@@ -183,5 +209,51 @@ impl RadixCache {
             }
         }
         a
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{RadixCache, RadixError};
+    use crate::alloc::{KvAllocator, PagedAllocator};
+
+    /// A node whose count reached `u32::MAX` (2^32 - 1 `inc_lock_ref` calls, set directly here)
+    /// refuses one more lock, on it or below it, changing nothing; the counts never wrap.
+    #[test]
+    fn a_lock_at_the_counters_limit_is_refused_and_changes_nothing() {
+        let mut allocator = PagedAllocator::new(64, 4, false).unwrap();
+        let mut cache = RadixCache::new(4);
+        let mut slots = Vec::new();
+        allocator.alloc(8, &mut slots).unwrap();
+        let top = cache.insert(&[1, 2, 3, 4], &slots[..4]).unwrap().last_node;
+        let below = cache
+            .insert(&[1, 2, 3, 4, 5, 6, 7, 8], &slots)
+            .unwrap()
+            .last_node;
+        cache.inc_lock_ref(top).unwrap();
+        cache.arena[top].lock_ref = u32::MAX;
+        cache.arena[top].own_locks = u32::MAX;
+        let (evictable, protected) = (cache.evictable_size(), cache.protected_size());
+        for node in [top, below] {
+            assert_eq!(
+                cache.inc_lock_ref(node),
+                Err(RadixError::LockLimit {
+                    node: top,
+                    locks: u32::MAX
+                })
+            );
+        }
+        let message = cache.inc_lock_ref(top).unwrap_err().to_string();
+        assert!(message.contains("dec_lock_ref"), "{message}");
+        assert_eq!(cache.arena[top].lock_ref, u32::MAX);
+        assert_eq!(cache.arena[below].lock_ref, 0);
+        assert_eq!(
+            (cache.evictable_size(), cache.protected_size()),
+            (evictable, protected)
+        );
+        // Releasing one makes room for one.
+        cache.dec_lock_ref(top).unwrap();
+        cache.inc_lock_ref(below).unwrap();
+        assert_eq!(cache.arena[top].lock_ref, u32::MAX);
     }
 }

@@ -53,8 +53,9 @@
 //! assert_eq!(allocator.available_size(), allocator.capacity());
 //! ```
 //!
-//! Storage: an arena of 64-byte nodes indexed by [`NodeId`], with 16 bytes of eviction figures
-//! per node beside it; each node stores its key pages interleaved with their page ids (4 bytes
+//! Storage: an arena of 72-byte nodes indexed by [`NodeId`] (an entry and its generation, so
+//! a handle kept past its node's eviction is refused), with 16 bytes of eviction figures and 4
+//! of generation per node beside it; each node stores its key pages interleaved with their page ids (4 bytes
 //! per page); one hash map indexes children by (parent, namespace, first page). See
 //! [`RadixCache::bookkeeping_bytes`].
 //!
@@ -199,13 +200,15 @@ impl RadixCache {
     /// least recently used leaves first ([`EvictionPolicy::Lru`]).
     ///
     /// # Panics
-    /// If `page_size` is 0; [`RadixCache::try_new`] refuses it with a typed error instead.
+    /// If `page_size` is 0 or above `u32::MAX / 2`; [`RadixCache::try_new`] refuses it with a
+    /// typed error instead.
     pub fn new(page_size: usize) -> RadixCache {
         RadixCache::with_policy(page_size, EvictionPolicy::Lru)
     }
 
     /// [`RadixCache::new`] for a page size that comes from outside: a page size of 0 is
-    /// [`RadixError::ZeroPageSize`].
+    /// [`RadixError::ZeroPageSize`], one larger than any allocator's (`u32::MAX / 2`)
+    /// [`RadixError::PageSizeTooLarge`].
     pub fn try_new(page_size: usize) -> Result<RadixCache, RadixError> {
         RadixCache::try_with_policy(page_size, EvictionPolicy::Lru)
     }
@@ -229,20 +232,26 @@ impl RadixCache {
     /// ```
     ///
     /// # Panics
-    /// If `page_size` is 0; [`RadixCache::try_with_policy`] refuses it with a typed error
-    /// instead.
+    /// If `page_size` is 0 or above `u32::MAX / 2`; [`RadixCache::try_with_policy`] refuses it
+    /// with a typed error instead.
     pub fn with_policy(page_size: usize, policy: EvictionPolicy) -> RadixCache {
         RadixCache::try_with_policy(page_size, policy).unwrap_or_else(|error| panic!("{error}"))
     }
 
     /// [`RadixCache::with_policy`] for a page size that comes from outside: a page size of 0 is
-    /// [`RadixError::ZeroPageSize`].
+    /// [`RadixError::ZeroPageSize`], one larger than any allocator's (`u32::MAX / 2`)
+    /// [`RadixError::PageSizeTooLarge`].
     pub fn try_with_policy(
         page_size: usize,
         policy: EvictionPolicy,
     ) -> Result<RadixCache, RadixError> {
         if page_size == 0 {
             return Err(RadixError::ZeroPageSize);
+        }
+        // Page 1 of an allocator ends at slot `2 * page_size`, which must fit in a `u32`.
+        let max = KvSlot::MAX as usize / 2;
+        if page_size > max {
+            return Err(RadixError::PageSizeTooLarge { page_size, max });
         }
         Ok(RadixCache {
             layout: KeyLayout::new(page_size),
@@ -297,6 +306,14 @@ impl RadixCache {
         self.arena
             .live()
             .flat_map(move |(_, node)| node.page_ids(layout))
+    }
+
+    /// Every page the tree holds, each once, with the node that holds it.
+    pub fn cached_pages_by_node(&self) -> impl Iterator<Item = (NodeId, PageId)> + '_ {
+        let layout = self.layout;
+        self.arena
+            .live()
+            .flat_map(move |(id, node)| node.page_ids(layout).map(move |page| (id, page)))
     }
 
     /// Every slot the tree holds, each once.

@@ -15,23 +15,47 @@ use crate::alloc::PageId;
 /// Handle of one tree node. Stays valid until that node is evicted; a locked node is never
 /// evicted, and a split keeps the handle on the lower part, so a handle the caller holds a lock
 /// on always names the node where its locked prefix ends.
+///
+/// A handle carries the generation of its arena entry, which an eviction bumps: a handle kept
+/// past its node's eviction is refused with [`RadixError::UnknownNode`](super::RadixError)
+/// even after the entry holds another node, instead of naming that node (generations wrap
+/// after 2^32 reuses of one entry).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NodeId(pub(super) u32);
+pub struct NodeId {
+    index: u32,
+    generation: u32,
+}
 
 impl NodeId {
     /// The root: empty key, locked forever, never evicted.
-    pub const ROOT: NodeId = NodeId(0);
+    pub const ROOT: NodeId = NodeId {
+        index: 0,
+        generation: 0,
+    };
     /// No node: the root's parent, the end of a chain, a free-list end.
-    pub(super) const NONE: NodeId = NodeId(u32::MAX);
+    pub(super) const NONE: NodeId = NodeId {
+        index: u32::MAX,
+        generation: 0,
+    };
 
+    #[inline(always)]
     pub(super) fn index(self) -> usize {
-        self.0 as usize
+        self.index as usize
+    }
+
+    /// The entry index as stored in the child index's keys.
+    #[inline(always)]
+    pub(super) fn raw_index(self) -> u32 {
+        self.index
     }
 }
 
 impl fmt::Display for NodeId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "#{}", self.0)
+        match self.generation {
+            0 => write!(f, "#{}", self.index),
+            generation => write!(f, "#{} (generation {generation})", self.index),
+        }
     }
 }
 
@@ -149,6 +173,9 @@ pub(super) struct Arena {
     nodes: Vec<Node>,
     /// Per entry of `nodes`: what eviction policies read besides the access time.
     stats: Vec<NodeStats>,
+    /// Per entry of `nodes`: its generation, bumped when the entry is released, so that a
+    /// handle to an evicted node never names the entry's next node.
+    generations: Vec<u32>,
     free_head: NodeId,
 }
 
@@ -163,6 +190,7 @@ impl Arena {
         Arena {
             nodes: vec![root],
             stats: vec![NodeStats::default()],
+            generations: vec![0],
             free_head: NodeId::NONE,
         }
     }
@@ -171,10 +199,14 @@ impl Arena {
     /// handle.
     pub(super) fn alloc(&mut self, node: Node, stats: NodeStats) -> NodeId {
         if self.free_head == NodeId::NONE {
-            let id = NodeId(u32::try_from(self.nodes.len()).expect("radix arena exceeds u32 ids"));
+            let index = u32::try_from(self.nodes.len()).expect("radix arena exceeds u32 ids");
             self.nodes.push(node);
             self.stats.push(stats);
-            return id;
+            self.generations.push(0);
+            return NodeId {
+                index,
+                generation: 0,
+            };
         }
         let id = self.free_head;
         self.free_head = self.nodes[id.index()].hash_next;
@@ -190,7 +222,12 @@ impl Arena {
             ..Node::empty()
         };
         self.stats[id.index()] = NodeStats::default();
-        self.free_head = id;
+        let generation = &mut self.generations[id.index()];
+        *generation = generation.wrapping_add(1);
+        self.free_head = NodeId {
+            index: id.index,
+            generation: *generation,
+        };
     }
 
     /// The eviction figures of `id`.
@@ -203,13 +240,13 @@ impl Arena {
         &mut self.stats[id.index()]
     }
 
-    /// Whether `id` names a node in the tree (the root included).
+    /// Whether `id` names a node in the tree (the root included): its entry holds a node, of
+    /// the handle's generation.
     pub(super) fn is_live(&self, id: NodeId) -> bool {
         id == NodeId::ROOT
-            || self
-                .nodes
-                .get(id.index())
-                .is_some_and(|node| node.parent != NodeId::NONE)
+            || self.nodes.get(id.index()).is_some_and(|node| {
+                node.parent != NodeId::NONE && self.generations[id.index()] == id.generation
+            })
     }
 
     /// Every node in the tree (the root included) with its handle.
@@ -217,7 +254,13 @@ impl Arena {
         self.nodes
             .iter()
             .enumerate()
-            .map(|(index, node)| (NodeId(index as u32), node))
+            .map(|(index, node)| {
+                let id = NodeId {
+                    index: index as u32,
+                    generation: self.generations[index],
+                };
+                (id, node)
+            })
             .filter(|&(id, node)| id == NodeId::ROOT || node.parent != NodeId::NONE)
     }
 
@@ -226,9 +269,12 @@ impl Arena {
         self.nodes.len()
     }
 
-    /// Heap bytes of the arena's own tables, nodes and their figures (keys excluded).
+    /// Heap bytes of the arena's own tables, nodes, their figures and generations (keys
+    /// excluded).
     pub(super) fn table_bytes(&self) -> usize {
-        self.nodes.capacity() * size_of::<Node>() + self.stats.capacity() * size_of::<NodeStats>()
+        self.nodes.capacity() * size_of::<Node>()
+            + self.stats.capacity() * size_of::<NodeStats>()
+            + self.generations.capacity() * size_of::<u32>()
     }
 }
 
@@ -246,8 +292,8 @@ impl IndexMut<NodeId> for Arena {
     }
 }
 
-// The per-node budget the module docs promise.
-const _: () = assert!(size_of::<Node>() == 64);
+// The per-node budget the module docs promise: two generation-carrying links.
+const _: () = assert!(size_of::<Node>() == 72);
 
 #[cfg(test)]
 mod tests {
@@ -275,7 +321,19 @@ mod tests {
             );
         }
         reused.sort_by_key(|id| id.index());
-        assert_eq!(reused, ids, "every released entry is handed out again");
+        let indices = |ids: &[NodeId]| ids.iter().map(|id| id.index()).collect::<Vec<_>>();
+        assert_eq!(
+            indices(&reused),
+            indices(&ids),
+            "every released entry is handed out again"
+        );
+        for (&old, &new) in ids.iter().zip(&reused) {
+            assert!(arena.is_live(new));
+            assert!(
+                !arena.is_live(old),
+                "a handle to the evicted node stays stale"
+            );
+        }
         assert_eq!(arena.entries(), 4, "the root and three entries");
     }
 }

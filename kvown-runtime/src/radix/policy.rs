@@ -130,7 +130,7 @@ impl FromStr for EvictionPolicy {
 pub(super) type Rank = (u64, u64);
 
 /// What the policies read of a node besides its access time (kept beside the node table, so
-/// that the nodes stay 64 bytes).
+/// that the nodes stay 72 bytes).
 ///
 /// sglang bumps the hits and raises the priority of every node on an insert's path. Here an
 /// insert records them at the node where it ends, and a removed leaf passes its own on to its
