@@ -271,3 +271,31 @@ fn the_batch_flow_records_the_request_priority_and_a_hit_per_finished_request() 
         assert_eq!(cached_len(&mut cache, survivor), 8, "{policy}");
     }
 }
+
+/// An insert that splits a node stamps its lower half, as sglang's `_insert_helper` does (it
+/// stamps the node it walks into, and the lower half keeps that node): at page size 1, insert
+/// [1, 2], then [3], then [1, 3] (splitting [1, 2]); the least recently used leaf is then [3],
+/// not [2], under `lru` as in sglang.
+#[test]
+fn an_insert_that_splits_a_node_stamps_its_lower_half() {
+    let mut allocator = PagedAllocator::new(16, 1, false).unwrap();
+    let mut slots = Vec::new();
+    allocator.alloc(5, &mut slots).unwrap();
+    assert_eq!(slots, [1, 2, 3, 4, 5]);
+    let mut tree = RadixCache::with_policy(1, EvictionPolicy::Lru);
+    tree.insert(&[1, 2], &slots[0..2]).unwrap();
+    tree.insert(&[3], &slots[2..3]).unwrap();
+    let outcome = tree.insert(&[1, 3], &slots[3..5]).unwrap();
+    assert_eq!(
+        outcome.prefix_len, 1,
+        "[1] was cached: slot 4 is the caller's duplicate"
+    );
+    allocator.free(&slots[3..4]).unwrap();
+    tree.evict(1, &mut allocator).unwrap();
+    let freed: Vec<KvSlot> = allocator.free_pages().take(2).collect();
+    assert_eq!(
+        freed[0], 3,
+        "the oldest leaf is [3]; [2] was stamped by the split"
+    );
+    assert!(tree.match_prefix(&[1, 2]).len == 2, "[2] stays cached");
+}

@@ -368,7 +368,11 @@ impl RadixCache {
             InsertStep::ExtendLeaf => self.extend_leaf(node, &key[pos..], &slots[pos..]),
             InsertStep::AddLeaf => node = self.add_leaf(node, namespace, pos, key, slots, now),
             InsertStep::Split => {
+                // sglang's `_insert_helper` stamps the node it walks into before it splits it,
+                // and the lower half keeps that node: it takes the insert's time too.
+                let lower = node;
                 node = self.split(node, pos);
+                self.stamp(lower, now);
                 if pos < key.len() {
                     node = self.add_leaf(node, namespace, pos, key, slots, now);
                 }

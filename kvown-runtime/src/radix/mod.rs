@@ -1,4 +1,4 @@
-//! Radix prefix cache (sglang `RadixCache`, §8 of the bookkeeping spec) over token ids and KV
+//! Radix prefix cache (sglang `mem_cache/radix_cache.py`, `RadixCache`) over token ids and KV
 //! slots.
 //!
 //! The tree maps page-aligned token sequences to the KV pages that hold them. It works on plain
@@ -22,8 +22,8 @@
 //!   a node and its path; tokens move between evictable and protected only on 0↔1 transitions.
 //! * [`RadixCache::evict`] frees unlocked leaves through the allocator, in one allocator call,
 //!   all or nothing, in the order of the cache's [`EvictionPolicy`] (least recently used first
-//!   by default); [`RadixCache::evict_shortfall`] evicts only what the allocator lacks (spec
-//!   §2.7).
+//!   by default); [`RadixCache::evict_shortfall`] evicts only what the allocator lacks (sglang's
+//!   `alloc_token_slots` evicts `num_tokens - available_size()`).
 //! * [`RadixCache::enable_events`] turns on a stream of [`CacheEvent`]s (pages stored and
 //!   removed, named by a chained [`PageHash`]) for a router; [`RadixCache::take_events`]
 //!   drains it. Off by default.
@@ -59,9 +59,11 @@
 //! per page); one hash map indexes children by (parent, namespace, first page). See
 //! [`RadixCache::bookkeeping_bytes`].
 //!
-//! Access times are kept lazily: an insert stamps only the node where it ends (a match stamps
-//! the nodes it passes), and a node takes the newer of its own and a removed child's time.
-//! Since only leaves are evicted, the leaf order equals sglang's, which stamps the whole path.
+//! Access times are kept lazily: an insert stamps the node where it ends and the lower half of
+//! a node it splits (a match stamps the nodes it passes), and a node takes the newer of its own
+//! and a removed child's time. Since only leaves are evicted, the leaf order equals sglang's,
+//! which stamps the whole path, with one exception: a running request's leaf grows in place
+//! where sglang adds a node per registration, so such a leaf is ranked, and evicted, whole.
 
 mod check;
 mod children;

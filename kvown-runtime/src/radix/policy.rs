@@ -1,5 +1,5 @@
 //! Eviction policies: the order in which an eviction takes the unlocked leaves (sglang's
-//! eviction strategies, §8.3 of the bookkeeping spec), and the per-node figures they read.
+//! eviction strategies, `mem_cache/evict_policy.py`), and the per-node figures they read.
 
 use std::fmt;
 use std::str::FromStr;
