@@ -173,6 +173,13 @@ pub struct Args {
     /// Run the invariant checker after every step (it always runs at the end).
     #[arg(long)]
     pub check: bool,
+    /// Serve as a prefill/decode pair in one process: each admitted prompt is computed on a
+    /// prefill node (its own allocator, prefix cache and K/V pool), its K/V moved into this
+    /// decode node's preallocated slots (`prealloc_for_transfer`, `LocalTransfer`), and decoded
+    /// here. Both allocators run in `need_sort` mode, as sglang's do under disaggregation; the
+    /// prefill node takes whole prompts (no chunking). The summary counts the transfers.
+    #[arg(long)]
+    pub disaggregated: bool,
     /// Turn the prefix cache's events on and drain them every step into a router's replay
     /// (the page hashes this replica holds); at the end the replay must equal the hashes of
     /// the pages the cache holds, or the run fails. The summary counts the events.

@@ -5,6 +5,7 @@
 
 use half::f16;
 use kvown::alloc::KvSlot;
+use kvown::batch::ScheduleBatch;
 use kvown::kv::{KvData, KvDtype, KvLayout, KvPool, KvSlice};
 use kvown::radix::Namespace;
 
@@ -36,6 +37,23 @@ pub struct TokenKv {
     pub token: u32,
     /// Position in its request.
     pub position: usize,
+}
+
+/// The tokens an extend batch computed, in `out_cache_loc` order: what to store.
+pub fn extended_tokens(batch: &ScheduleBatch) -> Vec<TokenKv> {
+    let mut stores = Vec::with_capacity(batch.out_cache_loc().len());
+    let mut slots = batch.out_cache_loc().iter();
+    for (req, positions) in batch.out_positions() {
+        for position in positions {
+            stores.push(TokenKv {
+                slot: *slots.next().expect("one slot per extended token"),
+                adapter: req.namespace(),
+                token: req.fill_ids()[position],
+                position,
+            });
+        }
+    }
+    stores
 }
 
 /// The KV pool and reusable row buffers.

@@ -18,6 +18,7 @@
 mod admission;
 mod cli;
 mod device_copy;
+mod disagg;
 mod kv_data;
 mod plot;
 mod replay;
@@ -32,7 +33,7 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvown::alloc::{AsPageAllocator, KvAllocator, PagedAllocator};
 use kvown::cache::{KvCache, TreeCache};
-use kvown::kv::{KvPool, new_host_pool};
+use kvown::kv::{KvPool, LocalTransfer, SharedPool, new_host_pool};
 use kvown::radix::RadixCache;
 use kvown::slots::ReqToTokenPool;
 use kvown_cuda::staging::default_slot_words;
@@ -40,6 +41,7 @@ use kvown_cuda::{Backend, CudaDevice, CudaKvPool, CudaStepLink, StagedAllocator}
 
 use cli::{Args, BackendChoice};
 use device_copy::DeviceCopy;
+use disagg::PrefillNode;
 use report::Summary;
 use scheduler::Engine;
 
@@ -130,8 +132,9 @@ fn host_bookkeeping(
     args: &Args,
     jobs: &[workload::Job],
 ) -> Result<(PagedAllocator, ReqToTokenPool, TreeCache), String> {
-    let allocator =
-        PagedAllocator::new(args.pool_tokens, args.page_size, false).map_err(|e| e.to_string())?;
+    // Under disaggregation both nodes sort their freed pages, as sglang's do.
+    let allocator = PagedAllocator::new(args.pool_tokens, args.page_size, args.disaggregated)
+        .map_err(|e| e.to_string())?;
     let table = request_table(args, jobs)?;
     let tree = TreeCache::Radix(RadixCache::with_policy(
         args.page_size,
@@ -189,6 +192,26 @@ fn staged_on_cuda(
     StagedAllocator::new(allocator, link, table).map_err(|e| e.to_string())
 }
 
+/// `--disaggregated`: a prefill node on the host, of the decode node's geometry, whose K/V a
+/// `LocalTransfer` moves into `decode_pool`; returns the decode node's handle on that pool and
+/// the node.
+fn prefill_node(
+    args: &Args,
+    jobs: &[workload::Job],
+    decode_pool: Box<dyn KvPool>,
+) -> Result<(Box<dyn KvPool>, PrefillNode), String> {
+    let (allocator, table, tree) = host_bookkeeping(args, jobs)?;
+    let cache = KvCache::new(allocator, table, tree).map_err(|e| e.to_string())?;
+    let layout = *decode_pool.layout();
+    let prefill_pool = new_host_pool(layout, kv_data::DTYPE)
+        .map_err(|e| format!("the prefill node's KV pool: {e}"))?;
+    let (decode, prefill) = (SharedPool::new(decode_pool), SharedPool::new(prefill_pool));
+    let link = LocalTransfer::new(Box::new(prefill.clone()), Box::new(decode.clone()))
+        .map_err(|e| e.to_string())?;
+    let node = PrefillNode::new(cache, kv_data::KvStore::new(Box::new(prefill)), link);
+    Ok((Box::new(decode), node))
+}
+
 /// Runs the workload over `cache` (host allocator or device stager) and `pool` to the end.
 fn serve<A: KvAllocator + AsPageAllocator + DeviceCopy>(
     args: &Args,
@@ -198,7 +221,17 @@ fn serve<A: KvAllocator + AsPageAllocator + DeviceCopy>(
     backend: String,
 ) -> Result<Summary, String> {
     let pool_pages = cache.allocator().capacity() / args.page_size;
+    let (pool, prefill) = match args.disaggregated {
+        true => {
+            let (pool, node) = prefill_node(args, &jobs, pool)?;
+            (pool, Some(node))
+        }
+        false => (pool, None),
+    };
     let mut engine = Engine::new(args, cache, kv_data::KvStore::new(pool), jobs);
+    if let Some(node) = prefill {
+        engine = engine.with_prefill_node(node);
+    }
 
     let progress = ProgressBar::new(args.requests as u64);
     if args.json {
@@ -267,6 +300,7 @@ fn serve<A: KvAllocator + AsPageAllocator + DeviceCopy>(
         prefix_cache_hit_rate: hit_rate(totals),
         prefix_cache_hit_rate_by_priority: by_priority.iter().copied().map(hit_rate).collect(),
         retractions: stats.retractions,
+        transfers: engine.transfers(),
         admission: args.admission_summary(),
         eviction_policy: args.eviction_policy.name(),
         peak_pages_in_use: stats.peak_pages_in_use,
@@ -363,6 +397,7 @@ mod tests {
             ),
             priorities in prop::sample::select(vec!["1", "3"]),
             cache_events in any::<bool>(),
+            disaggregated in any::<bool>(),
             seed in 0u64..1000,
             ratio in prop::option::of((
                 prop::sample::select(vec!["0.01", "0.7", "1"]),
@@ -392,6 +427,9 @@ mod tests {
             if cache_events {
                 flags.push("--cache-events");
             }
+            if disaggregated {
+                flags.push("--disaggregated");
+            }
             let spec = spec_tokens.map(|tokens| tokens.to_string());
             if let Some(tokens) = &spec {
                 flags.extend(["--spec", "--spec-tokens", tokens]);
@@ -406,7 +444,46 @@ mod tests {
             let summary = run_with("fits-alone", &flags);
             prop_assert_eq!((summary.finished, summary.aborted), (requests as u64, 0));
             prop_assert_eq!(summary.cache_events.is_some(), cache_events);
+            // Every admission of a disaggregated run is one transfer (a retracted request is
+            // transferred again when re-admitted).
+            if let Some(transfers) = summary.transfers {
+                prop_assert!(disaggregated && transfers >= requests as u64);
+            }
         }
+    }
+
+    /// A prefill/decode pair serves the workload the single engine serves: every request
+    /// finishes, each prompt's K/V moves once (no retraction in this pool), and the K/V the
+    /// decode node reads back, transferred or computed there, is what was stored for it.
+    #[test]
+    fn a_disaggregated_pair_serves_what_one_engine_serves() {
+        let flags = [
+            "--requests",
+            "60",
+            "--prompt-len",
+            "16..160",
+            "--output-len",
+            "1..48",
+            "--pool-tokens",
+            "16384",
+            "--max-running",
+            "8",
+            "--check",
+        ];
+        let single = run_with("aggregated", &flags);
+        let pair = run_with(
+            "disaggregated",
+            &[&flags[..], &["--disaggregated"]].concat(),
+        );
+        assert_eq!(
+            (pair.finished, pair.aborted),
+            (single.finished, single.aborted)
+        );
+        assert_eq!((pair.finished, pair.retractions), (60, 0));
+        assert_eq!(pair.transfers, Some(60));
+        assert_eq!(single.transfers, None);
+        assert_eq!(pair.tokens_decoded, single.tokens_decoded);
+        assert!(pair.kv_samples_verified > 0);
     }
 
     #[test]

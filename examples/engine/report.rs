@@ -28,6 +28,8 @@ pub struct Summary {
     pub prefix_cache_hit_rate_by_priority: Vec<f64>,
     /// Requests retracted.
     pub retractions: u64,
+    /// With `--disaggregated`: prompts whose K/V moved from the prefill node.
+    pub transfers: Option<u64>,
     /// The admission policy (`--admission`) and its parameters.
     pub admission: AdmissionSummary,
     /// The prefix cache's eviction policy (`--eviction-policy`).
@@ -138,6 +140,8 @@ const HIT_RATE_BY_PRIORITY: &str = "hit rate by priority";
 
 /// The table row of the cache events.
 const CACHE_EVENTS: &str = "cache events";
+/// The row of `--disaggregated`'s transfers.
+const TRANSFERS: &str = "K/V transfers";
 
 impl Summary {
     /// The hit rates per priority, `0: 6.1 %, 1: 7.2 %`.
@@ -177,6 +181,12 @@ impl Summary {
                 format!("{:.1} %", 100.0 * self.prefix_cache_hit_rate),
             ),
             ("retractions", self.retractions.to_string()),
+            (
+                TRANSFERS,
+                self.transfers.map_or(String::new(), |n| {
+                    format!("{n} (prefill node -> decode node, --disaggregated)")
+                }),
+            ),
             ("admission", self.admission.to_string()),
             ("eviction policy", self.eviction_policy.to_string()),
             (HIT_RATE_BY_PRIORITY, self.hit_rates_by_priority()),
@@ -219,6 +229,7 @@ impl Summary {
             .into_iter()
             .filter(|&(name, _)| name != HIT_RATE_BY_PRIORITY || several_priorities)
             .filter(|&(name, _)| name != CACHE_EVENTS || self.cache_events.is_some())
+            .filter(|&(name, _)| name != TRANSFERS || self.transfers.is_some())
             .collect();
         let width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
         for (name, value) in rows {

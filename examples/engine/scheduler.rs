@@ -8,8 +8,9 @@ use std::time::Instant;
 use kvown::alloc::{AsPageAllocator, KvAllocator, KvSlot, ceil_align};
 use kvown::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, alloc_for_spec_decode, check_decode_mem,
-    commit_spec_tokens, new_tokens_required_next_decode, prepare_for_decode, prepare_for_extend,
-    prepare_for_spec_decode, release_kv_cache, reset_for_retract, retract_decode,
+    commit_spec_tokens, commit_transfer, new_tokens_required_next_decode, prealloc_for_transfer,
+    prepare_for_decode, prepare_for_extend, prepare_for_spec_decode, release_kv_cache,
+    reset_for_retract, retract_decode,
 };
 use kvown::cache::KvCache;
 use kvown::radix::{Namespace, TreePos};
@@ -21,7 +22,8 @@ use rand::{Rng, SeedableRng};
 use crate::admission::{CLIP_MAX_NEW_TOKENS, NewTokenRatio};
 use crate::cli::{Admission, Args};
 use crate::device_copy::DeviceCopy;
-use crate::kv_data::{KvStore, TokenKv};
+use crate::disagg::PrefillNode;
+use crate::kv_data::{KvStore, TokenKv, extended_tokens};
 use crate::replay::{CacheReplay, EventCounts};
 use crate::workload::{Job, output_token};
 
@@ -87,13 +89,15 @@ pub struct Engine<'a, A> {
     new_token_ratio: Option<NewTokenRatio>,
     /// With `--cache-events`: the router's replay of the cache's events.
     replay: Option<CacheReplay>,
+    /// With `--disaggregated`: the prefill node that computes the prompts.
+    prefill: Option<PrefillNode>,
     step_ns: u64,
     /// The run's counters.
     pub stats: Stats,
 }
 
 /// Runs `call` and adds its time to `ns`.
-fn timed<T>(ns: &mut u64, call: impl FnOnce() -> T) -> T {
+pub fn timed<T>(ns: &mut u64, call: impl FnOnce() -> T) -> T {
     let start = Instant::now();
     let out = call();
     *ns += start.elapsed().as_nanos() as u64;
@@ -129,12 +133,25 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
                 )
             }),
             replay,
+            prefill: None,
             step_ns: 0,
             stats: Stats {
                 prefix_tokens_by_priority: vec![(0, 0); args.priorities as usize],
                 ..Stats::default()
             },
         }
+    }
+
+    /// The engine as the decode node of a prefill/decode pair (`--disaggregated`): `node`
+    /// computes the prompts.
+    pub fn with_prefill_node(mut self, node: PrefillNode) -> Self {
+        self.prefill = Some(node);
+        self
+    }
+
+    /// With `--disaggregated`, the prompts whose K/V moved from the prefill node.
+    pub fn transfers(&self) -> Option<u64> {
+        self.prefill.as_ref().map(|node| node.transfers)
     }
 
     /// Whether every request has finished or been aborted.
@@ -172,6 +189,9 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
         self.cache
             .check(self.held_reqs())
             .map_err(|violation| at_step(violation.to_string()))?;
+        if let Some(node) = &self.prefill {
+            node.check().map_err(at_step)?;
+        }
         if let Some(replay) = &self.replay {
             let tree = self.cache.tree();
             let cached = (tree.evictable_size() + tree.protected_size()) / self.cache.page_size();
@@ -330,7 +350,11 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
     fn extend(&mut self) -> Result<bool, String> {
         let page_size = self.cache.page_size();
         let spec_reserve = self.args.spec_reserve();
-        let mut budget = self.args.chunk_size;
+        // A prefill node takes whole prompts.
+        let mut budget = match self.prefill {
+            Some(_) => usize::MAX,
+            None => self.args.chunk_size,
+        };
         let next_step = timed(&mut self.step_ns, || {
             new_tokens_required_next_decode(self.running.reqs(), page_size, spec_reserve)
         });
@@ -392,24 +416,18 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
         if admitted.is_empty() {
             return Ok(false);
         }
+        if let Some(mut node) = self.prefill.take() {
+            let extended = self.extend_remotely(&mut node, admitted);
+            self.prefill = Some(node);
+            return extended;
+        }
         let batch = ScheduleBatch::with_buffer(admitted, std::mem::take(&mut self.extend_buffer));
         let batch = timed(&mut self.step_ns, || {
             alloc_for_extend(prepare_for_extend(batch), &mut self.cache)
                 .map_err(|failure| failure.error)
         })
         .map_err(|error| format!("alloc_for_extend after admission: {error}"))?;
-        let mut stores = Vec::with_capacity(batch.out_cache_loc().len());
-        let mut slots = batch.out_cache_loc().iter();
-        for (req, positions) in batch.out_positions() {
-            for position in positions {
-                stores.push(TokenKv {
-                    slot: *slots.next().expect("one slot per extended token"),
-                    adapter: req.namespace(),
-                    token: req.fill_ids()[position],
-                    position,
-                });
-            }
-        }
+        let stores = extended_tokens(&batch);
         self.stats.tokens_prefilled += stores.len() as u64;
         self.kv.store(&stores)?;
         let (reqs, buffer) = batch.into_parts();
@@ -426,6 +444,43 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
                 req.push_output(output_token(req.rid(), index));
                 self.running.extend_reqs([req]);
             }
+        }
+        self.release_finished()?;
+        Ok(true)
+    }
+
+    /// `--disaggregated`: the admitted requests' prompts computed on `node`, their K/V moved
+    /// into the slots this node preallocates for them, then committed and running here. When
+    /// the prefill node cannot take them now, they wait (their prefix locks here dropped).
+    fn extend_remotely(
+        &mut self,
+        node: &mut PrefillNode,
+        admitted: Vec<Req>,
+    ) -> Result<bool, String> {
+        let Some((remote, computed)) = node.prefill(&admitted, &mut self.step_ns)? else {
+            for mut req in admitted.into_iter().rev() {
+                self.unlock(&mut req)?;
+                self.waiting.push_front(req);
+            }
+            return Ok(false);
+        };
+        self.stats.tokens_prefilled += computed;
+        for (mut req, remote) in admitted.into_iter().zip(remote) {
+            let index = req.output_ids().len();
+            req.push_output(output_token(req.rid(), index));
+            let ticket = timed(&mut self.step_ns, || {
+                prealloc_for_transfer(req, &mut self.cache)
+            })
+            .map_err(|failure| {
+                format!(
+                    "prealloc_for_transfer {}: {}",
+                    failure.req.rid(),
+                    failure.error
+                )
+            })?;
+            node.send(remote, &ticket, &mut self.step_ns)?;
+            let req = timed(&mut self.step_ns, || commit_transfer(ticket));
+            self.running.extend_reqs([req]);
         }
         self.release_finished()?;
         Ok(true)
@@ -687,6 +742,9 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
     pub fn finish(&mut self) -> Result<(), String> {
         if !self.is_done() {
             return Err("finish called with requests still in flight".into());
+        }
+        if let Some(node) = &mut self.prefill {
+            node.finish()?;
         }
         self.check()?;
         self.verify_cache_events()?;

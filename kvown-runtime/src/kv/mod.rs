@@ -30,7 +30,7 @@ pub use element::{KvData, KvDtype, KvElement, KvSlice};
 pub use error::{KvPoolError, KvTensor};
 pub use host::{HostKvPool, new_host_pool};
 pub use layout::KvLayout;
-pub use transfer::{KvTransfer, LocalTransfer, TransferError, TransferId};
+pub use transfer::{KvTransfer, LocalTransfer, SharedPool, TransferError, TransferId};
 
 use crate::alloc::{KvSlot, PageId};
 

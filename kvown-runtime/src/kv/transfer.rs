@@ -163,3 +163,126 @@ impl KvTransfer for LocalTransfer {
         done.append(&mut self.ended);
     }
 }
+
+/// A K/V pool with several owners: clones share one pool (behind a mutex), so a node can store
+/// and read its K/V through one clone while a [`LocalTransfer`] writes into it through another.
+#[derive(Clone)]
+pub struct SharedPool {
+    pool: std::sync::Arc<std::sync::Mutex<Box<dyn KvPool>>>,
+    layout: super::KvLayout,
+    dtype: super::KvDtype,
+}
+
+impl std::fmt::Debug for SharedPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedPool")
+            .field("layout", &self.layout)
+            .field("dtype", &self.dtype)
+            .finish()
+    }
+}
+
+impl SharedPool {
+    /// Shares `pool`.
+    pub fn new(pool: Box<dyn KvPool>) -> Self {
+        let (layout, dtype) = (*pool.layout(), pool.dtype());
+        SharedPool {
+            pool: std::sync::Arc::new(std::sync::Mutex::new(pool)),
+            layout,
+            dtype,
+        }
+    }
+
+    /// The pool, locked. A clone whose holder panicked mid-call poisons nothing here: every
+    /// pool call validates before it writes, so the pool is whole whatever the panic.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Box<dyn KvPool>> {
+        self.pool
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl KvPool for SharedPool {
+    fn layout(&self) -> &super::KvLayout {
+        &self.layout
+    }
+
+    fn dtype(&self) -> super::KvDtype {
+        self.dtype
+    }
+
+    fn store_kv(
+        &mut self,
+        layer: usize,
+        slots: &[KvSlot],
+        k: super::KvSlice<'_>,
+        v: super::KvSlice<'_>,
+    ) -> Result<(), KvPoolError> {
+        self.lock().store_kv(layer, slots, k, v)
+    }
+
+    fn load_kv(
+        &self,
+        layer: usize,
+        slots: &[KvSlot],
+    ) -> Result<(super::KvData, super::KvData), KvPoolError> {
+        self.lock().load_kv(layer, slots)
+    }
+
+    fn copy_slots(&mut self, src: &[KvSlot], dst: &[KvSlot]) -> Result<(), KvPoolError> {
+        self.lock().copy_slots(src, dst)
+    }
+
+    fn copy_pages(
+        &mut self,
+        src: &[crate::alloc::PageId],
+        dst: &[crate::alloc::PageId],
+    ) -> Result<(), KvPoolError> {
+        self.lock().copy_pages(src, dst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{KvData, KvDtype, KvLayout, KvSlice, new_host_pool};
+
+    fn pool() -> Box<dyn KvPool> {
+        new_host_pool(KvLayout::new(2, 1, 2, 8, 4).unwrap(), KvDtype::F32).unwrap()
+    }
+
+    /// A row stored through one clone of a shared pool is what a transfer reads from another,
+    /// and lands in the receiver's pool, where the receiver's own clone reads it.
+    #[test]
+    fn shared_pools_and_a_local_transfer_move_rows_between_owners() {
+        let (prefill, decode) = (SharedPool::new(pool()), SharedPool::new(pool()));
+        let mut link =
+            LocalTransfer::new(Box::new(prefill.clone()), Box::new(decode.clone())).unwrap();
+        let mut writer = prefill.clone();
+        for layer in 0..2 {
+            let k = [layer as f32, 1.0, 2.0, 3.0];
+            writer
+                .store_kv(layer, &[4, 5], KvSlice::F32(&k), KvSlice::F32(&[9.0; 4]))
+                .unwrap();
+        }
+        let id = link.submit(&[4, 5], &[6, 7]).unwrap();
+        let mut done = Vec::new();
+        link.poll(&mut done);
+        assert!(matches!(done.as_slice(), [(ended, Ok(()))] if *ended == id));
+        let (k, v) = decode.load_kv(1, &[6, 7]).unwrap();
+        assert_eq!(k, KvData::F32(vec![1.0, 1.0, 2.0, 3.0]));
+        assert_eq!(v, KvData::F32(vec![9.0; 4]));
+        assert!(matches!(
+            link.submit(&[4], &[6, 7]),
+            Err(TransferError::LengthMismatch { src: 1, dst: 2 })
+        ));
+        link.fail_next();
+        let failed = link.submit(&[4], &[3]).unwrap();
+        link.poll(&mut done);
+        assert!(matches!(done.last(), Some((id, Err(TransferError::Failed(_)))) if *id == failed));
+        assert_eq!(
+            decode.load_kv(0, &[3]).unwrap().0,
+            KvData::F32(vec![0.0; 2])
+        );
+    }
+}
