@@ -133,7 +133,7 @@
 //!    |          |
 //!    |          required by a bound introduced by this call
 //!    |
-//! help: the trait `__kvown_guarded_ReqKvInfo::ReqKvInfoKvCommittedLenOwner` is not implemented for `prepare_for_decode`
+//! help: the trait `sealed_ReqKvInfo::ReqKvInfoKvCommittedLenOwner` is not implemented for `prepare_for_decode`
 //!   --> tests/ui/fail/sglang/prepare_for_decode_writes_committed.rs:22:1
 //!    |
 //! 22 | #[kvown::owner]
@@ -220,10 +220,11 @@
 //!
 //! ## What `#[guarded]` expands to
 //!
-//! For `struct ReqKvInfo` with owned `kv_committed_len`: a hidden module
-//! `__kvown_guarded_ReqKvInfo` (`use super::*` inside) holding the struct with owned fields
+//! For `struct ReqKvInfo` with owned `kv_committed_len`: a hidden module `sealed_ReqKvInfo`
+//! (`use super::*` inside) holding the struct with owned fields
 //! private and the others widened one level (so each keeps its written reach), `ReqKvInfoInit`,
-//! the view `ReqKvInfoFieldsMut`, a private seal trait per field, the owner trait
+//! the view `ReqKvInfoFieldsMut`, a private seal trait per field (`owned_by::kv_committed_len`),
+//! the owner trait
 //! `ReqKvInfoKvCommittedLenOwner` (with `#[diagnostic::on_unimplemented]`) implemented for the
 //! listed owners' tokens, the getter, `set_` and `_mut` (`#[inline(always)]`), and an audit
 //! registration. Then `pub use` of the struct, init, view and owner traits with the struct's
@@ -280,8 +281,9 @@
 //! * `#[guarded]` must come before `#[derive]`; a third-party derive placed after it runs inside
 //!   the seal (trust only derives you know). `super::` inside string attributes and doc links
 //!   resolves from the hidden module (use `crate::`); `type_name` and some compiler messages
-//!   show the hidden module (`__kvown_guarded_ReqKvInfo::ReqKvInfo`), and a method owner's token
-//!   is named `Type_method`.
+//!   show the hidden module (`sealed_ReqKvInfo::ReqKvInfo`, `sealed_fn_alloc::alloc`), and a
+//!   method owner's token is re-exported as `Type_method` (`docs/macro-messages.md` explains
+//!   each message and why it reads the way it does).
 //! * Audit write counts are syntactic and matched by field name. (Owner sites are matched to
 //!   declared owners exactly, by their capability token's type, whatever path, re-export or
 //!   renamed import names them.)

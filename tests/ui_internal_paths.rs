@@ -12,8 +12,77 @@ use std::path::{Path, PathBuf};
 /// Names that only kvown's expansion uses.
 const INTERNAL: &[&str] = &["__kvown", "__private", "__seal", "kvown_runtime"];
 
+/// Why rustc names a method owner's token when an `#[owned_by(Type::method)]` entry finds no
+/// owner: the entry resolves, in rustc's name resolution, to the token `#[owners]` re-exports as
+/// `Type_method` next to the type; when there is none (a misspelt method, a method without
+/// `#[owners]`), rustc says which name it looked for. A check through the type itself
+/// (`Type::method` as a value) cannot replace it: a generic `Type<T>` named without its
+/// parameters does not resolve as a value.
+const METHOD_ENTRY_RESOLVES_TO_ITS_TOKEN: &str = "rustc reports the name an `#[owned_by(Type::method)]` entry resolves to";
+
+/// Why a name of the shape `Type_method` is the user's own: the macro quotes it back.
+const THE_USERS_OWN_NAME: &str =
+    "the user's own identifier, quoted back by the macro's error about its shape";
+
+/// Why rustc prints `kvown::__private`: the items there are what makes a token a token, and they
+/// are outside the public API on purpose (implementing `OwnerToken` or building an `OwnerSeal`
+/// by hand is how one would forge an owner); rustc names a foreign item by the path its crate
+/// exports it at.
+const SUPPORT_ITEM_OF_A_FORGERY: &str =
+    "a forgery names kvown's support item, which rustc prints at its only exported path";
+
 /// `(snapshot, text of the line, why rustc prints it)`.
-const ALLOWED: &[(&str, &str, &str)] = &[];
+const ALLOWED: &[(&str, &str, &str)] = &[
+    (
+        "tests/ui/fail/first_contact/method_owner_typo.stderr",
+        "error[E0425]: cannot find type `Meter_tik` in module `super`",
+        METHOD_ENTRY_RESOLVES_TO_ITS_TOKEN,
+    ),
+    (
+        "tests/ui/fail/forge/method_owner_impersonated_by_other_type.stderr",
+        "error[E0425]: cannot find type `Batch_retract` in module `super`",
+        METHOD_ENTRY_RESOLVES_TO_ITS_TOKEN,
+    ),
+    (
+        "tests/ui/fail/misuse/owner_method_without_owners.stderr",
+        "error[E0425]: cannot find type `Batch_alloc` in module `super`",
+        METHOD_ENTRY_RESOLVES_TO_ITS_TOKEN,
+    ),
+    (
+        "tests/ui/fail/misuse/owners_type_name.stderr",
+        "error[E0425]: cannot find type `Batch_x_y` in module `super`",
+        METHOD_ENTRY_RESOLVES_TO_ITS_TOKEN,
+    ),
+    (
+        "tests/ui/fail/forge/method_owner_impersonated_by_free_fn.stderr",
+        "error: #[owner] function `Batch_retract` needs a snake_case name: kvown finds a method \
+         owner `Type::method` by a name that starts with the type's, so a function named with an \
+         upper-case letter could pass for one",
+        THE_USERS_OWN_NAME,
+    ),
+    (
+        "tests/ui/fail/misuse/owners_type_name.stderr",
+        "error: #[kvown::owners] needs an UpperCamelCase type name without `_` (found `Batch_x`): \
+         kvown finds a method owner `Type::method` by the type's and the method's names joined \
+         with `_`, which must split one way only",
+        THE_USERS_OWN_NAME,
+    ),
+    (
+        "tests/ui/fail/forge/default_token.stderr",
+        "error[E0277]: the trait bound `kvown::__private::OwnerSeal: Default` is not satisfied",
+        SUPPORT_ITEM_OF_A_FORGERY,
+    ),
+    (
+        "tests/ui/fail/forge/implement_sealed_trait.stderr",
+        "help: the trait `kvown::__private::OwnerToken` is not implemented for `Intruder`",
+        SUPPORT_ITEM_OF_A_FORGERY,
+    ),
+    (
+        "tests/ui/fail/forge/unit_struct_named_like_owner.stderr",
+        "help: the trait `kvown::__private::OwnerToken` is not implemented for `alloc`",
+        SUPPORT_ITEM_OF_A_FORGERY,
+    ),
+];
 
 /// The snapshots, sorted.
 fn snapshots(dir: &Path, found: &mut Vec<PathBuf>) {

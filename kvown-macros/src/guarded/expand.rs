@@ -38,7 +38,7 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
     let name = &model.item.ident;
     let outer_vis = &model.item.vis;
     let inner_vis = widen_one_level(outer_vis);
-    let module = format_ident!("__kvown_guarded_{}", name);
+    let module = format_ident!("sealed_{}", name);
     let init = &model.init_name;
     let view = format_ident!("{}FieldsMut", name);
 
@@ -165,8 +165,11 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
             #[allow(unused_imports)]
             use super::*;
 
+            // The seal traits, one per owned field and named after it: private to this module, so
+            // only the owner trait impls below can implement them. rustc names them where it
+            // explains a sealed trait (`sealed_Req::owned_by::len`).
             #[allow(non_camel_case_types)]
-            mod __seal {
+            mod owned_by {
                 #(#seals)*
             }
 
@@ -175,11 +178,13 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
             // Functions named like the expansion's parameters (`value` in the setters, `init` in
             // `From`): they shadow what `use super::*` brings in under those names, where a
             // `const value` would turn the parameter into a constant pattern; a function never
-            // does. (The capability parameters are `_`.)
-            #[allow(dead_code)]
-            fn value() {}
-            #[allow(dead_code)]
-            fn init() {}
+            // does. (The capability parameters are `_`.) Imported rather than defined here, so
+            // that rustc does not list them as inaccessible candidates when a user's `value` or
+            // `init` is not found.
+            #[allow(unused_imports)]
+            use ::core::convert::identity as value;
+            #[allow(unused_imports)]
+            use ::core::convert::identity as init;
 
             #init_struct
 
@@ -352,7 +357,7 @@ fn owner_trait(
         seen.push(text);
         let token = token_path(owner);
         Some(quote_spanned!(owner.span()=>
-            #(#cfg)* impl __seal::#ident for #token {}
+            #(#cfg)* #[diagnostic::do_not_recommend] impl owned_by::#ident for #token {}
             #(#cfg)* impl #trait_name for #token {}
         ))
     });
@@ -360,7 +365,7 @@ fn owner_trait(
         #(#cfg)*
         #[doc = #doc]
         #[diagnostic::on_unimplemented(message = #message, label = #label, note = #note)]
-        #inner_vis trait #trait_name: __seal::#ident + #private::OwnerToken {}
+        #inner_vis trait #trait_name: owned_by::#ident + #private::OwnerToken {}
         #(#impls)*
     }
 }

@@ -16,8 +16,13 @@ use crate::seal::{DeeperPaths, widen_one_level};
 pub(crate) struct OwnerPlan {
     support: TokenStream,
     binding: Ident,
-    /// The capability token type: the function's name, or `Type_method`.
+    /// The name the capability token is re-exported under in the owner's module: the function's
+    /// name, or `Type_method` (what `#[owned_by(..)]` entries resolve to).
     token: Ident,
+    /// The name the token type is defined under in the hidden module, which rustc prints: the
+    /// function's or the method's name (`Type_method` for a method named like a primitive type,
+    /// which the token would shadow in the method's body).
+    defined: Ident,
     /// The hidden module the owner moves into.
     module: Ident,
     /// `f` or `Type::method`, as the audit register shows it.
@@ -38,7 +43,8 @@ impl OwnerPlan {
             support: options.support.clone(),
             binding: options.binding.clone(),
             token: name.clone(),
-            module: format_ident!("__kvown_owner_{}", name),
+            defined: name.clone(),
+            module: format_ident!("sealed_fn_{}", name),
             site_name: name.unraw().to_string(),
             vis: item.vis.clone(),
             cfg_attrs: cfg_attrs(&item.attrs),
@@ -57,7 +63,12 @@ impl OwnerPlan {
             support: options.support.clone(),
             binding: options.binding.clone(),
             token: token_name(type_name, name),
-            module: format_ident!("__kvown_owner_{}_{}", type_name, name),
+            defined: if super::primitive_type_name(name).is_some() {
+                token_name(type_name, name)
+            } else {
+                name.clone()
+            },
+            module: format_ident!("sealed_fn_{}_{}", type_name, name),
             site_name: format!("{}::{}", type_name.unraw(), name.unraw()),
             vis: method.vis.clone(),
             cfg_attrs: cfg_attrs(&method.attrs),
@@ -80,8 +91,8 @@ pub(crate) fn free_fn(plan: &OwnerPlan, mut item: ItemFn) -> TokenStream {
     wrap(plan, quote!(#item), registration)
 }
 
-/// `#[owner] fn method` of `#[owners] impl Type` -> a hidden module holding the token
-/// `Type_method` and an inherent impl with the method, the token re-exported.
+/// `#[owner] fn method` of `#[owners] impl Type` -> a hidden module holding the token (named
+/// `method` there) and an inherent impl with the method, the token re-exported as `Type_method`.
 pub(crate) fn method(plan: &OwnerPlan, block: &ItemImpl, mut method: ImplItemFn) -> TokenStream {
     let registration = registration(plan, &method.block, method.sig.ident.span());
     DeeperPaths::default().visit_signature_mut(&mut method.sig);
@@ -109,6 +120,7 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
     let OwnerPlan {
         support,
         token,
+        defined,
         module,
         vis,
         cfg_attrs,
@@ -116,6 +128,9 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
         ..
     } = plan;
     let token_vis = widen_one_level(vis);
+    // A method's token is defined under the method's name (what rustc prints) and re-exported
+    // as `Type_method` (what `#[owned_by(Type::method)]` finds).
+    let rename = (defined != token).then(|| quote!(as #token));
     let binding_placeholder = binding_placeholder(plan);
     let token_doc = format!(
         "Capability token of the owner `{site_name}`: only that owner's body can build one, \
@@ -132,11 +147,12 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
             #[doc = #token_doc]
             #[doc(hidden)]
             #[allow(non_camel_case_types)]
-            #token_vis struct #token {
+            #token_vis struct #defined {
                 _seal: #support::__private::OwnerSeal,
             }
 
-            impl #support::__private::OwnerToken for #token {}
+            #[diagnostic::do_not_recommend]
+            impl #support::__private::OwnerToken for #defined {}
 
             #binding_placeholder
 
@@ -149,7 +165,7 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
         // A free owner function and its token share the name, so this also re-exports the
         // function: moving a `#[deprecated]` one out of its hidden module is not a use of it.
         #[allow(unused_imports, deprecated)]
-        #vis use self::#module::#token;
+        #vis use self::#module::#defined #rename;
     }
 }
 
@@ -158,6 +174,8 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
 /// namespace: a `const owner`, a `static owner` or a unit `struct owner` there would turn
 /// `let owner = ..` into a pattern that matches the constant (or refuses to shadow it), while a
 /// function never does. Not needed (and it would clash) when the owner function has that name.
+/// It is an import of `core::convert::identity`, not a function defined here, so that rustc does
+/// not list one inaccessible `owner` per owner of the crate when a plain function names `owner`.
 fn binding_placeholder(plan: &OwnerPlan) -> Option<TokenStream> {
     let OwnerPlan {
         binding,
@@ -167,8 +185,8 @@ fn binding_placeholder(plan: &OwnerPlan) -> Option<TokenStream> {
     } = plan;
     (*binds && binding.unraw() != token.unraw()).then(|| {
         quote! {
-            #[allow(dead_code, non_snake_case)]
-            fn #binding() {}
+            #[allow(unused_imports)]
+            use ::core::convert::identity as #binding;
         }
     })
 }
@@ -187,7 +205,7 @@ fn prepend_prologue(plan: &OwnerPlan, block: &mut Block) {
     let OwnerPlan {
         support,
         binding,
-        token,
+        defined: token,
         ..
     } = plan;
     let capability = Ident::new("__kvown_capability", Span::mixed_site());
@@ -213,7 +231,7 @@ fn registration(plan: &OwnerPlan, body: &Block, name_span: Span) -> TokenStream 
     let counts = count.per_field.values();
     let delegations = count.delegations;
     let site_name = &plan.site_name;
-    let token = &plan.token;
+    let token = &plan.defined;
     let line = quote_spanned!(name_span=> ::core::line!());
     quote! {
         #support::__private::inventory::submit! {
@@ -260,7 +278,7 @@ fn mentions(tokens: TokenStream, binding: &Ident) -> Vec<Ident> {
 mod tests {
     use super::*;
 
-    /// The functions in the hidden module of `#[owner(args)] input`.
+    /// The functions in the hidden module of `#[owner(args)] input`, imported ones included.
     fn module_fns(args: TokenStream, input: TokenStream) -> Vec<String> {
         let expanded: syn::File = syn::parse2(crate::owner::expand_fn(args, input))
             .expect("the expansion is a list of items");
@@ -277,6 +295,16 @@ mod tests {
             .iter()
             .filter_map(|item| match item {
                 syn::Item::Fn(function) => Some(function.sig.ident.to_string()),
+                syn::Item::Use(syn::ItemUse {
+                    tree: syn::UseTree::Path(path),
+                    ..
+                }) => match &*path.tree {
+                    syn::UseTree::Path(inner) => match &*inner.tree {
+                        syn::UseTree::Rename(rename) => Some(rename.rename.to_string()),
+                        _ => None,
+                    },
+                    _ => None,
+                },
                 _ => None,
             })
             .collect()

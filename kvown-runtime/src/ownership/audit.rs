@@ -62,8 +62,9 @@ pub struct OwnerSite {
 inventory::collect!(GuardedField);
 inventory::collect!(OwnerSite);
 
-/// Prefix of every module the macros generate; trimmed from registered module paths.
-const SEALED_MODULE_PREFIX: &str = "__kvown_";
+/// Prefixes of the modules the macros generate (`sealed_Req`, `sealed_fn_alloc`); the macros
+/// register `module_path!()` from inside them, and this segment is trimmed on read.
+const SEALED_MODULE_PREFIX: &str = "sealed_";
 
 fn user_module(module: &'static str) -> &'static str {
     match module.rsplit_once("::") {
@@ -360,7 +361,8 @@ mod tests {
 
     #[test]
     fn sealed_module_segment_is_trimmed() {
-        assert_eq!(user_module("a::b::__kvown_owner_f"), "a::b");
+        assert_eq!(user_module("a::b::sealed_fn_f"), "a::b");
+        assert_eq!(user_module("a::b::sealed_Req"), "a::b");
         assert_eq!(user_module("a::b"), "a::b");
     }
 }
