@@ -138,7 +138,8 @@
 //!    |
 //! 22 | #[kvown::owner]
 //!    | ^^^^^^^^^^^^^^^
-//!    = note: only the functions listed in `#[owned_by(..)]` on `ReqKvInfo::kv_committed_len` may write it; a helper writing on an owner's behalf takes `owner: &impl ReqKvInfoKvCommittedLenOwner`; reads are free: `.kv_committed_len()`
+//!    = note: only the owners listed in `#[owned_by(..)]` on `ReqKvInfo::kv_committed_len` may write it: to make a function one, mark it `#[kvown::owner]` (a method: `#[owner]` in a `#[kvown::owners]` impl block) and add it to that list
+//!    = note: a helper writing on an owner's behalf takes `owner: &impl ReqKvInfoKvCommittedLenOwner`; reads are free: `.kv_committed_len()`
 //! ...
 //! ```
 //!

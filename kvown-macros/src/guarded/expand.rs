@@ -336,9 +336,13 @@ fn owner_trait(
     let message =
         format!("`{{Self}}` is not an owner of `{struct_name}::{ident}`; owners: {listed}");
     let label = format!("not an owner of `{struct_name}::{ident}`");
-    let note = format!(
-        "only the functions listed in `#[owned_by(..)]` on `{struct_name}::{ident}` may write it; \
-         a helper writing on an owner's behalf takes `owner: &impl {trait_name}`; \
+    let how_to_own = format!(
+        "only the owners listed in `#[owned_by(..)]` on `{struct_name}::{ident}` may write it: to \
+         make a function one, mark it `#[kvown::owner]` (a method: `#[owner]` in a \
+         `#[kvown::owners]` impl block) and add it to that list"
+    );
+    let how_to_help = format!(
+        "a helper writing on an owner's behalf takes `owner: &impl {trait_name}`; \
          reads are free: `.{ident}()`"
     );
     let doc = format!(
@@ -364,7 +368,12 @@ fn owner_trait(
     quote! {
         #(#cfg)*
         #[doc = #doc]
-        #[diagnostic::on_unimplemented(message = #message, label = #label, note = #note)]
+        #[diagnostic::on_unimplemented(
+            message = #message,
+            label = #label,
+            note = #how_to_own,
+            note = #how_to_help
+        )]
         #inner_vis trait #trait_name: owned_by::#ident + #private::OwnerToken {}
         #(#impls)*
     }

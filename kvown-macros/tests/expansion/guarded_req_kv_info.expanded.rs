@@ -85,7 +85,8 @@ mod sealed_ReqKvInfo {
     #[diagnostic::on_unimplemented(
         message = "`{Self}` is not an owner of `ReqKvInfo::kv_committed_len`; owners: alloc_for_extend, alloc_for_decode",
         label = "not an owner of `ReqKvInfo::kv_committed_len`",
-        note = "only the functions listed in `#[owned_by(..)]` on `ReqKvInfo::kv_committed_len` may write it; a helper writing on an owner's behalf takes `owner: &impl ReqKvInfoKvCommittedLenOwner`; reads are free: `.kv_committed_len()`"
+        note = "only the owners listed in `#[owned_by(..)]` on `ReqKvInfo::kv_committed_len` may write it: to make a function one, mark it `#[kvown::owner]` (a method: `#[owner]` in a `#[kvown::owners]` impl block) and add it to that list",
+        note = "a helper writing on an owner's behalf takes `owner: &impl ReqKvInfoKvCommittedLenOwner`; reads are free: `.kv_committed_len()`"
     )]
     pub trait ReqKvInfoKvCommittedLenOwner:
         owned_by::kv_committed_len + ::kvown::__private::OwnerToken
