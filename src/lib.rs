@@ -241,8 +241,9 @@
 //!
 //! ## The audit register
 //!
-//! Every owned field and owner site registers at link time. [`audit::AuditTable::collect`]
-//! returns the ownership table (struct, field, owner, direct writes, delegations, module, site),
+//! Every owned field and owner site registers at link time. [`audit_table!()`](audit_table)
+//! returns the calling crate's ownership table (struct, field, owner, direct writes,
+//! delegations, module, site; [`audit::AuditTable::collect`] has every linked crate's),
 //! `Display` prints it, and [`audit::AuditTable::assert_matches`] panics with the owner sites
 //! that were added, removed or recounted: a snapshot test catches a new owner, which no
 //! compile-time check does. An empty register is an error, not an empty table, so a test
@@ -257,9 +258,9 @@
 //! # #[kvown::owner]
 //! # pub fn alloc_for_decode(req: &mut SeqLens) { *req.kv_committed_len_mut(owner) += 1; }
 //! # fn main() {
-//! let table = kvown::audit::AuditTable::collect().expect("guarded structs are linked");
+//! let table = kvown::audit_table!().expect("this crate's guarded structs are linked");
 //! table.assert_matches(&[("SeqLens", "kv_committed_len", "alloc_for_decode", 1)]);
-//! println!("{}", table.of_structs(&["SeqLens"]));
+//! println!("{table}"); // this crate's rows only
 //! # }
 //! ```
 //!
@@ -369,3 +370,40 @@ pub use kvown_runtime::{
 
 #[doc(hidden)]
 pub use kvown_runtime::__private;
+
+/// The ownership table of the calling crate, in one line: `kvown::audit_table!()`.
+///
+/// Expands to [`audit::AuditTable::collect_crate`] for the crate the call is written in
+/// (`module_path!()` there), so the table lists that crate's guarded fields only, not those of
+/// kvown's own runtime or of other linked crates. `kvown::audit_table!("ledger")` names the
+/// crate instead: what an integration test (a crate of its own) writes to audit its library.
+/// Returns `Result<AuditTable, AuditError>`; a crate without registered fields is an error.
+///
+/// ```standalone_crate
+/// #[kvown::guarded]
+/// pub struct Account {
+///     #[owned_by(deposit)]
+///     balance: u64,
+/// }
+///
+/// #[kvown::owner]
+/// pub fn deposit(account: &mut Account, amount: u64) {
+///     *account.balance_mut(owner) += amount;
+/// }
+///
+/// # fn main() {
+/// let table = kvown::audit_table!().expect("this crate has guarded fields");
+/// table.assert_matches(&[("Account", "balance", "deposit", 1)]);
+/// assert_eq!(table.rows().len(), 1); // none of kvown's own rows
+/// println!("{table}");
+/// # }
+/// ```
+#[macro_export]
+macro_rules! audit_table {
+    () => {
+        $crate::audit::AuditTable::collect_crate(::core::module_path!())
+    };
+    ($crate_name:expr) => {
+        $crate::audit::AuditTable::collect_crate($crate_name)
+    };
+}

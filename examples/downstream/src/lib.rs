@@ -46,9 +46,8 @@ mod tests {
         batch.extend(4);
         alloc_for_decode(&mut batch.reqs[0]);
         assert_eq!(batch.reqs[0].kv_committed_len(), 5);
-        kvown::audit::AuditTable::collect()
+        kvown::audit_table!()
             .unwrap()
-            .of_crate("kvown_downstream")
             .assert_matches(&[
                 ("ReqKvInfo", "kv_committed_len", "alloc_for_decode", 1),
                 ("ReqKvInfo", "kv_committed_len", "Batch::extend", 1),

@@ -127,6 +127,19 @@ pub enum AuditError {
          so its registrations are linked"
     )]
     Empty,
+    /// The register holds guarded fields, none of them declared in the crate asked for.
+    #[error(
+        "the kvown audit register has no #[guarded] struct of crate `{crate_name}` (crates with \
+         guarded structs in this binary: {linked}). `kvown::audit_table!()` audits the crate it \
+         is written in; from an integration test, name the library: \
+         `kvown::audit_table!(\"my_crate\")`, and link it (`use my_crate as _;`)"
+    )]
+    NoneInCrate {
+        /// The crate asked for, as `module_path!()` spells it.
+        crate_name: String,
+        /// The crates that did register guarded fields, comma-separated.
+        linked: String,
+    },
 }
 
 /// The ownership table of every guarded field linked into this binary.
@@ -192,6 +205,28 @@ impl AuditTable {
         rows.sort();
         rows.dedup();
         Ok(AuditTable { rows })
+    }
+
+    /// The table of one crate: [`AuditTable::collect`] restricted to the structs declared in
+    /// the crate that `crate_or_module` names (`"ledger"`, or a `module_path!()` such as
+    /// `"ledger::accounts"`). What `kvown::audit_table!()` returns for the calling crate.
+    ///
+    /// Fails with [`AuditError::NoneInCrate`] when that crate registered nothing (an
+    /// integration test auditing itself instead of its library, say), so a table is never
+    /// silently empty.
+    pub fn collect_crate(crate_or_module: &str) -> Result<Self, AuditError> {
+        let crate_name = crate_of(crate_or_module);
+        let all = Self::collect()?;
+        let table = all.of_crate(crate_name);
+        if table.rows.is_empty() {
+            let mut linked: Vec<&str> = all.rows.iter().map(|r| crate_of(r.struct_module)).collect();
+            linked.dedup();
+            return Err(AuditError::NoneInCrate {
+                crate_name: crate_name.to_string(),
+                linked: linked.join(", "),
+            });
+        }
+        Ok(table)
     }
 
     /// The rows, sorted by struct, field, owner.
