@@ -18,7 +18,8 @@ const INTERNAL: &[&str] = &["__kvown", "__private", "__seal", "kvown_runtime"];
 /// `#[owners]`), rustc says which name it looked for. A check through the type itself
 /// (`Type::method` as a value) cannot replace it: a generic `Type<T>` named without its
 /// parameters does not resolve as a value.
-const METHOD_ENTRY_RESOLVES_TO_ITS_TOKEN: &str = "rustc reports the name an `#[owned_by(Type::method)]` entry resolves to";
+const METHOD_ENTRY_RESOLVES_TO_ITS_TOKEN: &str =
+    "rustc reports the name an `#[owned_by(Type::method)]` entry resolves to";
 
 /// Why a name of the shape `Type_method` is the user's own: the macro quotes it back.
 const THE_USERS_OWN_NAME: &str =
@@ -199,5 +200,7 @@ fn the_scan_sees_headlines_lists_and_tokens() {
     assert_eq!(lines.len(), 4, "{lines:?}");
     assert!(names_a_method_token("`Order_reopen` is not an owner"));
     assert!(!names_a_method_token("`ReqKvInfo::kv_committed_len`"));
-    assert!(!names_a_method_token("`alloc_for_decode`, `SCREAMING_CASE`"));
+    assert!(!names_a_method_token(
+        "`alloc_for_decode`, `SCREAMING_CASE`"
+    ));
 }

@@ -107,6 +107,7 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
         let cfg = &field.model.cfg_attrs;
         trait_exports.push(quote!(
             #(#cfg)*
+            #[doc(inline)]
             #[allow(unused_imports)]
             #outer_vis use self::#module::#trait_name;
         ));
@@ -165,10 +166,10 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
             #[allow(unused_imports)]
             use super::*;
 
-            // The seal traits, one per owned field and named after it: private to this module, so
-            // only the owner trait impls below can implement them. rustc names them where it
-            // explains a sealed trait (`sealed_Req::owned_by::len`).
-            #[allow(non_camel_case_types)]
+            // The seal traits, one per owned field, named after its owner trait: private to this
+            // module, so only the owner trait impls below can implement them. rustc names them
+            // where it explains a sealed trait (`sealed_Req::owned_by::ReqLenOwnerSeal`), rustdoc
+            // as the owner trait's supertrait.
             mod owned_by {
                 #(#seals)*
             }
@@ -228,6 +229,9 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
             #(#registrations)*
         }
 
+        // Inlined, so that rustdoc documents them as this module's items, also where it shows
+        // private items (a binary crate, `--document-private-items`), and never the hidden module.
+        #[doc(inline)]
         #[allow(unused_imports, deprecated)]
         #outer_vis use self::#module::{#name, #init, #view};
         #(#trait_exports)*
@@ -303,9 +307,15 @@ pub(crate) fn owner_trait_name(struct_name: &Ident, field: &Ident) -> Ident {
     format_ident!("{}{}Owner", struct_name, camel)
 }
 
+/// `ReqLenOwner` -> `ReqLenOwnerSeal`, its seal.
+fn seal_name(trait_name: &Ident) -> Ident {
+    format_ident!("{}Seal", trait_name)
+}
+
 /// The supertrait that only the hidden module can implement.
 fn seal_trait(struct_name: &Ident, field: &FieldModel, trait_name: &Ident) -> TokenStream {
     let ident = &field.ident;
+    let seal = seal_name(trait_name);
     let cfg = &field.cfg_attrs;
     let message = format!(
         "`{trait_name}` is sealed: `{{Self}}` cannot become an owner of `{struct_name}::{ident}` by implementing it"
@@ -316,7 +326,7 @@ fn seal_trait(struct_name: &Ident, field: &FieldModel, trait_name: &Ident) -> To
     quote!(
         #(#cfg)*
         #[diagnostic::on_unimplemented(message = #message, note = #note)]
-        pub trait #ident {}
+        pub trait #seal {}
     )
 }
 
@@ -352,6 +362,7 @@ fn owner_trait(
     );
     // Each impl is spanned on its entry in `#[owned_by(..)]`, so an entry that is not an owner
     // is reported there. A duplicate entry (already an error) is implemented once.
+    let seal = seal_name(trait_name);
     let mut seen = Vec::new();
     let impls = ownership.owners.iter().filter_map(|owner| {
         let text = path_text(owner);
@@ -361,7 +372,7 @@ fn owner_trait(
         seen.push(text);
         let token = token_path(owner);
         Some(quote_spanned!(owner.span()=>
-            #(#cfg)* #[diagnostic::do_not_recommend] impl owned_by::#ident for #token {}
+            #(#cfg)* #[diagnostic::do_not_recommend] impl owned_by::#seal for #token {}
             #(#cfg)* impl #trait_name for #token {}
         ))
     });
@@ -374,7 +385,7 @@ fn owner_trait(
             note = #how_to_own,
             note = #how_to_help
         )]
-        #inner_vis trait #trait_name: owned_by::#ident + #private::OwnerToken {}
+        #inner_vis trait #trait_name: owned_by::#seal + #private::OwnerToken {}
         #(#impls)*
     }
 }

@@ -77,6 +77,19 @@ impl OwnerPlan {
     }
 }
 
+impl OwnerPlan {
+    /// The token type as the owner's hidden module names it: `capability_of::f` for a free
+    /// function (see [`wrap`]), the method's name for a method.
+    fn local_token(&self) -> TokenStream {
+        let defined = &self.defined;
+        if self.defined == self.token {
+            quote!(capability_of::#defined)
+        } else {
+            quote!(#defined)
+        }
+    }
+}
+
 fn cfg_attrs(attrs: &[Attribute]) -> Vec<Attribute> {
     crate::cfg_attr::cfg_conditions(attrs)
 }
@@ -128,14 +141,64 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
         ..
     } = plan;
     let token_vis = widen_one_level(vis);
-    // A method's token is defined under the method's name (what rustc prints) and re-exported
-    // as `Type_method` (what `#[owned_by(Type::method)]` finds).
-    let rename = (defined != token).then(|| quote!(as #token));
     let binding_placeholder = binding_placeholder(plan);
     let token_doc = format!(
         "Capability token of the owner `{site_name}`: only that owner's body can build one, \
          and code sees it only as the borrow `&{token}`."
     );
+    // `seal_vis`: the reach of the token's private field, which must be the owner's hidden
+    // module exactly (only the owner's body, there, builds a token).
+    let token_item = |token_vis: &Visibility, seal_vis: TokenStream| {
+        quote! {
+            #[doc = #token_doc]
+            #[doc(hidden)]
+            #[allow(non_camel_case_types)]
+            #token_vis struct #defined {
+                #seal_vis _seal: #support::__private::OwnerSeal,
+            }
+
+            #[diagnostic::do_not_recommend]
+            impl #support::__private::OwnerToken for #defined {}
+        }
+    };
+    // A free function's token shares its name, so it lives one module deeper, in
+    // `capability_of`: the function's re-export then brings the function alone and can be
+    // inlined by rustdoc (documented as this module's own, also where rustdoc shows private
+    // items), and the token has a hidden re-export of its own. A method's token is defined
+    // under the method's name (what rustc prints) and re-exported, hidden, as `Type_method`
+    // (what `#[owned_by(Type::method)]` finds).
+    let (token_def, exports) = if defined == token {
+        let inner = token_item(&widen_one_level(&token_vis), quote!(pub(super)));
+        (
+            quote! {
+                #token_vis mod capability_of {
+                    #inner
+                }
+            },
+            quote! {
+                #(#cfg_attrs)*
+                // Moving a `#[deprecated]` function out of its hidden module is not a use of it.
+                #[doc(inline)]
+                #[allow(unused_imports, deprecated)]
+                #vis use self::#module::#defined;
+
+                #(#cfg_attrs)*
+                #[doc(hidden)]
+                #[allow(unused_imports)]
+                #vis use self::#module::capability_of::#defined;
+            },
+        )
+    } else {
+        (
+            token_item(&token_vis, TokenStream::new()),
+            quote! {
+                #(#cfg_attrs)*
+                #[doc(hidden)]
+                #[allow(unused_imports)]
+                #vis use self::#module::#defined as #token;
+            },
+        )
+    };
     quote! {
         #(#cfg_attrs)*
         #[doc(hidden)]
@@ -144,15 +207,7 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
             #[allow(unused_imports)]
             use super::*;
 
-            #[doc = #token_doc]
-            #[doc(hidden)]
-            #[allow(non_camel_case_types)]
-            #token_vis struct #defined {
-                _seal: #support::__private::OwnerSeal,
-            }
-
-            #[diagnostic::do_not_recommend]
-            impl #support::__private::OwnerToken for #defined {}
+            #token_def
 
             #binding_placeholder
 
@@ -161,11 +216,7 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
             #registration
         }
 
-        #(#cfg_attrs)*
-        // A free owner function and its token share the name, so this also re-exports the
-        // function: moving a `#[deprecated]` one out of its hidden module is not a use of it.
-        #[allow(unused_imports, deprecated)]
-        #vis use self::#module::#defined #rename;
+        #exports
     }
 }
 
@@ -203,11 +254,9 @@ fn prepend_prologue(plan: &OwnerPlan, block: &mut Block) {
         return;
     }
     let OwnerPlan {
-        support,
-        binding,
-        defined: token,
-        ..
+        support, binding, ..
     } = plan;
+    let token = plan.local_token();
     let capability = Ident::new("__kvown_capability", Span::mixed_site());
     let mut bindings = vec![binding.clone()];
     bindings.extend(mentions(block.to_token_stream(), binding));
@@ -231,7 +280,7 @@ fn registration(plan: &OwnerPlan, body: &Block, name_span: Span) -> TokenStream 
     let counts = count.per_field.values();
     let delegations = count.delegations;
     let site_name = &plan.site_name;
-    let token = &plan.defined;
+    let token = plan.local_token();
     let line = quote_spanned!(name_span=> ::core::line!());
     quote! {
         #support::__private::inventory::submit! {

@@ -15,13 +15,12 @@
 mod sealed_ReqKvInfo {
     #[allow(unused_imports)]
     use super::*;
-    #[allow(non_camel_case_types)]
     mod owned_by {
         #[diagnostic::on_unimplemented(
             message = "`ReqKvInfoKvCommittedLenOwner` is sealed: `{Self}` cannot become an owner of `ReqKvInfo::kv_committed_len` by implementing it",
             note = "list the owner in `#[owned_by(..)]` on `ReqKvInfo::kv_committed_len`; the macro implements the trait for it"
         )]
-        pub trait kv_committed_len {}
+        pub trait ReqKvInfoKvCommittedLenOwnerSeal {}
     }
     #[derive(Debug, Default)]
     pub struct ReqKvInfo {
@@ -89,14 +88,14 @@ mod sealed_ReqKvInfo {
         note = "a helper writing on an owner's behalf takes `owner: &impl ReqKvInfoKvCommittedLenOwner`; reads are free: `.kv_committed_len()`"
     )]
     pub trait ReqKvInfoKvCommittedLenOwner:
-        owned_by::kv_committed_len + ::kvown::__private::OwnerToken
+        owned_by::ReqKvInfoKvCommittedLenOwnerSeal + ::kvown::__private::OwnerToken
     {
     }
     #[diagnostic::do_not_recommend]
-    impl owned_by::kv_committed_len for super::alloc_for_extend {}
+    impl owned_by::ReqKvInfoKvCommittedLenOwnerSeal for super::alloc_for_extend {}
     impl ReqKvInfoKvCommittedLenOwner for super::alloc_for_extend {}
     #[diagnostic::do_not_recommend]
-    impl owned_by::kv_committed_len for super::alloc_for_decode {}
+    impl owned_by::ReqKvInfoKvCommittedLenOwnerSeal for super::alloc_for_decode {}
     impl ReqKvInfoKvCommittedLenOwner for super::alloc_for_decode {}
     #[allow(clippy::len_without_is_empty, unused_braces, deprecated)]
     impl ReqKvInfo {
@@ -127,7 +126,9 @@ mod sealed_ReqKvInfo {
     }
     ::kvown::__private::inventory::submit! { :: kvown :: __private :: GuardedField { struct_name : "ReqKvInfo" , field : "kv_committed_len" , owners : & ["alloc_for_extend" , "alloc_for_decode"] , owner_tokens : & [:: core :: any :: TypeId :: of :: < super :: alloc_for_extend > , :: core :: any :: TypeId :: of :: < super :: alloc_for_decode >] , module : :: core :: module_path ! () , file : :: core :: file ! () , line : :: core :: line ! () , } }
 }
+#[doc(inline)]
 #[allow(unused_imports, deprecated)]
 pub use self::sealed_ReqKvInfo::{ReqKvInfo, ReqKvInfoInit, ReqKvInfoFieldsMut};
+#[doc(inline)]
 #[allow(unused_imports)]
 pub use self::sealed_ReqKvInfo::ReqKvInfoKvCommittedLenOwner;

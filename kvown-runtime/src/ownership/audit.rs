@@ -219,7 +219,8 @@ impl AuditTable {
         let all = Self::collect()?;
         let table = all.of_crate(crate_name);
         if table.rows.is_empty() {
-            let mut linked: Vec<&str> = all.rows.iter().map(|r| crate_of(r.struct_module)).collect();
+            let mut linked: Vec<&str> =
+                all.rows.iter().map(|r| crate_of(r.struct_module)).collect();
             linked.dedup();
             return Err(AuditError::NoneInCrate {
                 crate_name: crate_name.to_string(),
