@@ -17,7 +17,7 @@ use syn::{
 
 use super::parse::{FieldModel, GuardedStruct, Ownership, ReadMode};
 use crate::method_token::{is_type_name, token_name};
-use crate::seal::{DeeperPaths, path_from_child, widen_one_level};
+use crate::seal::{DeeperPaths, gate, path_from_child, widen_one_level};
 
 /// Std derives mirrored onto the generated init struct.
 const MIRRORED_DERIVES: &[&str] = &["Debug", "Clone", "Default"];
@@ -28,23 +28,67 @@ struct SealedField<'a> {
     ty: Type,
 }
 
+/// Where the expansion puts the struct and what it generates.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    /// In the hidden child module, re-exported: what the compiler builds.
+    Sealed,
+    /// In the struct's own module, as written: what rustdoc documents (`cfg(doc)`). rustdoc
+    /// inlines a re-export only on a public path, so a private struct sealed in a hidden module
+    /// would have no page even with `--document-private-items`. Nothing is compiled from this
+    /// placement (rustdoc does not build code), so it has no seal to enforce and registers
+    /// nothing; its owner traits are still sealed and implemented for the listed owners.
+    InPlace,
+}
+
+impl Placement {
+    /// The visibility of a field (not an owned one) written with `written`.
+    fn field_vis(self, written: &Visibility) -> Visibility {
+        match self {
+            Placement::Sealed => widen_one_level(written),
+            Placement::InPlace => written.clone(),
+        }
+    }
+}
+
 /// Expands `model`; the owned fields in `refused` (whose generated names were refused) get no
-/// accessors and no owner trait.
+/// accessors and no owner trait. The sealed expansion is compiled, the in-place one documented.
 pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
+    let sealed = gate(
+        expand_at(model, refused, Placement::Sealed),
+        quote!(not(doc)),
+    );
+    let in_place = gate(expand_at(model, refused, Placement::InPlace), quote!(doc));
+    quote!(#sealed #in_place)
+}
+
+fn expand_at(model: &GuardedStruct, refused: &[&Ident], placement: Placement) -> TokenStream {
     let private = {
         let support = &model.support;
         quote!(#support::__private)
     };
+    let in_place = placement == Placement::InPlace;
     let name = &model.item.ident;
     let outer_vis = &model.item.vis;
-    let inner_vis = widen_one_level(outer_vis);
+    let inner_vis = if in_place {
+        outer_vis.clone()
+    } else {
+        widen_one_level(outer_vis)
+    };
     let module = format_ident!("sealed_{}", name);
     let init = &model.init_name;
     let view = format_ident!("{}FieldsMut", name);
+    let seals_path = if in_place {
+        quote!(#module::owned_by)
+    } else {
+        quote!(owned_by)
+    };
 
     let mut sealed = model.item.clone();
     sealed.vis = inner_vis.clone();
-    DeeperPaths::default().visit_generics_mut(&mut sealed.generics);
+    if !in_place {
+        DeeperPaths::default().visit_generics_mut(&mut sealed.generics);
+    }
     let Fields::Named(named) = &mut sealed.fields else {
         unreachable!("parse accepts only named fields")
     };
@@ -54,11 +98,13 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
     };
     let mut fields = Vec::new();
     for (field, field_model) in named.named.iter_mut().zip(&model.fields) {
-        DeeperPaths::default().visit_type_mut(&mut field.ty);
+        if !in_place {
+            DeeperPaths::default().visit_type_mut(&mut field.ty);
+        }
         field.vis = if field_model.ownership.is_some() {
             Visibility::Inherited
         } else {
-            widen_one_level(&field_model.vis)
+            placement.field_vis(&field_model.vis)
         };
         let mut ty = field.ty.clone();
         SelfToStruct(&self_type).visit_type_mut(&mut ty);
@@ -119,6 +165,8 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
             ownership,
             &trait_name,
             &inner_vis,
+            &seals_path,
+            placement,
         ));
         accessors.push(field_accessors(
             &impl_header,
@@ -144,8 +192,16 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
         &fields,
         &inner_vis,
         from_is_a_getter,
+        placement,
     );
-    let view_struct = view_struct(&view, &view_generics, &fields, &inner_vis, &borrow);
+    let view_struct = view_struct(
+        &view,
+        &view_generics,
+        &fields,
+        &inner_vis,
+        &borrow,
+        placement,
+    );
     let idents: Vec<&Ident> = fields.iter().map(|f| &f.model.ident).collect();
     let cfgs: Vec<&Vec<Attribute>> = fields.iter().map(|f| &f.model.cfg_attrs).collect();
     let view_refs = fields.iter().map(|f| {
@@ -158,6 +214,66 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
     });
 
     let struct_allows = &model.lint_allows;
+    let into_init_vis = if in_place {
+        Visibility::Inherited
+    } else {
+        parse_quote!(pub(super))
+    };
+    let methods = quote! {
+        #init_struct
+
+        #view_struct
+
+        // `deprecated` here and on every item generated from the struct: a `#[deprecated]`
+        // struct or field warns where it is used, not in what the expansion derives from it.
+        #[allow(deprecated)]
+        impl #impl_generics ::core::convert::From<#init #ty_generics> for #name #ty_generics
+        #from_where
+        {
+            #[inline]
+            fn from(init: #init #ty_generics) -> Self {
+                #name { #( #(#cfgs)* #idents: init.#idents, )* }
+            }
+        }
+
+        #[allow(deprecated)]
+        impl #impl_generics #name #ty_generics #where_clause {
+            /// Takes the value apart into its init struct, whose fields are visible where a
+            /// struct literal of this type would be.
+            #[inline]
+            #[allow(dead_code)]
+            #into_init_vis fn into_init(self) -> #init #ty_generics #into_init_where {
+                #init { #( #(#cfgs)* #idents: self.#idents, )* }
+            }
+
+            /// Borrows every field at once: shared references to owned fields, mutable
+            /// references to the others (the split borrow that sealing otherwise prevents).
+            #[inline]
+            #[allow(dead_code)]
+            #inner_vis fn fields_mut<#borrow>(&#borrow mut self) -> #view #view_ty_generics {
+                #view { #( #(#cfgs)* #idents: #view_refs, )* }
+            }
+        }
+
+        #(#owner_traits)*
+
+        #(#accessors)*
+    };
+    if in_place {
+        return quote! {
+            #[doc(hidden)]
+            #[allow(non_snake_case)]
+            mod #module {
+                pub mod owned_by {
+                    #(#seals)*
+                }
+            }
+
+            #sealed
+
+            #methods
+        };
+    }
     quote! {
         #[doc(hidden)]
         #[allow(non_snake_case)]
@@ -187,44 +303,7 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
             #[allow(unused_imports)]
             use ::core::convert::identity as init;
 
-            #init_struct
-
-            #view_struct
-
-            // `deprecated` here and on every item generated from the struct: a `#[deprecated]`
-            // struct or field warns where it is used, not in what the expansion derives from it.
-            #[allow(deprecated)]
-            impl #impl_generics ::core::convert::From<#init #ty_generics> for #name #ty_generics
-            #from_where
-            {
-                #[inline]
-                fn from(init: #init #ty_generics) -> Self {
-                    #name { #( #(#cfgs)* #idents: init.#idents, )* }
-                }
-            }
-
-            #[allow(deprecated)]
-            impl #impl_generics #name #ty_generics #where_clause {
-                /// Takes the value apart into its init struct, whose fields are visible where a
-                /// struct literal of this type would be.
-                #[inline]
-                #[allow(dead_code)]
-                pub(super) fn into_init(self) -> #init #ty_generics #into_init_where {
-                    #init { #( #(#cfgs)* #idents: self.#idents, )* }
-                }
-
-                /// Borrows every field at once: shared references to owned fields, mutable
-                /// references to the others (the split borrow that sealing otherwise prevents).
-                #[inline]
-                #[allow(dead_code)]
-                #inner_vis fn fields_mut<#borrow>(&#borrow mut self) -> #view #view_ty_generics {
-                    #view { #( #(#cfgs)* #idents: #view_refs, )* }
-                }
-            }
-
-            #(#owner_traits)*
-
-            #(#accessors)*
+            #methods
 
             #(#registrations)*
         }
@@ -338,6 +417,8 @@ fn owner_trait(
     ownership: &Ownership,
     trait_name: &Ident,
     inner_vis: &Visibility,
+    seals_path: &TokenStream,
+    placement: Placement,
 ) -> TokenStream {
     let ident = &field.ident;
     let cfg = &field.cfg_attrs;
@@ -370,9 +451,12 @@ fn owner_trait(
             return None;
         }
         seen.push(text);
-        let token = token_path(owner);
+        let token = match placement {
+            Placement::Sealed => path_from_child(&token_path(owner)),
+            Placement::InPlace => token_path(owner),
+        };
         Some(quote_spanned!(owner.span()=>
-            #(#cfg)* #[diagnostic::do_not_recommend] impl owned_by::#seal for #token {}
+            #(#cfg)* #[diagnostic::do_not_recommend] impl #seals_path::#seal for #token {}
             #(#cfg)* impl #trait_name for #token {}
         ))
     });
@@ -385,13 +469,14 @@ fn owner_trait(
             note = #how_to_own,
             note = #how_to_help
         )]
-        #inner_vis trait #trait_name: owned_by::#seal + #private::OwnerToken {}
+        #inner_vis trait #trait_name: #seals_path::#seal + #private::OwnerToken {}
         #(#impls)*
     }
 }
 
-/// The capability token type of an owner path, as seen from the hidden module:
-/// `f` -> `super::f`, `a::Batch::retract` -> `super::a::Batch_retract`.
+/// The capability token type of an owner path, as seen from the struct's module:
+/// `f` -> `f`, `a::Batch::retract` -> `a::Batch_retract` (from the hidden module, through
+/// [`path_from_child`]: `super::f`).
 fn token_path(owner: &Path) -> Path {
     let segments: Vec<&Ident> = owner.segments.iter().map(|s| &s.ident).collect();
     let mut path = owner.clone();
@@ -403,7 +488,7 @@ fn token_path(owner: &Path) -> Path {
         kept.push(token.into());
         path.segments = kept;
     }
-    path_from_child(&path)
+    path
 }
 
 /// An owner path as the audit register and the messages show it: `a::Batch::move` for
@@ -538,7 +623,7 @@ fn registration(
     // Each token's type, spanned on its entry like the owner trait's impl for it, so an entry
     // that is no owner is reported once, there.
     let tokens = ownership.owners.iter().map(|owner| {
-        let token = token_path(owner);
+        let token = path_from_child(&token_path(owner));
         quote_spanned!(owner.span()=> ::core::any::TypeId::of::<#token>)
     });
     let line = quote_spanned!(field.ident.span()=> ::core::line!());
@@ -567,6 +652,7 @@ fn init_struct(
     fields: &[SealedField<'_>],
     inner_vis: &Visibility,
     from_is_a_getter: bool,
+    placement: Placement,
 ) -> TokenStream {
     let name = &model.item.ident;
     let derives = mirrored_derives(&model.item.attrs);
@@ -586,7 +672,7 @@ fn init_struct(
         let cfg = &field.model.cfg_attrs;
         let allows = &field.model.lint_allows;
         let docs = &field.model.doc_attrs;
-        let vis = widen_one_level(&field.model.vis);
+        let vis = placement.field_vis(&field.model.vis);
         quote!(#(#cfg)* #(#allows)* #(#docs)* #vis #ident: #ty,)
     });
     quote! {
@@ -606,6 +692,7 @@ fn view_struct(
     fields: &[SealedField<'_>],
     inner_vis: &Visibility,
     borrow: &Lifetime,
+    placement: Placement,
 ) -> TokenStream {
     let where_clause = &view_generics.where_clause;
     let rows = fields.iter().map(|field| {
@@ -617,7 +704,7 @@ fn view_struct(
         if field.model.ownership.is_some() {
             quote!(#(#cfg)* #(#allows)* #(#docs)* #inner_vis #ident: &#borrow #ty,)
         } else {
-            let vis = widen_one_level(&field.model.vis);
+            let vis = placement.field_vis(&field.model.vis);
             quote!(#(#cfg)* #(#allows)* #(#docs)* #vis #ident: &#borrow mut #ty,)
         }
     });
@@ -839,7 +926,9 @@ mod tests {
             (quote::quote!(crate::a::Batch::go), "crate::a::Batch_go"),
         ] {
             let path: Path = syn::parse2(owner.clone()).unwrap();
-            let found = token_path(&path).to_token_stream().to_string();
+            let found = path_from_child(&token_path(&path))
+                .to_token_stream()
+                .to_string();
             assert_eq!(found.replace(' ', ""), token, "{owner}");
         }
     }

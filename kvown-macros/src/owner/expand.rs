@@ -10,7 +10,7 @@ use syn::{Attribute, Block, Ident, ImplItemFn, ItemFn, ItemImpl, Visibility};
 use super::count::count_writes;
 use super::parse::OwnerOptions;
 use crate::method_token::token_name;
-use crate::seal::{DeeperPaths, widen_one_level};
+use crate::seal::{DeeperPaths, gate, widen_one_level};
 
 /// Everything that names one owner.
 pub(crate) struct OwnerPlan {
@@ -94,13 +94,62 @@ fn cfg_attrs(attrs: &[Attribute]) -> Vec<Attribute> {
     crate::cfg_attr::cfg_conditions(attrs)
 }
 
-/// `#[owner] fn f` -> a hidden module holding the token `f` and the function, re-exported.
-pub(crate) fn free_fn(plan: &OwnerPlan, mut item: ItemFn) -> TokenStream {
+/// `#[owner] fn f` -> a hidden module holding the token `f` and the function, re-exported; for
+/// rustdoc (`cfg(doc)`) the function stays where it is written, so that it is documented as its
+/// module's own item, private or not (rustdoc inlines a re-export only on a public path).
+pub(crate) fn free_fn(plan: &OwnerPlan, item: ItemFn) -> TokenStream {
+    let documented = gate(free_fn_in_place(plan, item.clone()), quote!(doc));
+    let compiled = gate(free_fn_sealed(plan, item), quote!(not(doc)));
+    quote!(#compiled #documented)
+}
+
+/// The documented form of a free owner: the function in place, its token in the hidden module
+/// (buildable from the function there: nothing is compiled from this form), no registration.
+fn free_fn_in_place(plan: &OwnerPlan, mut item: ItemFn) -> TokenStream {
+    let OwnerPlan {
+        support,
+        defined,
+        module,
+        vis,
+        cfg_attrs,
+        ..
+    } = plan;
+    prepend_prologue(
+        plan,
+        quote!(#module::capability_of::#defined),
+        &mut item.block,
+    );
+    quote! {
+        #(#cfg_attrs)*
+        #[doc(hidden)]
+        #[allow(non_snake_case)]
+        mod #module {
+            pub mod capability_of {
+                #[doc(hidden)]
+                #[allow(non_camel_case_types)]
+                pub struct #defined {
+                    pub _seal: #support::__private::OwnerSeal,
+                }
+
+                impl #support::__private::OwnerToken for #defined {}
+            }
+        }
+
+        #(#cfg_attrs)*
+        #[doc(hidden)]
+        #[allow(unused_imports)]
+        #vis use self::#module::capability_of::#defined;
+
+        #item
+    }
+}
+
+fn free_fn_sealed(plan: &OwnerPlan, mut item: ItemFn) -> TokenStream {
     let registration = registration(plan, &item.block, item.sig.ident.span());
     DeeperPaths::default().visit_signature_mut(&mut item.sig);
     DeeperPaths::default().visit_block_mut(&mut item.block);
     item.vis = widen_one_level(&item.vis);
-    prepend_prologue(plan, &mut item.block);
+    prepend_prologue(plan, plan.local_token(), &mut item.block);
     wrap(plan, quote!(#item), registration)
 }
 
@@ -111,7 +160,7 @@ pub(crate) fn method(plan: &OwnerPlan, block: &ItemImpl, mut method: ImplItemFn)
     DeeperPaths::default().visit_signature_mut(&mut method.sig);
     DeeperPaths::default().visit_block_mut(&mut method.block);
     method.vis = widen_one_level(&method.vis);
-    prepend_prologue(plan, &mut method.block);
+    prepend_prologue(plan, plan.local_token(), &mut method.block);
     let mut generics = block.generics.clone();
     DeeperPaths::default().visit_generics_mut(&mut generics);
     let mut self_ty = (*block.self_ty).clone();
@@ -249,14 +298,13 @@ fn binding_placeholder(plan: &OwnerPlan) -> Option<TokenStream> {
 /// name in the body: a body that a `macro_rules!` pastes in from its caller (`fn $name() $body`)
 /// names `owner` with the caller's hygiene, which a binding spanned on the attribute (written
 /// in the macro) does not reach. Only tokens written in the body carry those spans.
-fn prepend_prologue(plan: &OwnerPlan, block: &mut Block) {
+fn prepend_prologue(plan: &OwnerPlan, token: TokenStream, block: &mut Block) {
     if !plan.binds {
         return;
     }
     let OwnerPlan {
         support, binding, ..
     } = plan;
-    let token = plan.local_token();
     let capability = Ident::new("__kvown_capability", Span::mixed_site());
     let mut bindings = vec![binding.clone()];
     bindings.extend(mentions(block.to_token_stream(), binding));
