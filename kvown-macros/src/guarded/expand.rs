@@ -176,6 +176,7 @@ fn expand_at(model: &GuardedStruct, refused: &[&Ident], placement: Placement) ->
             &inner_vis,
             &maybe_unsized,
             &borrow,
+            placement,
         ));
         registrations.push(registration(&private, name, field.model, ownership));
     }
@@ -292,12 +293,14 @@ fn expand_at(model: &GuardedStruct, refused: &[&Ident], placement: Placement) ->
 
             #sealed
 
-            // Functions named like the expansion's parameters (`value` in the setters, `init` in
-            // `From`): they shadow what `use super::*` brings in under those names, where a
-            // `const value` would turn the parameter into a constant pattern; a function never
-            // does. (The capability parameters are `_`.) Imported rather than defined here, so
-            // that rustc does not list them as inaccessible candidates when a user's `value` or
-            // `init` is not found.
+            // Functions named like the expansion's parameters (`owner` and `value` in the
+            // accessors, `init` in `From`): they shadow what `use super::*` brings in under those
+            // names, where a `const value` would turn the parameter into a constant pattern; a
+            // function never does. Imported rather than defined here, so that rustc does not list
+            // them as inaccessible candidates when a user's `owner`, `value` or `init` is not
+            // found.
+            #[allow(unused_imports)]
+            use ::core::convert::identity as owner;
             #[allow(unused_imports)]
             use ::core::convert::identity as value;
             #[allow(unused_imports)]
@@ -506,7 +509,16 @@ fn field_accessors(
     inner_vis: &Visibility,
     maybe_unsized: &[&Ident],
     borrow: &Lifetime,
+    placement: Placement,
 ) -> TokenStream {
+    // The capability parameter is named `owner` where it is compiled, so that rustc's "provide
+    // the argument" suggestion for a setter called without it reads `/* owner */`; the sealed
+    // module imports a function under that name, so that a `const owner` of the user's module
+    // cannot turn the parameter into a constant pattern. In the documented form it is `_`.
+    let capability = match placement {
+        Placement::Sealed => quote!(owner),
+        Placement::InPlace => quote!(_),
+    };
     let model = field.model;
     let ty = &field.ty;
     let ident = &model.ident;
@@ -550,7 +562,7 @@ fn field_accessors(
         #(#allows)*
         // A field named `len` gets a `len()` getter: that is not a collection API. The field
         // type's braces were linted on the struct already (`unused_braces`, see `init_struct`).
-        #[allow(clippy::len_without_is_empty, unused_braces, deprecated)]
+        #[allow(clippy::len_without_is_empty, unused_braces, unused_variables, deprecated)]
         #impl_header {
             #[doc = #read_doc]
             #[doc = ""]
@@ -560,7 +572,7 @@ fn field_accessors(
             #[doc = #set_doc]
             #[inline(always)]
             #(#deprecated)*
-            #inner_vis #setter_constness fn #setter(&mut self, _: &impl #trait_name, value: #ty) #setter_where {
+            #inner_vis #setter_constness fn #setter(&mut self, #capability: &impl #trait_name, value: #ty) #setter_where {
                 self.#ident = value;
             }
 
@@ -569,7 +581,7 @@ fn field_accessors(
             #(#deprecated)*
             #inner_vis const fn #mut_accessor<#borrow>(
                 &#borrow mut self,
-                _: &#borrow impl #trait_name,
+                #capability: &#borrow impl #trait_name,
             ) -> &#borrow mut #ty {
                 &mut self.#ident
             }

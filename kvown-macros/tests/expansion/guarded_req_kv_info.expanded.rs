@@ -30,6 +30,8 @@ mod sealed_ReqKvInfo {
         pub rid: u64,
     }
     #[allow(unused_imports)]
+    use ::core::convert::identity as owner;
+    #[allow(unused_imports)]
     use ::core::convert::identity as value;
     #[allow(unused_imports)]
     use ::core::convert::identity as init;
@@ -98,7 +100,12 @@ mod sealed_ReqKvInfo {
     #[diagnostic::do_not_recommend]
     impl owned_by::ReqKvInfoKvCommittedLenOwnerSeal for super::alloc_for_decode {}
     impl ReqKvInfoKvCommittedLenOwner for super::alloc_for_decode {}
-    #[allow(clippy::len_without_is_empty, unused_braces, deprecated)]
+    #[allow(
+        clippy::len_without_is_empty,
+        unused_braces,
+        unused_variables,
+        deprecated
+    )]
     impl ReqKvInfo {
         #[doc = "Reads `kv_committed_len` (free: no capability needed)."]
         #[doc = ""]
@@ -111,7 +118,7 @@ mod sealed_ReqKvInfo {
         #[inline(always)]
         pub const fn set_kv_committed_len(
             &mut self,
-            _: &impl ReqKvInfoKvCommittedLenOwner,
+            owner: &impl ReqKvInfoKvCommittedLenOwner,
             value: usize,
         ) {
             self.kv_committed_len = value;
@@ -120,7 +127,7 @@ mod sealed_ReqKvInfo {
         #[inline(always)]
         pub const fn kv_committed_len_mut<'kvown>(
             &'kvown mut self,
-            _: &'kvown impl ReqKvInfoKvCommittedLenOwner,
+            owner: &'kvown impl ReqKvInfoKvCommittedLenOwner,
         ) -> &'kvown mut usize {
             &mut self.kv_committed_len
         }
@@ -229,7 +236,12 @@ impl sealed_ReqKvInfo::owned_by::ReqKvInfoKvCommittedLenOwnerSeal for alloc_for_
 #[cfg(doc)]
 impl ReqKvInfoKvCommittedLenOwner for alloc_for_decode {}
 #[cfg(doc)]
-#[allow(clippy::len_without_is_empty, unused_braces, deprecated)]
+#[allow(
+    clippy::len_without_is_empty,
+    unused_braces,
+    unused_variables,
+    deprecated
+)]
 impl ReqKvInfo {
     #[doc = "Reads `kv_committed_len` (free: no capability needed)."]
     #[doc = ""]
