@@ -75,14 +75,9 @@ fn expand_at(model: &GuardedStruct, refused: &[&Ident], placement: Placement) ->
     } else {
         widen_one_level(outer_vis)
     };
-    let module = format_ident!("sealed_{}", name);
+    let module = sealed_module_name(name);
     let init = &model.init_name;
     let view = format_ident!("{}FieldsMut", name);
-    let seals_path = if in_place {
-        quote!(#module::owned_by)
-    } else {
-        quote!(owned_by)
-    };
 
     let mut sealed = model.item.clone();
     sealed.vis = inner_vis.clone();
@@ -165,7 +160,6 @@ fn expand_at(model: &GuardedStruct, refused: &[&Ident], placement: Placement) ->
             ownership,
             &trait_name,
             &inner_vis,
-            &seals_path,
             placement,
         ));
         accessors.push(field_accessors(
@@ -388,6 +382,11 @@ pub(crate) fn owner_trait_name(struct_name: &Ident, field: &Ident) -> Ident {
     format_ident!("{}{}Owner", struct_name, camel)
 }
 
+/// `Req` -> `sealed_Req`, the module the struct is sealed in.
+fn sealed_module_name(struct_name: &Ident) -> Ident {
+    format_ident!("sealed_{}", struct_name)
+}
+
 /// `ReqLenOwner` -> `ReqLenOwnerSeal`, its seal.
 fn seal_name(trait_name: &Ident) -> Ident {
     format_ident!("{}Seal", trait_name)
@@ -419,9 +418,15 @@ fn owner_trait(
     ownership: &Ownership,
     trait_name: &Ident,
     inner_vis: &Visibility,
-    seals_path: &TokenStream,
     placement: Placement,
 ) -> TokenStream {
+    let seals_path = match placement {
+        Placement::Sealed => quote!(owned_by),
+        Placement::InPlace => {
+            let module = sealed_module_name(struct_name);
+            quote!(#module::owned_by)
+        }
+    };
     let ident = &field.ident;
     let cfg = &field.cfg_attrs;
     let owners: Vec<String> = ownership.owners.iter().map(path_text).collect();
