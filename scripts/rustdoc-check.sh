@@ -78,6 +78,7 @@ public
 struct_page private journal Journal events
 has private "journal/index.html" "fn.record.html" "private owner fn record listed in journal"
 has private "journal/struct.Journal.html" "id=\"method.into_init\"" "Journal::into_init"
+has private "journal/struct.Journal.html" "id=\"method.clear\"" "private method owner Journal::clear"
 hidden_pages private
 
 if ((misses > 0)); then

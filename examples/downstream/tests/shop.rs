@@ -52,5 +52,6 @@ fn the_ownership_table_of_the_shop() {
             ("Bin", "items", "Bin::put", 1),
             ("Bin", "items", "Bin::take", 1),
             ("Journal", "events", "record", 1),
+            ("Journal", "events", "Journal::clear", 1),
         ]);
 }
