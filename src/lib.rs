@@ -8,6 +8,11 @@
 //! compile-time form of a rule like sglang's "only `alloc_for_extend` / `alloc_for_decode` may
 //! change `kv_committed_len`" (sglang #37085: `prepare_for_decode` wrote it too).
 //!
+//! To start, read `examples/downstream` in the repository: a shop written as a user's crate (an
+//! account balance written through a helper bound by its owner trait, orders with method owners,
+//! a generic storage bin, a private module). `docs/macro-messages.md` quotes the error each
+//! first-hour mistake gets, and its fix.
+//!
 //! ```
 //! #[kvown::guarded]
 //! #[derive(Debug, Default)]
@@ -44,6 +49,9 @@
 //! * **Reads**: `x.field()`, anywhere the struct is visible. By value when the type is `Copy`
 //!   by its syntax (primitives, shared references, tuples/arrays/`Option`s of those), else
 //!   `&T`; `#[owned_by(.., read = copy)]` / `read = ref` overrides. Getters are `const fn`.
+//!   A `Copy` enum or struct of your own reads by reference unless its field says
+//!   `read = copy`: a macro sees the type's name, not its impls, and stable Rust cannot pick a
+//!   return type by whether a type is `Copy`.
 //! * **Writes**: `x.set_field(owner, value)` and `x.field_mut(owner) -> &mut T`, where `owner`
 //!   is the capability of a listed owner. `field_mut` is `const fn`, and so is `set_field`
 //!   for `Copy` fields, so `const fn` owners can write too.
@@ -162,7 +170,8 @@
 //! ## The capability never escapes
 //!
 //! `#[owner] fn f` defines, next to the function, a token type also named `f` (types and
-//! functions live in different namespaces). Both move into a hidden child module, so only
+//! functions live in different namespaces). Both move into a hidden child module
+//! (`sealed_fn_f`, the token one level further down, re-exported `#[doc(hidden)]`), so only
 //! `f`'s body can build the token: a struct literal elsewhere, even in `f`'s own module or from a
 //! `macro_rules!`, fails with E0451. The body sees only a borrow `owner: &f` of a local it cannot
 //! name. The token is neither `Clone` nor `Copy` (nor can it be made `Copy`), so it cannot be
@@ -292,7 +301,9 @@
 //! * Interior-mutable owned fields are refused by type name: a type alias, a renamed import, a
 //!   wrapper struct around a `Cell` or a type parameter is not seen (stable Rust cannot ask
 //!   whether a type is `Freeze`).
-//! * A method owner's token is `Type_method` in the impl block's module, so `#[owners]` needs
+//! * A method owner's token is re-exported as `Type_method` in the impl block's module (a glob
+//!   import of that module brings it, and each free owner's token, along: `#[doc(hidden)]`
+//!   types), so `#[owners]` needs
 //!   the impl's type as one UpperCamelCase identifier without `_`, and a free `#[owner]` cannot
 //!   start with an upper-case letter. Owned field names cannot start with `set_`, end with
 //!   `_mut`, be `fields` or `into_init`, or differ from another owned field's only in `_`s.
