@@ -149,7 +149,9 @@ pub struct AuditTable {
 }
 
 impl AuditTable {
-    /// Collects the table from the link-time register.
+    /// Collects the table from the link-time register: every linked crate's guarded fields,
+    /// kvown's own runtime included. For the calling crate's table alone, use
+    /// `kvown::audit_table!()` ([`AuditTable::collect_crate`]).
     ///
     /// Fails with [`AuditError::Empty`] when no guarded field is registered, so a test that
     /// forgot to link the crate under audit fails instead of comparing two empty tables.
