@@ -907,6 +907,54 @@ mod tests {
         assert_eq!(unowned, plain);
     }
 
+    /// The top-level items of `#[guarded] input` gated on `cfg(condition)`, as `kind name`.
+    fn gated_items(input: TokenStream, condition: &str) -> Vec<String> {
+        let expanded: syn::File =
+            syn::parse2(crate::guarded::expand(TokenStream::new(), input)).unwrap();
+        let gate = format!("cfg({condition})");
+        expanded
+            .items
+            .iter()
+            .filter_map(|item| {
+                let (attrs, kind, name) = match item {
+                    syn::Item::Struct(s) => (&s.attrs, "struct", s.ident.to_string()),
+                    syn::Item::Trait(t) => (&t.attrs, "trait", t.ident.to_string()),
+                    syn::Item::Mod(m) => (&m.attrs, "mod", m.ident.to_string()),
+                    syn::Item::Use(u) => (&u.attrs, "use", String::new()),
+                    _ => return None,
+                };
+                attrs
+                    .iter()
+                    .any(|a| a.meta.to_token_stream().to_string().replace(' ', "") == gate)
+                    .then(|| format!("{kind} {name}").trim().to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn rustdoc_sees_the_items_in_place_and_the_compiler_sees_them_sealed() {
+        let input = quote::quote!(
+            struct Span {
+                #[owned_by(f)]
+                to: usize,
+            }
+        );
+        assert_eq!(
+            gated_items(input.clone(), "doc"),
+            [
+                "mod sealed_Span",
+                "struct Span",
+                "struct SpanInit",
+                "struct SpanFieldsMut",
+                "trait SpanToOwner"
+            ]
+        );
+        assert_eq!(
+            gated_items(input, "not(doc)"),
+            ["mod sealed_Span", "use", "use"]
+        );
+    }
+
     #[test]
     fn the_borrow_lifetime_avoids_every_lifetime_of_the_struct() {
         let plain: syn::ItemStruct = parse_quote!(

@@ -424,6 +424,40 @@ mod tests {
     }
 
     #[test]
+    fn rustdoc_sees_a_free_owner_in_place_and_the_compiler_sees_it_sealed() {
+        let expanded: syn::File = syn::parse2(crate::owner::expand_fn(
+            quote!(),
+            quote!(
+                fn grow(r: &mut Req) {
+                    r.set_len(owner, 1);
+                }
+            ),
+        ))
+        .unwrap();
+        let gated = |condition: &str| -> Vec<String> {
+            let gate = format!("cfg({condition})");
+            expanded
+                .items
+                .iter()
+                .filter_map(|item| {
+                    let (attrs, name) = match item {
+                        syn::Item::Fn(f) => (&f.attrs, format!("fn {}", f.sig.ident)),
+                        syn::Item::Mod(m) => (&m.attrs, format!("mod {}", m.ident)),
+                        syn::Item::Use(u) => (&u.attrs, "use".to_string()),
+                        _ => return None,
+                    };
+                    attrs
+                        .iter()
+                        .any(|a| a.meta.to_token_stream().to_string().replace(' ', "") == gate)
+                        .then_some(name)
+                })
+                .collect()
+        };
+        assert_eq!(gated("doc"), ["mod sealed_fn_grow", "use", "fn grow"]);
+        assert_eq!(gated("not(doc)"), ["mod sealed_fn_grow", "use", "use"]);
+    }
+
+    #[test]
     fn only_bare_mentions_of_the_binding_get_a_binding() {
         let binding = Ident::new("owner", Span::call_site());
         let body = quote!({
