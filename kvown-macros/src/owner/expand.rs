@@ -23,6 +23,8 @@ pub(crate) struct OwnerPlan {
     /// function's or the method's name (`Type_method` for a method named like a primitive type,
     /// which the token would shadow in the method's body).
     defined: Ident,
+    /// Whether the owner is a method (`Type::method`), not a free function.
+    is_method: bool,
     /// The hidden module the owner moves into.
     module: Ident,
     /// `f` or `Type::method`, as the audit register shows it.
@@ -44,6 +46,7 @@ impl OwnerPlan {
             binding: options.binding.clone(),
             token: name.clone(),
             defined: name.clone(),
+            is_method: false,
             module: format_ident!("sealed_fn_{}", name),
             site_name: name.unraw().to_string(),
             vis: item.vis.clone(),
@@ -68,6 +71,7 @@ impl OwnerPlan {
             } else {
                 name.clone()
             },
+            is_method: true,
             module: format_ident!("sealed_fn_{}_{}", type_name, name),
             site_name: format!("{}::{}", type_name.unraw(), name.unraw()),
             vis: method.vis.clone(),
@@ -82,10 +86,10 @@ impl OwnerPlan {
     /// function (see [`wrap`]), the method's name for a method.
     fn local_token(&self) -> TokenStream {
         let defined = &self.defined;
-        if self.defined == self.token {
-            quote!(capability_of::#defined)
-        } else {
+        if self.is_method {
             quote!(#defined)
+        } else {
+            quote!(capability_of::#defined)
         }
     }
 }
@@ -216,7 +220,7 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
     // items), and the token has a hidden re-export of its own. A method's token is defined
     // under the method's name (what rustc prints) and re-exported, hidden, as `Type_method`
     // (what `#[owned_by(Type::method)]` finds).
-    let (token_def, exports) = if defined == token {
+    let (token_def, exports) = if !plan.is_method {
         let inner = token_item(&widen_one_level(&token_vis), quote!(pub(super)));
         (
             quote! {
@@ -240,6 +244,7 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
     } else {
         (
             token_item(&token_vis, TokenStream::new()),
+            // `as`, also where the names agree (a method named like a primitive type).
             quote! {
                 #(#cfg_attrs)*
                 #[doc(hidden)]
