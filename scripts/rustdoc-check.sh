@@ -6,7 +6,8 @@
 # library's public API, and with `--document-private-items` (what `cargo doc` does for a binary
 # crate), both with warnings as errors. Then greps the HTML for each struct's page, its getter,
 # setter and `_mut` accessor, its `Init` struct, and the owner functions, and checks that no
-# page lives under or links to a hidden `sealed_*` module.
+# page lives under or links to a hidden `sealed_*` module. Last, documents every compile-pass
+# case of the trybuild suite.
 # Exit status 0: everything found; 1: a miss (each miss is printed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -80,6 +81,24 @@ has private "journal/index.html" "fn.record.html" "private owner fn record liste
 has private "journal/struct.Journal.html" "id=\"method.into_init\"" "Journal::into_init"
 has private "journal/struct.Journal.html" "id=\"method.clear\"" "private method owner Journal::clear"
 hidden_pages private
+
+# Every compile-pass case of the trybuild suite also documents (as a binary crate, with private
+# items): the form rustdoc sees is not the compiled one, so each pattern that must compile must
+# document too.
+rlib=$(cargo build --quiet -p kvown --message-format=json |
+    grep -o '"filenames":\["[^"]*/libkvown\.rlib"' | tail -n1 | sed 's/.*\["//; s/"$//')
+[[ -f "$rlib" ]] || { echo "no kvown rlib from cargo build"; exit 1; }
+out=$(mktemp -d)
+for case in tests/ui/pass/*/*.rs; do
+    if ! log=$(rustdoc --edition 2024 --crate-type bin --crate-name pass_case \
+        --document-private-items -D warnings -L "dependency=$target/debug/deps" \
+        --extern "kvown=$rlib" -o "$out" "$case" 2>&1); then
+        miss pass-cases "rustdoc fails on $case:
+$log"
+    fi
+done
+rm -rf "$out"
+echo "documented: $(ls tests/ui/pass/*/*.rs | wc -l) compile-pass cases"
 
 if ((misses > 0)); then
     echo "rustdoc check: $misses miss(es)"

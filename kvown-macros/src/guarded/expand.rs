@@ -170,6 +170,7 @@ fn expand_at(model: &GuardedStruct, refused: &[&Ident], placement: Placement) ->
             &inner_vis,
             &maybe_unsized,
             &borrow,
+            placement,
         ));
         registrations.push(registration(&private, name, field.model, ownership));
     }
@@ -513,12 +514,17 @@ fn field_accessors(
     inner_vis: &Visibility,
     maybe_unsized: &[&Ident],
     borrow: &Lifetime,
+    placement: Placement,
 ) -> TokenStream {
-    // The capability parameter is named `owner`, so that rustc's "provide the argument"
-    // suggestion for a setter called without it reads `/* owner */` and rustdoc shows
-    // `owner: &impl ..`; the sealed module imports a function under that name, so that a
-    // `const owner` of the user's module cannot turn the parameter into a constant pattern (the
-    // documented form is not compiled).
+    // The capability parameter is named `owner` where it is compiled, so that rustc's "provide
+    // the argument" suggestion for a setter called without it reads `/* owner */`; the sealed
+    // module imports a function under that name, so that a `const owner` of the user's module
+    // cannot turn the parameter into a constant pattern. The documented form, in the user's
+    // module, names it `_`: a `static owner` there would make `owner` an error even for rustdoc.
+    let capability = match placement {
+        Placement::Sealed => quote!(owner),
+        Placement::InPlace => quote!(_),
+    };
     let model = field.model;
     let ty = &field.ty;
     let ident = &model.ident;
@@ -572,7 +578,7 @@ fn field_accessors(
             #[doc = #set_doc]
             #[inline(always)]
             #(#deprecated)*
-            #inner_vis #setter_constness fn #setter(&mut self, owner: &impl #trait_name, value: #ty) #setter_where {
+            #inner_vis #setter_constness fn #setter(&mut self, #capability: &impl #trait_name, value: #ty) #setter_where {
                 self.#ident = value;
             }
 
@@ -581,7 +587,7 @@ fn field_accessors(
             #(#deprecated)*
             #inner_vis const fn #mut_accessor<#borrow>(
                 &#borrow mut self,
-                owner: &#borrow impl #trait_name,
+                #capability: &#borrow impl #trait_name,
             ) -> &#borrow mut #ty {
                 &mut self.#ident
             }

@@ -254,7 +254,7 @@ impl ReqKvInfo {
     #[inline(always)]
     pub const fn set_kv_committed_len(
         &mut self,
-        owner: &impl ReqKvInfoKvCommittedLenOwner,
+        _: &impl ReqKvInfoKvCommittedLenOwner,
         value: usize,
     ) {
         self.kv_committed_len = value;
@@ -263,7 +263,7 @@ impl ReqKvInfo {
     #[inline(always)]
     pub const fn kv_committed_len_mut<'kvown>(
         &'kvown mut self,
-        owner: &'kvown impl ReqKvInfoKvCommittedLenOwner,
+        _: &'kvown impl ReqKvInfoKvCommittedLenOwner,
     ) -> &'kvown mut usize {
         &mut self.kv_committed_len
     }
