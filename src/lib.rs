@@ -302,8 +302,8 @@
 //!   wrapper struct around a `Cell` or a type parameter is not seen (stable Rust cannot ask
 //!   whether a type is `Freeze`).
 //! * A method owner's token is re-exported as `Type_method` in the impl block's module (a glob
-//!   import of that module brings it, and each free owner's token, along: `#[doc(hidden)]`
-//!   types), so `#[owners]` needs
+//!   import of that module from the same crate brings it, and each free owner's token, along:
+//!   `#[doc(hidden)]` types, never re-exported beyond the crate), so `#[owners]` needs
 //!   the impl's type as one UpperCamelCase identifier without `_`, and a free `#[owner]` cannot
 //!   start with an upper-case letter. Owned field names cannot start with `set_`, end with
 //!   `_mut`, be `fields` or `into_init`, or differ from another owned field's only in `_`s.

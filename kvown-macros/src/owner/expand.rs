@@ -118,6 +118,7 @@ fn free_fn_in_place(plan: &OwnerPlan, mut item: ItemFn) -> TokenStream {
         cfg_attrs,
         ..
     } = plan;
+    let token_export_vis = crate_at_most(vis);
     prepend_prologue(
         plan,
         quote!(#module::capability_of::#defined),
@@ -142,7 +143,7 @@ fn free_fn_in_place(plan: &OwnerPlan, mut item: ItemFn) -> TokenStream {
         #(#cfg_attrs)*
         #[doc(hidden)]
         #[allow(unused_imports)]
-        #vis use self::#module::capability_of::#defined;
+        #token_export_vis use self::#module::capability_of::#defined;
 
         #item
     }
@@ -220,6 +221,7 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
     // items), and the token has a hidden re-export of its own. A method's token is defined
     // under the method's name (what rustc prints) and re-exported, hidden, as `Type_method`
     // (what `#[owned_by(Type::method)]` finds).
+    let token_export_vis = crate_at_most(vis);
     let (token_def, exports) = if !plan.is_method {
         let inner = token_item(&widen_one_level(&token_vis), quote!(pub(super)));
         (
@@ -238,7 +240,7 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
                 #(#cfg_attrs)*
                 #[doc(hidden)]
                 #[allow(unused_imports)]
-                #vis use self::#module::capability_of::#defined;
+                #token_export_vis use self::#module::capability_of::#defined;
             },
         )
     } else {
@@ -249,7 +251,7 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
                 #(#cfg_attrs)*
                 #[doc(hidden)]
                 #[allow(unused_imports)]
-                #vis use self::#module::#defined as #token;
+                #token_export_vis use self::#module::#defined as #token;
             },
         )
     };
@@ -271,6 +273,16 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
         }
 
         #exports
+    }
+}
+
+/// The visibility of a token's re-export: the owner's, but never beyond the crate. Owners live
+/// in the struct's crate, so only that crate names tokens; capped, a glob import of a library's
+/// module (`use kvown::batch::*`) does not bring them into another crate.
+fn crate_at_most(vis: &Visibility) -> Visibility {
+    match vis {
+        Visibility::Public(_) => syn::parse_quote!(pub(crate)),
+        other => other.clone(),
     }
 }
 
