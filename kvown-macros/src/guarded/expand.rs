@@ -162,16 +162,14 @@ fn expand_at(model: &GuardedStruct, refused: &[&Ident], placement: Placement) ->
             &inner_vis,
             placement,
         ));
-        accessors.push(field_accessors(
-            &impl_header,
-            field,
-            ownership,
-            &trait_name,
-            &inner_vis,
-            &maybe_unsized,
-            &borrow,
+        let context = AccessorContext {
+            impl_header: &impl_header,
+            inner_vis: &inner_vis,
+            maybe_unsized: &maybe_unsized,
+            borrow: &borrow,
             placement,
-        ));
+        };
+        accessors.push(field_accessors(&context, field, ownership, &trait_name));
         registrations.push(registration(&private, name, field.model, ownership));
     }
 
@@ -505,17 +503,33 @@ fn path_text(path: &Path) -> String {
     quote!(#path).to_string().replace(' ', "").replace("r#", "")
 }
 
+/// What every owned field's accessors share.
+struct AccessorContext<'a> {
+    /// `impl<..> Struct<..> where ..`.
+    impl_header: &'a TokenStream,
+    /// The accessors' visibility.
+    inner_vis: &'a Visibility,
+    /// The struct's `?Sized` type parameters.
+    maybe_unsized: &'a [&'a Ident],
+    /// The lifetime of the borrows `_mut` hands out.
+    borrow: &'a Lifetime,
+    placement: Placement,
+}
+
 /// Getter, setter and `_mut` accessor of one owned field.
 fn field_accessors(
-    impl_header: &TokenStream,
+    context: &AccessorContext<'_>,
     field: &SealedField<'_>,
     ownership: &Ownership,
     trait_name: &Ident,
-    inner_vis: &Visibility,
-    maybe_unsized: &[&Ident],
-    borrow: &Lifetime,
-    placement: Placement,
 ) -> TokenStream {
+    let AccessorContext {
+        impl_header,
+        inner_vis,
+        maybe_unsized,
+        borrow,
+        placement,
+    } = context;
     // The capability parameter is named `owner` where it is compiled, so that rustc's "provide
     // the argument" suggestion for a setter called without it reads `/* owner */`; the sealed
     // module imports a function under that name, so that a `const owner` of the user's module
