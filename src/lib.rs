@@ -8,6 +8,11 @@
 //! compile-time form of a rule like sglang's "only `alloc_for_extend` / `alloc_for_decode` may
 //! change `kv_committed_len`" (sglang #37085: `prepare_for_decode` wrote it too).
 //!
+//! To start, read `examples/downstream` in the repository: a shop written as a user's crate (an
+//! account balance written through a helper bound by its owner trait, orders with method owners,
+//! a generic storage bin, a private module). `docs/macro-messages.md` quotes the error each
+//! first-hour mistake gets, and its fix.
+//!
 //! ```
 //! #[kvown::guarded]
 //! #[derive(Debug, Default)]
@@ -44,6 +49,9 @@
 //! * **Reads**: `x.field()`, anywhere the struct is visible. By value when the type is `Copy`
 //!   by its syntax (primitives, shared references, tuples/arrays/`Option`s of those), else
 //!   `&T`; `#[owned_by(.., read = copy)]` / `read = ref` overrides. Getters are `const fn`.
+//!   A `Copy` enum or struct of your own reads by reference unless its field says
+//!   `read = copy`: a macro sees the type's name, not its impls, and stable Rust cannot pick a
+//!   return type by whether a type is `Copy`.
 //! * **Writes**: `x.set_field(owner, value)` and `x.field_mut(owner) -> &mut T`, where `owner`
 //!   is the capability of a listed owner. `field_mut` is `const fn`, and so is `set_field`
 //!   for `Copy` fields, so `const fn` owners can write too.
@@ -133,12 +141,13 @@
 //!    |          |
 //!    |          required by a bound introduced by this call
 //!    |
-//! help: the trait `__kvown_guarded_ReqKvInfo::ReqKvInfoKvCommittedLenOwner` is not implemented for `prepare_for_decode`
+//! help: the trait `sealed_ReqKvInfo::ReqKvInfoKvCommittedLenOwner` is not implemented for `prepare_for_decode`
 //!   --> tests/ui/fail/sglang/prepare_for_decode_writes_committed.rs:22:1
 //!    |
 //! 22 | #[kvown::owner]
 //!    | ^^^^^^^^^^^^^^^
-//!    = note: only the functions listed in `#[owned_by(..)]` on `ReqKvInfo::kv_committed_len` may write it; a helper writing on an owner's behalf takes `owner: &impl ReqKvInfoKvCommittedLenOwner`; reads are free: `.kv_committed_len()`
+//!    = note: only the owners listed in `#[owned_by(..)]` on `ReqKvInfo::kv_committed_len` may write it: to make a function one, mark it `#[kvown::owner]` (a method: `#[owner]` in a `#[kvown::owners]` impl block) and add it to that list
+//!    = note: a helper writing on an owner's behalf takes `owner: &impl ReqKvInfoKvCommittedLenOwner`; reads are free: `.kv_committed_len()`
 //! ...
 //! ```
 //!
@@ -161,7 +170,8 @@
 //! ## The capability never escapes
 //!
 //! `#[owner] fn f` defines, next to the function, a token type also named `f` (types and
-//! functions live in different namespaces). Both move into a hidden child module, so only
+//! functions live in different namespaces). Both move into a hidden child module
+//! (`sealed_fn_f`, the token one level further down, re-exported `#[doc(hidden)]`), so only
 //! `f`'s body can build the token: a struct literal elsewhere, even in `f`'s own module or from a
 //! `macro_rules!`, fails with E0451. The body sees only a borrow `owner: &f` of a local it cannot
 //! name. The token is neither `Clone` nor `Copy` (nor can it be made `Copy`), so it cannot be
@@ -220,10 +230,11 @@
 //!
 //! ## What `#[guarded]` expands to
 //!
-//! For `struct ReqKvInfo` with owned `kv_committed_len`: a hidden module
-//! `__kvown_guarded_ReqKvInfo` (`use super::*` inside) holding the struct with owned fields
+//! For `struct ReqKvInfo` with owned `kv_committed_len`: a hidden module `sealed_ReqKvInfo`
+//! (`use super::*` inside) holding the struct with owned fields
 //! private and the others widened one level (so each keeps its written reach), `ReqKvInfoInit`,
-//! the view `ReqKvInfoFieldsMut`, a private seal trait per field, the owner trait
+//! the view `ReqKvInfoFieldsMut`, a private seal trait per field (`owned_by::kv_committed_len`),
+//! the owner trait
 //! `ReqKvInfoKvCommittedLenOwner` (with `#[diagnostic::on_unimplemented]`) implemented for the
 //! listed owners' tokens, the getter, `set_` and `_mut` (`#[inline(always)]`), and an audit
 //! registration. Then `pub use` of the struct, init, view and owner traits with the struct's
@@ -239,8 +250,9 @@
 //!
 //! ## The audit register
 //!
-//! Every owned field and owner site registers at link time. [`audit::AuditTable::collect`]
-//! returns the ownership table (struct, field, owner, direct writes, delegations, module, site),
+//! Every owned field and owner site registers at link time. [`audit_table!()`](audit_table)
+//! returns the calling crate's ownership table (struct, field, owner, direct writes,
+//! delegations, module, site; [`audit::AuditTable::collect`] has every linked crate's),
 //! `Display` prints it, and [`audit::AuditTable::assert_matches`] panics with the owner sites
 //! that were added, removed or recounted: a snapshot test catches a new owner, which no
 //! compile-time check does. An empty register is an error, not an empty table, so a test
@@ -255,9 +267,9 @@
 //! # #[kvown::owner]
 //! # pub fn alloc_for_decode(req: &mut SeqLens) { *req.kv_committed_len_mut(owner) += 1; }
 //! # fn main() {
-//! let table = kvown::audit::AuditTable::collect().expect("guarded structs are linked");
+//! let table = kvown::audit_table!().expect("this crate's guarded structs are linked");
 //! table.assert_matches(&[("SeqLens", "kv_committed_len", "alloc_for_decode", 1)]);
-//! println!("{}", table.of_structs(&["SeqLens"]));
+//! println!("{table}"); // this crate's rows only
 //! # }
 //! ```
 //!
@@ -280,15 +292,18 @@
 //! * `#[guarded]` must come before `#[derive]`; a third-party derive placed after it runs inside
 //!   the seal (trust only derives you know). `super::` inside string attributes and doc links
 //!   resolves from the hidden module (use `crate::`); `type_name` and some compiler messages
-//!   show the hidden module (`__kvown_guarded_ReqKvInfo::ReqKvInfo`), and a method owner's token
-//!   is named `Type_method`.
+//!   show the hidden module (`sealed_ReqKvInfo::ReqKvInfo`, `sealed_fn_alloc::alloc`), and a
+//!   method owner's token is re-exported as `Type_method` (`docs/macro-messages.md` explains
+//!   each message and why it reads the way it does).
 //! * Audit write counts are syntactic and matched by field name. (Owner sites are matched to
 //!   declared owners exactly, by their capability token's type, whatever path, re-export or
 //!   renamed import names them.)
 //! * Interior-mutable owned fields are refused by type name: a type alias, a renamed import, a
 //!   wrapper struct around a `Cell` or a type parameter is not seen (stable Rust cannot ask
 //!   whether a type is `Freeze`).
-//! * A method owner's token is `Type_method` in the impl block's module, so `#[owners]` needs
+//! * A method owner's token is re-exported as `Type_method` in the impl block's module (a glob
+//!   import of that module from the same crate brings it, and each free owner's token, along:
+//!   `#[doc(hidden)]` types, never re-exported beyond the crate), so `#[owners]` needs
 //!   the impl's type as one UpperCamelCase identifier without `_`, and a free `#[owner]` cannot
 //!   start with an upper-case letter. Owned field names cannot start with `set_`, end with
 //!   `_mut`, be `fields` or `into_init`, or differ from another owned field's only in `_`s.
@@ -366,3 +381,40 @@ pub use kvown_runtime::{
 
 #[doc(hidden)]
 pub use kvown_runtime::__private;
+
+/// The ownership table of the calling crate, in one line: `kvown::audit_table!()`.
+///
+/// Expands to [`audit::AuditTable::collect_crate`] for the crate the call is written in
+/// (`module_path!()` there), so the table lists that crate's guarded fields only, not those of
+/// kvown's own runtime or of other linked crates. `kvown::audit_table!("ledger")` names the
+/// crate instead: what an integration test (a crate of its own) writes to audit its library.
+/// Returns `Result<AuditTable, AuditError>`; a crate without registered fields is an error.
+///
+/// ```standalone_crate
+/// #[kvown::guarded]
+/// pub struct Account {
+///     #[owned_by(deposit)]
+///     balance: u64,
+/// }
+///
+/// #[kvown::owner]
+/// pub fn deposit(account: &mut Account, amount: u64) {
+///     *account.balance_mut(owner) += amount;
+/// }
+///
+/// # fn main() {
+/// let table = kvown::audit_table!().expect("this crate has guarded fields");
+/// table.assert_matches(&[("Account", "balance", "deposit", 1)]);
+/// assert_eq!(table.rows().len(), 1); // none of kvown's own rows
+/// println!("{table}");
+/// # }
+/// ```
+#[macro_export]
+macro_rules! audit_table {
+    () => {
+        $crate::audit::AuditTable::collect_crate(::core::module_path!())
+    };
+    ($crate_name:expr) => {
+        $crate::audit::AuditTable::collect_crate($crate_name)
+    };
+}

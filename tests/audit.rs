@@ -378,3 +378,44 @@ fn an_owner_listed_through_an_import_is_the_site_it_names() {
         "{table}"
     );
 }
+
+#[test]
+fn the_audit_table_macro_gives_the_calling_crates_rows_only() {
+    let own = kvown::audit_table!().unwrap();
+    assert!(
+        own.rows()
+            .iter()
+            .all(|r| r.struct_module.starts_with("audit"))
+    );
+    own.assert_matches(EXPECTED);
+    let all = AuditTable::collect().unwrap();
+    assert!(
+        all.rows().len() > own.rows().len(),
+        "kvown's runtime registers rows too"
+    );
+    let runtime = kvown::audit_table!("kvown_runtime").unwrap();
+    assert!(
+        runtime
+            .rows()
+            .iter()
+            .all(|r| r.struct_module.starts_with("kvown_runtime"))
+    );
+}
+
+#[test]
+fn a_crate_without_guarded_fields_is_an_error_that_names_the_linked_crates() {
+    let error = kvown::audit_table!("no_such_crate").unwrap_err();
+    let AuditError::NoneInCrate { crate_name, linked } = &error else {
+        panic!("{error}");
+    };
+    assert_eq!(crate_name, "no_such_crate");
+    assert!(
+        linked.contains("audit") && linked.contains("kvown_runtime"),
+        "{linked}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("kvown::audit_table!(\"my_crate\")")
+    );
+}

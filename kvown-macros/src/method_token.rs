@@ -1,7 +1,9 @@
 //! How a method owner's capability token is named, shared by `#[owners]` (which defines it) and
 //! `#[guarded]` (which finds it from `Type::method` in `#[owned_by(..)]`).
 //!
-//! The token of `Type::method` is `Type_method`, defined in the impl block's module. For that
+//! The token of `Type::method` is re-exported as `Type_method` in the impl block's module (it is
+//! defined, under the method's name, in the method's sealed module `sealed_fn_Type_method`, so
+//! rustc's messages print it as `method`). For that
 //! name to designate exactly one owner, `Type` is an UpperCamelCase identifier without `_` (so
 //! `Type_method` splits one way only) and no free owner function starts with an upper-case
 //! letter (so no function's token has the shape of a method's).

@@ -46,12 +46,9 @@ mod tests {
         batch.extend(2);
         alloc_for_decode(&mut batch.reqs[0]);
         assert_eq!(batch.reqs[0].kv_committed_len(), 3);
-        ownership::audit::AuditTable::collect()
-            .unwrap()
-            .of_crate("kvown_downstream_renamed")
-            .assert_matches(&[
-                ("ReqKvInfo", "kv_committed_len", "alloc_for_decode", 1),
-                ("ReqKvInfo", "kv_committed_len", "Batch::extend", 1),
-            ]);
+        ownership::audit_table!().unwrap().assert_matches(&[
+            ("ReqKvInfo", "kv_committed_len", "alloc_for_decode", 1),
+            ("ReqKvInfo", "kv_committed_len", "Batch::extend", 1),
+        ]);
     }
 }

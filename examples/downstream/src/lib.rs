@@ -1,57 +1,24 @@
-//! A downstream crate that depends only on `kvown` (no kvown-runtime, no inventory): the
-//! macros' expansions reach everything through `::kvown::__private`.
+//! **Start here.** A small shop written as a user's crate, depending only on `kvown` (no
+//! kvown-runtime, no inventory): the macros' expansions reach what they need through
+//! `::kvown::__private`.
+//!
+//! * [`ledger`]: an [`ledger::Account`] whose `balance` only `deposit` and `withdraw` write,
+//!   both through a helper bound by the owner trait [`ledger::AccountBalanceOwner`];
+//! * [`orders`]: an [`orders::Order`] whose `state` only the methods `Order::ship` and
+//!   `Order::cancel` write (method owners, `#[kvown::owners]`);
+//! * [`storage`]: a generic [`storage::Bin<T>`] whose items only `Bin::put` and `Bin::take`
+//!   write;
+//! * `journal`, a private module: the same macros on private items (`cargo doc
+//!   --document-private-items` shows them as the module's own).
+//!
+//! When a change does not compile, `docs/macro-messages.md` in the kvown repository quotes each
+//! message a first-hour mistake gets, and its fix.
 #![forbid(unsafe_code)]
 
-/// A request whose committed length only the alloc functions write.
-#[kvown::guarded]
-#[derive(Debug, Default)]
-pub struct ReqKvInfo {
-    #[owned_by(alloc_for_decode, Batch::extend)]
-    kv_committed_len: usize,
-}
+pub mod ledger;
+pub mod orders;
+pub mod storage;
 
-/// Commits one decode token.
-#[kvown::owner]
-pub fn alloc_for_decode(req: &mut ReqKvInfo) {
-    *req.kv_committed_len_mut(owner) += 1;
-}
+mod journal;
 
-/// A batch of requests.
-#[derive(Default)]
-pub struct Batch {
-    /// The requests.
-    pub reqs: Vec<ReqKvInfo>,
-}
-
-#[kvown::owners]
-impl Batch {
-    /// Extends every request by `len` tokens.
-    #[owner]
-    pub fn extend(&mut self, len: usize) {
-        for req in &mut self.reqs {
-            req.set_kv_committed_len(owner, req.kv_committed_len() + len);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn owners_write_and_the_audit_sees_them() {
-        let mut batch = Batch {
-            reqs: vec![ReqKvInfo::default()],
-        };
-        batch.extend(4);
-        alloc_for_decode(&mut batch.reqs[0]);
-        assert_eq!(batch.reqs[0].kv_committed_len(), 5);
-        kvown::audit::AuditTable::collect()
-            .unwrap()
-            .of_crate("kvown_downstream")
-            .assert_matches(&[
-                ("ReqKvInfo", "kv_committed_len", "alloc_for_decode", 1),
-                ("ReqKvInfo", "kv_committed_len", "Batch::extend", 1),
-            ]);
-    }
-}
+pub use journal::recorded;

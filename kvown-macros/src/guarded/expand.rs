@@ -17,7 +17,7 @@ use syn::{
 
 use super::parse::{FieldModel, GuardedStruct, Ownership, ReadMode};
 use crate::method_token::{is_type_name, token_name};
-use crate::seal::{DeeperPaths, path_from_child, widen_one_level};
+use crate::seal::{DeeperPaths, gate, path_from_child, widen_one_level};
 
 /// Std derives mirrored onto the generated init struct.
 const MIRRORED_DERIVES: &[&str] = &["Debug", "Clone", "Default"];
@@ -28,23 +28,62 @@ struct SealedField<'a> {
     ty: Type,
 }
 
+/// Where the expansion puts the struct and what it generates.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    /// In the hidden child module, re-exported: what the compiler builds.
+    Sealed,
+    /// In the struct's own module, as written: what rustdoc documents (`cfg(doc)`). rustdoc
+    /// inlines a re-export only on a public path, so a private struct sealed in a hidden module
+    /// would have no page even with `--document-private-items`. Nothing is compiled from this
+    /// placement (rustdoc does not build code), so it has no seal to enforce and registers
+    /// nothing; its owner traits are still sealed and implemented for the listed owners.
+    InPlace,
+}
+
+impl Placement {
+    /// The visibility of a field (not an owned one) written with `written`.
+    fn field_vis(self, written: &Visibility) -> Visibility {
+        match self {
+            Placement::Sealed => widen_one_level(written),
+            Placement::InPlace => written.clone(),
+        }
+    }
+}
+
 /// Expands `model`; the owned fields in `refused` (whose generated names were refused) get no
-/// accessors and no owner trait.
+/// accessors and no owner trait. The sealed expansion is compiled, the in-place one documented.
 pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
+    let sealed = gate(
+        expand_at(model, refused, Placement::Sealed),
+        quote!(not(doc)),
+    );
+    let in_place = gate(expand_at(model, refused, Placement::InPlace), quote!(doc));
+    quote!(#sealed #in_place)
+}
+
+fn expand_at(model: &GuardedStruct, refused: &[&Ident], placement: Placement) -> TokenStream {
     let private = {
         let support = &model.support;
         quote!(#support::__private)
     };
+    let in_place = placement == Placement::InPlace;
     let name = &model.item.ident;
     let outer_vis = &model.item.vis;
-    let inner_vis = widen_one_level(outer_vis);
-    let module = format_ident!("__kvown_guarded_{}", name);
+    let inner_vis = if in_place {
+        outer_vis.clone()
+    } else {
+        widen_one_level(outer_vis)
+    };
+    let module = sealed_module_name(name);
     let init = &model.init_name;
     let view = format_ident!("{}FieldsMut", name);
 
     let mut sealed = model.item.clone();
     sealed.vis = inner_vis.clone();
-    DeeperPaths::default().visit_generics_mut(&mut sealed.generics);
+    if !in_place {
+        DeeperPaths::default().visit_generics_mut(&mut sealed.generics);
+    }
     let Fields::Named(named) = &mut sealed.fields else {
         unreachable!("parse accepts only named fields")
     };
@@ -54,11 +93,13 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
     };
     let mut fields = Vec::new();
     for (field, field_model) in named.named.iter_mut().zip(&model.fields) {
-        DeeperPaths::default().visit_type_mut(&mut field.ty);
+        if !in_place {
+            DeeperPaths::default().visit_type_mut(&mut field.ty);
+        }
         field.vis = if field_model.ownership.is_some() {
             Visibility::Inherited
         } else {
-            widen_one_level(&field_model.vis)
+            placement.field_vis(&field_model.vis)
         };
         let mut ty = field.ty.clone();
         SelfToStruct(&self_type).visit_type_mut(&mut ty);
@@ -107,6 +148,7 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
         let cfg = &field.model.cfg_attrs;
         trait_exports.push(quote!(
             #(#cfg)*
+            #[doc(inline)]
             #[allow(unused_imports)]
             #outer_vis use self::#module::#trait_name;
         ));
@@ -118,16 +160,16 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
             ownership,
             &trait_name,
             &inner_vis,
+            placement,
         ));
-        accessors.push(field_accessors(
-            &impl_header,
-            field,
-            ownership,
-            &trait_name,
-            &inner_vis,
-            &maybe_unsized,
-            &borrow,
-        ));
+        let context = AccessorContext {
+            impl_header: &impl_header,
+            inner_vis: &inner_vis,
+            maybe_unsized: &maybe_unsized,
+            borrow: &borrow,
+            placement,
+        };
+        accessors.push(field_accessors(&context, field, ownership, &trait_name));
         registrations.push(registration(&private, name, field.model, ownership));
     }
 
@@ -143,8 +185,16 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
         &fields,
         &inner_vis,
         from_is_a_getter,
+        placement,
     );
-    let view_struct = view_struct(&view, &view_generics, &fields, &inner_vis, &borrow);
+    let view_struct = view_struct(
+        &view,
+        &view_generics,
+        &fields,
+        &inner_vis,
+        &borrow,
+        placement,
+    );
     let idents: Vec<&Ident> = fields.iter().map(|f| &f.model.ident).collect();
     let cfgs: Vec<&Vec<Attribute>> = fields.iter().map(|f| &f.model.cfg_attrs).collect();
     let view_refs = fields.iter().map(|f| {
@@ -157,6 +207,66 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
     });
 
     let struct_allows = &model.lint_allows;
+    let into_init_vis = if in_place {
+        Visibility::Inherited
+    } else {
+        parse_quote!(pub(super))
+    };
+    let methods = quote! {
+        #init_struct
+
+        #view_struct
+
+        // `deprecated` here and on every item generated from the struct: a `#[deprecated]`
+        // struct or field warns where it is used, not in what the expansion derives from it.
+        #[allow(deprecated)]
+        impl #impl_generics ::core::convert::From<#init #ty_generics> for #name #ty_generics
+        #from_where
+        {
+            #[inline]
+            fn from(init: #init #ty_generics) -> Self {
+                #name { #( #(#cfgs)* #idents: init.#idents, )* }
+            }
+        }
+
+        #[allow(deprecated)]
+        impl #impl_generics #name #ty_generics #where_clause {
+            /// Takes the value apart into its init struct, whose fields are visible where a
+            /// struct literal of this type would be.
+            #[inline]
+            #[allow(dead_code)]
+            #into_init_vis fn into_init(self) -> #init #ty_generics #into_init_where {
+                #init { #( #(#cfgs)* #idents: self.#idents, )* }
+            }
+
+            /// Borrows every field at once: shared references to owned fields, mutable
+            /// references to the others (the split borrow that sealing otherwise prevents).
+            #[inline]
+            #[allow(dead_code)]
+            #inner_vis fn fields_mut<#borrow>(&#borrow mut self) -> #view #view_ty_generics {
+                #view { #( #(#cfgs)* #idents: #view_refs, )* }
+            }
+        }
+
+        #(#owner_traits)*
+
+        #(#accessors)*
+    };
+    if in_place {
+        return quote! {
+            #[doc(hidden)]
+            #[allow(non_snake_case)]
+            mod #module {
+                pub mod owned_by {
+                    #(#seals)*
+                }
+            }
+
+            #sealed
+
+            #methods
+        };
+    }
     quote! {
         #[doc(hidden)]
         #[allow(non_snake_case)]
@@ -165,64 +275,37 @@ pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
             #[allow(unused_imports)]
             use super::*;
 
-            #[allow(non_camel_case_types)]
-            mod __seal {
+            // The seal traits, one per owned field, named after its owner trait: private to this
+            // module, so only the owner trait impls below can implement them. rustc names them
+            // where it explains a sealed trait (`sealed_Req::owned_by::ReqLenOwnerSeal`), rustdoc
+            // as the owner trait's supertrait.
+            mod owned_by {
                 #(#seals)*
             }
 
             #sealed
 
-            // Functions named like the expansion's parameters (`value` in the setters, `init` in
-            // `From`): they shadow what `use super::*` brings in under those names, where a
-            // `const value` would turn the parameter into a constant pattern; a function never
-            // does. (The capability parameters are `_`.)
-            #[allow(dead_code)]
-            fn value() {}
-            #[allow(dead_code)]
-            fn init() {}
+            // Functions named like the expansion's parameters (`owner` and `value` in the
+            // accessors, `init` in `From`): they shadow what `use super::*` brings in under those
+            // names, where a `const value` would turn the parameter into a constant pattern; a
+            // function never does. Imported rather than defined here, so that rustc does not list
+            // them as inaccessible candidates when a user's `owner`, `value` or `init` is not
+            // found.
+            #[allow(unused_imports)]
+            use ::core::convert::identity as owner;
+            #[allow(unused_imports)]
+            use ::core::convert::identity as value;
+            #[allow(unused_imports)]
+            use ::core::convert::identity as init;
 
-            #init_struct
-
-            #view_struct
-
-            // `deprecated` here and on every item generated from the struct: a `#[deprecated]`
-            // struct or field warns where it is used, not in what the expansion derives from it.
-            #[allow(deprecated)]
-            impl #impl_generics ::core::convert::From<#init #ty_generics> for #name #ty_generics
-            #from_where
-            {
-                #[inline]
-                fn from(init: #init #ty_generics) -> Self {
-                    #name { #( #(#cfgs)* #idents: init.#idents, )* }
-                }
-            }
-
-            #[allow(deprecated)]
-            impl #impl_generics #name #ty_generics #where_clause {
-                /// Takes the value apart into its init struct, whose fields are visible where a
-                /// struct literal of this type would be.
-                #[inline]
-                #[allow(dead_code)]
-                pub(super) fn into_init(self) -> #init #ty_generics #into_init_where {
-                    #init { #( #(#cfgs)* #idents: self.#idents, )* }
-                }
-
-                /// Borrows every field at once: shared references to owned fields, mutable
-                /// references to the others (the split borrow that sealing otherwise prevents).
-                #[inline]
-                #[allow(dead_code)]
-                #inner_vis fn fields_mut<#borrow>(&#borrow mut self) -> #view #view_ty_generics {
-                    #view { #( #(#cfgs)* #idents: #view_refs, )* }
-                }
-            }
-
-            #(#owner_traits)*
-
-            #(#accessors)*
+            #methods
 
             #(#registrations)*
         }
 
+        // Inlined, so that rustdoc documents them as this module's items, also where it shows
+        // private items (a binary crate, `--document-private-items`), and never the hidden module.
+        #[doc(inline)]
         #[allow(unused_imports, deprecated)]
         #outer_vis use self::#module::{#name, #init, #view};
         #(#trait_exports)*
@@ -298,9 +381,20 @@ pub(crate) fn owner_trait_name(struct_name: &Ident, field: &Ident) -> Ident {
     format_ident!("{}{}Owner", struct_name, camel)
 }
 
+/// `Req` -> `sealed_Req`, the module the struct is sealed in.
+fn sealed_module_name(struct_name: &Ident) -> Ident {
+    format_ident!("sealed_{}", struct_name)
+}
+
+/// `ReqLenOwner` -> `ReqLenOwnerSeal`, its seal.
+fn seal_name(trait_name: &Ident) -> Ident {
+    format_ident!("{}Seal", trait_name)
+}
+
 /// The supertrait that only the hidden module can implement.
 fn seal_trait(struct_name: &Ident, field: &FieldModel, trait_name: &Ident) -> TokenStream {
     let ident = &field.ident;
+    let seal = seal_name(trait_name);
     let cfg = &field.cfg_attrs;
     let message = format!(
         "`{trait_name}` is sealed: `{{Self}}` cannot become an owner of `{struct_name}::{ident}` by implementing it"
@@ -311,7 +405,7 @@ fn seal_trait(struct_name: &Ident, field: &FieldModel, trait_name: &Ident) -> To
     quote!(
         #(#cfg)*
         #[diagnostic::on_unimplemented(message = #message, note = #note)]
-        pub trait #ident {}
+        pub trait #seal {}
     )
 }
 
@@ -323,7 +417,15 @@ fn owner_trait(
     ownership: &Ownership,
     trait_name: &Ident,
     inner_vis: &Visibility,
+    placement: Placement,
 ) -> TokenStream {
+    let seals_path = match placement {
+        Placement::Sealed => quote!(owned_by),
+        Placement::InPlace => {
+            let module = sealed_module_name(struct_name);
+            quote!(#module::owned_by)
+        }
+    };
     let ident = &field.ident;
     let cfg = &field.cfg_attrs;
     let owners: Vec<String> = ownership.owners.iter().map(path_text).collect();
@@ -331,9 +433,13 @@ fn owner_trait(
     let message =
         format!("`{{Self}}` is not an owner of `{struct_name}::{ident}`; owners: {listed}");
     let label = format!("not an owner of `{struct_name}::{ident}`");
-    let note = format!(
-        "only the functions listed in `#[owned_by(..)]` on `{struct_name}::{ident}` may write it; \
-         a helper writing on an owner's behalf takes `owner: &impl {trait_name}`; \
+    let how_to_own = format!(
+        "only the owners listed in `#[owned_by(..)]` on `{struct_name}::{ident}` may write it: to \
+         make a function one, mark it `#[kvown::owner]` (a method: `#[owner]` in a \
+         `#[kvown::owners]` impl block) and add it to that list"
+    );
+    let how_to_help = format!(
+        "a helper writing on an owner's behalf takes `owner: &impl {trait_name}`; \
          reads are free: `.{ident}()`"
     );
     let doc = format!(
@@ -343,6 +449,7 @@ fn owner_trait(
     );
     // Each impl is spanned on its entry in `#[owned_by(..)]`, so an entry that is not an owner
     // is reported there. A duplicate entry (already an error) is implemented once.
+    let seal = seal_name(trait_name);
     let mut seen = Vec::new();
     let impls = ownership.owners.iter().filter_map(|owner| {
         let text = path_text(owner);
@@ -350,23 +457,32 @@ fn owner_trait(
             return None;
         }
         seen.push(text);
-        let token = token_path(owner);
+        let token = match placement {
+            Placement::Sealed => path_from_child(&token_path(owner)),
+            Placement::InPlace => token_path(owner),
+        };
         Some(quote_spanned!(owner.span()=>
-            #(#cfg)* impl __seal::#ident for #token {}
+            #(#cfg)* #[diagnostic::do_not_recommend] impl #seals_path::#seal for #token {}
             #(#cfg)* impl #trait_name for #token {}
         ))
     });
     quote! {
         #(#cfg)*
         #[doc = #doc]
-        #[diagnostic::on_unimplemented(message = #message, label = #label, note = #note)]
-        #inner_vis trait #trait_name: __seal::#ident + #private::OwnerToken {}
+        #[diagnostic::on_unimplemented(
+            message = #message,
+            label = #label,
+            note = #how_to_own,
+            note = #how_to_help
+        )]
+        #inner_vis trait #trait_name: #seals_path::#seal + #private::OwnerToken {}
         #(#impls)*
     }
 }
 
-/// The capability token type of an owner path, as seen from the hidden module:
-/// `f` -> `super::f`, `a::Batch::retract` -> `super::a::Batch_retract`.
+/// The capability token type of an owner path, as seen from the struct's module:
+/// `f` -> `f`, `a::Batch::retract` -> `a::Batch_retract` (from the hidden module, through
+/// [`path_from_child`]: `super::f`).
 fn token_path(owner: &Path) -> Path {
     let segments: Vec<&Ident> = owner.segments.iter().map(|s| &s.ident).collect();
     let mut path = owner.clone();
@@ -378,7 +494,7 @@ fn token_path(owner: &Path) -> Path {
         kept.push(token.into());
         path.segments = kept;
     }
-    path_from_child(&path)
+    path
 }
 
 /// An owner path as the audit register and the messages show it: `a::Batch::move` for
@@ -387,16 +503,42 @@ fn path_text(path: &Path) -> String {
     quote!(#path).to_string().replace(' ', "").replace("r#", "")
 }
 
+/// What every owned field's accessors share.
+struct AccessorContext<'a> {
+    /// `impl<..> Struct<..> where ..`.
+    impl_header: &'a TokenStream,
+    /// The accessors' visibility.
+    inner_vis: &'a Visibility,
+    /// The struct's `?Sized` type parameters.
+    maybe_unsized: &'a [&'a Ident],
+    /// The lifetime of the borrows `_mut` hands out.
+    borrow: &'a Lifetime,
+    placement: Placement,
+}
+
 /// Getter, setter and `_mut` accessor of one owned field.
 fn field_accessors(
-    impl_header: &TokenStream,
+    context: &AccessorContext<'_>,
     field: &SealedField<'_>,
     ownership: &Ownership,
     trait_name: &Ident,
-    inner_vis: &Visibility,
-    maybe_unsized: &[&Ident],
-    borrow: &Lifetime,
 ) -> TokenStream {
+    let AccessorContext {
+        impl_header,
+        inner_vis,
+        maybe_unsized,
+        borrow,
+        placement,
+    } = context;
+    // The capability parameter is named `owner` where it is compiled, so that rustc's "provide
+    // the argument" suggestion for a setter called without it reads `/* owner */`; the sealed
+    // module imports a function under that name, so that a `const owner` of the user's module
+    // cannot turn the parameter into a constant pattern. The documented form, in the user's
+    // module, names it `_`: a `static owner` there would make `owner` an error even for rustdoc.
+    let capability = match placement {
+        Placement::Sealed => quote!(owner),
+        Placement::InPlace => quote!(_),
+    };
     let model = field.model;
     let ty = &field.ty;
     let ident = &model.ident;
@@ -440,7 +582,7 @@ fn field_accessors(
         #(#allows)*
         // A field named `len` gets a `len()` getter: that is not a collection API. The field
         // type's braces were linted on the struct already (`unused_braces`, see `init_struct`).
-        #[allow(clippy::len_without_is_empty, unused_braces, deprecated)]
+        #[allow(clippy::len_without_is_empty, unused_braces, unused_variables, deprecated)]
         #impl_header {
             #[doc = #read_doc]
             #[doc = ""]
@@ -450,7 +592,7 @@ fn field_accessors(
             #[doc = #set_doc]
             #[inline(always)]
             #(#deprecated)*
-            #inner_vis #setter_constness fn #setter(&mut self, _: &impl #trait_name, value: #ty) #setter_where {
+            #inner_vis #setter_constness fn #setter(&mut self, #capability: &impl #trait_name, value: #ty) #setter_where {
                 self.#ident = value;
             }
 
@@ -459,7 +601,7 @@ fn field_accessors(
             #(#deprecated)*
             #inner_vis const fn #mut_accessor<#borrow>(
                 &#borrow mut self,
-                _: &#borrow impl #trait_name,
+                #capability: &#borrow impl #trait_name,
             ) -> &#borrow mut #ty {
                 &mut self.#ident
             }
@@ -513,7 +655,7 @@ fn registration(
     // Each token's type, spanned on its entry like the owner trait's impl for it, so an entry
     // that is no owner is reported once, there.
     let tokens = ownership.owners.iter().map(|owner| {
-        let token = token_path(owner);
+        let token = path_from_child(&token_path(owner));
         quote_spanned!(owner.span()=> ::core::any::TypeId::of::<#token>)
     });
     let line = quote_spanned!(field.ident.span()=> ::core::line!());
@@ -542,6 +684,7 @@ fn init_struct(
     fields: &[SealedField<'_>],
     inner_vis: &Visibility,
     from_is_a_getter: bool,
+    placement: Placement,
 ) -> TokenStream {
     let name = &model.item.ident;
     let derives = mirrored_derives(&model.item.attrs);
@@ -561,7 +704,7 @@ fn init_struct(
         let cfg = &field.model.cfg_attrs;
         let allows = &field.model.lint_allows;
         let docs = &field.model.doc_attrs;
-        let vis = widen_one_level(&field.model.vis);
+        let vis = placement.field_vis(&field.model.vis);
         quote!(#(#cfg)* #(#allows)* #(#docs)* #vis #ident: #ty,)
     });
     quote! {
@@ -581,6 +724,7 @@ fn view_struct(
     fields: &[SealedField<'_>],
     inner_vis: &Visibility,
     borrow: &Lifetime,
+    placement: Placement,
 ) -> TokenStream {
     let where_clause = &view_generics.where_clause;
     let rows = fields.iter().map(|field| {
@@ -592,7 +736,7 @@ fn view_struct(
         if field.model.ownership.is_some() {
             quote!(#(#cfg)* #(#allows)* #(#docs)* #inner_vis #ident: &#borrow #ty,)
         } else {
-            let vis = widen_one_level(&field.model.vis);
+            let vis = placement.field_vis(&field.model.vis);
             quote!(#(#cfg)* #(#allows)* #(#docs)* #vis #ident: &#borrow mut #ty,)
         }
     });
@@ -783,6 +927,54 @@ mod tests {
         assert_eq!(unowned, plain);
     }
 
+    /// The top-level items of `#[guarded] input` gated on `cfg(condition)`, as `kind name`.
+    fn gated_items(input: TokenStream, condition: &str) -> Vec<String> {
+        let expanded: syn::File =
+            syn::parse2(crate::guarded::expand(TokenStream::new(), input)).unwrap();
+        let gate = format!("cfg({condition})");
+        expanded
+            .items
+            .iter()
+            .filter_map(|item| {
+                let (attrs, kind, name) = match item {
+                    syn::Item::Struct(s) => (&s.attrs, "struct", s.ident.to_string()),
+                    syn::Item::Trait(t) => (&t.attrs, "trait", t.ident.to_string()),
+                    syn::Item::Mod(m) => (&m.attrs, "mod", m.ident.to_string()),
+                    syn::Item::Use(u) => (&u.attrs, "use", String::new()),
+                    _ => return None,
+                };
+                attrs
+                    .iter()
+                    .any(|a| a.meta.to_token_stream().to_string().replace(' ', "") == gate)
+                    .then(|| format!("{kind} {name}").trim().to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn rustdoc_sees_the_items_in_place_and_the_compiler_sees_them_sealed() {
+        let input = quote::quote!(
+            struct Span {
+                #[owned_by(f)]
+                to: usize,
+            }
+        );
+        assert_eq!(
+            gated_items(input.clone(), "doc"),
+            [
+                "mod sealed_Span",
+                "struct Span",
+                "struct SpanInit",
+                "struct SpanFieldsMut",
+                "trait SpanToOwner"
+            ]
+        );
+        assert_eq!(
+            gated_items(input, "not(doc)"),
+            ["mod sealed_Span", "use", "use"]
+        );
+    }
+
     #[test]
     fn the_borrow_lifetime_avoids_every_lifetime_of_the_struct() {
         let plain: syn::ItemStruct = parse_quote!(
@@ -814,7 +1006,9 @@ mod tests {
             (quote::quote!(crate::a::Batch::go), "crate::a::Batch_go"),
         ] {
             let path: Path = syn::parse2(owner.clone()).unwrap();
-            let found = token_path(&path).to_token_stream().to_string();
+            let found = path_from_child(&token_path(&path))
+                .to_token_stream()
+                .to_string();
             assert_eq!(found.replace(' ', ""), token, "{owner}");
         }
     }

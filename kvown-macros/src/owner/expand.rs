@@ -10,14 +10,21 @@ use syn::{Attribute, Block, Ident, ImplItemFn, ItemFn, ItemImpl, Visibility};
 use super::count::count_writes;
 use super::parse::OwnerOptions;
 use crate::method_token::token_name;
-use crate::seal::{DeeperPaths, widen_one_level};
+use crate::seal::{DeeperPaths, gate, widen_one_level};
 
 /// Everything that names one owner.
 pub(crate) struct OwnerPlan {
     support: TokenStream,
     binding: Ident,
-    /// The capability token type: the function's name, or `Type_method`.
+    /// The name the capability token is re-exported under in the owner's module: the function's
+    /// name, or `Type_method` (what `#[owned_by(..)]` entries resolve to).
     token: Ident,
+    /// The name the token type is defined under in the hidden module, which rustc prints: the
+    /// function's or the method's name (`Type_method` for a method named like a primitive type,
+    /// which the token would shadow in the method's body).
+    defined: Ident,
+    /// Whether the owner is a method (`Type::method`), not a free function.
+    is_method: bool,
     /// The hidden module the owner moves into.
     module: Ident,
     /// `f` or `Type::method`, as the audit register shows it.
@@ -38,7 +45,9 @@ impl OwnerPlan {
             support: options.support.clone(),
             binding: options.binding.clone(),
             token: name.clone(),
-            module: format_ident!("__kvown_owner_{}", name),
+            defined: name.clone(),
+            is_method: false,
+            module: format_ident!("sealed_fn_{}", name),
             site_name: name.unraw().to_string(),
             vis: item.vis.clone(),
             cfg_attrs: cfg_attrs(&item.attrs),
@@ -57,7 +66,13 @@ impl OwnerPlan {
             support: options.support.clone(),
             binding: options.binding.clone(),
             token: token_name(type_name, name),
-            module: format_ident!("__kvown_owner_{}_{}", type_name, name),
+            defined: if super::primitive_type_name(name).is_some() {
+                token_name(type_name, name)
+            } else {
+                name.clone()
+            },
+            is_method: true,
+            module: format_ident!("sealed_fn_{}_{}", type_name, name),
             site_name: format!("{}::{}", type_name.unraw(), name.unraw()),
             vis: method.vis.clone(),
             cfg_attrs: cfg_attrs(&method.attrs),
@@ -66,28 +81,91 @@ impl OwnerPlan {
     }
 }
 
+impl OwnerPlan {
+    /// The token type as the owner's hidden module names it: `capability_of::f` for a free
+    /// function (see [`wrap`]), the method's name for a method.
+    fn local_token(&self) -> TokenStream {
+        let defined = &self.defined;
+        if self.is_method {
+            quote!(#defined)
+        } else {
+            quote!(capability_of::#defined)
+        }
+    }
+}
+
 fn cfg_attrs(attrs: &[Attribute]) -> Vec<Attribute> {
     crate::cfg_attr::cfg_conditions(attrs)
 }
 
-/// `#[owner] fn f` -> a hidden module holding the token `f` and the function, re-exported.
-pub(crate) fn free_fn(plan: &OwnerPlan, mut item: ItemFn) -> TokenStream {
+/// `#[owner] fn f` -> a hidden module holding the token `f` and the function, re-exported; for
+/// rustdoc (`cfg(doc)`) the function stays where it is written, so that it is documented as its
+/// module's own item, private or not (rustdoc inlines a re-export only on a public path).
+pub(crate) fn free_fn(plan: &OwnerPlan, item: ItemFn) -> TokenStream {
+    let documented = gate(free_fn_in_place(plan, item.clone()), quote!(doc));
+    let compiled = gate(free_fn_sealed(plan, item), quote!(not(doc)));
+    quote!(#compiled #documented)
+}
+
+/// The documented form of a free owner: the function in place, its token in the hidden module
+/// (buildable from the function there: nothing is compiled from this form), no registration.
+fn free_fn_in_place(plan: &OwnerPlan, mut item: ItemFn) -> TokenStream {
+    let OwnerPlan {
+        support,
+        defined,
+        module,
+        vis,
+        cfg_attrs,
+        ..
+    } = plan;
+    let token_export_vis = crate_at_most(vis);
+    prepend_prologue(
+        plan,
+        quote!(#module::capability_of::#defined),
+        &mut item.block,
+    );
+    quote! {
+        #(#cfg_attrs)*
+        #[doc(hidden)]
+        #[allow(non_snake_case)]
+        mod #module {
+            pub mod capability_of {
+                #[doc(hidden)]
+                #[allow(non_camel_case_types)]
+                pub struct #defined {
+                    pub _seal: #support::__private::OwnerSeal,
+                }
+
+                impl #support::__private::OwnerToken for #defined {}
+            }
+        }
+
+        #(#cfg_attrs)*
+        #[doc(hidden)]
+        #[allow(unused_imports)]
+        #token_export_vis use self::#module::capability_of::#defined;
+
+        #item
+    }
+}
+
+fn free_fn_sealed(plan: &OwnerPlan, mut item: ItemFn) -> TokenStream {
     let registration = registration(plan, &item.block, item.sig.ident.span());
     DeeperPaths::default().visit_signature_mut(&mut item.sig);
     DeeperPaths::default().visit_block_mut(&mut item.block);
     item.vis = widen_one_level(&item.vis);
-    prepend_prologue(plan, &mut item.block);
+    prepend_prologue(plan, plan.local_token(), &mut item.block);
     wrap(plan, quote!(#item), registration)
 }
 
-/// `#[owner] fn method` of `#[owners] impl Type` -> a hidden module holding the token
-/// `Type_method` and an inherent impl with the method, the token re-exported.
+/// `#[owner] fn method` of `#[owners] impl Type` -> a hidden module holding the token (named
+/// `method` there) and an inherent impl with the method, the token re-exported as `Type_method`.
 pub(crate) fn method(plan: &OwnerPlan, block: &ItemImpl, mut method: ImplItemFn) -> TokenStream {
     let registration = registration(plan, &method.block, method.sig.ident.span());
     DeeperPaths::default().visit_signature_mut(&mut method.sig);
     DeeperPaths::default().visit_block_mut(&mut method.block);
     method.vis = widen_one_level(&method.vis);
-    prepend_prologue(plan, &mut method.block);
+    prepend_prologue(plan, plan.local_token(), &mut method.block);
     let mut generics = block.generics.clone();
     DeeperPaths::default().visit_generics_mut(&mut generics);
     let mut self_ty = (*block.self_ty).clone();
@@ -109,6 +187,7 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
     let OwnerPlan {
         support,
         token,
+        defined,
         module,
         vis,
         cfg_attrs,
@@ -121,6 +200,61 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
         "Capability token of the owner `{site_name}`: only that owner's body can build one, \
          and code sees it only as the borrow `&{token}`."
     );
+    // `seal_vis`: the reach of the token's private field, which must be the owner's hidden
+    // module exactly (only the owner's body, there, builds a token).
+    let token_item = |token_vis: &Visibility, seal_vis: TokenStream| {
+        quote! {
+            #[doc = #token_doc]
+            #[doc(hidden)]
+            #[allow(non_camel_case_types)]
+            #token_vis struct #defined {
+                #seal_vis _seal: #support::__private::OwnerSeal,
+            }
+
+            #[diagnostic::do_not_recommend]
+            impl #support::__private::OwnerToken for #defined {}
+        }
+    };
+    // A free function's token shares its name, so it lives one module deeper, in
+    // `capability_of`: the function's re-export then brings the function alone and can be
+    // inlined by rustdoc (documented as this module's own, also where rustdoc shows private
+    // items), and the token has a hidden re-export of its own. A method's token is defined
+    // under the method's name (what rustc prints) and re-exported, hidden, as `Type_method`
+    // (what `#[owned_by(Type::method)]` finds).
+    let token_export_vis = crate_at_most(vis);
+    let (token_def, exports) = if !plan.is_method {
+        let inner = token_item(&widen_one_level(&token_vis), quote!(pub(super)));
+        (
+            quote! {
+                #token_vis mod capability_of {
+                    #inner
+                }
+            },
+            quote! {
+                #(#cfg_attrs)*
+                // Moving a `#[deprecated]` function out of its hidden module is not a use of it.
+                #[doc(inline)]
+                #[allow(unused_imports, deprecated)]
+                #vis use self::#module::#defined;
+
+                #(#cfg_attrs)*
+                #[doc(hidden)]
+                #[allow(unused_imports)]
+                #token_export_vis use self::#module::capability_of::#defined;
+            },
+        )
+    } else {
+        (
+            token_item(&token_vis, TokenStream::new()),
+            // `as`, also where the names agree (a method named like a primitive type).
+            quote! {
+                #(#cfg_attrs)*
+                #[doc(hidden)]
+                #[allow(unused_imports)]
+                #token_export_vis use self::#module::#defined as #token;
+            },
+        )
+    };
     quote! {
         #(#cfg_attrs)*
         #[doc(hidden)]
@@ -129,14 +263,7 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
             #[allow(unused_imports)]
             use super::*;
 
-            #[doc = #token_doc]
-            #[doc(hidden)]
-            #[allow(non_camel_case_types)]
-            #token_vis struct #token {
-                _seal: #support::__private::OwnerSeal,
-            }
-
-            impl #support::__private::OwnerToken for #token {}
+            #token_def
 
             #binding_placeholder
 
@@ -145,11 +272,17 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
             #registration
         }
 
-        #(#cfg_attrs)*
-        // A free owner function and its token share the name, so this also re-exports the
-        // function: moving a `#[deprecated]` one out of its hidden module is not a use of it.
-        #[allow(unused_imports, deprecated)]
-        #vis use self::#module::#token;
+        #exports
+    }
+}
+
+/// The visibility of a token's re-export: the owner's, but never beyond the crate. Owners live
+/// in the struct's crate, so only that crate names tokens; capped, a glob import of a library's
+/// module (`use kvown::batch::*`) does not bring them into another crate.
+fn crate_at_most(vis: &Visibility) -> Visibility {
+    match vis {
+        Visibility::Public(_) => syn::parse_quote!(pub(crate)),
+        other => other.clone(),
     }
 }
 
@@ -158,6 +291,8 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
 /// namespace: a `const owner`, a `static owner` or a unit `struct owner` there would turn
 /// `let owner = ..` into a pattern that matches the constant (or refuses to shadow it), while a
 /// function never does. Not needed (and it would clash) when the owner function has that name.
+/// It is an import of `core::convert::identity`, not a function defined here, so that rustc does
+/// not list one inaccessible `owner` per owner of the crate when a plain function names `owner`.
 fn binding_placeholder(plan: &OwnerPlan) -> Option<TokenStream> {
     let OwnerPlan {
         binding,
@@ -167,8 +302,8 @@ fn binding_placeholder(plan: &OwnerPlan) -> Option<TokenStream> {
     } = plan;
     (*binds && binding.unraw() != token.unraw()).then(|| {
         quote! {
-            #[allow(dead_code, non_snake_case)]
-            fn #binding() {}
+            #[allow(unused_imports)]
+            use ::core::convert::identity as #binding;
         }
     })
 }
@@ -180,15 +315,12 @@ fn binding_placeholder(plan: &OwnerPlan) -> Option<TokenStream> {
 /// name in the body: a body that a `macro_rules!` pastes in from its caller (`fn $name() $body`)
 /// names `owner` with the caller's hygiene, which a binding spanned on the attribute (written
 /// in the macro) does not reach. Only tokens written in the body carry those spans.
-fn prepend_prologue(plan: &OwnerPlan, block: &mut Block) {
+fn prepend_prologue(plan: &OwnerPlan, token: TokenStream, block: &mut Block) {
     if !plan.binds {
         return;
     }
     let OwnerPlan {
-        support,
-        binding,
-        token,
-        ..
+        support, binding, ..
     } = plan;
     let capability = Ident::new("__kvown_capability", Span::mixed_site());
     let mut bindings = vec![binding.clone()];
@@ -213,7 +345,7 @@ fn registration(plan: &OwnerPlan, body: &Block, name_span: Span) -> TokenStream 
     let counts = count.per_field.values();
     let delegations = count.delegations;
     let site_name = &plan.site_name;
-    let token = &plan.token;
+    let token = plan.local_token();
     let line = quote_spanned!(name_span=> ::core::line!());
     quote! {
         #support::__private::inventory::submit! {
@@ -260,7 +392,7 @@ fn mentions(tokens: TokenStream, binding: &Ident) -> Vec<Ident> {
 mod tests {
     use super::*;
 
-    /// The functions in the hidden module of `#[owner(args)] input`.
+    /// The functions in the hidden module of `#[owner(args)] input`, imported ones included.
     fn module_fns(args: TokenStream, input: TokenStream) -> Vec<String> {
         let expanded: syn::File = syn::parse2(crate::owner::expand_fn(args, input))
             .expect("the expansion is a list of items");
@@ -277,6 +409,16 @@ mod tests {
             .iter()
             .filter_map(|item| match item {
                 syn::Item::Fn(function) => Some(function.sig.ident.to_string()),
+                syn::Item::Use(syn::ItemUse {
+                    tree: syn::UseTree::Path(path),
+                    ..
+                }) => match &*path.tree {
+                    syn::UseTree::Path(inner) => match &*inner.tree {
+                        syn::UseTree::Rename(rename) => Some(rename.rename.to_string()),
+                        _ => None,
+                    },
+                    _ => None,
+                },
                 _ => None,
             })
             .collect()
@@ -296,6 +438,40 @@ mod tests {
         );
         // A second `fn grow` would clash with the owner; the local binding shadows the owner.
         assert_eq!(module_fns(quote!(token = grow), grow), ["grow"]);
+    }
+
+    #[test]
+    fn rustdoc_sees_a_free_owner_in_place_and_the_compiler_sees_it_sealed() {
+        let expanded: syn::File = syn::parse2(crate::owner::expand_fn(
+            quote!(),
+            quote!(
+                fn grow(r: &mut Req) {
+                    r.set_len(owner, 1);
+                }
+            ),
+        ))
+        .unwrap();
+        let gated = |condition: &str| -> Vec<String> {
+            let gate = format!("cfg({condition})");
+            expanded
+                .items
+                .iter()
+                .filter_map(|item| {
+                    let (attrs, name) = match item {
+                        syn::Item::Fn(f) => (&f.attrs, format!("fn {}", f.sig.ident)),
+                        syn::Item::Mod(m) => (&m.attrs, format!("mod {}", m.ident)),
+                        syn::Item::Use(u) => (&u.attrs, "use".to_string()),
+                        _ => return None,
+                    };
+                    attrs
+                        .iter()
+                        .any(|a| a.meta.to_token_stream().to_string().replace(' ', "") == gate)
+                        .then_some(name)
+                })
+                .collect()
+        };
+        assert_eq!(gated("doc"), ["mod sealed_fn_grow", "use", "fn grow"]);
+        assert_eq!(gated("not(doc)"), ["mod sealed_fn_grow", "use", "use"]);
     }
 
     #[test]

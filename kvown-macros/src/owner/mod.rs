@@ -46,9 +46,9 @@ pub(crate) fn expand_fn(args: TokenStream, input: TokenStream) -> TokenStream {
         diagnostics.error_at(
             &item.sig.ident,
             format!(
-                "#[owner] function `{}` starts with an upper-case letter, the shape of a method \
-                 owner's capability token (`Type_method`), so it could pass for a method owner; \
-                 give it a snake_case name",
+                "#[owner] function `{}` needs a snake_case name: kvown finds a method owner \
+                 `Type::method` by a name that starts with the type's, so a function named with \
+                 an upper-case letter could pass for one",
                 item.sig.ident
             ),
         );

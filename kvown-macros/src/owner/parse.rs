@@ -127,8 +127,8 @@ pub(crate) fn self_type_name(ty: &Type) -> syn::Result<Ident> {
             ident,
             format!(
                 "#[kvown::owners] needs an UpperCamelCase type name without `_` (found `{ident}`): \
-                 a method owner is listed as `Type::method` and its capability token is named \
-                 `Type_method`, which must not be readable as another type's or function's"
+                 kvown finds a method owner `Type::method` by the type's and the method's names \
+                 joined with `_`, which must split one way only"
             ),
         ));
     }

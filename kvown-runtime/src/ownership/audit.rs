@@ -62,8 +62,9 @@ pub struct OwnerSite {
 inventory::collect!(GuardedField);
 inventory::collect!(OwnerSite);
 
-/// Prefix of every module the macros generate; trimmed from registered module paths.
-const SEALED_MODULE_PREFIX: &str = "__kvown_";
+/// Prefixes of the modules the macros generate (`sealed_Req`, `sealed_fn_alloc`); the macros
+/// register `module_path!()` from inside them, and this segment is trimmed on read.
+const SEALED_MODULE_PREFIX: &str = "sealed_";
 
 fn user_module(module: &'static str) -> &'static str {
     match module.rsplit_once("::") {
@@ -126,6 +127,19 @@ pub enum AuditError {
          so its registrations are linked"
     )]
     Empty,
+    /// The register holds guarded fields, none of them declared in the crate asked for.
+    #[error(
+        "the kvown audit register has no #[guarded] struct of crate `{crate_name}` (crates with \
+         guarded structs in this binary: {linked}). `kvown::audit_table!()` audits the crate it \
+         is written in; from an integration test, name the library: \
+         `kvown::audit_table!(\"my_crate\")`, and link it (`use my_crate as _;`)"
+    )]
+    NoneInCrate {
+        /// The crate asked for, as `module_path!()` spells it.
+        crate_name: String,
+        /// The crates that did register guarded fields, comma-separated.
+        linked: String,
+    },
 }
 
 /// The ownership table of every guarded field linked into this binary.
@@ -135,7 +149,9 @@ pub struct AuditTable {
 }
 
 impl AuditTable {
-    /// Collects the table from the link-time register.
+    /// Collects the table from the link-time register: every linked crate's guarded fields,
+    /// kvown's own runtime included. For the calling crate's table alone, use
+    /// `kvown::audit_table!()` ([`AuditTable::collect_crate`]).
     ///
     /// Fails with [`AuditError::Empty`] when no guarded field is registered, so a test that
     /// forgot to link the crate under audit fails instead of comparing two empty tables.
@@ -191,6 +207,29 @@ impl AuditTable {
         rows.sort();
         rows.dedup();
         Ok(AuditTable { rows })
+    }
+
+    /// The table of one crate: [`AuditTable::collect`] restricted to the structs declared in
+    /// the crate that `crate_or_module` names (`"ledger"`, or a `module_path!()` such as
+    /// `"ledger::accounts"`). What `kvown::audit_table!()` returns for the calling crate.
+    ///
+    /// Fails with [`AuditError::NoneInCrate`] when that crate registered nothing (an
+    /// integration test auditing itself instead of its library, say), so a table is never
+    /// silently empty.
+    pub fn collect_crate(crate_or_module: &str) -> Result<Self, AuditError> {
+        let crate_name = crate_of(crate_or_module);
+        let all = Self::collect()?;
+        let table = all.of_crate(crate_name);
+        if table.rows.is_empty() {
+            let mut linked: Vec<&str> =
+                all.rows.iter().map(|r| crate_of(r.struct_module)).collect();
+            linked.dedup();
+            return Err(AuditError::NoneInCrate {
+                crate_name: crate_name.to_string(),
+                linked: linked.join(", "),
+            });
+        }
+        Ok(table)
     }
 
     /// The rows, sorted by struct, field, owner.
@@ -360,7 +399,8 @@ mod tests {
 
     #[test]
     fn sealed_module_segment_is_trimmed() {
-        assert_eq!(user_module("a::b::__kvown_owner_f"), "a::b");
+        assert_eq!(user_module("a::b::sealed_fn_f"), "a::b");
+        assert_eq!(user_module("a::b::sealed_Req"), "a::b");
         assert_eq!(user_module("a::b"), "a::b");
     }
 }
