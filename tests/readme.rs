@@ -21,24 +21,19 @@ const QUOTES: &[(&str, usize, &str)] = &[
     ),
     // "When it does not compile".
     (
-        include_str!("ui/fail/direct_write/assign_from_other_module.stderr"),
+        include_str!("ui/fail/first_contact/owner_not_listed.stderr"),
+        15,
+        "`charge_fee` is not an owner of `Account::balance`",
+    ),
+    (
+        include_str!("ui/fail/first_contact/direct_field_write.stderr"),
         5,
         "error[E0616]",
     ),
     (
-        include_str!("ui/fail/direct_write/struct_literal.stderr"),
-        5,
-        "error[E0451]",
-    ),
-    (
-        include_str!("ui/fail/non_owner/plain_fn_uses_owner.stderr"),
-        5,
-        "error[E0425]",
-    ),
-    (
-        include_str!("ui/fail/misuse/owner_method_without_owners.stderr"),
-        5,
-        "#[owner] on a method needs #[kvown::owners]",
+        include_str!("ui/fail/first_contact/owned_by_typo.stderr"),
+        12,
+        "cannot find type `withdrow`",
     ),
 ];
 
