@@ -235,6 +235,17 @@ mod tests {
         }
         let message = cache.inc_lock_ref(top).unwrap_err().to_string();
         assert!(message.contains("dec_lock_ref"), "{message}");
+        // Moving a lock onto the path is refused the same way, the lock staying where it was.
+        let mut other_slots = Vec::new();
+        allocator.alloc(4, &mut other_slots).unwrap();
+        let other = cache.insert(&[9, 9, 9, 9], &other_slots).unwrap().last_node;
+        cache.inc_lock_ref(other).unwrap();
+        let (evictable, protected) = (cache.evictable_size(), cache.protected_size());
+        assert!(matches!(
+            cache.move_lock(other, below),
+            Err(RadixError::LockLimit { node, .. }) if node == top
+        ));
+        assert_eq!(cache.arena[other].own_locks, 1);
         assert_eq!(cache.arena[top].lock_ref, u32::MAX);
         assert_eq!(cache.arena[below].lock_ref, 0);
         assert_eq!(
