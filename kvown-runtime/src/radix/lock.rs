@@ -246,6 +246,11 @@ mod tests {
             Err(RadixError::LockLimit { node, .. }) if node == top
         ));
         assert_eq!(cache.arena[other].own_locks, 1);
+        assert_eq!(cache.arena[below].lock_ref, 0);
+        assert_eq!(
+            (cache.evictable_size(), cache.protected_size()),
+            (evictable, protected)
+        );
         assert_eq!(cache.arena[top].lock_ref, u32::MAX);
         assert_eq!(cache.arena[below].lock_ref, 0);
         assert_eq!(
