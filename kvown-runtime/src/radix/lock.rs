@@ -235,6 +235,10 @@ mod tests {
         }
         let message = cache.inc_lock_ref(top).unwrap_err().to_string();
         assert!(message.contains("dec_lock_ref"), "{message}");
+        assert_eq!(
+            (cache.evictable_size(), cache.protected_size()),
+            (evictable, protected)
+        );
         // Moving a lock onto the path is refused the same way, the lock staying where it was.
         let mut other_slots = Vec::new();
         allocator.alloc(4, &mut other_slots).unwrap();
@@ -246,11 +250,6 @@ mod tests {
             Err(RadixError::LockLimit { node, .. }) if node == top
         ));
         assert_eq!(cache.arena[other].own_locks, 1);
-        assert_eq!(cache.arena[below].lock_ref, 0);
-        assert_eq!(
-            (cache.evictable_size(), cache.protected_size()),
-            (evictable, protected)
-        );
         assert_eq!(cache.arena[top].lock_ref, u32::MAX);
         assert_eq!(cache.arena[below].lock_ref, 0);
         assert_eq!(
