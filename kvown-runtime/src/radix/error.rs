@@ -123,7 +123,7 @@ pub enum RadixError {
          (dec_lock_ref) locks that are no longer needed before taking another"
     )]
     LockLimit {
-        /// The node at the limit (the shallowest on the path, whose count includes those below).
+        /// The deepest node of the path at the limit (its ancestors count at least as many).
         node: NodeId,
         /// Its lock count.
         locks: u32,

@@ -23,8 +23,7 @@ impl RadixCache {
     /// locks; nothing changes.
     pub fn inc_lock_ref(&mut self, node: NodeId) -> Result<(), RadixError> {
         self.ensure_live(node)?;
-        self.ensure_lockable(node, NodeId::ROOT)?;
-        self.lock_path(node, NodeId::ROOT);
+        self.lock_path(node, NodeId::ROOT)?;
         self.count_own_lock(node, true);
         Ok(())
     }
@@ -60,8 +59,7 @@ impl RadixCache {
         }
         self.ensure_live(to)?;
         let common = self.common_ancestor(from, to);
-        self.ensure_lockable(to, common)?;
-        self.lock_path(to, common);
+        self.lock_path(to, common)?;
         self.unlock_path(from, common);
         self.count_own_lock(to, true);
         self.count_own_lock(from, false);
@@ -130,24 +128,6 @@ impl RadixCache {
         }
     }
 
-    /// Refuses a lock on `node` that a node of its path below `stop` could not count: one that
-    /// already counts `u32::MAX` locks (an ancestor counts at least its descendants' locks, so
-    /// it reaches the limit first). Checked before anything changes, so a refused lock leaves
-    /// the tree as it was instead of wrapping the count.
-    fn ensure_lockable(&self, mut node: NodeId, stop: NodeId) -> Result<(), RadixError> {
-        while node != stop && node != NodeId::ROOT {
-            let entry = &self.arena[node];
-            if entry.lock_ref == u32::MAX {
-                return Err(RadixError::LockLimit {
-                    node,
-                    locks: entry.lock_ref,
-                });
-            }
-            node = entry.parent;
-        }
-        Ok(())
-    }
-
     /// Counts a lock `taken` on (or released from) `node` itself; the root's one lock stays.
     fn count_own_lock(&mut self, node: NodeId, taken: bool) {
         if node != NodeId::ROOT {
@@ -160,10 +140,19 @@ impl RadixCache {
         }
     }
 
-    /// Increments the lock count of `node` and its ancestors below `stop`.
-    fn lock_path(&mut self, mut node: NodeId, stop: NodeId) {
+    /// Increments the lock count of `node` and its ancestors below `stop`, or refuses with
+    /// [`RadixError::LockLimit`], changing nothing, when one of them already counts `u32::MAX`
+    /// locks (the counts are checked as the walk goes: the nodes it passed are unlocked again,
+    /// which is rare, instead of every lock walking the path twice).
+    fn lock_path(&mut self, mut node: NodeId, stop: NodeId) -> Result<(), RadixError> {
+        let start = node;
         while node != stop && node != NodeId::ROOT {
             let entry = &mut self.arena[node];
+            if entry.lock_ref == u32::MAX {
+                let locks = entry.lock_ref;
+                self.unlock_path(start, node);
+                return Err(RadixError::LockLimit { node, locks });
+            }
             if entry.lock_ref == 0 {
                 let tokens = entry.len(self.layout);
                 self.evictable_size -= tokens;
@@ -174,6 +163,7 @@ impl RadixCache {
             self.refresh_leaf_status(node);
             node = parent;
         }
+        Ok(())
     }
 
     /// Decrements the lock count of `node` and its ancestors below `stop` (all at least 1, as
@@ -245,6 +235,21 @@ mod tests {
         }
         let message = cache.inc_lock_ref(top).unwrap_err().to_string();
         assert!(message.contains("dec_lock_ref"), "{message}");
+        assert_eq!(
+            (cache.evictable_size(), cache.protected_size()),
+            (evictable, protected)
+        );
+        // Moving a lock onto the path is refused the same way, the lock staying where it was.
+        let mut other_slots = Vec::new();
+        allocator.alloc(4, &mut other_slots).unwrap();
+        let other = cache.insert(&[9, 9, 9, 9], &other_slots).unwrap().last_node;
+        cache.inc_lock_ref(other).unwrap();
+        let (evictable, protected) = (cache.evictable_size(), cache.protected_size());
+        assert!(matches!(
+            cache.move_lock(other, below),
+            Err(RadixError::LockLimit { node, .. }) if node == top
+        ));
+        assert_eq!(cache.arena[other].own_locks, 1);
         assert_eq!(cache.arena[top].lock_ref, u32::MAX);
         assert_eq!(cache.arena[below].lock_ref, 0);
         assert_eq!(

@@ -20,10 +20,18 @@ use crate::alloc::PageId;
 /// past its node's eviction is refused with [`RadixError::UnknownNode`](super::RadixError)
 /// even after the entry holds another node, instead of naming that node (generations wrap
 /// after 2^32 reuses of one entry).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct NodeId {
     index: u32,
     generation: u32,
+}
+
+/// One 64-bit word per handle (the derived hash fed the hasher two words: more instructions
+/// per eviction, whose plan keys a map by node).
+impl std::hash::Hash for NodeId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(u64::from(self.index) << 32 | u64::from(self.generation));
+    }
 }
 
 impl NodeId {
