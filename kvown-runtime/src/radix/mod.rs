@@ -55,8 +55,8 @@
 //!
 //! Storage: an arena of 72-byte nodes indexed by [`NodeId`] (an entry and its generation, so
 //! a handle kept past its node's eviction is refused), with 16 bytes of eviction figures and 4
-//! of generation per node beside it; each node stores its key pages interleaved with their page ids (4 bytes
-//! per page); one hash map indexes children by (parent, namespace, first page). See
+//! of generation per node beside it; each node stores its key pages interleaved with their page
+//! ids (4 bytes per page); one hash map indexes children by (parent, namespace, first page). See
 //! [`RadixCache::bookkeeping_bytes`].
 //!
 //! Access times are kept lazily: an insert stamps the node where it ends and the lower half of
