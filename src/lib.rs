@@ -323,8 +323,8 @@
 //!
 //! # The paged KV allocator
 //!
-//! The runtime re-exported here ([`alloc`], [`slots`], [`radix`], [`kv`], [`request`],
-//! [`batch`], [`tree_cache`], [`cache`], [`check`], [`reclaim`], [`error`]) is an LLM serving
+//! The runtime re-exported here ([`alloc`], [`slots`], [`radix`], [`kv`], [`batch`],
+//! [`cache`], [`check`], [`error`], [`ids`]) is an LLM serving
 //! engine's KV-cache bookkeeping (sglang's `mem_cache`, target state after #37085) with the
 //! per-request ladder `cache_protected_len <= kv_committed_len <= kv_allocated_len` in guarded
 //! fields. One extend and two decode steps, then release, with the invariant checker and the
@@ -338,9 +338,9 @@
 //! };
 //! use kvown::cache::{KvCache, TreeCache};
 //! use kvown::radix::RadixCache;
-//! use kvown::request::Req;
+//! use kvown::batch::Req;
 //! use kvown::slots::ReqToTokenPool;
-//! use kvown::tree_cache::init_next_round_input;
+//! use kvown::batch::init_next_round_input;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let page_size = 16;
@@ -375,9 +375,7 @@
 
 pub use kvown_macros::{guarded, owner, owners};
 pub use kvown_runtime::ownership::audit;
-pub use kvown_runtime::{
-    alloc, batch, cache, check, error, kv, radix, reclaim, request, slots, tree_cache,
-};
+pub use kvown_runtime::{alloc, batch, cache, check, error, ids, kv, radix, slots};
 
 #[doc(hidden)]
 pub use kvown_runtime::__private;

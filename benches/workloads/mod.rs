@@ -7,16 +7,16 @@
 use std::time::{Duration, Instant};
 
 use kvown::alloc::{AsPageAllocator, KvAllocator, KvSlot, Lifo, PagedAllocator};
+use kvown::batch::Req;
 use kvown::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, prepare_for_decode, prepare_for_extend,
     release_kv_cache,
 };
+use kvown::batch::{cache_unfinished_req, init_next_round_input};
 use kvown::cache::{KvCache, TreeCache};
+use kvown::check::reclaim_leaks;
 use kvown::radix::{CacheEvent, EvictionPolicy, InsertParams, Namespace, RadixCache, TreePos};
-use kvown::reclaim::reclaim_leaks;
-use kvown::request::Req;
 use kvown::slots::ReqToTokenPool;
-use kvown::tree_cache::{cache_unfinished_req, init_next_round_input};
 use kvown_cuda::StagedAllocator;
 use kvown_cuda::staging::{HostLink, default_slot_words};
 

@@ -5,14 +5,14 @@
 //! kept in this node's prefix cache.
 
 use kvown::alloc::{KvAllocator, PagedAllocator};
+use kvown::batch::Req;
+use kvown::batch::init_next_round_input;
 use kvown::batch::{
     ScheduleBatch, TransferTicket, alloc_for_extend, prepare_for_extend, release_kv_cache,
 };
 use kvown::cache::KvCache;
 use kvown::kv::{KvTransfer, LocalTransfer};
 use kvown::radix::TreePos;
-use kvown::request::Req;
-use kvown::tree_cache::init_next_round_input;
 
 use crate::kv_data::{KvStore, extended_tokens};
 use crate::scheduler::timed;

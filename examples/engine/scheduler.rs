@@ -6,16 +6,16 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use kvown::alloc::{AsPageAllocator, KvAllocator, KvSlot, ceil_align};
+use kvown::batch::Req;
 use kvown::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, alloc_for_spec_decode, check_decode_mem,
     commit_spec_tokens, commit_transfer, new_tokens_required_next_decode, prealloc_for_transfer,
     prepare_for_decode, prepare_for_extend, prepare_for_spec_decode, release_kv_cache,
     reset_for_retract, retract_decode,
 };
+use kvown::batch::{cache_unfinished_req, init_next_round_input};
 use kvown::cache::KvCache;
 use kvown::radix::{Namespace, TreePos};
-use kvown::request::Req;
-use kvown::tree_cache::{cache_unfinished_req, init_next_round_input};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 

@@ -18,13 +18,13 @@ use cudarc::driver::{CudaSlice, CudaStream, sys::CUevent_flags};
 use kvown_cuda::staging::default_slot_words;
 use kvown_cuda::{CudaDevice, CudaKvPool, CudaStepLink, StagedAllocator};
 use kvown_runtime::alloc::{KvAllocator, Lifo, PagedAllocator};
+use kvown_runtime::batch::Req;
 use kvown_runtime::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, prepare_for_decode, prepare_for_extend,
     release_kv_cache,
 };
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::kv::{KvDtype, KvLayout, KvPool, KvTensor};
-use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
 
 const RUNS: usize = 200;

@@ -1,39 +1,12 @@
 //! [`KvCache`]: the slot allocator, the request-to-token table and the prefix cache of one KV
 //! pool, bundled so the batch flow can keep them consistent.
 
-use std::fmt;
-use std::num::NonZeroU64;
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use crate::alloc::{KvAllocator, ceil_align};
+use crate::batch::Req;
 use crate::error::KvError;
+use crate::ids::CacheId;
 use crate::radix::{CacheEvent, RadixCache};
-use crate::request::Req;
 use crate::slots::{ReqRow, ReqToTokenPool};
-
-/// Names one [`KvCache`]: no other cache of the process has its name. A request records the
-/// cache it matched or got its row in
-/// ([`ReqKvInfo::kv_cache`](crate::request::ReqKvInfo::kv_cache)), and every batch-flow call
-/// refuses a request recorded for another cache: its row, slots and prefix lock mean something
-/// only there. [`reclaim_leaks`](crate::reclaim::reclaim_leaks) gives the cache a new name
-/// (and the live requests with it), so a request it took for leaked is refused too.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct CacheId(NonZeroU64);
-
-impl CacheId {
-    /// A name no other cache of this process has.
-    pub(crate) fn next() -> Self {
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        let id = NEXT.fetch_add(1, Ordering::Relaxed);
-        CacheId(NonZeroU64::new(id).expect("2^64 caches are never created"))
-    }
-}
-
-impl fmt::Display for CacheId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "#{}", self.0)
-    }
-}
 
 /// The prefix cache in front of the allocator (sglang `tree_cache`).
 #[derive(Debug)]

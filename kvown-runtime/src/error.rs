@@ -2,7 +2,7 @@
 //! except where the call documents otherwise (see [`KvError`]).
 
 use crate::alloc::AllocError;
-use crate::cache::CacheId;
+use crate::ids::CacheId;
 use crate::radix::RadixError;
 use crate::slots::SlotError;
 
@@ -101,7 +101,7 @@ pub enum KvError {
         /// The cache it was passed with.
         used: CacheId,
     },
-    /// The request was left out of a [`reclaim_leaks`](crate::reclaim::reclaim_leaks), which
+    /// The request was left out of a [`reclaim_leaks`](crate::check::reclaim_leaks), which
     /// took it for leaked and gave its row, slots and prefix lock back.
     #[error(
         "request {rid} was left out of reclaim_leaks, which gave its row, slots and prefix lock \
@@ -113,7 +113,7 @@ pub enum KvError {
         rid: u64,
     },
     /// A batch prepared with one cache was passed to `alloc_for_*` with another (or prepared
-    /// before a [`reclaim_leaks`](crate::reclaim::reclaim_leaks), which renames the cache).
+    /// before a [`reclaim_leaks`](crate::check::reclaim_leaks), which renames the cache).
     #[error(
         "the batch was prepared for cache {prepared} but allocated in cache {used}; prepare \
          and allocate a batch with the same cache"

@@ -2,12 +2,19 @@
 //! register, and a paged KV-cache allocator whose per-request bookkeeping is owned at compile
 //! time.
 //!
-//! The allocator follows sglang's KV-cache bookkeeping (target state after sglang #37085):
-//! [`slots`] (request-to-token table), [`alloc`] (token and paged slot allocators), [`radix`]
-//! (prefix cache), [`kv`] (K/V data pools), [`request`] (the per-request ladder in guarded
-//! fields), [`batch`] (extend, decode, speculative decode, retract, release),
-//! [`tree_cache`] (request-level prefix-cache steps), [`cache`] (the bundle they share),
-//! [`check`] (the invariant checker) and [`reclaim`] (giving back what dropped requests leaked).
+//! The allocator follows sglang's KV-cache bookkeeping (target state after sglang #37085). The
+//! modules read as floors, each importing only those below it (the owner links of
+//! `#[owned_by]` aside, see `tests/module_layout.rs`):
+//! * [`check`]: the invariant checker, and giving back what dropped requests leaked;
+//! * [`batch`]: a request's whole life: the request and its ladder in guarded fields, and the
+//!   functions that own it (admit, extend, decode, speculative decode, register with the prefix
+//!   cache, retract, release, decode-side preallocation);
+//! * [`cache`]: the allocator, table and prefix cache a batch flow keeps consistent;
+//! * [`error`];
+//! * [`radix`] (prefix cache) and [`kv`] (K/V data pools);
+//! * [`alloc`] (token and paged slot allocators);
+//! * [`slots`] (request-to-token table) and [`ownership`] (the macros' support types);
+//! * [`ids`].
 //!
 //! # A request's life
 //!
@@ -21,7 +28,7 @@
 //! verifies the accounting identity and every request's ladder at any point, and names the
 //! request behind a leak: a `Req` does not own the cache, so one dropped before
 //! [`batch::release_kv_cache`] keeps its row, pages and prefix lock until
-//! [`reclaim::reclaim_leaks`] gives back what the requests still alive do not hold.
+//! [`check::reclaim_leaks`] gives back what the requests still alive do not hold.
 //!
 //! ```
 //! use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
@@ -31,9 +38,9 @@
 //! };
 //! use kvown_runtime::cache::{KvCache, TreeCache};
 //! use kvown_runtime::radix::RadixCache;
-//! use kvown_runtime::request::Req;
+//! use kvown_runtime::batch::Req;
 //! use kvown_runtime::slots::ReqToTokenPool;
-//! use kvown_runtime::tree_cache::init_next_round_input;
+//! use kvown_runtime::batch::init_next_round_input;
 //!
 //! // 64 pages of 4 slots, 8 request rows of up to 128 tokens, a radix prefix cache.
 //! let allocator = PagedAllocator::new(256, 4, false)?;
@@ -92,13 +99,11 @@ pub mod batch;
 pub mod cache;
 pub mod check;
 pub mod error;
+pub mod ids;
 pub mod kv;
 pub mod ownership;
 pub mod radix;
-pub mod reclaim;
-pub mod request;
 pub mod slots;
-pub mod tree_cache;
 
 /// Items the macro expansions refer to. Not a public API; may change in any release.
 #[doc(hidden)]

@@ -4,19 +4,19 @@
 //! size > 1, release between match and allocation, and errors that change nothing.
 
 use kvown_runtime::alloc::{AllocError, KvAllocator, KvSlot, PagedAllocator, ceil_align};
+use kvown_runtime::batch::Req;
 use kvown_runtime::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, alloc_for_spec_decode, check_decode_mem,
     commit_spec_tokens, new_tokens_required_next_decode, prepare_for_decode, prepare_for_extend,
     prepare_for_spec_decode, release_kv_cache, reset_for_retract, retract_decode,
 };
+use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::Violation;
+use kvown_runtime::check::{ReclaimError, reclaim_leaks};
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::{RadixCache, TreePos};
-use kvown_runtime::reclaim::{ReclaimError, reclaim_leaks};
-use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
-use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
 
 type Cache = KvCache<PagedAllocator>;
 

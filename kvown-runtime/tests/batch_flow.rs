@@ -3,17 +3,17 @@
 //! full capacity at the end.
 
 use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+use kvown_runtime::batch::Req;
 use kvown_runtime::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, alloc_for_spec_decode, commit_spec_tokens,
     prepare_for_decode, prepare_for_extend, prepare_for_spec_decode, release_kv_cache,
     retract_decode,
 };
+use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::{Namespace, RadixCache};
-use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
-use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
 
 fn cache(pool_tokens: usize, page_size: usize, radix: bool) -> KvCache<PagedAllocator> {
     let allocator = PagedAllocator::new(pool_tokens, page_size, false).unwrap();

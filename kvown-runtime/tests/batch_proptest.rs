@@ -20,19 +20,19 @@ use kvown_runtime::alloc::{
     AllocError, KvAllocator, KvSlot, PageAllocator, PageId, PagedAllocator, ReuseOrder,
     TokenAllocator, ceil_align, floor_align,
 };
+use kvown_runtime::batch::Req;
 use kvown_runtime::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, alloc_for_spec_decode, check_decode_mem,
     commit_spec_tokens, new_tokens_required_next_decode, prepare_for_decode, prepare_for_extend,
     prepare_for_spec_decode, release_kv_cache, retract_decode,
 };
+use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::Violation;
+use kvown_runtime::check::{ReclaimError, Reclaimed, reclaim_leaks};
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::{Namespace, RadixCache, RadixError, TreePos};
-use kvown_runtime::reclaim::{ReclaimError, Reclaimed, reclaim_leaks};
-use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
-use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
 use proptest::prelude::*;
 
 /// Positions per request row.

@@ -10,6 +10,8 @@
 //! decode side computed itself, what it stored). At the end every page is back on both sides.
 
 use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator};
+use kvown_runtime::batch::Req;
+use kvown_runtime::batch::init_next_round_input;
 use kvown_runtime::batch::{
     PreallocFailure, ScheduleBatch, TransferTicket, alloc_for_decode, alloc_for_extend,
     cancel_transfer, commit_transfer, prealloc_for_transfer, prepare_for_decode,
@@ -22,9 +24,7 @@ use kvown_runtime::kv::{
     new_host_pool,
 };
 use kvown_runtime::radix::{RadixCache, TreePos};
-use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
-use kvown_runtime::tree_cache::init_next_round_input;
 
 const LAYERS: usize = 2;
 const DIM: usize = 4;

@@ -7,6 +7,8 @@ use std::process::Command;
 use kvown_runtime::alloc::{
     AllocError, DecodeShape, ExtendShape, KvAllocator, PageState, PagedAllocator, TokenAllocator,
 };
+use kvown_runtime::batch::Req;
+use kvown_runtime::batch::init_next_round_input;
 use kvown_runtime::batch::{
     ScheduleBatch, alloc_for_extend, alloc_for_spec_decode, prepare_for_extend,
     prepare_for_spec_decode, release_kv_cache,
@@ -15,9 +17,7 @@ use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::{Holder, PageLedger, Violation};
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::{Namespace, RadixCache, RadixError, TreePos};
-use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
-use kvown_runtime::tree_cache::init_next_round_input;
 
 /// Request 1 extends one token into page 1; request 2's raw extend passes request 1's slot as
 /// its `last_loc`, and request 1 then decodes: the allocator hands slot 5 to both. It cannot

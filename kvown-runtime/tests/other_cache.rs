@@ -5,17 +5,17 @@
 //! wrong cache freed pages that another request of that cache held.
 
 use kvown_runtime::alloc::PagedAllocator;
+use kvown_runtime::batch::Req;
 use kvown_runtime::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, alloc_for_spec_decode, prepare_for_decode,
     prepare_for_extend, prepare_for_spec_decode, release_kv_cache, retract_decode,
 };
+use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::Violation;
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::RadixCache;
-use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
-use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
 
 type Cache = KvCache<PagedAllocator>;
 

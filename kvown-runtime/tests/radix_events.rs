@@ -9,15 +9,15 @@ mod radix_setup;
 
 use cache_events::{Replay, reference_hash};
 use kvown_runtime::alloc::{KvAllocator, PageId, PagedAllocator};
+use kvown_runtime::batch::Req;
 use kvown_runtime::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, prepare_for_decode, prepare_for_extend,
     release_kv_cache,
 };
+use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::radix::{CacheEvent, Namespace, PageHash, RadixCache, StoredPage, TreePos};
-use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
-use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
 use radix_setup::{alloc_slots, allocator, key, path_slots};
 
 /// A cache with events on and its stream's opening `Cleared` taken.

@@ -4,12 +4,12 @@
 //! registers its pages).
 
 use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator};
+use kvown_runtime::batch::Req;
 use kvown_runtime::batch::{ScheduleBatch, alloc_for_extend, prepare_for_extend, release_kv_cache};
+use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::radix::{EvictionPolicy, InsertParams, Namespace, RadixCache, TreePos};
-use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
-use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
 
 /// A page-size-1 cache with a policy, and keys inserted under names.
 struct Scene {

@@ -15,19 +15,19 @@ use kvown_runtime::alloc::{
     AllocError, AsPageAllocator, DecodeShape, ExtendShape, KvAllocator, KvSlot, Lifo,
     PageAllocator, PageId, PagedAllocator,
 };
+use kvown_runtime::batch::Req;
 use kvown_runtime::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, alloc_for_spec_decode, commit_spec_tokens,
     prepare_for_decode, prepare_for_extend, prepare_for_spec_decode, release_kv_cache,
     retract_decode,
 };
+use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::{Holder, Violation};
+use kvown_runtime::check::{ReclaimError, reclaim_leaks};
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::{RadixCache, RadixError};
-use kvown_runtime::reclaim::{ReclaimError, reclaim_leaks};
-use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
-use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
 
 /// The allocator of these tests.
 type FaultyAllocator = Faulty<PagedAllocator>;
@@ -198,7 +198,7 @@ impl CacheState {
 /// Everything a refused call must leave as it was: the request's record and row, and the cache.
 #[derive(Debug, PartialEq)]
 struct Snapshot {
-    record: kvown_runtime::request::ReqKvInfo,
+    record: kvown_runtime::batch::ReqKvInfo,
     row: Vec<KvSlot>,
     cache: CacheState,
 }

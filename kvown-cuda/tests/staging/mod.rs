@@ -19,18 +19,18 @@ use kvown_runtime::alloc::{
     DecodeShape, ExtendRow, ExtendShape, KvAllocator, KvSlot, Lifo, PageAllocator, PagedAllocator,
     ReuseOrder, TokenAllocator,
 };
+use kvown_runtime::batch::Req;
 use kvown_runtime::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, alloc_for_spec_decode, check_decode_mem,
     commit_spec_tokens, prepare_for_decode, prepare_for_extend, prepare_for_spec_decode,
     release_kv_cache, retract_decode,
 };
+use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};
 use kvown_runtime::cache::{KvCache, TreeCache};
+use kvown_runtime::check::reclaim_leaks;
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::{RadixCache, TreePos};
-use kvown_runtime::reclaim::reclaim_leaks;
-use kvown_runtime::request::Req;
 use kvown_runtime::slots::ReqToTokenPool;
-use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
 
 use super::emulator::{EmulatedLink, Pace};
 use super::{OnGpu, OnHost, Rng, device, or_skip};

@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 
 use super::free_list::FreeList;
 use super::geometry::{PageGeometry, PageMath, Specialised};
-use super::shapes::{
+use super::rules::{
     ContinuedPages, DecodeFill, check_decode, check_extend, fill_decode, fill_extend,
     fill_trusted_decode, push_slot_run, unmark_decode, unmark_pages,
 };

@@ -51,7 +51,7 @@ mod geometry;
 mod page_state;
 mod paged;
 mod reuse;
-mod shapes;
+mod rules;
 mod token;
 #[cfg(test)]
 mod trusted_tests;
@@ -62,16 +62,12 @@ pub use geometry::PageGeometry;
 pub use page_state::PageState;
 pub use paged::PagedAllocator;
 pub use reuse::{Fifo, Lifo, ReuseOrder};
-pub use shapes::ContinuedPages;
+pub use rules::ContinuedPages;
 pub use token::TokenAllocator;
 
 use crate::slots::{ReqRow, ReqToTokenPool};
 
-/// Index of one KV slot (a row of the per-layer K/V buffers). Slot 0 is padding.
-pub type KvSlot = u32;
-
-/// Index of one page of `page_size` consecutive slots. Page 0 is padding.
-pub type PageId = u32;
+pub use crate::ids::{KvSlot, PageId};
 
 /// Rounds `n` up to a multiple of `page_size`.
 ///

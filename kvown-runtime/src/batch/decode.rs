@@ -4,9 +4,9 @@ use kvown_macros::owner;
 
 use super::{AllocFailure, DecodePrepared, LastAllocation, Ready, ScheduleBatch};
 use crate::alloc::{DecodeRow, KvAllocator, TrustedDecodeRows};
+use crate::batch::{Req, ReqKvInfo};
 use crate::cache::KvCache;
 use crate::error::KvError;
-use crate::request::{Req, ReqKvInfo};
 
 /// Checks that each request's next position (`kv_allocated_len`) exists in its row, ticks its
 /// decode clock and counts the pages the step takes, in one pass over the requests. Owns

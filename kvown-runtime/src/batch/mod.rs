@@ -7,16 +7,23 @@
 //! on, enforced here). `alloc_for_*` turns it back into a ready batch, or fails changing
 //! nothing and hands the prepared batch back.
 
+mod admit;
 mod decode;
 mod extend;
+mod register;
 mod release;
+mod request;
 mod retract;
 mod spec;
 mod transfer;
 
+pub use admit::init_next_round_input;
 pub use decode::{alloc_for_decode, prepare_for_decode};
 pub use extend::{alloc_for_extend, prepare_for_extend};
+pub(crate) use register::cache_finished_req;
+pub use register::cache_unfinished_req;
 pub use release::{release_kv_cache, reset_for_retract};
+pub use request::*;
 pub use retract::{
     RetractOutcome, check_decode_mem, new_tokens_required_next_decode, retract_decode,
 };
@@ -29,9 +36,8 @@ pub use transfer::{
 use std::ops::Range;
 
 use crate::alloc::{ExtendShape, KvSlot};
-use crate::cache::CacheId;
 use crate::error::KvError;
-use crate::request::Req;
+use crate::ids::CacheId;
 
 /// State of a batch whose requests can be read and whose last allocation is settled.
 #[derive(Debug, Default)]

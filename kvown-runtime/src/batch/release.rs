@@ -3,11 +3,11 @@
 use kvown_macros::owner;
 
 use crate::alloc::KvAllocator;
+use crate::batch::Req;
+use crate::batch::cache_finished_req;
 use crate::cache::{KvCache, TreeCache};
 use crate::error::KvError;
 use crate::radix::TreePos;
-use crate::request::Req;
-use crate::tree_cache::cache_finished_req;
 
 /// Releases a request's KV (sglang `release_kv_cache`): the prefix cache takes or frees
 /// `[protected, committed)` (inserting when `is_insert`) and the lock is dropped; the

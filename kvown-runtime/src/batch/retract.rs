@@ -3,9 +3,9 @@
 use super::spec::reservation_target;
 use super::{Ready, ScheduleBatch, release_kv_cache, reset_for_retract};
 use crate::alloc::{KvAllocator, ceil_align};
+use crate::batch::Req;
 use crate::cache::KvCache;
 use crate::error::KvError;
-use crate::request::Req;
 
 /// Slots the next decode step needs in new pages (sglang `new_tokens_required_next_decode`).
 ///

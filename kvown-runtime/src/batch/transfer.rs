@@ -22,10 +22,10 @@ use std::ops::Range;
 use kvown_macros::owner;
 
 use crate::alloc::{ExtendRow, ExtendShape, KvAllocator, KvSlot};
+use crate::batch::Req;
 use crate::batch::release_kv_cache;
 use crate::cache::KvCache;
 use crate::error::KvError;
-use crate::request::Req;
 
 /// A request whose row and slots are preallocated and whose K/V is in flight: it can only be
 /// committed ([`commit_transfer`]) or cancelled ([`cancel_transfer`]).

@@ -1,7 +1,7 @@
 //! Errors of the KV data pools. Every failing call leaves the pool unchanged.
 
 use super::element::KvDtype;
-use crate::alloc::KvSlot;
+use crate::ids::KvSlot;
 
 /// Which of the two per-layer buffers a length error refers to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

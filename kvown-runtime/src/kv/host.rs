@@ -4,7 +4,7 @@ use super::KvPool;
 use super::element::{KvData, KvDtype, KvElement, KvSlice};
 use super::error::{KvPoolError, KvTensor};
 use super::layout::KvLayout;
-use crate::alloc::KvSlot;
+use crate::ids::KvSlot;
 
 /// Host-memory KV pool of element type `T`, zero-initialised, NHD layout.
 #[derive(Debug, Clone)]

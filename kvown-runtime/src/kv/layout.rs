@@ -2,7 +2,7 @@
 
 use super::element::{KvDtype, KvSlice};
 use super::error::{KvPoolError, KvTensor};
-use crate::alloc::{KvSlot, PageId};
+use crate::ids::{KvSlot, PageId};
 
 /// Shape of a KV pool (sglang `MHATokenToKVPool`, NHD layout).
 ///

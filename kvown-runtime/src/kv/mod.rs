@@ -32,7 +32,7 @@ pub use host::{HostKvPool, new_host_pool};
 pub use layout::KvLayout;
 pub use transfer::{KvTransfer, LocalTransfer, SharedPool, TransferError, TransferId};
 
-use crate::alloc::{KvSlot, PageId};
+use crate::ids::{KvSlot, PageId};
 
 /// A backend holding the K and V buffers of every layer.
 pub trait KvPool: Send {

@@ -15,7 +15,7 @@
 //! ([`crate::batch::cancel_transfer`]) each request.
 
 use super::{KvPool, KvPoolError};
-use crate::alloc::KvSlot;
+use crate::ids::KvSlot;
 
 /// Names one submitted transfer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -235,8 +235,8 @@ impl KvPool for SharedPool {
 
     fn copy_pages(
         &mut self,
-        src: &[crate::alloc::PageId],
-        dst: &[crate::alloc::PageId],
+        src: &[crate::ids::PageId],
+        dst: &[crate::ids::PageId],
     ) -> Result<(), KvPoolError> {
         self.lock().copy_pages(src, dst)
     }

@@ -4,8 +4,25 @@ use std::collections::HashSet;
 
 use super::node::{NOT_EVICTABLE, NodeId};
 use super::{RadixCache, RadixError, TreePos};
-use crate::alloc::KvSlot;
-use crate::check::PrefixPart;
+use crate::ids::KvSlot;
+
+/// Which part of a request's protected prefix differs from the path its lock holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefixPart {
+    /// The request's token.
+    Token,
+    /// The request's slot: in its row, or among the matched slots it has yet to write there.
+    Slot,
+}
+
+impl std::fmt::Display for PrefixPart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PrefixPart::Token => "token",
+            PrefixPart::Slot => "slot",
+        })
+    }
+}
 
 /// Returns an [`RadixError::Inconsistent`] at `node` unless `expected == found`.
 fn expect_eq(

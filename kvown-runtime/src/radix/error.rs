@@ -112,7 +112,7 @@ pub enum RadixError {
         /// Key position of the page's first token.
         position: usize,
         /// The page.
-        page: crate::alloc::PageId,
+        page: crate::ids::PageId,
         /// Its state in the allocator (`None` past its last page).
         state: Option<crate::alloc::PageState>,
     },

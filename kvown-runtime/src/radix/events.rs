@@ -17,7 +17,7 @@ use std::ops::Range;
 
 use super::node::NodeId;
 use super::{Namespace, RadixCache, RadixError};
-use crate::alloc::{KvSlot, PageId};
+use crate::ids::{KvSlot, PageId};
 
 /// FNV-1a's 64-bit offset basis.
 const FNV_OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;

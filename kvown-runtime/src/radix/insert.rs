@@ -127,7 +127,7 @@ impl RadixCache {
     /// [`RadixCache::insert_from_in`] recording `params` for eviction: the insert's priority,
     /// and whether it is a hit (not `chunked`). The other inserts record the default, priority
     /// 0 and a hit; the batch flow records the request's priority
-    /// ([`crate::request::Req::with_priority`]), a hit when a finished request is inserted and
+    /// ([`crate::batch::Req::with_priority`]), a hit when a finished request is inserted and
     /// none when a running one registers its pages.
     ///
     /// # Errors

@@ -2,7 +2,7 @@
 //! slots.
 //!
 //! The tree maps page-aligned token sequences to the KV pages that hold them. It works on plain
-//! data; the request-level steps of [`crate::tree_cache`] (`init_next_round_input`,
+//! data; the request-level steps of [`crate::batch`] (`init_next_round_input`,
 //! `cache_unfinished_req`, and the release's `cache_finished_req`) are built on these
 //! primitives:
 //!
@@ -79,6 +79,7 @@ mod page_index;
 mod policy;
 
 pub(crate) use check::LockMismatch;
+pub use check::PrefixPart;
 pub use error::RadixError;
 pub use events::{CacheEvent, PageHash, StoredPage};
 pub use node::NodeId;
@@ -87,7 +88,7 @@ pub use policy::{EvictionPolicy, InsertParams, SLRU_PROTECTED_HITS, UnknownEvict
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use crate::alloc::{KvSlot, PageId};
+use crate::ids::{KvSlot, PageId};
 use children::ChildIndex;
 use events::EventLog;
 use evict::EvictionScratch;
@@ -149,7 +150,7 @@ impl TreePos {
 pub struct Namespace(pub u32);
 
 impl Namespace {
-    /// The namespace of requests that do not choose one ([`crate::request::Req::new`]) and of
+    /// The namespace of requests that do not choose one ([`crate::batch::Req::new`]) and of
     /// [`RadixCache::match_prefix`] and [`RadixCache::insert`].
     pub const DEFAULT: Namespace = Namespace(0);
 }

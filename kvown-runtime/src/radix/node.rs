@@ -10,7 +10,7 @@ use std::ops::{Index, IndexMut};
 use super::Namespace;
 use super::layout::KeyLayout;
 use super::policy::NodeStats;
-use crate::alloc::PageId;
+use crate::ids::PageId;
 
 /// Handle of one tree node. Stays valid until that node is evicted; a locked node is never
 /// evicted, and a split keeps the handle on the lower part, so a handle the caller holds a lock

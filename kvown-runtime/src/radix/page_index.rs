@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::alloc::PageId;
+use crate::ids::PageId;
 
 /// A set of page ids as a bit vector, one bit per id up to the largest ever held: 1/8 byte per
 /// pool page in a `KvCache`, up to 512 MiB for a tree used on its own with page ids near
@@ -90,7 +90,7 @@ impl fmt::Debug for PageIndex {
 #[cfg(test)]
 mod tests {
     use super::PageIndex;
-    use crate::alloc::PageId;
+    use crate::ids::PageId;
 
     #[test]
     fn holds_each_page_once_across_word_boundaries() {

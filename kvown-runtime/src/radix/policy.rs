@@ -33,7 +33,7 @@ pub enum EvictionPolicy {
     Mru,
     /// Newest first: the leaf whose first page was cached last.
     Filo,
-    /// Lowest insert priority first ([`crate::request::Req::with_priority`]), then least
+    /// Lowest insert priority first ([`crate::batch::Req::with_priority`]), then least
     /// recently used.
     Priority,
     /// Segmented LRU: leaves with fewer than [`SLRU_PROTECTED_HITS`] hits (the probationary

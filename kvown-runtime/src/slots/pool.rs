@@ -3,7 +3,7 @@
 use std::iter::repeat_n;
 
 use super::SlotError;
-use crate::alloc::KvSlot;
+use crate::ids::KvSlot;
 
 /// Index of a row of the request-to-token table (sglang `req_pool_idx`). A plain index so it can
 /// go into batch index tensors as is; the pool validates every row it is given. Row 0 is padding.

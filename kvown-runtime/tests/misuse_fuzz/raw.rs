@@ -6,9 +6,9 @@ use std::sync::atomic::Ordering;
 use kvown_runtime::alloc::{
     DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PagedAllocator, TokenAllocator,
 };
+use kvown_runtime::batch::Req;
 use kvown_runtime::check::{Holder, PageLedger};
 use kvown_runtime::radix::{Namespace, NodeId, RadixCache, TreePos};
-use kvown_runtime::request::Req;
 use kvown_runtime::slots::{ReqRow, ReqToTokenPool};
 
 use super::{CAUGHT, Op, RAW_PAGES, ROWS, TreeSnapshot, census, tree_snapshot};

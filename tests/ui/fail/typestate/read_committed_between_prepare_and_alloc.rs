@@ -3,7 +3,7 @@
 //! length between the old write point (prepare) and the new one (alloc).
 
 use kvown::batch::{ScheduleBatch, prepare_for_extend};
-use kvown::request::Req;
+use kvown::batch::Req;
 
 fn main() {
     let prepared = prepare_for_extend(ScheduleBatch::new(vec![Req::new(1, vec![1, 2, 3])]));

@@ -1,7 +1,7 @@
 //! A scheduler function that is not an owner cannot write the ladder: the record is reachable
 //! only read-only, and its setters demand an owner's capability.
 
-use kvown::request::Req;
+use kvown::batch::Req;
 
 fn settle_after_forward(req: &mut Req) {
     req.kv().set_kv_committed_len(owner, 5);

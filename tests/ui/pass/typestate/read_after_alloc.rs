@@ -3,7 +3,7 @@
 use kvown::alloc::PagedAllocator;
 use kvown::batch::{ScheduleBatch, alloc_for_extend, prepare_for_extend};
 use kvown::cache::{KvCache, TreeCache};
-use kvown::request::Req;
+use kvown::batch::Req;
 use kvown::slots::ReqToTokenPool;
 
 fn main() {

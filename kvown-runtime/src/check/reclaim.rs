@@ -6,10 +6,11 @@ use std::fmt;
 use kvown_macros::owner;
 
 use crate::alloc::{AllocError, AsPageAllocator, KvAllocator, PageId};
-use crate::cache::{CacheId, KvCache};
+use crate::batch::Req;
+use crate::cache::KvCache;
 use crate::check::Violation;
+use crate::ids::CacheId;
 use crate::radix::NodeId;
-use crate::request::Req;
 use crate::slots::ReqRow;
 
 /// What [`reclaim_leaks`] gave back.
@@ -113,8 +114,8 @@ pub enum ReclaimError {
 /// use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
 /// use kvown_runtime::batch::{ScheduleBatch, alloc_for_extend, prepare_for_extend};
 /// use kvown_runtime::cache::{KvCache, TreeCache};
-/// use kvown_runtime::reclaim::reclaim_leaks;
-/// use kvown_runtime::request::Req;
+/// use kvown_runtime::check::reclaim_leaks;
+/// use kvown_runtime::batch::Req;
 /// use kvown_runtime::slots::ReqToTokenPool;
 ///
 /// let allocator = PagedAllocator::new(64, 4, false)?;

@@ -1,63 +1,17 @@
-//! The request-level prefix-cache steps (sglang `init_next_round_input`, `cache_unfinished_req`,
-//! `cache_finished_req`), built on the radix primitives. The first two own
-//! `cache_protected_len` (and `init_next_round_input` owns `kv_cache`); `cache_finished_req`,
-//! private to the crate, is the KV part of [`release_kv_cache`](crate::batch::release_kv_cache),
-//! which owns the resets, and writes no guarded field.
+//! Registering a request's KV with the prefix cache (sglang `cache_unfinished_req` and
+//! `cache_finished_req`), built on the radix primitives. `cache_unfinished_req` owns
+//! `cache_protected_len`; `cache_finished_req`, private to the crate, is the KV part of
+//! [`release_kv_cache`](crate::batch::release_kv_cache), which owns the resets, and writes no
+//! guarded field.
 
 use kvown_macros::owner;
 
 use crate::alloc::{KvAllocator, ceil_align};
+use crate::batch::Req;
 use crate::cache::{KvCache, TreeCache};
 use crate::error::KvError;
 use crate::radix::{RadixCache, TreePos};
-use crate::request::Req;
 use crate::slots::{ReqRow, ReqToTokenPool};
-
-/// The match step: before a request's next extend, find its cached prefix, lock it, and set
-/// how far the extend goes (`max_extend` caps the chunk; pass `usize::MAX` for no chunking; a
-/// cap of 0 counts as 1, as every extend computes at least one token).
-///
-/// Fails with [`KvError::OtherCache`] (or [`KvError::Reclaimed`]) for a request recorded for
-/// another cache, changing nothing.
-///
-/// A fresh or retracted request matches the prefix cache on all but its last token (which must
-/// be computed), locks the matched path and sets `cache_protected_len` to the matched length.
-/// A request that holds KV (a chunked prefill continuing) keeps its prefix.
-#[owner]
-pub fn init_next_round_input<A: KvAllocator>(
-    req: &mut Req,
-    cache: &mut KvCache<A>,
-    max_extend: usize,
-) -> Result<(), KvError> {
-    cache.ensure_own(req)?;
-    if !req.kv().holds_kv() {
-        let max_prefix = req.fill_ids().len() - 1;
-        let matched = match &mut cache.tree {
-            TreeCache::Radix(tree) => {
-                let pos = tree.match_prefix_in(req.namespace(), &req.fill_ids()[..max_prefix]);
-                // First, as it alone can fail (changing nothing) on a lock that is not the
-                // request's own; a split made by the match changes no prefix.
-                tree.move_lock(req.last_node.node, pos.node)?;
-                req.prefix_indices.clear();
-                req.prefix_indices.resize(pos.len, 0);
-                tree.path_slots_into(pos, 0, &mut req.prefix_indices)?;
-                pos
-            }
-            TreeCache::Disabled => {
-                req.prefix_indices.clear();
-                TreePos::ROOT
-            }
-        };
-        req.last_node = matched;
-        let kv = req.kv_mut();
-        kv.set_cache_protected_len(owner, matched.len);
-        // Bound to this cache while it holds the lock of a matched prefix.
-        kv.set_kv_cache(owner, (matched.len > 0).then(|| cache.id()));
-    }
-    let fill_len = req.fill_ids().len();
-    req.extend_end = fill_len.min(req.prefix_len().saturating_add(max_extend.max(1)));
-    Ok(())
-}
 
 /// Between two chunks of a chunked prefill: insert the request's committed whole pages into
 /// the prefix cache, free its duplicates, point its row at the tree's slots, move its lock to
@@ -215,9 +169,11 @@ pub(crate) fn cache_finished_req<A: KvAllocator>(
 mod tests {
     use super::*;
     use crate::alloc::{KvSlot, PagedAllocator};
-    use crate::batch::{ScheduleBatch, alloc_for_extend, prepare_for_extend, release_kv_cache};
+    use crate::batch::{
+        ReqKvInfo, ScheduleBatch, alloc_for_extend, init_next_round_input, prepare_for_extend,
+        release_kv_cache,
+    };
     use crate::radix::NodeId;
-    use crate::request::ReqKvInfo;
 
     type Cache = KvCache<PagedAllocator>;
 

@@ -5,14 +5,18 @@ use crate::alloc::{
     AsPageAllocator, InvariantViolation, KvAllocator, KvSlot, PageAllocator, PageId, ReuseOrder,
     ceil_align,
 };
-use crate::cache::{CacheId, KvCache};
+use crate::batch::Req;
+use crate::cache::KvCache;
+use crate::ids::CacheId;
+pub use crate::radix::PrefixPart;
 use crate::radix::{LockMismatch, Namespace, NodeId, RadixError, TreePos};
-use crate::request::Req;
 use crate::slots::{ReqRow, ReqToTokenPool};
 
 mod ledger;
+mod reclaim;
 use ledger::PageHolders;
 pub use ledger::PageLedger;
+pub use reclaim::{ReclaimError, Reclaimed, reclaim_leaks};
 
 /// Who holds a page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,28 +40,10 @@ impl std::fmt::Display for Holder {
     }
 }
 
-/// Which part of a request's protected prefix differs from the path its lock holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PrefixPart {
-    /// The request's token.
-    Token,
-    /// The request's slot: in its row, or among the matched slots it has yet to write there.
-    Slot,
-}
-
-impl std::fmt::Display for PrefixPart {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            PrefixPart::Token => "token",
-            PrefixPart::Slot => "slot",
-        })
-    }
-}
-
 /// A broken invariant: a bug in kvown, a misuse of its internals, or (the leaks
 /// [`Violation::UnclaimedRow`] and [`Violation::LockCount`]) a request dropped while it held KV
 /// or a prefix lock, or left out of the requests passed to the check;
-/// [`reclaim_leaks`](crate::reclaim::reclaim_leaks) gives such leaks back.
+/// [`reclaim_leaks`] gives such leaks back.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Violation {
     /// The allocator's own check failed.
@@ -146,7 +132,7 @@ pub enum Violation {
     },
     /// Pages the allocator counts as held that neither the prefix cache nor a request passed to
     /// the check holds, while every held row is accounted for: a free the allocator reported
-    /// done but lost ([`reclaim_leaks`](crate::reclaim::reclaim_leaks) gives them back), or a
+    /// done but lost ([`reclaim_leaks`] gives them back), or a
     /// row naming one page at two page positions (the request's count of owned slots then
     /// includes them, so a reclaim refuses until that request is released).
     #[error(
@@ -330,7 +316,7 @@ pub enum Violation {
         /// Slots requests hold in their own ranges.
         request_owned: usize,
         /// Slots of pages the allocator holds but neither the prefix cache nor a request does:
-        /// counted by [`reclaim_leaks`](crate::reclaim::reclaim_leaks) as the leak it would
+        /// counted by [`reclaim_leaks`] as the leak it would
         /// give back; 0 in [`KvCache::check`], which reports such pages first.
         unclaimed: usize,
         /// Slots the allocator can hand out.
@@ -352,7 +338,7 @@ impl<A: AsPageAllocator> KvCache<A> {
     /// use kvown_runtime::batch::{ScheduleBatch, alloc_for_extend, prepare_for_extend};
     /// use kvown_runtime::cache::{KvCache, TreeCache};
     /// use kvown_runtime::check::Violation;
-    /// use kvown_runtime::request::Req;
+    /// use kvown_runtime::batch::Req;
     /// use kvown_runtime::slots::ReqToTokenPool;
     ///
     /// let allocator = PagedAllocator::new(64, 4, false)?;
@@ -401,7 +387,7 @@ impl<A: AsPageAllocator> KvCache<A> {
 
     /// Every check of a single request in `reqs`, and of the allocator and the prefix cache on
     /// their own, with who holds each page: what [`KvCache::check`] and
-    /// [`reclaim_leaks`](crate::reclaim::reclaim_leaks) compare against the pool.
+    /// [`reclaim_leaks`] compare against the pool.
     pub(crate) fn census<'a>(
         &self,
         reqs: impl IntoIterator<Item = &'a Req>,
@@ -646,13 +632,13 @@ impl From<LockMismatch> for Violation {
 mod tests {
     use super::{PrefixPart, Violation};
     use crate::alloc::PagedAllocator;
+    use crate::batch::Req;
+    use crate::batch::init_next_round_input;
     use crate::batch::{ScheduleBatch, alloc_for_extend, prepare_for_extend, release_kv_cache};
     use crate::cache::{KvCache, TreeCache};
+    use crate::check::{ReclaimError, reclaim_leaks};
     use crate::radix::{Namespace, RadixCache};
-    use crate::reclaim::{ReclaimError, reclaim_leaks};
-    use crate::request::Req;
     use crate::slots::ReqToTokenPool;
-    use crate::tree_cache::init_next_round_input;
 
     type Cache = KvCache<PagedAllocator>;
 

@@ -3,9 +3,9 @@
 
 use kvown_macros::guarded;
 
-use crate::alloc::KvSlot;
-use crate::cache::CacheId;
 use crate::error::KvError;
+use crate::ids::CacheId;
+use crate::ids::KvSlot;
 use crate::radix::{InsertParams, Namespace, TreePos};
 use crate::slots::ReqRow;
 
@@ -27,8 +27,8 @@ pub struct ReqKvInfo {
     /// Prefix `[0, cache_protected_len)` is owned by the prefix cache and locked by this
     /// request; always page-aligned.
     #[owned_by(
-        crate::tree_cache::init_next_round_input,
-        crate::tree_cache::cache_unfinished_req,
+        crate::batch::init_next_round_input,
+        crate::batch::cache_unfinished_req,
         crate::batch::reset_for_retract,
         crate::batch::release_kv_cache
     )]
@@ -66,11 +66,11 @@ pub struct ReqKvInfo {
     /// locked a prefix (or the extend that gave it a row) to its release; `None` while it holds
     /// none of them. A reclaim renames the cache and rebinds the requests it was given.
     #[owned_by(
-        crate::tree_cache::init_next_round_input,
+        crate::batch::init_next_round_input,
         crate::batch::alloc_for_extend,
         crate::batch::prealloc_for_transfer,
         crate::batch::release_kv_cache,
-        crate::reclaim::reclaim_leaks,
+        crate::check::reclaim_leaks,
         read = copy
     )]
     kv_cache: Option<CacheId>,
@@ -182,7 +182,7 @@ impl Req {
     /// cache evicts what only lower priorities cached first.
     ///
     /// ```
-    /// use kvown_runtime::request::Req;
+    /// use kvown_runtime::batch::Req;
     ///
     /// let req = Req::new(7, vec![1, 2, 3]).with_priority(5);
     /// assert_eq!(req.priority(), 5);
@@ -283,11 +283,11 @@ mod tests {
 
     use super::{Req, ReqKvInfo, ReqKvInfoInit};
     use crate::alloc::PagedAllocator;
+    use crate::batch::init_next_round_input;
     use crate::batch::{ScheduleBatch, alloc_for_extend, prepare_for_extend};
     use crate::cache::{KvCache, TreeCache};
     use crate::check::Violation;
     use crate::slots::ReqToTokenPool;
-    use crate::tree_cache::init_next_round_input;
 
     const WIDTH: usize = 32;
 

@@ -1,0 +1,57 @@
+//! Admission's prefix-cache step (sglang `init_next_round_input`): match the request's
+//! prompt in the prefix cache, lock what matched, and fix how far its next extend goes. Owns
+//! `cache_protected_len` and `kv_cache` for that.
+
+use kvown_macros::owner;
+
+use crate::alloc::KvAllocator;
+use crate::batch::Req;
+use crate::cache::{KvCache, TreeCache};
+use crate::error::KvError;
+use crate::radix::TreePos;
+
+/// The match step: before a request's next extend, find its cached prefix, lock it, and set
+/// how far the extend goes (`max_extend` caps the chunk; pass `usize::MAX` for no chunking; a
+/// cap of 0 counts as 1, as every extend computes at least one token).
+///
+/// Fails with [`KvError::OtherCache`] (or [`KvError::Reclaimed`]) for a request recorded for
+/// another cache, changing nothing.
+///
+/// A fresh or retracted request matches the prefix cache on all but its last token (which must
+/// be computed), locks the matched path and sets `cache_protected_len` to the matched length.
+/// A request that holds KV (a chunked prefill continuing) keeps its prefix.
+#[owner]
+pub fn init_next_round_input<A: KvAllocator>(
+    req: &mut Req,
+    cache: &mut KvCache<A>,
+    max_extend: usize,
+) -> Result<(), KvError> {
+    cache.ensure_own(req)?;
+    if !req.kv().holds_kv() {
+        let max_prefix = req.fill_ids().len() - 1;
+        let matched = match &mut cache.tree {
+            TreeCache::Radix(tree) => {
+                let pos = tree.match_prefix_in(req.namespace(), &req.fill_ids()[..max_prefix]);
+                // First, as it alone can fail (changing nothing) on a lock that is not the
+                // request's own; a split made by the match changes no prefix.
+                tree.move_lock(req.last_node.node, pos.node)?;
+                req.prefix_indices.clear();
+                req.prefix_indices.resize(pos.len, 0);
+                tree.path_slots_into(pos, 0, &mut req.prefix_indices)?;
+                pos
+            }
+            TreeCache::Disabled => {
+                req.prefix_indices.clear();
+                TreePos::ROOT
+            }
+        };
+        req.last_node = matched;
+        let kv = req.kv_mut();
+        kv.set_cache_protected_len(owner, matched.len);
+        // Bound to this cache while it holds the lock of a matched prefix.
+        kv.set_kv_cache(owner, (matched.len > 0).then(|| cache.id()));
+    }
+    let fill_len = req.fill_ids().len();
+    req.extend_end = fill_len.min(req.prefix_len().saturating_add(max_extend.max(1)));
+    Ok(())
+}
