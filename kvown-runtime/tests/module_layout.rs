@@ -88,7 +88,11 @@ fn references() -> BTreeMap<(String, String), Vec<String>> {
                         .chars()
                         .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
                         .collect();
-                    let to = path["crate::".len()..].split("::").next().unwrap().to_string();
+                    let to = path["crate::".len()..]
+                        .split("::")
+                        .next()
+                        .unwrap()
+                        .to_string();
                     if to != from && !to.is_empty() && to != "__private" {
                         found
                             .entry((from.clone(), to))
