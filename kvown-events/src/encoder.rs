@@ -295,9 +295,15 @@ mod tests {
         let (_, events, rank): (f64, Vec<(String, Vec<u64>, String)>, Option<i32>) =
             rmp_serde::from_slice(&out).unwrap();
         assert_eq!(rank, None);
-        let expected = ("BlockRemoved".to_owned(), vec![u64::MAX, 7], "GPU".to_owned());
+        let expected = (
+            "BlockRemoved".to_owned(),
+            vec![u64::MAX, 7],
+            "GPU".to_owned(),
+        );
         assert_eq!(events, [expected]);
-        encoder.encode(0.0, &[CacheEvent::Cleared], &mut out).unwrap();
+        encoder
+            .encode(0.0, &[CacheEvent::Cleared], &mut out)
+            .unwrap();
         let (_, events, _): (f64, Vec<(String,)>, Option<i32>) =
             rmp_serde::from_slice(&out).unwrap();
         assert_eq!(events, [("AllBlocksCleared".to_owned(),)]);

@@ -116,8 +116,14 @@ mod tests {
             .unwrap()
             .with_name(Namespace(3), "sql-adapter")
             .unwrap();
-        assert_eq!(named.label(Namespace::DEFAULT).unwrap().lora_name(), Some("base"));
-        assert_eq!(named.label(Namespace(3)).unwrap().lora_name(), Some("sql-adapter"));
+        assert_eq!(
+            named.label(Namespace::DEFAULT).unwrap().lora_name(),
+            Some("base")
+        );
+        assert_eq!(
+            named.label(Namespace(3)).unwrap().lora_name(),
+            Some("sql-adapter")
+        );
     }
 
     #[test]
@@ -125,7 +131,10 @@ mod tests {
         let error = NamespaceLabels::lora_names()
             .with_name(Namespace(2), "")
             .unwrap_err();
-        assert!(matches!(error, EncodeError::EmptyNamespaceName { namespace: 2 }));
+        assert!(matches!(
+            error,
+            EncodeError::EmptyNamespaceName { namespace: 2 }
+        ));
         assert!(error.to_string().contains("namespace 2"), "{error}");
     }
 }

@@ -182,7 +182,10 @@ impl EventPublisher {
                     .send_multipart(reply, 0)
                     .map_err(|source| socket_error("sending a replayed batch", source))?;
             }
-            let end = prefix.iter().map(Vec::as_slice).chain([&REPLAY_END[..], &[]]);
+            let end = prefix
+                .iter()
+                .map(Vec::as_slice)
+                .chain([&REPLAY_END[..], &[]]);
             replay
                 .send_multipart(end, 0)
                 .map_err(|source| socket_error("ending a replay", source))?;

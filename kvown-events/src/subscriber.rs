@@ -32,7 +32,10 @@ pub struct EventSubscriber {
 impl std::fmt::Debug for EventSubscriber {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EventSubscriber")
-            .field("replay", &self.replay.as_ref().map(|(_, endpoint)| endpoint))
+            .field(
+                "replay",
+                &self.replay.as_ref().map(|(_, endpoint)| endpoint),
+            )
             .field("next_seq", &self.next_seq)
             .field("pending", &self.pending.len())
             .finish()
