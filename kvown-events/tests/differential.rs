@@ -6,6 +6,8 @@
 
 #[path = "../examples/fleet/indexer.rs"]
 mod indexer;
+// Shared with the fleet example, which reads what the run here does not.
+#[allow(dead_code)]
 #[path = "../examples/fleet/replica.rs"]
 mod replica;
 

@@ -120,9 +120,4 @@ impl FleetIndexer {
             })
             .collect()
     }
-
-    /// Blocks the index holds, over all replicas.
-    pub fn size(&self) -> usize {
-        self.tree.current_size()
-    }
 }

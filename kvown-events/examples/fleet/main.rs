@@ -9,6 +9,8 @@
 mod fleet;
 mod indexer;
 mod plot;
+// Shared with the tests, whose differential run drives the rest of it.
+#[allow(dead_code)]
 mod replica;
 mod workload;
 

@@ -61,11 +61,6 @@ impl Replica {
         }
     }
 
-    /// The cache's page size.
-    pub fn page_size(&self) -> usize {
-        self.cache.page_size()
-    }
-
     /// Requests decoding.
     pub fn running(&self) -> usize {
         self.running.len()
@@ -73,7 +68,7 @@ impl Replica {
 
     /// Pages the prefix cache holds.
     pub fn cached_pages(&self) -> usize {
-        self.cache.tree().radix().map_or(0, RadixCache::total_size) / self.page_size()
+        self.cache.tree().radix().map_or(0, RadixCache::total_size) / self.cache.page_size()
     }
 
     /// The events since the last call.
