@@ -72,6 +72,15 @@ pub enum PublishError {
     /// The batch could not be encoded.
     #[error(transparent)]
     Encode(#[from] EncodeError),
+    /// The publisher thread could not be started.
+    #[error("cannot start the publisher thread: {source}")]
+    Thread {
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The publisher thread stopped on an error; `PublisherThread::finish` returns it.
+    #[error("the publisher thread has stopped: call `PublisherThread::finish` for its error")]
+    Stopped,
 }
 
 /// Why the subscriber could not connect or hand out the next batch.

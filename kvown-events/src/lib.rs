@@ -8,7 +8,8 @@
 //! * [`EventPublisher`] sends each batch on a ZMQ PUB socket as the 3-frame message
 //!   `[topic, 8-byte big-endian sequence number, payload]`, keeps the last batches for late
 //!   subscribers and answers their replay requests on a ROUTER socket, as vLLM's publisher
-//!   does.
+//!   does. [`PublisherThread`] runs it on a thread of its own (as vLLM does), so that the
+//!   engine's step only hands its events over.
 //! * [`EventSubscriber`] is the other end: a SUB socket that hands out batches in sequence
 //!   order, filling gaps from the publisher's replay buffer.
 //!
@@ -25,11 +26,13 @@ mod encoder;
 mod error;
 mod namespace;
 mod publisher;
+mod publisher_thread;
 mod subscriber;
 
 pub use encoder::{EventEncoder, MEDIUM};
 pub use error::{EncodeError, PublishError, SubscribeError};
 pub use namespace::{NamespaceField, NamespaceLabel, NamespaceLabels};
 pub use publisher::{EventPublisher, PublisherConfig, REPLAY_END};
+pub use publisher_thread::PublisherThread;
 pub use subscriber::{EventSubscriber, ReceivedBatch};
 pub use zmq::Context;
