@@ -292,7 +292,8 @@ mod tests {
             hashes: vec![PageHash(u64::MAX), PageHash(7)],
         };
         encoder.encode(0.0, &[removed], &mut out).unwrap();
-        let (_, events, rank): (f64, Vec<(String, Vec<u64>, String)>, Option<i32>) =
+        type Removed = (String, Vec<u64>, String);
+        let (_, events, rank): (f64, Vec<Removed>, Option<i32>) =
             rmp_serde::from_slice(&out).unwrap();
         assert_eq!(rank, None);
         let expected = (

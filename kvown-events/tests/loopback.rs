@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use indexer::FleetIndexer;
 use kvown_events::{
     Context, EventEncoder, EventPublisher, EventSubscriber, NamespaceLabels, PublisherConfig,
-    SubscribeError,
+    PublisherThread, SubscribeError,
 };
 use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
 use kvown_runtime::radix::{Namespace, RadixCache};
@@ -172,4 +172,43 @@ fn without_a_replay_socket_a_late_subscriber_times_out_naming_the_batch() {
         ),
         "{error}"
     );
+}
+
+#[test]
+fn the_publisher_thread_numbers_batches_as_they_are_handed_over_and_sends_them_all() {
+    let context = Context::new();
+    let encoder = EventEncoder::new(PAGE).unwrap();
+    let mut publisher =
+        PublisherThread::spawn(&context, &PublisherConfig::default(), encoder, 4).unwrap();
+    let mut subscriber = EventSubscriber::connect(
+        &context,
+        publisher.endpoint(),
+        publisher.replay_endpoint(),
+        "",
+    )
+    .unwrap();
+    let mut cache = RadixCache::new(PAGE);
+    cache.enable_events();
+    let mut alloc = PagedAllocator::new(1024, PAGE, false).unwrap();
+    let mut seqs = Vec::new();
+    for first in [0, 100, 200, 300, 400, 500] {
+        let mut slots = Vec::new();
+        alloc.alloc(PAGE, &mut slots).unwrap();
+        cache.insert(&key(first, 1), &slots).unwrap();
+        seqs.extend(publisher.publish(cache.take_events()).unwrap());
+    }
+    assert_eq!(publisher.publish(Vec::new()).unwrap(), None);
+    assert_eq!(seqs, [0, 1, 2, 3, 4, 5]);
+    let batches = subscriber.catch_up(5, LIMIT).unwrap();
+    let mut index = FleetIndexer::new(1, PAGE as u32, NamespaceLabels::lora_names());
+    for batch in &batches {
+        index.apply_batch(0, &batch.payload).unwrap();
+    }
+    let score =
+        |tokens: &[u32]| index.overlaps(index.block_hashes(Namespace::DEFAULT, tokens), 1)[0];
+    assert_eq!(
+        [0, 300, 500, 600].map(|first| score(&key(first, 1))),
+        [1, 1, 1, 0]
+    );
+    assert_eq!(publisher.finish().unwrap(), 6);
 }
