@@ -99,9 +99,17 @@ impl EventSubscriber {
                 return Ok(Some(batch));
             }
             self.fill_from_replay(batch.seq, timeout.max(LIVE_WAIT))?;
-            if self.pending.back().is_none_or(|last| last.seq < batch.seq) {
-                self.pending.push_back(batch);
+            let reached = self
+                .pending
+                .back()
+                .map_or(self.next_seq, |last| last.seq + 1);
+            if reached < batch.seq {
+                return Err(SubscribeError::Lost {
+                    expected: reached,
+                    oldest_replayed: batch.seq,
+                });
             }
+            self.pending.push_back(batch);
             return self.recv(Duration::ZERO);
         }
     }
@@ -169,8 +177,8 @@ impl EventSubscriber {
 
     /// Asks the replay socket for the batches from the next expected one on and queues those
     /// before `until` that follow on without a gap. Fails with [`SubscribeError::Lost`] when
-    /// the reply starts past the next expected batch (the publisher dropped it) and it is
-    /// before `until`.
+    /// the reply starts past the next expected batch (the publisher no longer keeps it); a
+    /// reply with nothing from it on (not sent yet) queues nothing.
     fn fill_from_replay(&mut self, until: u64, timeout: Duration) -> Result<(), SubscribeError> {
         let Some((replay, endpoint)) = &self.replay else {
             return Err(SubscribeError::Lost {
@@ -217,10 +225,10 @@ impl EventSubscriber {
                 expected += 1;
             }
         }
-        if expected == self.next_seq && expected < until {
+        if let Some(oldest) = oldest.filter(|&oldest| oldest > self.next_seq) {
             return Err(SubscribeError::Lost {
-                expected,
-                oldest_replayed: oldest.unwrap_or(until),
+                expected: self.next_seq,
+                oldest_replayed: oldest,
             });
         }
         Ok(())

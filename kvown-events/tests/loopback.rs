@@ -212,3 +212,33 @@ fn the_publisher_thread_numbers_batches_as_they_are_handed_over_and_sends_them_a
     );
     assert_eq!(publisher.finish().unwrap(), 6);
 }
+
+#[test]
+fn a_live_batch_past_a_gap_brings_the_missed_ones_from_the_replay_first() {
+    let context = Context::new();
+    let (keys, endpoint, replay) = spawn_replica(&context, PublisherConfig::default());
+    keys.send(key(0, 1)).unwrap();
+    keys.send(key(100, 1)).unwrap();
+    thread::sleep(Duration::from_millis(50));
+    let mut subscriber =
+        EventSubscriber::connect(&context, &endpoint, replay.as_deref(), "").unwrap();
+    // Batches 0 and 1 went out before the subscription: the first live one is past a gap.
+    let mut received = Vec::new();
+    let mut next_key = 1_000;
+    let started = Instant::now();
+    while received.len() < 3 {
+        assert!(
+            started.elapsed() < LIMIT,
+            "got {received:?} within {LIMIT:?}"
+        );
+        if received.is_empty() {
+            keys.send(key(next_key, 1)).unwrap();
+            next_key += 100;
+        }
+        if let Some(batch) = subscriber.recv(Duration::from_millis(20)).unwrap() {
+            received.push(batch.seq);
+        }
+    }
+    assert_eq!(received, [0, 1, 2]);
+    assert_eq!(subscriber.next_seq(), 3);
+}
