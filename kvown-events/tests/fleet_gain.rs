@@ -41,6 +41,7 @@ fn kv_aware_routing_computes_well_under_half_the_prefill_of_round_robin() {
         max_context: 4096,
         max_in_flight: 1,
         labels: NamespaceLabels::lora_names(),
+        launch: fleet::serve_jobs,
     };
     let aware = fleet::run(&config, &requests, Policy::KvAware).unwrap();
     let round_robin = fleet::run(&config, &requests, Policy::RoundRobin).unwrap();

@@ -66,10 +66,12 @@ pub struct FleetConfig {
     pub max_in_flight: usize,
     /// Namespace labels on the wire.
     pub labels: NamespaceLabels,
+    /// How each replica runs (on a thread of the router's process: [`serve_jobs`]).
+    pub launch: Launch,
 }
 
 /// One replica's share of a run.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct ReplicaReport {
     /// Requests it served.
     pub requests: usize,
@@ -156,23 +158,44 @@ pub enum FleetError {
     Silent(&'static str),
 }
 
-/// A request for a replica thread.
-struct Job {
-    id: usize,
-    request: Request,
+/// A request for a replica.
+pub struct Job {
+    /// Its index in the run.
+    pub id: usize,
+    /// The request.
+    pub request: Request,
 }
 
 /// A replica's report of a served request.
-struct Done {
-    replica: usize,
-    id: usize,
-    outcome: Result<Admission, String>,
+pub struct Done {
+    /// The replica.
+    pub replica: usize,
+    /// The request's index in the run.
+    pub id: usize,
+    /// What its admission found, or why it failed.
+    pub outcome: Result<Admission, String>,
     /// The sequence number of its last published batch, if it published any.
-    last_seq: Option<u64>,
+    pub last_seq: Option<u64>,
 }
 
-/// A replica thread's totals, handed back when it stops.
-type Totals = Result<ReplicaReport, String>;
+/// A replica's totals, handed back when it stops.
+pub type Totals = Result<ReplicaReport, String>;
+
+/// A replica's PUB and replay endpoints, or why it could not bind them.
+pub type Ready = Result<(String, Option<String>), String>;
+
+/// How a replica is run: it binds its publisher and reports its endpoints on `ready`, serves
+/// the jobs it receives (reporting each on `done`) until `jobs` hangs up, and returns its
+/// totals. [`serve_jobs`] runs it on the calling thread; the fleet example can also run it in
+/// a child process.
+pub type Launch = fn(
+    replica: usize,
+    config: &FleetConfig,
+    context: &Context,
+    jobs: mpsc::Receiver<Job>,
+    done: mpsc::Sender<Done>,
+    ready: mpsc::Sender<Ready>,
+) -> Totals;
 
 /// Runs `requests` through a fleet of `config` under `policy`.
 pub fn run(
@@ -191,9 +214,9 @@ pub fn run(
         let (ready_tx, ready_rx) = mpsc::channel();
         let (shared, done_tx, config) = (context.clone(), done_tx.clone(), config.clone());
         threads.push(thread::spawn(move || {
-            serve_jobs(replica, &config, &shared, job_rx, done_tx, ready_tx)
+            (config.launch)(replica, &config, &shared, job_rx, done_tx, ready_tx)
         }));
-        let endpoints: Result<(String, Option<String>), String> = ready_rx
+        let endpoints: Ready = ready_rx
             .recv_timeout(PATIENCE)
             .map_err(|_| "the replica did not start".to_owned())
             .and_then(|ready| ready);
@@ -340,15 +363,15 @@ impl Router {
     }
 }
 
-/// A replica thread: binds its publisher, reports its endpoints, then serves jobs and
-/// publishes the events of each, answering replay requests in between.
-fn serve_jobs(
+/// A replica on the calling thread: binds its publisher, reports its endpoints, then serves
+/// jobs and publishes the events of each, answering replay requests in between.
+pub fn serve_jobs(
     replica: usize,
     config: &FleetConfig,
     context: &Context,
     jobs: mpsc::Receiver<Job>,
     done: mpsc::Sender<Done>,
-    ready: mpsc::Sender<Result<(String, Option<String>), String>>,
+    ready: mpsc::Sender<Ready>,
 ) -> Totals {
     let bound = EventPublisher::bind(context, &PublisherConfig::default());
     let mut publisher = match bound {

@@ -9,6 +9,7 @@
 mod fleet;
 mod indexer;
 mod plot;
+mod process;
 // Shared with the tests, whose differential run drives the rest of it.
 #[allow(dead_code)]
 mod replica;
@@ -68,10 +69,27 @@ struct Args {
     /// Where to write the hit-rate plot.
     #[arg(long, default_value = "target/fleet/hit_rate.svg")]
     plot: PathBuf,
+    /// Run each replica as a child process (default: a thread).
+    #[arg(long)]
+    processes: bool,
+    /// Internal: serve as replica N, jobs on stdin, reports on stdout.
+    #[arg(long, hide = true)]
+    serve_replica: Option<usize>,
+    /// Internal: the longest request of the run, for `--serve-replica`.
+    #[arg(long, hide = true, default_value_t = 0)]
+    max_context: usize,
 }
 
 fn main() {
     let args = Args::parse();
+    if let Some(replica) = args.serve_replica {
+        let config = fleet_config(&args, args.max_context);
+        if let Err(error) = process::serve_replica(replica, &config) {
+            eprintln!("fleet replica {replica}: {error}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if let Err(error) = run(&args) {
         eprintln!("fleet: {error}");
         std::process::exit(1);
@@ -96,18 +114,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         .map(|r| r.prompt.len() + r.reply.len() + 1)
         .max()
         .unwrap_or(1);
-    let labels = match args.namespace_field {
-        NamespaceFieldArg::Lora => NamespaceLabels::lora_names(),
-        NamespaceFieldArg::Salt => NamespaceLabels::cache_salts(),
-    };
-    let config = FleetConfig {
-        replicas: args.replicas,
-        page_size: args.page_size,
-        pool_tokens: args.pool_tokens,
-        max_context,
-        max_in_flight: args.in_flight,
-        labels,
-    };
+    let config = fleet_config(args, max_context);
     let prompt_tokens: usize = requests.iter().map(|r| r.prompt.len()).sum();
     println!(
         "workload: {} requests ({} sessions, {} open at once, turns 3-8, {} system prompts of {} \
@@ -120,8 +127,16 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         args.namespaces,
     );
     println!(
-        "fleet: {} replicas x {} KV slots (pages of {}), {} requests in flight at most",
-        args.replicas, args.pool_tokens, args.page_size, args.in_flight
+        "fleet: {} replicas ({}) x {} KV slots (pages of {}), {} requests in flight at most",
+        args.replicas,
+        if args.processes {
+            "processes"
+        } else {
+            "threads"
+        },
+        args.pool_tokens,
+        args.page_size,
+        args.in_flight
     );
     let mut reports = Vec::new();
     for policy in [Policy::KvAware, Policy::RoundRobin] {
@@ -141,6 +156,27 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     plot::hit_rate(&reports, window, &args.plot)?;
     println!("plot: {}", args.plot.display());
     Ok(())
+}
+
+/// The fleet of `args`, for requests of up to `max_context` tokens.
+fn fleet_config(args: &Args, max_context: usize) -> FleetConfig {
+    let labels = match args.namespace_field {
+        NamespaceFieldArg::Lora => NamespaceLabels::lora_names(),
+        NamespaceFieldArg::Salt => NamespaceLabels::cache_salts(),
+    };
+    FleetConfig {
+        replicas: args.replicas,
+        page_size: args.page_size,
+        pool_tokens: args.pool_tokens,
+        max_context,
+        max_in_flight: args.in_flight,
+        labels,
+        launch: if args.processes {
+            process::launch
+        } else {
+            fleet::serve_jobs
+        },
+    }
 }
 
 fn print_report(report: &PolicyReport) {
