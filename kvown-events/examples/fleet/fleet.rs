@@ -1,9 +1,10 @@
-//! One run of the fleet under one routing policy: N replica threads, each serving the requests
-//! sent to it and publishing its cache events on its own ZMQ PUB socket on loopback, and a
-//! router that subscribes to every replica, keeps Dynamo's index of them and sends each
-//! request to a replica.
+//! One run of the fleet under one routing policy: N replicas (threads, or child processes:
+//! [`FleetConfig::launch`]), each serving the requests sent to it and publishing its cache
+//! events on its own ZMQ PUB socket on loopback, and a router that subscribes to every
+//! replica, keeps Dynamo's index of them and sends each request to a replica.
 //!
-//! The router keeps at most `max_in_flight` requests outstanding; when a replica reports a
+//! The router keeps at most `max_in_flight` requests outstanding, and sends a session's next
+//! turn only once its previous turn is done; when a replica reports a
 //! request done, with the sequence number of its last batch, the router applies that
 //! replica's batches up to it before it routes again, so the index never lags the replicas'
 //! completed work (with `max_in_flight` 1 the run is deterministic).
