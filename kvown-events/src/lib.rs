@@ -19,6 +19,31 @@
 //! cache salt ([`NamespaceLabels`]); a router must pass the same label when it hashes a
 //! request.
 //!
+//! A replica publishing what each scheduler step did to its prefix cache:
+//!
+//! ```
+//! use kvown_events::{Context, EventEncoder, NamespaceLabels, PublisherConfig, PublisherThread};
+//! use kvown_runtime::alloc::PagedAllocator;
+//! use kvown_runtime::cache::{KvCache, TreeCache};
+//! use kvown_runtime::radix::{Namespace, RadixCache};
+//! use kvown_runtime::slots::ReqToTokenPool;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let tree = TreeCache::Radix(RadixCache::new(16));
+//! let rows = ReqToTokenPool::new(8, 512)?;
+//! let mut cache = KvCache::new(PagedAllocator::new(1024, 16, false)?, rows, tree)?;
+//! let labels = NamespaceLabels::lora_names().with_name(Namespace(1), "sql-adapter")?;
+//! let encoder = EventEncoder::new(cache.page_size())?.with_namespaces(labels);
+//! let config = PublisherConfig::default(); // tcp://127.0.0.1:*, a replay socket too
+//! let mut publisher = PublisherThread::spawn(&Context::new(), &config, encoder, 1024)?;
+//! cache.enable_cache_events();
+//! // After each scheduler step:
+//! let seq = publisher.publish(cache.take_cache_events())?;
+//! assert_eq!(seq, Some(0), "the stream opens with AllBlocksCleared");
+//! assert_eq!(publisher.finish()?, 1);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! [`CacheEvent`]: kvown_runtime::radix::CacheEvent
 //! [`PageHash`]: kvown_runtime::radix::PageHash
 
