@@ -308,6 +308,18 @@ impl<A: KvAllocator + AsPageAllocator> DecodeLoop<A> {
         self.drain_events();
     }
 
+    /// W2c_published (`kvown-events/benches/publish.rs`): one [`DecodeLoop::step`], then the
+    /// cache's events taken and handed to `publish`, as a replica feeding a router would.
+    #[allow(
+        dead_code,
+        reason = "used by kvown-events/benches/publish.rs, not by this crate's benches"
+    )]
+    #[inline]
+    pub fn step_publishing_events(&mut self, publish: &mut impl FnMut(Vec<CacheEvent>)) {
+        self.step();
+        publish(self.cache.take_cache_events());
+    }
+
     /// Takes the queued cache events and adds the pages they name to the count.
     fn drain_events(&mut self) {
         for event in self.cache.take_cache_events() {
