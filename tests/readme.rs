@@ -30,11 +30,6 @@ const QUOTES: &[(&str, usize, &str)] = &[
         5,
         "error[E0616]",
     ),
-    (
-        include_str!("ui/fail/first_contact/owned_by_typo.stderr"),
-        12,
-        "cannot find type `withdrow`",
-    ),
 ];
 
 #[test]

@@ -14,7 +14,7 @@ mod replica;
 use indexer::FleetIndexer;
 use kvown_events::{EventEncoder, NamespaceLabels};
 use kvown_runtime::radix::{CacheEvent, Namespace};
-use kvown_runtime::request::Req;
+use kvown_runtime::batch::Req;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use replica::Replica;

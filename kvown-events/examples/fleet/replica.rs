@@ -12,9 +12,9 @@ use kvown_runtime::batch::{
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::{CacheEvent, Namespace, RadixCache, TreePos};
-use kvown_runtime::request::Req;
+use kvown_runtime::batch::Req;
 use kvown_runtime::slots::ReqToTokenPool;
-use kvown_runtime::tree_cache::{cache_unfinished_req, init_next_round_input};
+use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};
 
 /// What a prompt's admission found in the prefix cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
