@@ -13,8 +13,8 @@ mod replica;
 
 use indexer::FleetIndexer;
 use kvown_events::{EventEncoder, NamespaceLabels};
-use kvown_runtime::radix::{CacheEvent, Namespace};
 use kvown_runtime::batch::Req;
+use kvown_runtime::radix::{CacheEvent, Namespace};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use replica::Replica;

@@ -5,16 +5,16 @@
 use std::collections::HashMap;
 
 use kvown_runtime::alloc::PagedAllocator;
+use kvown_runtime::batch::Req;
 use kvown_runtime::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, prepare_for_decode, prepare_for_extend,
     release_kv_cache, reset_for_retract,
 };
+use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::{CacheEvent, Namespace, RadixCache, TreePos};
-use kvown_runtime::batch::Req;
 use kvown_runtime::slots::ReqToTokenPool;
-use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};
 
 /// What a prompt's admission found in the prefix cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
