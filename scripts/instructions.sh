@@ -20,7 +20,7 @@ collected() { # workload repeats -> instructions executed by the whole run
     valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bench" --only "$1" --repeats "$2" 2>&1 \
         >/dev/null | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
-printf '%-8s %14s  %s\n' workload instructions unit
+printf '%-12s %14s  %s\n' workload instructions unit
 for spec in "W1_k1 1048576 page" "W1p_k1 1048576 page" "W2 2000 step" "W2c 2000 step" "W2e 2000 step" \
     "W2_staged 2000 step" "W2c_staged 2000 step" "D1024 256 step" "D1024_staged 256 step" \
     "W3 2892040 token" "W3c 2892040 token"; do
@@ -28,5 +28,5 @@ for spec in "W1_k1 1048576 page" "W1p_k1 1048576 page" "W2 2000 step" "W2c 2000 
     one="$(collected "$name" 1)"
     two="$(collected "$name" 2)"
     awk -v a="$one" -v b="$two" -v n="$units" -v w="$name" -v u="$unit" \
-        'BEGIN { printf "%-8s %14.1f  per %s\n", w, (b - a) / n, u }'
+        'BEGIN { printf "%-12s %14.1f  per %s\n", w, (b - a) / n, u }'
 done
