@@ -50,6 +50,8 @@ pub struct StagingStats {
 pub struct StagingRing<L> {
     link: L,
     next: usize,
+    /// Whether the next slot was found free and is being written (no second check).
+    acquired: bool,
     stats: StagingStats,
 }
 
@@ -59,6 +61,7 @@ impl<L: StepLink> StagingRing<L> {
         StagingRing {
             link,
             next: 0,
+            acquired: false,
             stats: StagingStats::default(),
         }
     }
@@ -87,10 +90,11 @@ impl<L: StepLink> StagingRing<L> {
     /// when the host is a whole ring ahead).
     pub(crate) fn acquire(&mut self) -> Result<&mut [u32], CudaError> {
         let k = self.next;
-        if !self.link.is_free(k)? {
+        if !self.acquired && !self.link.is_free(k)? {
             self.stats.waits += 1;
             self.link.wait_free(k)?;
         }
+        self.acquired = true;
         Ok(self.link.slot_mut(k))
     }
 
@@ -99,6 +103,7 @@ impl<L: StepLink> StagingRing<L> {
     pub(crate) fn ship(&mut self, words: usize, graph: bool) -> Result<usize, CudaError> {
         let k = self.next;
         self.link.ship(k, words, graph)?;
+        self.acquired = false;
         self.next = (k + 1) % self.link.depth();
         self.stats.packets += 1;
         self.stats.words += words as u64;
@@ -123,6 +128,9 @@ pub struct HostLink {
 
 impl HostLink {
     /// `depth` slots of `slot_words` words for a table of `table_shape` `(rows, width)`.
+    ///
+    /// # Panics
+    /// When `depth` is 0: a ring has at least one slot.
     pub fn new(depth: usize, slot_words: usize, table_shape: (usize, usize)) -> Self {
         assert!(depth > 0, "a ring has at least one slot");
         HostLink {
