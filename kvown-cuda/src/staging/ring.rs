@@ -71,19 +71,9 @@ impl<L: StepLink> StagingRing<L> {
         &self.link
     }
 
-    /// The link, mutably (for checks that read the device back).
-    pub fn link_mut(&mut self) -> &mut L {
-        &mut self.link
-    }
-
     /// What the ring has shipped.
     pub fn stats(&self) -> StagingStats {
         self.stats
-    }
-
-    /// The slot the next packet goes to.
-    pub fn next_slot(&self) -> usize {
-        self.next
     }
 
     /// The next slot's memory, once the device has copied what it last held (waiting for that
@@ -123,7 +113,6 @@ pub struct HostLink {
     slots: Vec<Vec<u32>>,
     shipped: Vec<usize>,
     table_shape: (usize, usize),
-    decode_graph_batch: Option<usize>,
 }
 
 impl HostLink {
@@ -137,14 +126,7 @@ impl HostLink {
             slots: vec![vec![0; slot_words]; depth],
             shipped: vec![0; depth],
             table_shape,
-            decode_graph_batch: None,
         }
-    }
-
-    /// Lays decode packets of up to `batch` requests out as a decode graph would read them.
-    pub fn with_decode_graph_batch(mut self, batch: usize) -> Self {
-        self.decode_graph_batch = Some(batch);
-        self
     }
 
     /// The words last shipped from slot `k`.
@@ -167,7 +149,7 @@ impl StepLink for HostLink {
     }
 
     fn decode_graph_batch(&self) -> Option<usize> {
-        self.decode_graph_batch
+        None
     }
 
     fn slot_mut(&mut self, k: usize) -> &mut [u32] {

@@ -154,11 +154,14 @@ impl<R: ReuseOrder, L: StepLink> StagedAllocator<R, L> {
         let packet = acquire(&mut self.ring);
         layout.write_header(packet);
         packet[HEADER..HEADER + out.len()].copy_from_slice(out);
-        let slot = self.ship(layout.words(), false);
-        self.last_out = Some(ShippedOut {
-            slot,
-            len: out.len(),
-        });
+        self.ship_out(layout.words(), false, out.len());
+    }
+
+    /// Ships the acquired slot's packet, whose first `len` slots are the call's
+    /// `out_cache_loc`, and records where that lies on the device.
+    fn ship_out(&mut self, words: usize, graph: bool, len: usize) {
+        let slot = self.ship(words, graph);
+        self.last_out = Some(ShippedOut { slot, len });
     }
 
     /// Ships row writes `(row, start, slots)` as packets without an `out_cache_loc`, as many
@@ -259,11 +262,7 @@ impl<R: ReuseOrder, L: StepLink> StagedAllocator<R, L> {
                 (run, offset) = (run + 1, offset + len);
             }
         }
-        let slot = self.ship(layout.words(), false);
-        self.last_out = Some(ShippedOut {
-            slot,
-            len: out.len(),
-        });
+        self.ship_out(layout.words(), false, out.len());
     }
 
     /// Panics unless every row of the batch lies in the device table with room for its
@@ -451,8 +450,7 @@ impl<R: ReuseOrder, L: StepLink> KvAllocator for StagedAllocator<R, L> {
             writer.push(req.row * self.width + req.len);
         }
         writer.finish(&out[start..]);
-        let slot = self.ship(layout.words(), false);
-        self.last_out = Some(ShippedOut { slot, len: n });
+        self.ship_out(layout.words(), false, n);
         Ok(())
     }
 
@@ -477,8 +475,7 @@ impl<R: ReuseOrder, L: StepLink> KvAllocator for StagedAllocator<R, L> {
         self.host
             .alloc_decode_trusted_with(batch, table, out, |flat, _| writer.push(flat))?;
         writer.finish(&out[start..]);
-        let slot = self.ship(layout.words(), graph.is_some());
-        self.last_out = Some(ShippedOut { slot, len: n });
+        self.ship_out(layout.words(), graph.is_some(), n);
         Ok(())
     }
 
