@@ -73,37 +73,12 @@ fn staging(c: &mut Criterion) {
         }
     }
     group.bench_function("decode_1024", |b| {
-        b.iter_custom(|steps| wide_decode(WideDecode::new(), steps))
+        b.iter_custom(|steps| WideDecode::new().time_steps(steps))
     });
     group.bench_function("decode_1024_staged", |b| {
-        b.iter_custom(|steps| wide_decode(WideDecode::staged(), steps))
+        b.iter_custom(|steps| WideDecode::staged().time_steps(steps))
     });
     group.finish();
-}
-
-/// `steps` decode steps of `decode`, recycling its requests (untimed) when their rows fill.
-fn wide_decode<A>(mut decode: WideDecode<A>, steps: u64) -> Duration
-where
-    A: kvown::alloc::KvAllocator + kvown::alloc::AsPageAllocator,
-{
-    let mut total = Duration::ZERO;
-    let mut left = steps;
-    while left > 0 {
-        if decode.steps_left() == 0 {
-            decode.recycle();
-        }
-        let run = left.min(decode.steps_left() as u64);
-        let start = Instant::now();
-        for _ in 0..run {
-            black_box(&mut decode).step();
-        }
-        total += start.elapsed();
-        left -= run;
-    }
-    if let Err(violation) = decode.check() {
-        panic!("decode_1024: invariant violated after the run: {violation}");
-    }
-    total
 }
 
 /// E1: one admission, insert and eviction of about a page in a full radix cache, per policy.

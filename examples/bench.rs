@@ -294,28 +294,16 @@ fn alternated(
 }
 
 /// Decode steps per stage_decode_1024 measurement.
-const WIDE_STEPS: usize = 256;
+const WIDE_STEPS: u64 = 256;
 
 /// stage_decode_1024's side on allocator `A`, warmed up: a measurement of `WIDE_STEPS` decode
-/// steps in us per step, the requests checked and recycled (untimed) first when their rows
-/// would fill.
+/// steps in us per step ([`WideDecode::time_steps`]).
 fn wide_decode_timer<A>(mut decode: WideDecode<A>) -> impl FnMut() -> f64
 where
     A: kvown::alloc::KvAllocator + kvown::alloc::AsPageAllocator,
 {
-    let mut measure = move || {
-        if decode.steps_left() < WIDE_STEPS {
-            if let Err(violation) = decode.check() {
-                panic!("stage_decode_1024: invariant violated: {violation}");
-            }
-            decode.recycle();
-        }
-        let start = Instant::now();
-        for _ in 0..WIDE_STEPS {
-            black_box(&mut decode).step();
-        }
-        start.elapsed().as_nanos() as f64 / 1e3 / WIDE_STEPS as f64
-    };
+    let mut measure =
+        move || decode.time_steps(WIDE_STEPS).as_nanos() as f64 / 1e3 / WIDE_STEPS as f64;
     measure();
     measure
 }
@@ -417,7 +405,10 @@ fn eviction_timer(policy: EvictionPolicy) -> impl FnMut() -> f64 {
 }
 
 /// Panics unless the invariant checker passes on `decode`'s state after its run.
-fn assert_checked(name: &str, decode: &DecodeLoop) {
+fn assert_checked<A>(name: &str, decode: &DecodeLoop<A>)
+where
+    A: kvown::alloc::KvAllocator + kvown::alloc::AsPageAllocator,
+{
     if let Err(violation) = decode.check() {
         panic!("{name}: invariant violated after the run: {violation}");
     }
@@ -471,9 +462,7 @@ fn paired_ratios(selected: impl Fn(&str) -> bool, repeats: usize) -> Vec<Workloa
             let host_step = || black_box(&mut host).step();
             ratios.push(paired_steps(name, repeats, staged_step, host_step));
             assert_checked(name, &host);
-            if let Err(violation) = staged.check() {
-                panic!("{name}: invariant violated after the run: {violation}");
-            }
+            assert_checked(name, &staged);
         }
     }
     let name = "stage_decode_1024";
@@ -645,9 +634,7 @@ fn main() {
         if selected(name) {
             let mut decode = DecodeLoop::staged(radix);
             workloads.push(per_step(name, repeats, || black_box(&mut decode).step()));
-            if let Err(violation) = decode.check() {
-                panic!("{name}: invariant violated after the run: {violation}");
-            }
+            assert_checked(name, &decode);
         }
     }
     if selected("D1024") {

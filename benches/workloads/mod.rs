@@ -492,14 +492,37 @@ impl<A: KvAllocator + AsPageAllocator> WideDecode<A> {
         workload
     }
 
+    /// Times `steps` decode steps; whenever the rows are full first, checks the invariants and
+    /// recycles the requests, untimed.
+    pub fn time_steps(&mut self, steps: u64) -> Duration {
+        let mut total = Duration::ZERO;
+        let mut left = steps;
+        while left > 0 {
+            if self.steps_left() == 0 {
+                if let Err(violation) = self.check() {
+                    panic!("decode_1024: invariant violated: {violation}");
+                }
+                self.recycle();
+            }
+            let run = left.min(self.steps_left() as u64);
+            let start = Instant::now();
+            for _ in 0..run {
+                std::hint::black_box(&mut *self).step();
+            }
+            total += start.elapsed();
+            left -= run;
+        }
+        total
+    }
+
     /// Decode steps left before a request's row is full.
-    pub fn steps_left(&self) -> usize {
+    fn steps_left(&self) -> usize {
         let running = self.running.as_ref().expect("the batch is home");
         Self::WIDTH - 1 - running.reqs()[0].kv().kv_allocated_len()
     }
 
     /// Releases every request and admits `REQUESTS` fresh ones, extended.
-    pub fn recycle(&mut self) {
+    fn recycle(&mut self) {
         if let Some(mut running) = self.running.take() {
             for req in running.reqs_mut() {
                 release_kv_cache(req, &mut self.cache, false).expect("release");
@@ -536,7 +559,7 @@ impl<A: KvAllocator + AsPageAllocator> WideDecode<A> {
     }
 
     /// Runs the invariant checker over the running requests.
-    pub fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), String> {
         let running = self.running.as_ref().expect("the batch is home");
         self.cache.check(running.reqs()).map_err(|v| v.to_string())
     }
