@@ -4,7 +4,7 @@
 //! preallocated for it (`prealloc_for_transfer`), and the request released here, its prompt
 //! kept in this node's prefix cache.
 
-use kvown::alloc::{KvAllocator, PagedAllocator};
+use kvown::alloc::PagedAllocator;
 use kvown::batch::Req;
 use kvown::batch::init_next_round_input;
 use kvown::batch::{
@@ -15,7 +15,7 @@ use kvown::kv::{KvTransfer, LocalTransfer};
 use kvown::radix::TreePos;
 
 use crate::kv_data::{KvStore, extended_tokens};
-use crate::scheduler::timed;
+use crate::scheduler::{check_whole, evict_everything, timed};
 
 /// The prefill node and the link to the decode node's pool.
 pub struct PrefillNode {
@@ -123,19 +123,7 @@ impl PrefillNode {
     /// Empties the prefix cache and checks that every slot and row is back.
     pub fn finish(&mut self) -> Result<(), String> {
         self.check()?;
-        let capacity = self.cache.allocator().capacity();
-        self.cache
-            .evict_shortfall(capacity)
-            .map_err(|e| format!("prefill node, final eviction: {e}"))?;
-        let rows = self.cache.req_to_token();
-        if self.cache.available_size() != capacity || rows.available_size() != rows.size() {
-            return Err(format!(
-                "prefill node leak: {} of {capacity} slots and {} of {} rows free at the end",
-                self.cache.available_size(),
-                rows.available_size(),
-                rows.size()
-            ));
-        }
-        Ok(())
+        evict_everything(&mut self.cache).map_err(|e| format!("prefill node: {e}"))?;
+        check_whole(&self.cache).map_err(|e| format!("prefill node: {e}"))
     }
 }

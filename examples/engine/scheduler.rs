@@ -748,25 +748,37 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
         }
         self.check()?;
         self.verify_cache_events()?;
-        let capacity = self.cache.allocator().capacity();
-        self.cache
-            .evict_shortfall(capacity)
-            .map_err(|e| format!("final eviction: {e}"))?;
+        evict_everything(&mut self.cache)?;
         // The eviction's events empty the replay.
         self.replay_cache_events()?;
         self.check()?;
-        let free = self.cache.available_size();
-        let rows = self.cache.req_to_token();
-        if free != capacity || rows.available_size() != rows.size() {
-            return Err(format!(
-                "leak: {free} of {capacity} slots free, {} of {} request rows free after \
-                 releasing everything and evicting the cache",
-                rows.available_size(),
-                rows.size()
-            ));
-        }
-        Ok(())
+        check_whole(&self.cache)
     }
+}
+
+/// Evicts all the prefix cache of `cache` holds (the end of a run, every request released).
+pub fn evict_everything<A: KvAllocator>(cache: &mut KvCache<A>) -> Result<(), String> {
+    let capacity = cache.allocator().capacity();
+    cache
+        .evict_shortfall(capacity)
+        .map(|_| ())
+        .map_err(|e| format!("final eviction: {e}"))
+}
+
+/// Fails, naming what is missing, unless every slot and request row of `cache` is free: after
+/// every request's release and the final eviction, anything else is a leak.
+pub fn check_whole<A: KvAllocator>(cache: &KvCache<A>) -> Result<(), String> {
+    let (free, capacity) = (cache.available_size(), cache.allocator().capacity());
+    let rows = cache.req_to_token();
+    if free != capacity || rows.available_size() != rows.size() {
+        return Err(format!(
+            "leak: {free} of {capacity} slots free, {} of {} request rows free after \
+             releasing everything and evicting the cache",
+            rows.available_size(),
+            rows.size()
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
