@@ -50,7 +50,7 @@ impl RadixCache {
     /// the root); positions (each key starts where its parent's
     /// ends, whole pages only); lock counts (root 1, every other its own locks plus the sum of
     /// its children's); the evictable-leaf set and its eviction order (an entry at each candidate's
-    /// rank); no page cached twice, and the page index holding exactly the cached pages;
+    /// rank); a grown leaf's registrations in order inside it; no page cached twice, and the page index holding exactly the cached pages;
     /// with events on, each cached page's recorded hash that of its path.
     ///
     /// Cost: O(cached pages + nodes); meant for tests and debug builds.
@@ -104,6 +104,9 @@ impl RadixCache {
                 id.index(),
                 found.map_or(usize::MAX, NodeId::index),
             )?;
+            if let Some(wrong) = self.registration_inconsistency(id) {
+                expect_eq(id, wrong, 1, 0)?;
+            }
             child_counts[node.parent.index()] += 1;
             child_locks[node.parent.index()] += node.lock_ref as usize;
             if node.lock_ref == 0 {

@@ -335,13 +335,13 @@ impl RadixCache {
         self.events = Some(log);
     }
 
-    /// When events are on, queues the removal of the pages of `leaf`, which is about to be
-    /// deleted: deepest page first.
+    /// When events are on, queues the removal of the pages of `leaf` from `first_page` on,
+    /// which are about to be deleted: deepest page first.
     #[inline(always)]
-    pub(super) fn record_removed(&mut self, leaf: NodeId) {
+    pub(super) fn record_removed(&mut self, leaf: NodeId, first_page: usize) {
         if let Some(log) = &mut self.events {
             let (node, layout) = (&self.arena[leaf], self.layout);
-            let pages = (0..node.num_pages(layout)).rev();
+            let pages = (first_page..node.num_pages(layout)).rev();
             log.remove(pages.map(|page| node.page_id(page, layout)));
         }
     }

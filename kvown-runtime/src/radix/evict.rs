@@ -14,29 +14,47 @@ use super::policy::NodeStats;
 use super::{OrderEntry, RadixCache, RadixError};
 use crate::alloc::{KvAllocator, PageId};
 
-/// A parent of victims in a plan: what it will hold once this call's victims are removed.
+/// A node a plan touches (a victim, or a parent of victims): what it will hold once this
+/// call's victims are removed.
 #[derive(Debug, Clone, Copy)]
-struct PlannedParent {
+struct PlannedNode {
     /// Children not yet chosen as victims.
     children_left: u32,
+    /// Earlier registrations of a grown leaf not yet chosen as victims.
+    registrations_left: u32,
+    /// Pages not yet chosen as victims.
+    pages_left: u32,
     /// Its access time after inheriting its victims' ([`RadixCache::remove_leaf`]).
     last_access: u64,
     /// Its eviction figures after absorbing its victims'.
     stats: NodeStats,
+    /// Whether the plan took the node's entry of the eviction order (its other entries there
+    /// are outdated; what is left of it competes among the plan's orphans).
+    taken: bool,
+}
+
+/// What an eviction frees of one node: its pages `[keep, end)`, the whole node when `keep` is
+/// 0, else its newest registration.
+#[derive(Debug, Clone, Copy)]
+struct Victim {
+    node: NodeId,
+    keep: u32,
+    end: u32,
 }
 
 /// Buffers of an eviction plan, kept between calls so that a warm cache plans without
 /// allocating.
 #[derive(Debug, Default)]
 pub(super) struct EvictionScratch {
-    /// Nodes to evict, in eviction order.
-    victims: Vec<NodeId>,
+    /// What to evict, in eviction order.
+    victims: Vec<Victim>,
     /// Current entries taken from the cache's eviction order, put back if the free is refused.
     taken: Vec<OrderEntry>,
-    /// Parents the victims leave childless and unlocked: candidates of this call only.
+    /// Parents the victims leave childless and unlocked, and grown leaves that lost their
+    /// newest registrations: candidates of this call only.
     orphans: BinaryHeap<OrderEntry>,
-    /// Per parent of a victim: what it will hold after the victims' removal.
-    parents: HashMap<NodeId, PlannedParent>,
+    /// Per victim and parent of a victim: what it will hold after the victims' removal.
+    nodes: HashMap<NodeId, PlannedNode>,
     /// The victims' page ids, in eviction order.
     pages: Vec<PageId>,
 }
@@ -45,9 +63,9 @@ impl EvictionScratch {
     /// Heap bytes of the boxed buffers, the box included.
     pub(super) fn heap_bytes(&self) -> usize {
         size_of::<EvictionScratch>()
-            + self.victims.capacity() * size_of::<NodeId>()
+            + self.victims.capacity() * size_of::<Victim>()
             + (self.taken.capacity() + self.orphans.capacity()) * size_of::<OrderEntry>()
-            + self.parents.capacity() * size_of::<(NodeId, PlannedParent)>()
+            + self.nodes.capacity() * size_of::<(NodeId, PlannedNode)>()
             + self.pages.capacity() * size_of::<PageId>()
     }
 
@@ -55,7 +73,7 @@ impl EvictionScratch {
         self.victims.clear();
         self.taken.clear();
         self.orphans.clear();
-        self.parents.clear();
+        self.nodes.clear();
         self.pages.clear();
     }
 }
@@ -68,9 +86,12 @@ impl RadixCache {
     /// Whole nodes are evicted, so the result may exceed `num_tokens`; it is smaller only when
     /// everything evictable is gone. Locked nodes are never touched. A parent left without
     /// children and unlocked becomes a candidate in the same call, with the latest access time,
-    /// the highest priority and the sum of the hits of it and its evicted children. The evicted nodes' pages are freed with one
-    /// `alloc.free_page_ids(pages)` call, node after node in eviction order and each node's in
-    /// key order, before any node is deleted (so a LIFO allocator reuses the first victim's
+    /// the highest priority and the sum of the hits of it and its evicted children. A leaf that
+    /// a running request grew in place is evicted as sglang's node per registration would be:
+    /// its newest registration first, the rest competing again with the figures of the
+    /// registration that now ends it. The evicted pages are freed with one
+    /// `alloc.free_page_ids(pages)` call, node after node (registration after registration) in
+    /// eviction order and each one's in key order, before any node is deleted (so a LIFO allocator reuses the first victim's
     /// pages first; sglang frees node by node, so its paged allocator reuses the last victim's
     /// first).
     ///
@@ -135,8 +156,11 @@ impl RadixCache {
         if tokens == 0 {
             return Ok(0);
         }
-        for &victim in &plan.victims {
-            plan.pages.extend(self.arena[victim].page_ids(self.layout));
+        for victim in &plan.victims {
+            let entry = &self.arena[victim.node];
+            let pages = victim.keep as usize..victim.end as usize;
+            plan.pages
+                .extend(pages.map(|page| entry.page_id(page, self.layout)));
         }
         if let Err(source) = alloc.free_page_ids(&plan.pages) {
             self.order.extend(plan.taken.drain(..));
@@ -146,8 +170,12 @@ impl RadixCache {
                 source,
             });
         }
-        for &victim in &plan.victims {
-            self.remove_leaf(victim);
+        for victim in &plan.victims {
+            if victim.keep == 0 {
+                self.remove_leaf(victim.node);
+            } else {
+                self.remove_newest_registration(victim.node);
+            }
         }
         Ok(tokens)
     }
@@ -155,31 +183,70 @@ impl RadixCache {
     /// Chooses the victims of an eviction of `num_tokens` tokens into `plan` (in order) and
     /// returns their tokens. Changes nothing but the eviction order, from which it takes the
     /// victims' entries (and drops outdated ones) into `plan.taken`.
+    ///
+    /// A grown leaf gives up its newest registration only, as sglang's leaf for it would go,
+    /// and what is left of it competes again with the figures of the registration before.
     fn plan_eviction(&mut self, num_tokens: usize, plan: &mut EvictionScratch) -> usize {
+        let page_size = self.layout.page_size();
         let mut tokens = 0;
         while tokens < num_tokens {
             let Some(Reverse((_, victim))) = self.next_victim(plan) else {
                 break;
             };
-            plan.victims.push(victim);
-            tokens += self.arena[victim].len(self.layout);
-            // A victim that is an orphan of this plan passes on what it inherited in it.
-            let (last_access, stats) = match plan.parents.get(&victim) {
-                Some(planned) => (planned.last_access, planned.stats),
-                None => (self.arena[victim].last_access, *self.arena.stats(victim)),
-            };
-            let parent = self.arena[victim].parent;
-            let parent_entry = &self.arena[parent];
-            let planned = plan.parents.entry(parent).or_insert(PlannedParent {
-                children_left: parent_entry.child_count,
-                last_access: parent_entry.last_access,
-                stats: *self.arena.stats(parent),
+            let planned = plan
+                .nodes
+                .entry(victim)
+                .or_insert_with(|| self.planned_node(victim));
+            planned.taken = true;
+            let PlannedNode {
+                registrations_left,
+                pages_left,
+                last_access,
+                stats,
+                ..
+            } = *planned;
+            if registrations_left > 0 {
+                let registrations = self.arena.registrations(victim);
+                let newest = registrations_left as usize - 1;
+                let (end_page, mut left) = registrations
+                    .expect("a planned registration is the node's")
+                    .get(newest);
+                left.absorb(&stats);
+                *planned = PlannedNode {
+                    registrations_left: newest as u32,
+                    pages_left: end_page as u32,
+                    stats: left,
+                    ..*planned
+                };
+                plan.victims.push(Victim {
+                    node: victim,
+                    keep: end_page as u32,
+                    end: pages_left,
+                });
+                tokens += (pages_left as usize - end_page) * page_size;
+                let rank = self.policy.rank(last_access, &left);
+                plan.orphans.push(Reverse((rank, victim)));
+                continue;
+            }
+            plan.victims.push(Victim {
+                node: victim,
+                keep: 0,
+                end: pages_left,
             });
+            tokens += pages_left as usize * page_size;
+            let parent = self.arena[victim].parent;
+            let planned = plan
+                .nodes
+                .entry(parent)
+                .or_insert_with(|| self.planned_node(parent));
             // As `remove_leaf` will set them.
             planned.children_left -= 1;
             planned.last_access = planned.last_access.max(last_access);
             planned.stats.absorb(&stats);
-            if planned.children_left == 0 && parent != NodeId::ROOT && parent_entry.lock_ref == 0 {
+            if planned.children_left == 0
+                && parent != NodeId::ROOT
+                && self.arena[parent].lock_ref == 0
+            {
                 let rank = self.policy.rank(planned.last_access, &planned.stats);
                 plan.orphans.push(Reverse((rank, parent)));
             }
@@ -187,14 +254,29 @@ impl RadixCache {
         tokens
     }
 
+    /// What `node` holds before a plan touches it.
+    fn planned_node(&self, node: NodeId) -> PlannedNode {
+        let entry = &self.arena[node];
+        let registrations = self.arena.registrations(node).map_or(0, |r| r.len());
+        PlannedNode {
+            children_left: entry.child_count,
+            registrations_left: registrations as u32,
+            pages_left: entry.num_pages(self.layout) as u32,
+            last_access: entry.last_access,
+            stats: *self.arena.stats(node),
+            taken: false,
+        }
+    }
+
     /// The first candidate in the policy's order not yet in `plan`: the lower ranked of the
     /// eviction order's next current entry and the plan's next orphan.
     fn next_victim(&mut self, plan: &mut EvictionScratch) -> Option<OrderEntry> {
-        // Outdated entries are dropped; a leaf listed twice at the same rank (unlisted and
-        // listed again without a new access) has two equal entries, popped one after the other.
+        // Outdated entries are dropped, and so are those of nodes the plan took already (a
+        // leaf listed twice at the same rank, unlisted and listed again without a new access,
+        // has two equal entries).
         while let Some(&Reverse((rank, node))) = self.order.peek() {
-            let repeated = plan.taken.last() == Some(&Reverse((rank, node)));
-            if self.is_current_entry(rank, node) && !repeated {
+            let taken = plan.nodes.get(&node).is_some_and(|planned| planned.taken);
+            if self.is_current_entry(rank, node) && !taken {
                 break;
             }
             self.order.pop();
@@ -216,7 +298,7 @@ impl RadixCache {
     /// unlocked leaf. The parent inherits the leaf's access time when newer (sglang stamps whole
     /// paths) and absorbs its hits and priority ([`NodeStats::absorb`]).
     fn remove_leaf(&mut self, leaf: NodeId) {
-        self.record_removed(leaf);
+        self.record_removed(leaf, 0);
         self.list_evictable(leaf, false);
         self.children.unlink(&mut self.arena, self.layout, leaf);
         let entry = &self.arena[leaf];
@@ -247,7 +329,7 @@ mod tests {
         let mut expected = size_of::<EvictionScratch>();
         assert_eq!(scratch.heap_bytes(), expected);
         scratch.victims.reserve_exact(3);
-        expected += scratch.victims.capacity() * size_of::<NodeId>();
+        expected += scratch.victims.capacity() * size_of::<Victim>();
         assert_eq!(scratch.heap_bytes(), expected);
         scratch.taken.reserve_exact(5);
         expected += scratch.taken.capacity() * size_of::<OrderEntry>();
@@ -255,8 +337,8 @@ mod tests {
         scratch.orphans.reserve_exact(7);
         expected += scratch.orphans.capacity() * size_of::<OrderEntry>();
         assert_eq!(scratch.heap_bytes(), expected);
-        scratch.parents.reserve(2);
-        expected += scratch.parents.capacity() * size_of::<(NodeId, PlannedParent)>();
+        scratch.nodes.reserve(2);
+        expected += scratch.nodes.capacity() * size_of::<(NodeId, PlannedNode)>();
         assert_eq!(scratch.heap_bytes(), expected);
         scratch.pages.reserve_exact(11);
         expected += scratch.pages.capacity() * size_of::<PageId>();

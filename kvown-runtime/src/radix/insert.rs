@@ -362,17 +362,25 @@ impl RadixCache {
             namespace,
             step,
         } = plan;
-        let now = self.tick();
+        let mut now = self.tick();
         match step {
             InsertStep::Cached => {}
-            InsertStep::ExtendLeaf => self.extend_leaf(node, &key[pos..], &slots[pos..]),
+            InsertStep::ExtendLeaf => {
+                self.open_registration(node, now);
+                self.extend_leaf(node, &key[pos..], &slots[pos..]);
+            }
             InsertStep::AddLeaf => node = self.add_leaf(node, namespace, pos, key, slots, now),
             InsertStep::Split => {
-                // sglang's `_insert_helper` stamps the node it walks into before it splits it,
-                // and the lower half keeps that node: it takes the insert's time too.
-                let lower = node;
-                node = self.split(node, pos);
-                self.stamp(lower, now);
+                let cut = self.cut(node, pos);
+                if cut.split {
+                    // sglang's `_insert_helper` stamps the node it walks into before it splits
+                    // it, and the lower half keeps that node: it takes the insert's time. What
+                    // the split or the insert then creates is newer (`TreeNode.__init__` reads
+                    // the clock again).
+                    self.stamp(cut.lower, now);
+                    now = self.tick();
+                }
+                node = cut.upper;
                 if pos < key.len() {
                     node = self.add_leaf(node, namespace, pos, key, slots, now);
                 }
@@ -432,6 +440,7 @@ impl RadixCache {
         }
         self.record_extended(from.node, tokens, slots);
         let now = self.tick();
+        self.open_registration(from.node, now);
         let data = &mut self.arena[from.node].data;
         reserve_growth(data, layout.words_per_page());
         append_page(data, tokens, slots[0], layout);

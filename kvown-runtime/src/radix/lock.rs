@@ -172,14 +172,17 @@ impl RadixCache {
         while node != stop && node != NodeId::ROOT {
             let entry = &mut self.arena[node];
             entry.lock_ref -= 1;
+            let parent = entry.parent;
             if entry.lock_ref == 0 {
                 let tokens = entry.len(self.layout);
                 self.protected_size -= tokens;
                 self.evictable_size += tokens;
-                // Only a locked node is extended in place: its spare key capacity goes back.
+                // Only a locked node is extended in place: its spare capacity goes back.
                 entry.data.shrink_to_fit();
+                if let Some(registrations) = self.arena.registrations_mut(node) {
+                    registrations.shrink_to_fit();
+                }
             }
-            let parent = entry.parent;
             self.refresh_leaf_status(node);
             node = parent;
         }

@@ -37,8 +37,15 @@ impl RadixCache {
             ) else {
                 break;
             };
-            self.stamp(child, now);
             let pages = self.common_pages(child, 0, &key[pos..]);
+            if pages < self.arena[child].num_pages(layout)
+                && self.arena.registrations(child).is_some()
+            {
+                // The match ends inside a leaf grown in place: walk sglang's nodes instead.
+                self.materialize(child);
+                continue;
+            }
+            self.stamp(child, now);
             pos += pages * page_size;
             if pages < self.arena[child].num_pages(layout) {
                 node = self.split(child, pos);

@@ -61,9 +61,12 @@
 //!
 //! Access times are kept lazily: an insert stamps the node where it ends and the lower half of
 //! a node it splits (a match stamps the nodes it passes), and a node takes the newer of its own
-//! and a removed child's time. Since only leaves are evicted, the leaf order equals sglang's,
-//! which stamps the whole path, with one exception: a running request's leaf grows in place
-//! where sglang adds a node per registration, so such a leaf is ranked, and evicted, whole.
+//! and a removed child's time; hits and priorities are recorded where an insert ends and
+//! passed on the same way. Since only leaves are evicted, the leaf order equals sglang's, which
+//! stamps the whole path. A running request's leaf grows in place where sglang adds a node per
+//! registration; it keeps where each registration ends and what its node would carry, and is
+//! evicted registration by registration, newest first, as sglang's nodes would be.
+//! `tests/eviction_replay.rs` replays random sequences against a model of sglang's rules.
 
 mod check;
 mod children;
@@ -77,6 +80,7 @@ mod match_prefix;
 mod node;
 mod page_index;
 mod policy;
+mod registrations;
 
 pub(crate) use check::LockMismatch;
 pub use check::PrefixPart;
@@ -459,6 +463,10 @@ impl RadixCache {
     /// upper node takes the key before `pos` and is returned; `node` keeps its handle, children,
     /// lock count and leaf status with the key from `pos`. Counters do not change.
     fn split(&mut self, node: NodeId, pos: usize) -> NodeId {
+        debug_assert!(
+            self.arena.registrations(node).is_none(),
+            "a grown leaf is cut, not split"
+        );
         let layout = self.layout;
         self.children.unlink(&mut self.arena, layout, node);
         let entry = &mut self.arena[node];

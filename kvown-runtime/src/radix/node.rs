@@ -10,6 +10,7 @@ use std::ops::{Index, IndexMut};
 use super::Namespace;
 use super::layout::KeyLayout;
 use super::policy::NodeStats;
+use super::registrations::Registrations;
 use crate::ids::PageId;
 
 /// Handle of one tree node. Stays valid until that node is evicted; a locked node is never
@@ -184,6 +185,8 @@ pub(super) struct Arena {
     /// Per entry of `nodes`: its generation, bumped when the entry is released, so that a
     /// handle to an evicted node never names the entry's next node.
     generations: Vec<u32>,
+    /// Per entry of `nodes`: the earlier registrations of a leaf grown in place, if any.
+    registrations: Vec<Option<Box<Registrations>>>,
     free_head: NodeId,
 }
 
@@ -199,6 +202,7 @@ impl Arena {
             nodes: vec![root],
             stats: vec![NodeStats::default()],
             generations: vec![0],
+            registrations: vec![None],
             free_head: NodeId::NONE,
         }
     }
@@ -211,6 +215,7 @@ impl Arena {
             self.nodes.push(node);
             self.stats.push(stats);
             self.generations.push(0);
+            self.registrations.push(None);
             return NodeId {
                 index,
                 generation: 0,
@@ -230,6 +235,7 @@ impl Arena {
             ..Node::empty()
         };
         self.stats[id.index()] = NodeStats::default();
+        self.registrations[id.index()] = None;
         let generation = &mut self.generations[id.index()];
         *generation = generation.wrapping_add(1);
         self.free_head = NodeId {
@@ -246,6 +252,18 @@ impl Arena {
     /// The eviction figures of `id`, to change.
     pub(super) fn stats_mut(&mut self, id: NodeId) -> &mut NodeStats {
         &mut self.stats[id.index()]
+    }
+
+    /// The earlier registrations of `id`, when it is a leaf grown in place.
+    #[inline(always)]
+    pub(super) fn registrations(&self, id: NodeId) -> Option<&Registrations> {
+        self.registrations[id.index()].as_deref()
+    }
+
+    /// The earlier registrations of `id`, to change, add or drop.
+    #[inline(always)]
+    pub(super) fn registrations_mut(&mut self, id: NodeId) -> &mut Option<Box<Registrations>> {
+        &mut self.registrations[id.index()]
     }
 
     /// Whether `id` names a node in the tree (the root included): its entry holds a node, of
@@ -277,12 +295,20 @@ impl Arena {
         self.nodes.len()
     }
 
-    /// Heap bytes of the arena's own tables, nodes, their figures and generations (keys
-    /// excluded).
+    /// Heap bytes of the arena's own tables, nodes, their figures, generations and
+    /// registrations (keys excluded).
     pub(super) fn table_bytes(&self) -> usize {
+        let registrations: usize = self
+            .registrations
+            .iter()
+            .flatten()
+            .map(|registrations| registrations.heap_bytes())
+            .sum();
         self.nodes.capacity() * size_of::<Node>()
             + self.stats.capacity() * size_of::<NodeStats>()
             + self.generations.capacity() * size_of::<u32>()
+            + self.registrations.capacity() * size_of::<Option<Box<Registrations>>>()
+            + registrations
     }
 }
 

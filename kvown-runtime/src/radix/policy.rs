@@ -151,11 +151,13 @@ pub(super) struct NodeStats {
 
 impl NodeStats {
     /// Figures of a node first cached at `created`, before the insert that made it is
-    /// recorded.
+    /// recorded: no hits, and the lowest priority, so that the node takes the insert's (sglang's
+    /// new node starts at the insert's priority, however low).
     pub(super) fn new(created: u64) -> NodeStats {
         NodeStats {
             created,
-            ..NodeStats::default()
+            hits: 0,
+            priority: i32::MIN,
         }
     }
 
