@@ -1128,3 +1128,32 @@ fn a_grown_leaf_evicts_only_its_newest_registration() {
     assert_eq!(world.alloc.freed, [vec![pages[1]]]);
     assert_eq!(world.model.lookup(&[1, 2]), pages[..1]);
 }
+
+/// Page size 1, priority policy: a leaf inserted at priority -1 has priority -1
+/// (`_insert_helper` makes the leaf at the insert's priority), below the 0 of an earlier leaf,
+/// so it goes first although it is newer.
+#[test]
+fn a_leaf_inserted_at_a_negative_priority_goes_first() {
+    let mut world = World::new(1, EvictionPolicy::Priority, Hint::Root);
+    let low = Op::Insert {
+        key: fresh_key(&[2]),
+        priority: -1,
+        chunked: false,
+    };
+    run(&mut world, &[insert_op(&[1]), low]);
+    let page_of_2 = world.model.lookup(&[2]);
+    run(&mut world, &[Op::Evict { pages: 1 }]);
+    assert_eq!(world.alloc.freed, [page_of_2]);
+}
+
+/// Page size 1, MRU: inserting `[1, 3]` splits `[1, 2]`; the lower part `[2]` takes the
+/// insert's access time, and the new leaf `[3]`, a fresh `TreeNode`, a later one, so it is the
+/// most recently used and goes first.
+#[test]
+fn a_leaf_added_below_a_split_is_newer_than_the_split_off_part() {
+    let mut world = World::new(1, EvictionPolicy::Mru, Hint::Root);
+    run(&mut world, &[insert_op(&[1, 2]), insert_op(&[1, 3])]);
+    let pages = world.model.lookup(&[1, 3]);
+    run(&mut world, &[Op::Evict { pages: 1 }]);
+    assert_eq!(world.alloc.freed, [vec![pages[1]]]);
+}
