@@ -234,6 +234,47 @@ fn an_eviction_removes_descendants_before_ancestors_in_one_event() {
     cache.check().unwrap();
 }
 
+/// A leaf grown in place is evicted registration by registration: each eviction removes only
+/// the newest registration's pages, and a router replaying the stream holds what the tree holds.
+#[test]
+fn a_grown_leaf_is_removed_one_registration_at_a_time() {
+    let ps = 4;
+    let mut alloc = allocator(ps, 16);
+    let mut cache = cache_with_events(ps);
+    let mut replay = Replay::default();
+    let mut prompt = key(ps, 1, 0);
+    let mut slots = alloc_slots(&mut alloc, 4);
+    let first = cache.insert(&prompt, &slots).unwrap();
+    cache.inc_lock_ref(first.last_node).unwrap();
+    for registration in 1..3u32 {
+        let at = TreePos {
+            node: first.last_node,
+            len: prompt.len(),
+        };
+        prompt.extend(key(ps, 1, 100 * registration));
+        slots.extend(alloc_slots(&mut alloc, 4));
+        let outcome = cache.insert_from(at, &prompt, &slots).unwrap();
+        assert_eq!(outcome.last_node, first.last_node, "grown in place");
+    }
+    cache.dec_lock_ref(first.last_node).unwrap();
+    replay.apply(cache.take_events());
+    assert_eq!(replay.pages.len(), 3);
+    let hash = |end: usize| reference_hash(Namespace::DEFAULT, &prompt[..end]);
+    for (removed, left) in [(12, 2), (8, 1), (4, 0)] {
+        assert_eq!(cache.evict(1, &mut alloc).unwrap(), ps);
+        let events = cache.take_events();
+        assert_eq!(
+            events,
+            [CacheEvent::Removed {
+                hashes: vec![hash(removed)]
+            }]
+        );
+        replay.apply(events);
+        assert_eq!(replay.pages.len(), left);
+        cache.check().unwrap();
+    }
+}
+
 #[test]
 fn a_refused_eviction_queues_nothing() {
     let ps = 4;
