@@ -436,8 +436,7 @@ fn insert_from_inside_the_callers_leaf_extends_it_in_place() {
 
 // A leaf extended in place keeps spare capacity only while it is locked: once its last lock
 // goes, the tree costs what the same key inserted in one call costs, plus where each earlier
-// registration ends and what its node would carry for eviction (16 bytes each, behind a 32-byte
-// header).
+// registration ends and what its node would carry for eviction (16 bytes each).
 #[test]
 fn a_grown_leaf_gives_its_spare_capacity_back_when_unlocked() {
     for ps in PAGE_SIZES {
@@ -454,7 +453,7 @@ fn a_grown_leaf_gives_its_spare_capacity_back_when_unlocked() {
         grown.dec_lock_ref(node).unwrap();
         let mut at_once = RadixCache::new(ps);
         at_once.insert(&k, &row).unwrap();
-        let registrations = 32 + 4 * 16;
+        let registrations = 4 * 16;
         assert_eq!(
             grown.bookkeeping_bytes(),
             at_once.bookkeeping_bytes() + registrations,

@@ -109,9 +109,10 @@ fn key_of(node: &Node, layout: KeyLayout) -> u64 {
     child_key(node.parent, node.namespace, node.page_tokens(0, layout))
 }
 
-/// Hasher for keys that are already hashes: a splitmix64 finalizer spreads every input bit.
+/// Hasher for keys of one 64-bit word (already hashes, or node handles): a splitmix64
+/// finalizer spreads every input bit.
 #[derive(Debug, Default)]
-struct KeyHasher(u64);
+pub(super) struct KeyHasher(u64);
 
 impl Hasher for KeyHasher {
     fn finish(&self) -> u64 {

@@ -8,7 +8,9 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+use std::hash::BuildHasherDefault;
 
+use super::children::KeyHasher;
 use super::node::NodeId;
 use super::policy::NodeStats;
 use super::{OrderEntry, RadixCache, RadixError};
@@ -34,7 +36,7 @@ struct PlannedNode {
 }
 
 /// What an eviction frees of one node: its pages `[keep, end)`, the whole node when `keep` is
-/// 0, else its newest registration.
+/// 0, else its newest registrations down to the one ending at `keep`.
 #[derive(Debug, Clone, Copy)]
 struct Victim {
     node: NodeId,
@@ -54,7 +56,7 @@ pub(super) struct EvictionScratch {
     /// newest registrations: candidates of this call only.
     orphans: BinaryHeap<OrderEntry>,
     /// Per victim and parent of a victim: what it will hold after the victims' removal.
-    nodes: HashMap<NodeId, PlannedNode>,
+    nodes: HashMap<NodeId, PlannedNode, BuildHasherDefault<KeyHasher>>,
     /// The victims' page ids, in eviction order.
     pages: Vec<PageId>,
 }
@@ -157,10 +159,7 @@ impl RadixCache {
             return Ok(0);
         }
         for victim in &plan.victims {
-            let entry = &self.arena[victim.node];
-            let pages = victim.keep as usize..victim.end as usize;
-            plan.pages
-                .extend(pages.map(|page| entry.page_id(page, self.layout)));
+            self.victim_pages(victim, &mut plan.pages);
         }
         if let Err(source) = alloc.free_page_ids(&plan.pages) {
             self.order.extend(plan.taken.drain(..));
@@ -174,7 +173,8 @@ impl RadixCache {
             if victim.keep == 0 {
                 self.remove_leaf(victim.node);
             } else {
-                self.remove_newest_registration(victim.node);
+                self.remove_registrations(victim.node, victim.keep as usize);
+                self.push_order(victim.node);
             }
         }
         Ok(tokens)
@@ -184,8 +184,9 @@ impl RadixCache {
     /// returns their tokens. Changes nothing but the eviction order, from which it takes the
     /// victims' entries (and drops outdated ones) into `plan.taken`.
     ///
-    /// A grown leaf gives up its newest registration only, as sglang's leaf for it would go,
-    /// and what is left of it competes again with the figures of the registration before.
+    /// A grown leaf gives up its newest registration, as sglang's leaf for it would go, and
+    /// what is left of it competes again with the figures of the registration before: it gives
+    /// up that one too in the same step while it still ranks first.
     fn plan_eviction(&mut self, num_tokens: usize, plan: &mut EvictionScratch) -> usize {
         let page_size = self.layout.page_size();
         let mut tokens = 0;
@@ -206,26 +207,38 @@ impl RadixCache {
                 ..
             } = *planned;
             if registrations_left > 0 {
-                let registrations = self.arena.registrations(victim);
-                let newest = registrations_left as usize - 1;
-                let (end_page, mut left) = registrations
-                    .expect("a planned registration is the node's")
-                    .get(newest);
-                left.absorb(&stats);
+                let rival = self.next_listed(plan).max(plan.orphans.peek().copied());
+                let registrations = self
+                    .arena
+                    .registrations(victim)
+                    .expect("a planned registration is the node's");
+                let (mut left, mut end, mut stats) =
+                    (registrations_left as usize, pages_left as usize, stats);
+                // Newest first, for as long as what is left of the leaf would be chosen next.
+                loop {
+                    left -= 1;
+                    let (end_page, mut figures) = registrations.get(left);
+                    figures.absorb(&stats);
+                    tokens += (end - end_page) * page_size;
+                    (end, stats) = (end_page, figures);
+                    let rank = self.policy.rank(last_access, &stats);
+                    if tokens >= num_tokens || left == 0 || Some(Reverse((rank, victim))) < rival {
+                        plan.orphans.push(Reverse((rank, victim)));
+                        break;
+                    }
+                }
+                let planned = plan.nodes.get_mut(&victim).expect("planned above");
                 *planned = PlannedNode {
-                    registrations_left: newest as u32,
-                    pages_left: end_page as u32,
-                    stats: left,
+                    registrations_left: left as u32,
+                    pages_left: end as u32,
+                    stats,
                     ..*planned
                 };
                 plan.victims.push(Victim {
                     node: victim,
-                    keep: end_page as u32,
+                    keep: end as u32,
                     end: pages_left,
                 });
-                tokens += (pages_left as usize - end_page) * page_size;
-                let rank = self.policy.rank(last_access, &left);
-                plan.orphans.push(Reverse((rank, victim)));
                 continue;
             }
             plan.victims.push(Victim {
@@ -254,6 +267,18 @@ impl RadixCache {
         tokens
     }
 
+    /// Appends the page ids `victim` frees to `pages`, in the order sglang frees them.
+    fn victim_pages(&self, victim: &Victim, pages: &mut Vec<PageId>) {
+        if victim.keep == 0 {
+            let entry = &self.arena[victim.node];
+            let node_pages = 0..victim.end as usize;
+            pages.extend(node_pages.map(|page| entry.page_id(page, self.layout)));
+        } else {
+            let (keep, end) = (victim.keep as usize, victim.end as usize);
+            self.registration_pages(victim.node, keep, end, pages);
+        }
+    }
+
     /// What `node` holds before a plan touches it.
     fn planned_node(&self, node: NodeId) -> PlannedNode {
         let entry = &self.arena[node];
@@ -268,12 +293,10 @@ impl RadixCache {
         }
     }
 
-    /// The first candidate in the policy's order not yet in `plan`: the lower ranked of the
-    /// eviction order's next current entry and the plan's next orphan.
-    fn next_victim(&mut self, plan: &mut EvictionScratch) -> Option<OrderEntry> {
-        // Outdated entries are dropped, and so are those of nodes the plan took already (a
-        // leaf listed twice at the same rank, unlisted and listed again without a new access,
-        // has two equal entries).
+    /// The eviction order's next entry that is current and whose node `plan` has not taken,
+    /// after dropping the others from the top (a leaf listed twice at the same rank, unlisted
+    /// and listed again without a new access, has two equal entries).
+    fn next_listed(&mut self, plan: &EvictionScratch) -> Option<OrderEntry> {
         while let Some(&Reverse((rank, node))) = self.order.peek() {
             let taken = plan.nodes.get(&node).is_some_and(|planned| planned.taken);
             if self.is_current_entry(rank, node) && !taken {
@@ -281,7 +304,13 @@ impl RadixCache {
             }
             self.order.pop();
         }
-        let listed = self.order.peek().copied();
+        self.order.peek().copied()
+    }
+
+    /// The first candidate in the policy's order not yet in `plan`: the lower ranked of the
+    /// eviction order's next current entry and the plan's next orphan.
+    fn next_victim(&mut self, plan: &mut EvictionScratch) -> Option<OrderEntry> {
+        let listed = self.next_listed(plan);
         let orphan = plan.orphans.peek().copied();
         match (listed, orphan) {
             (Some(listed), Some(orphan)) if orphan > listed => plan.orphans.pop(),

@@ -179,9 +179,7 @@ impl RadixCache {
                 self.evictable_size += tokens;
                 // Only a locked node is extended in place: its spare capacity goes back.
                 entry.data.shrink_to_fit();
-                if let Some(registrations) = self.arena.registrations_mut(node) {
-                    registrations.shrink_to_fit();
-                }
+                self.arena.registrations_mut(node).shrink_to_fit();
             }
             self.refresh_leaf_status(node);
             node = parent;

@@ -175,18 +175,34 @@ impl Node {
     }
 }
 
+/// What eviction reads of one node besides its access time.
+#[derive(Debug, Default)]
+struct Figures {
+    stats: NodeStats,
+    registrations: Registrations,
+}
+
+impl Figures {
+    fn new(stats: NodeStats) -> Figures {
+        Figures {
+            stats,
+            registrations: Registrations::default(),
+        }
+    }
+}
+
 /// Every node, indexed by [`NodeId`], with its eviction figures beside it; removed entries are
 /// reused through a free list.
 #[derive(Debug)]
 pub(super) struct Arena {
     nodes: Vec<Node>,
-    /// Per entry of `nodes`: what eviction policies read besides the access time.
-    stats: Vec<NodeStats>,
+    /// Per entry of `nodes`: what eviction policies read besides the access time, and the
+    /// earlier registrations of a leaf grown in place (together: a growing leaf's touch one
+    /// entry).
+    figures: Vec<Figures>,
     /// Per entry of `nodes`: its generation, bumped when the entry is released, so that a
     /// handle to an evicted node never names the entry's next node.
     generations: Vec<u32>,
-    /// Per entry of `nodes`: the earlier registrations of a leaf grown in place, if any.
-    registrations: Vec<Option<Box<Registrations>>>,
     free_head: NodeId,
 }
 
@@ -200,9 +216,8 @@ impl Arena {
         };
         Arena {
             nodes: vec![root],
-            stats: vec![NodeStats::default()],
+            figures: vec![Figures::default()],
             generations: vec![0],
-            registrations: vec![None],
             free_head: NodeId::NONE,
         }
     }
@@ -213,9 +228,8 @@ impl Arena {
         if self.free_head == NodeId::NONE {
             let index = u32::try_from(self.nodes.len()).expect("radix arena exceeds u32 ids");
             self.nodes.push(node);
-            self.stats.push(stats);
+            self.figures.push(Figures::new(stats));
             self.generations.push(0);
-            self.registrations.push(None);
             return NodeId {
                 index,
                 generation: 0,
@@ -224,7 +238,7 @@ impl Arena {
         let id = self.free_head;
         self.free_head = self.nodes[id.index()].hash_next;
         self.nodes[id.index()] = node;
-        self.stats[id.index()] = stats;
+        self.figures[id.index()] = Figures::new(stats);
         id
     }
 
@@ -234,8 +248,7 @@ impl Arena {
             hash_next: self.free_head,
             ..Node::empty()
         };
-        self.stats[id.index()] = NodeStats::default();
-        self.registrations[id.index()] = None;
+        self.figures[id.index()] = Figures::default();
         let generation = &mut self.generations[id.index()];
         *generation = generation.wrapping_add(1);
         self.free_head = NodeId {
@@ -246,24 +259,32 @@ impl Arena {
 
     /// The eviction figures of `id`.
     pub(super) fn stats(&self, id: NodeId) -> &NodeStats {
-        &self.stats[id.index()]
+        &self.figures[id.index()].stats
     }
 
     /// The eviction figures of `id`, to change.
     pub(super) fn stats_mut(&mut self, id: NodeId) -> &mut NodeStats {
-        &mut self.stats[id.index()]
+        &mut self.figures[id.index()].stats
+    }
+
+    /// The eviction figures of `id` and its earlier registrations, to change together.
+    #[inline(always)]
+    pub(super) fn figures_mut(&mut self, id: NodeId) -> (&mut NodeStats, &mut Registrations) {
+        let figures = &mut self.figures[id.index()];
+        (&mut figures.stats, &mut figures.registrations)
     }
 
     /// The earlier registrations of `id`, when it is a leaf grown in place.
     #[inline(always)]
     pub(super) fn registrations(&self, id: NodeId) -> Option<&Registrations> {
-        self.registrations[id.index()].as_deref()
+        let registrations = &self.figures[id.index()].registrations;
+        (!registrations.is_empty()).then_some(registrations)
     }
 
-    /// The earlier registrations of `id`, to change, add or drop.
+    /// The earlier registrations of `id` (none unless it is a leaf grown in place), to change.
     #[inline(always)]
-    pub(super) fn registrations_mut(&mut self, id: NodeId) -> &mut Option<Box<Registrations>> {
-        &mut self.registrations[id.index()]
+    pub(super) fn registrations_mut(&mut self, id: NodeId) -> &mut Registrations {
+        &mut self.figures[id.index()].registrations
     }
 
     /// Whether `id` names a node in the tree (the root included): its entry holds a node, of
@@ -295,19 +316,17 @@ impl Arena {
         self.nodes.len()
     }
 
-    /// Heap bytes of the arena's own tables, nodes, their figures, generations and
-    /// registrations (keys excluded).
+    /// Heap bytes of the arena's own tables, nodes, their figures and registrations, and
+    /// generations (keys excluded).
     pub(super) fn table_bytes(&self) -> usize {
         let registrations: usize = self
-            .registrations
+            .figures
             .iter()
-            .flatten()
-            .map(|registrations| registrations.heap_bytes())
+            .map(|figures| figures.registrations.heap_bytes())
             .sum();
         self.nodes.capacity() * size_of::<Node>()
-            + self.stats.capacity() * size_of::<NodeStats>()
+            + self.figures.capacity() * size_of::<Figures>()
             + self.generations.capacity() * size_of::<u32>()
-            + self.registrations.capacity() * size_of::<Option<Box<Registrations>>>()
             + registrations
     }
 }

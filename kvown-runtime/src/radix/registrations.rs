@@ -18,6 +18,7 @@
 use super::RadixCache;
 use super::node::NodeId;
 use super::policy::NodeStats;
+use crate::ids::PageId;
 
 /// An earlier registration inside a grown leaf: where it ends, and its own node's figures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +46,11 @@ impl Registrations {
     /// Earlier registrations kept.
     pub(super) fn len(&self) -> usize {
         self.list.len()
+    }
+
+    /// Whether the leaf has not grown in place (or its registrations became nodes).
+    pub(super) fn is_empty(&self) -> bool {
+        self.list.is_empty()
     }
 
     /// Whether a registration created at `created` can be kept beside these (creation times
@@ -77,9 +83,12 @@ impl Registrations {
         (registration.end_page as usize, stats)
     }
 
-    /// Forgets the newest earlier registration.
+    /// Forgets the newest earlier registration; the memory of the last goes with it.
     fn pop(&mut self) {
         self.list.pop();
+        if self.list.is_empty() {
+            self.list = Vec::new();
+        }
     }
 
     /// Gives back spare capacity (the leaf stopped growing).
@@ -87,9 +96,9 @@ impl Registrations {
         self.list.shrink_to_fit();
     }
 
-    /// Heap bytes, the box that holds them included.
+    /// Heap bytes.
     pub(super) fn heap_bytes(&self) -> usize {
-        size_of::<Registrations>() + self.list.capacity() * size_of::<Registration>()
+        self.list.capacity() * size_of::<Registration>()
     }
 
     /// Checks that the registrations end strictly inside a leaf of `pages` pages, in order, and
@@ -107,11 +116,10 @@ impl Registrations {
             end = registration.end_page as usize;
             after_first = Some(registration.created_after_first);
         }
-        if self.list.is_empty() {
-            Some("grown leaf without registrations")
-        } else if end >= pages {
+        let newest_created = after_first.map(|offset| self.first_created + u64::from(offset));
+        if end >= pages {
             Some("registration ends past the leaf's newest")
-        } else if self.get(self.list.len() - 1).1.created >= created {
+        } else if newest_created.is_some_and(|newest| newest >= created) {
             Some("registration created after the leaf's newest")
         } else {
             None
@@ -137,55 +145,79 @@ impl RadixCache {
     /// and the leaf's figures become the new registration's (created `now`, nothing recorded).
     #[inline]
     pub(super) fn open_registration(&mut self, node: NodeId, now: u64) {
-        let stats = *self.arena.stats(node);
-        if !self
-            .arena
-            .registrations(node)
-            .is_none_or(|registrations| registrations.fits(stats.created))
-        {
-            self.materialize(node);
-        }
         let end_page = self.arena[node].num_pages(self.layout);
-        self.arena
-            .registrations_mut(node)
-            .get_or_insert_default()
-            .push(end_page, &stats);
-        *self.arena.stats_mut(node) = NodeStats::new(now);
+        let (stats, registrations) = self.arena.figures_mut(node);
+        if registrations.fits(stats.created) {
+            registrations.push(end_page, stats);
+            *stats = NodeStats::new(now);
+        } else {
+            self.materialize(node);
+            self.open_registration(node, now);
+        }
     }
 
-    /// Forgets the newest registration of the evictable grown leaf `node`, whose pages past
-    /// the one before it the caller has freed: the leaf keeps the pages up to there, with
-    /// that registration's figures absorbing the removed one's (sglang deletes the leaf of the
-    /// newest registration and its parent becomes a candidate). Returns the tokens removed.
-    pub(super) fn remove_newest_registration(&mut self, node: NodeId) -> usize {
-        let layout = self.layout;
+    /// Appends to `pages` the pages of `node` from `keep` to `end` (a run of its newest
+    /// registrations, `keep` where an earlier one ends) as sglang frees them: registration after
+    /// registration, newest first, each one's pages in key order.
+    pub(super) fn registration_pages(
+        &self,
+        node: NodeId,
+        keep: usize,
+        end: usize,
+        pages: &mut Vec<PageId>,
+    ) {
+        let (layout, entry) = (self.layout, &self.arena[node]);
         let registrations = self
             .arena
             .registrations(node)
-            .expect("only a grown leaf loses a registration");
-        let newest = registrations.len() - 1;
-        let (end_page, mut stats) = registrations.get(newest);
-        self.record_removed(node, end_page);
+            .expect("only a grown leaf loses registrations");
+        let mut to = end;
+        for index in (0..registrations.len()).rev() {
+            let (from, _) = registrations.get(index);
+            if from >= to {
+                continue;
+            }
+            pages.extend((from..to).map(|page| entry.page_id(page, layout)));
+            if from == keep {
+                return;
+            }
+            to = from;
+        }
+        unreachable!("`keep` is where an earlier registration of the leaf ends");
+    }
+
+    /// Forgets the newest registrations of the evictable grown leaf `node` down to the one
+    /// that ends at page `keep`, whose pages past it the caller has freed: the leaf keeps the
+    /// pages up to there, with the figures of that registration having absorbed the removed
+    /// ones' (sglang deletes the leaves of the newest registrations one by one, each parent
+    /// becoming a candidate). The caller lists the leaf again at its new rank (`push_order`).
+    pub(super) fn remove_registrations(&mut self, node: NodeId, keep: usize) {
+        let layout = self.layout;
+        let (stats, registrations) = self.arena.figures_mut(node);
+        loop {
+            let (end_page, mut own) = registrations.get(registrations.len() - 1);
+            own.absorb(stats);
+            *stats = own;
+            registrations.pop();
+            if end_page == keep {
+                break;
+            }
+        }
+        self.record_removed(node, keep);
         let entry = &mut self.arena[node];
-        for page in end_page..entry.num_pages(layout) {
+        for page in keep..entry.num_pages(layout) {
             self.pages.remove(entry.page_id(page, layout));
         }
-        let tokens = entry.len(layout) - end_page * layout.page_size();
+        let tokens = entry.len(layout) - keep * layout.page_size();
         entry
             .data
-            .truncate(layout.key_words(end_page * layout.page_size()));
-        entry.data.shrink_to_fit();
-        let slot = self.arena.registrations_mut(node);
-        match slot {
-            Some(registrations) if registrations.len() > 1 => registrations.pop(),
-            _ => *slot = None,
+            .truncate(layout.key_words(keep * layout.page_size()));
+        // Halving keeps the copies amortized O(1) per page, as the growth's doubling does.
+        if entry.data.capacity() > 2 * entry.data.len() {
+            entry.data.shrink_to_fit();
         }
-        stats.absorb(self.arena.stats(node));
-        *self.arena.stats_mut(node) = stats;
         self.evictable_size -= tokens;
         self.total_size -= tokens;
-        self.push_order(node);
-        tokens
     }
 
     /// Turns the earlier registrations of `node` into nodes above it, each with its figures
@@ -193,9 +225,7 @@ impl RadixCache {
     /// returns the topmost. `node` keeps its handle, locks and children with its newest
     /// registration's pages.
     pub(super) fn materialize(&mut self, node: NodeId) -> NodeId {
-        let Some(registrations) = self.arena.registrations_mut(node).take() else {
-            return node;
-        };
+        let registrations = std::mem::take(self.arena.registrations_mut(node));
         let start = self.arena[node].start();
         let mut lower = node;
         for index in (0..registrations.len()).rev() {
