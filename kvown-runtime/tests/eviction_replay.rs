@@ -906,35 +906,32 @@ impl World {
                 let index = self.requests.len() - 1;
                 self.register(index, units, *chunked, false)?;
             }
-            Op::Register { req, pages } => {
-                if !self.requests.is_empty() {
-                    let index = req % self.requests.len();
-                    let mut units = self.requests[index].units.clone();
-                    units.extend_from_slice(pages);
-                    units.truncate(MAX_REQUEST_PAGES.max(self.requests[index].units.len()));
-                    self.trace
-                        .push(format!("request {index} registers {pages:?}"));
-                    self.keys.push(units.clone());
-                    self.register(index, units, true, false)?;
-                }
-            }
-            Op::Finish { req, pages } => {
-                if !self.requests.is_empty() {
-                    let index = req % self.requests.len();
-                    let mut units = self.requests[index].units.clone();
-                    units.extend_from_slice(pages);
-                    units.truncate(MAX_REQUEST_PAGES.max(self.requests[index].units.len()));
-                    self.trace
-                        .push(format!("request {index} finishes with {pages:?}"));
-                    self.keys.push(units.clone());
-                    self.register(index, units, false, true)?;
-                }
-            }
+            Op::Register { req, pages } => self.extend_request(*req, pages, false)?,
+            Op::Finish { req, pages } => self.extend_request(*req, pages, true)?,
         }
         Ok(())
     }
 
     /// The sizes, the cached pages and the pool's accounting agree after a step.
+    /// Request `req` (modulo their number) registers `pages` more, or finishes with them.
+    fn extend_request(&mut self, req: usize, pages: &[u32], finished: bool) -> Step {
+        if self.requests.is_empty() {
+            return Ok(());
+        }
+        let index = req % self.requests.len();
+        let mut units = self.requests[index].units.clone();
+        units.extend_from_slice(pages);
+        units.truncate(MAX_REQUEST_PAGES.max(self.requests[index].units.len()));
+        let verb = if finished {
+            "finishes with"
+        } else {
+            "registers"
+        };
+        self.trace.push(format!("request {index} {verb} {pages:?}"));
+        self.keys.push(units.clone());
+        self.register(index, units, !finished, finished)
+    }
+
     fn verify(&self) -> Step {
         self.tree
             .check()

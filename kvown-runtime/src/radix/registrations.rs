@@ -175,6 +175,7 @@ impl RadixCache {
         for index in (0..registrations.len()).rev() {
             let (from, _) = registrations.get(index);
             if from >= to {
+                // Taken by an earlier run of the same plan (pages are listed before any goes).
                 continue;
             }
             pages.extend((from..to).map(|page| entry.page_id(page, layout)));
