@@ -54,10 +54,11 @@
 //! ```
 //!
 //! Storage: an arena of 72-byte nodes indexed by [`NodeId`] (an entry and its generation, so
-//! a handle kept past its node's eviction is refused), with 16 bytes of eviction figures and 4
-//! of generation per node beside it; each node stores its key pages interleaved with their page
-//! ids (4 bytes per page); one hash map indexes children by (parent, namespace, first page). See
-//! [`RadixCache::bookkeeping_bytes`].
+//! a handle kept past its node's eviction is refused), with 48 bytes of eviction figures (16 of
+//! them the node's own, 32 the header of a grown leaf's registrations, which take 16 bytes
+//! each) and 4 of generation per node beside it; each node stores its key pages interleaved
+//! with their page ids (4 bytes per page); one hash map indexes children by (parent,
+//! namespace, first page). See [`RadixCache::bookkeeping_bytes`].
 //!
 //! Access times are kept lazily: an insert stamps the node where it ends and the lower half of
 //! a node it splits (a match stamps the nodes it passes), and a node takes the newer of its own
@@ -332,7 +333,8 @@ impl RadixCache {
     }
 
     /// Heap and inline bytes of the cache's bookkeeping, token ids of the keys excluded: node
-    /// table, page ids and spare vector capacity, child index, leaf set, buffers, and the page
+    /// table, page ids and spare vector capacity, grown leaves' registrations, child index,
+    /// leaf set, buffers, and the page
     /// index (one bit per page id up to the largest the tree has held); with events on, the
     /// queued events and the page hashes (8 bytes per page id up to the largest held).
     pub fn bookkeeping_bytes(&self) -> usize {

@@ -347,6 +347,8 @@ impl IndexMut<NodeId> for Arena {
 
 // The per-node budget the module docs promise: two generation-carrying links.
 const _: () = assert!(size_of::<Node>() == 72);
+// And the figures beside each node: its own, and a grown leaf's registrations' header.
+const _: () = assert!(size_of::<Figures>() == 48);
 
 #[cfg(test)]
 mod tests {
