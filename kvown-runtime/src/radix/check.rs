@@ -50,8 +50,9 @@ impl RadixCache {
     /// the root); positions (each key starts where its parent's
     /// ends, whole pages only); lock counts (root 1, every other its own locks plus the sum of
     /// its children's); the evictable-leaf set and its eviction order (an entry at each candidate's
-    /// rank); a grown leaf's registrations in order inside it; no page cached twice, and the page index holding exactly the cached pages;
-    /// with events on, each cached page's recorded hash that of its path.
+    /// rank); a grown leaf's registrations in order inside it; no page cached twice, and the
+    /// page index holding exactly the cached pages; with events on, each cached page's recorded
+    /// hash that of its path.
     ///
     /// Cost: O(cached pages + nodes); meant for tests and debug builds.
     pub fn check(&self) -> Result<(), RadixError> {

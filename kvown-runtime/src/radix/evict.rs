@@ -91,11 +91,12 @@ impl RadixCache {
     /// the highest priority and the sum of the hits of it and its evicted children. A leaf that
     /// a running request grew in place is evicted as sglang's node per registration would be:
     /// its newest registration first, the rest competing again with the figures of the
-    /// registration that now ends it. The evicted pages are freed with one
-    /// `alloc.free_page_ids(pages)` call, node after node (registration after registration) in
-    /// eviction order and each one's in key order, before any node is deleted (so a LIFO allocator reuses the first victim's
-    /// pages first; sglang frees node by node, so its paged allocator reuses the last victim's
-    /// first).
+    /// registration that now ends it.
+    ///
+    /// The evicted pages are freed with one `alloc.free_page_ids(pages)` call, node after node
+    /// (registration after registration) in eviction order and each one's in key order, before
+    /// any node is deleted (so a LIFO allocator reuses the first victim's pages first; sglang
+    /// frees node by node, so its paged allocator reuses the last victim's first).
     ///
     /// Cost: O(log leaves + node tokens) per evicted node, amortized: the eviction order is kept
     /// across calls (sglang rebuilds a heap of every leaf on each call).

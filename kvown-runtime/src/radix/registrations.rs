@@ -59,7 +59,8 @@ impl Registrations {
         self.list.is_empty() || created - self.first_created <= u64::from(u32::MAX)
     }
 
-    /// Keeps a registration ending at `end_page` with `stats`; it must [`Registrations::fits`] them.
+    /// Keeps a registration ending at `end_page` with `stats`, whose creation time must
+    /// [`Registrations::fits`] these.
     fn push(&mut self, end_page: usize, stats: &NodeStats) {
         if self.list.is_empty() {
             self.first_created = stats.created;
