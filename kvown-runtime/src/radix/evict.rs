@@ -22,10 +22,9 @@ use crate::alloc::{KvAllocator, PageId};
 struct PlannedNode {
     /// Children not yet chosen as victims.
     children_left: u32,
-    /// Earlier registrations of a grown leaf not yet chosen as victims.
+    /// Earlier registrations of a grown leaf not yet chosen as victims (its newest one left is
+    /// number `registrations_left`, [`RadixCache::registration_end`]).
     registrations_left: u32,
-    /// Pages not yet chosen as victims.
-    pages_left: u32,
     /// Its access time after inheriting its victims' ([`RadixCache::remove_leaf`]).
     last_access: u64,
     /// Its eviction figures after absorbing its victims'.
@@ -35,13 +34,13 @@ struct PlannedNode {
     taken: bool,
 }
 
-/// What an eviction frees of one node: its pages `[keep, end)`, the whole node when `keep` is
-/// 0, else its newest registrations down to the one ending at `keep`.
+/// What an eviction frees, in eviction order.
 #[derive(Debug, Clone, Copy)]
-struct Victim {
-    node: NodeId,
-    keep: u32,
-    end: u32,
+enum Victim {
+    /// A node, whole: what is left of it once this plan's earlier victims are gone.
+    Node(NodeId),
+    /// Registrations `kept + 1..=had` of a grown leaf, newest first; it keeps the others.
+    Registrations { node: NodeId, kept: u32, had: u32 },
 }
 
 /// Buffers of an eviction plan, kept between calls so that a warm cache plans without
@@ -159,7 +158,7 @@ impl RadixCache {
         if tokens == 0 {
             return Ok(0);
         }
-        for victim in &plan.victims {
+        for &victim in &plan.victims {
             self.victim_pages(victim, &mut plan.pages);
         }
         if let Err(source) = alloc.free_page_ids(&plan.pages) {
@@ -170,12 +169,13 @@ impl RadixCache {
                 source,
             });
         }
-        for victim in &plan.victims {
-            if victim.keep == 0 {
-                self.remove_leaf(victim.node);
-            } else {
-                self.remove_registrations(victim.node, victim.keep as usize);
-                self.push_order(victim.node);
+        for &victim in &plan.victims {
+            match victim {
+                Victim::Node(node) => self.remove_leaf(node),
+                Victim::Registrations { node, kept, .. } => {
+                    self.remove_registrations(node, kept as usize);
+                    self.push_order(node);
+                }
             }
         }
         Ok(tokens)
@@ -202,52 +202,16 @@ impl RadixCache {
             planned.taken = true;
             let PlannedNode {
                 registrations_left,
-                pages_left,
                 last_access,
                 stats,
                 ..
             } = *planned;
             if registrations_left > 0 {
-                let rival = self.next_listed(plan).max(plan.orphans.peek().copied());
-                let registrations = self
-                    .arena
-                    .registrations(victim)
-                    .expect("a planned registration is the node's");
-                let (mut left, mut end, mut stats) =
-                    (registrations_left as usize, pages_left as usize, stats);
-                // Newest first, for as long as what is left of the leaf would be chosen next.
-                loop {
-                    left -= 1;
-                    let (end_page, mut figures) = registrations.get(left);
-                    figures.absorb(&stats);
-                    tokens += (end - end_page) * page_size;
-                    (end, stats) = (end_page, figures);
-                    let rank = self.policy.rank(last_access, &stats);
-                    if tokens >= num_tokens || left == 0 || Some(Reverse((rank, victim))) < rival {
-                        plan.orphans.push(Reverse((rank, victim)));
-                        break;
-                    }
-                }
-                let planned = plan.nodes.get_mut(&victim).expect("planned above");
-                *planned = PlannedNode {
-                    registrations_left: left as u32,
-                    pages_left: end as u32,
-                    stats,
-                    ..*planned
-                };
-                plan.victims.push(Victim {
-                    node: victim,
-                    keep: end as u32,
-                    end: pages_left,
-                });
+                tokens += self.plan_registrations(victim, num_tokens - tokens, plan);
                 continue;
             }
-            plan.victims.push(Victim {
-                node: victim,
-                keep: 0,
-                end: pages_left,
-            });
-            tokens += pages_left as usize * page_size;
+            plan.victims.push(Victim::Node(victim));
+            tokens += self.registration_end(victim, 0) * page_size;
             let parent = self.arena[victim].parent;
             let planned = plan
                 .nodes
@@ -268,15 +232,57 @@ impl RadixCache {
         tokens
     }
 
+    /// Plans the eviction of the newest registrations left of the grown leaf `victim`, taken
+    /// by this plan: the newest, then the one before for as long as what is left would be
+    /// chosen next and fewer than `wanted` tokens are planned. What is left competes again
+    /// among the plan's orphans with the figures of the registration that now ends it. Returns
+    /// the tokens planned.
+    fn plan_registrations(
+        &mut self,
+        victim: NodeId,
+        wanted: usize,
+        plan: &mut EvictionScratch,
+    ) -> usize {
+        let rival = self.next_listed(plan).max(plan.orphans.peek().copied());
+        let planned = plan.nodes.get_mut(&victim).expect("the victim is planned");
+        let registrations = self
+            .arena
+            .registrations(victim)
+            .expect("a planned registration is the node's");
+        let had = planned.registrations_left as usize;
+        let end = self.registration_end(victim, had);
+        let mut left = had;
+        loop {
+            left -= 1;
+            let (keep, mut figures) = registrations.get(left);
+            figures.absorb(&planned.stats);
+            planned.stats = figures;
+            let tokens = (end - keep) * self.layout.page_size();
+            let rank = self.policy.rank(planned.last_access, &planned.stats);
+            if tokens >= wanted || left == 0 || Some(Reverse((rank, victim))) < rival {
+                planned.registrations_left = left as u32;
+                plan.orphans.push(Reverse((rank, victim)));
+                plan.victims.push(Victim::Registrations {
+                    node: victim,
+                    kept: left as u32,
+                    had: had as u32,
+                });
+                return tokens;
+            }
+        }
+    }
+
     /// Appends the page ids `victim` frees to `pages`, in the order sglang frees them.
-    fn victim_pages(&self, victim: &Victim, pages: &mut Vec<PageId>) {
-        if victim.keep == 0 {
-            let entry = &self.arena[victim.node];
-            let node_pages = 0..victim.end as usize;
-            pages.extend(node_pages.map(|page| entry.page_id(page, self.layout)));
-        } else {
-            let (keep, end) = (victim.keep as usize, victim.end as usize);
-            self.registration_pages(victim.node, keep, end, pages);
+    fn victim_pages(&self, victim: Victim, pages: &mut Vec<PageId>) {
+        match victim {
+            Victim::Node(node) => {
+                let entry = &self.arena[node];
+                let node_pages = 0..self.registration_end(node, 0);
+                pages.extend(node_pages.map(|page| entry.page_id(page, self.layout)));
+            }
+            Victim::Registrations { node, kept, had } => {
+                self.registration_pages(node, kept as usize, had as usize, pages);
+            }
         }
     }
 
@@ -287,7 +293,6 @@ impl RadixCache {
         PlannedNode {
             children_left: entry.child_count,
             registrations_left: registrations as u32,
-            pages_left: entry.num_pages(self.layout) as u32,
             last_access: entry.last_access,
             stats: *self.arena.stats(node),
             taken: false,

@@ -157,53 +157,47 @@ impl RadixCache {
         }
     }
 
-    /// Appends to `pages` the pages of `node` from `keep` to `end` (a run of its newest
-    /// registrations, `keep` where an earlier one ends) as sglang frees them: registration after
-    /// registration, newest first, each one's pages in key order.
+    /// Where registration `index` of `node` ends, in pages, counting its earlier registrations
+    /// oldest first from 0 and the newest (what the leaf's own figures describe) as the last,
+    /// number [`Registrations::len`].
+    pub(super) fn registration_end(&self, node: NodeId, index: usize) -> usize {
+        match self.arena.registrations(node) {
+            Some(registrations) if index < registrations.len() => registrations.get(index).0,
+            _ => self.arena[node].num_pages(self.layout),
+        }
+    }
+
+    /// Appends to `pages` the pages of registrations `kept + 1..=had` of `node` as sglang frees
+    /// them: registration after registration, newest first, each one's pages in key order.
     pub(super) fn registration_pages(
         &self,
         node: NodeId,
-        keep: usize,
-        end: usize,
+        kept: usize,
+        had: usize,
         pages: &mut Vec<PageId>,
     ) {
         let (layout, entry) = (self.layout, &self.arena[node]);
-        let registrations = self
-            .arena
-            .registrations(node)
-            .expect("only a grown leaf loses registrations");
-        let mut to = end;
-        for index in (0..registrations.len()).rev() {
-            let (from, _) = registrations.get(index);
-            if from >= to {
-                // Taken by an earlier run of the same plan (pages are listed before any goes).
-                continue;
-            }
+        for index in (kept + 1..=had).rev() {
+            let from = self.registration_end(node, index - 1);
+            let to = self.registration_end(node, index);
             pages.extend((from..to).map(|page| entry.page_id(page, layout)));
-            if from == keep {
-                return;
-            }
-            to = from;
         }
-        unreachable!("`keep` is where an earlier registration of the leaf ends");
     }
 
-    /// Forgets the newest registrations of the evictable grown leaf `node` down to the one
-    /// that ends at page `keep`, whose pages past it the caller has freed: the leaf keeps the
-    /// pages up to there, with the figures of that registration having absorbed the removed
-    /// ones' (sglang deletes the leaves of the newest registrations one by one, each parent
-    /// becoming a candidate). The caller lists the leaf again at its new rank (`push_order`).
-    pub(super) fn remove_registrations(&mut self, node: NodeId, keep: usize) {
+    /// Forgets all but the first `kept` earlier registrations of the evictable grown leaf
+    /// `node`, whose pages the caller has freed: the leaf keeps the pages up to where
+    /// registration `kept` ends, with its figures having absorbed the removed ones' (sglang
+    /// deletes the leaves of the newest registrations one by one, each parent becoming a
+    /// candidate). The caller lists the leaf again at its new rank (`push_order`).
+    pub(super) fn remove_registrations(&mut self, node: NodeId, kept: usize) {
         let layout = self.layout;
+        let keep = self.registration_end(node, kept);
         let (stats, registrations) = self.arena.figures_mut(node);
-        loop {
-            let (end_page, mut own) = registrations.get(registrations.len() - 1);
+        while registrations.len() > kept {
+            let (_, mut own) = registrations.get(registrations.len() - 1);
             own.absorb(stats);
             *stats = own;
             registrations.pop();
-            if end_page == keep {
-                break;
-            }
         }
         self.record_removed(node, keep);
         let entry = &mut self.arena[node];
@@ -223,10 +217,9 @@ impl RadixCache {
     }
 
     /// Turns the earlier registrations of `node` into nodes above it, each with its figures
-    /// (and the leaf's access time, never older than its own), as sglang's tree holds them;
-    /// returns the topmost. `node` keeps its handle, locks and children with its newest
-    /// registration's pages.
-    pub(super) fn materialize(&mut self, node: NodeId) -> NodeId {
+    /// (and the leaf's access time, never older than its own), as sglang's tree holds them.
+    /// `node` keeps its handle, locks and children with its newest registration's pages.
+    pub(super) fn materialize(&mut self, node: NodeId) {
         let registrations = std::mem::take(self.arena.registrations_mut(node));
         let start = self.arena[node].start();
         let mut lower = node;
@@ -236,7 +229,6 @@ impl RadixCache {
             *self.arena.stats_mut(upper) = stats;
             lower = upper;
         }
-        lower
     }
 
     /// Makes a node end at `pos` (page-aligned, strictly inside `node`'s key), as sglang's
