@@ -29,12 +29,13 @@
 //! -- --skip grow`.
 
 mod common;
+#[path = "common/faulty.rs"]
+mod faulty;
 
 use std::fmt::{self, Write as _};
 
-use kvown_runtime::alloc::{
-    AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PagedAllocator,
-};
+use faulty::{Faults, Faulty};
+use kvown_runtime::alloc::{KvAllocator, KvSlot, PageId, PagedAllocator};
 use kvown_runtime::radix::{EvictionPolicy, InsertParams, Namespace, NodeId, RadixCache, TreePos};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -419,81 +420,6 @@ impl Model {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The allocator that records evictions
-// ---------------------------------------------------------------------------------------------
-
-/// A [`PagedAllocator`] that remembers the argument of every `free_page_ids` call (the tree
-/// frees an eviction's pages with one), in order.
-struct Recorder {
-    inner: PagedAllocator,
-    freed: Vec<Vec<PageId>>,
-}
-
-impl KvAllocator for Recorder {
-    fn page_size(&self) -> usize {
-        self.inner.page_size()
-    }
-
-    fn capacity(&self) -> usize {
-        self.inner.capacity()
-    }
-
-    fn available_size(&self) -> usize {
-        self.inner.available_size()
-    }
-
-    fn alloc(&mut self, num_tokens: usize, out: &mut Vec<KvSlot>) -> Result<(), AllocError> {
-        self.inner.alloc(num_tokens, out)
-    }
-
-    fn alloc_extend(
-        &mut self,
-        reqs: &[ExtendShape],
-        out: &mut Vec<KvSlot>,
-    ) -> Result<(), AllocError> {
-        self.inner.alloc_extend(reqs, out)
-    }
-
-    fn alloc_decode(
-        &mut self,
-        reqs: &[DecodeShape],
-        out: &mut Vec<KvSlot>,
-    ) -> Result<(), AllocError> {
-        self.inner.alloc_decode(reqs, out)
-    }
-
-    fn free(&mut self, slots: &[KvSlot]) -> Result<(), AllocError> {
-        self.inner.free(slots)
-    }
-
-    fn free_segment(&mut self, slots: &[KvSlot], start_pos: usize) -> Result<(), AllocError> {
-        self.inner.free_segment(slots, start_pos)
-    }
-
-    fn free_segments(&mut self, segments: &[(&[KvSlot], usize)]) -> Result<(), AllocError> {
-        self.inner.free_segments(segments)
-    }
-
-    fn free_page_ids(&mut self, pages: &[PageId]) -> Result<(), AllocError> {
-        self.inner.free_page_ids(pages)?;
-        self.freed.push(pages.to_vec());
-        Ok(())
-    }
-
-    fn free_group_begin(&mut self) -> Result<(), AllocError> {
-        self.inner.free_group_begin()
-    }
-
-    fn free_group_end(&mut self) -> Result<(), AllocError> {
-        self.inner.free_group_end()
-    }
-
-    fn in_free_group(&self) -> bool {
-        self.inner.in_free_group()
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // Operations
 // ---------------------------------------------------------------------------------------------
 
@@ -617,7 +543,11 @@ struct World {
     policy: EvictionPolicy,
     hint: Hint,
     tree: RadixCache,
-    alloc: Recorder,
+    /// A pool that keeps what each `free_page_ids` call freed (the tree frees an eviction's
+    /// pages with one).
+    alloc: Faulty<PagedAllocator>,
+    /// The pages of each `free_page_ids` call of the last eviction.
+    freed: Vec<Vec<PageId>>,
     model: Model,
     holders: Vec<Holder>,
     requests: Vec<Request>,
@@ -646,10 +576,11 @@ impl World {
             policy,
             hint,
             tree: RadixCache::with_policy(page_size, policy),
-            alloc: Recorder {
+            alloc: Faulty {
                 inner: PagedAllocator::new(POOL_PAGES * page_size, page_size, false).unwrap(),
-                freed: Vec::new(),
+                faults: Faults::default(),
             },
+            freed: Vec::new(),
             model: Model::new(page_size, policy),
             holders: Vec::new(),
             requests: Vec::new(),
@@ -857,9 +788,10 @@ impl World {
             }
             Op::Evict { pages } => {
                 let asked = pages.saturating_mul(self.page_size);
-                self.alloc.freed.clear();
+                self.alloc.faults.take_freed_pages();
                 let evicted = self.tree.evict(asked, &mut self.alloc).unwrap();
-                let kvown: Vec<PageId> = self.alloc.freed.concat();
+                self.freed = self.alloc.faults.take_freed_pages();
+                let kvown: Vec<PageId> = self.freed.concat();
                 let (model_evicted, model) = self.model.evict(asked);
                 self.trace.push(format!(
                     "evict {} pages: kvown frees {kvown:?}, model {model:?}",
@@ -873,7 +805,7 @@ impl World {
                 same("tokens evicted", evicted, model_evicted)?;
                 same(
                     "free_page_ids calls",
-                    self.alloc.freed.len(),
+                    self.freed.len(),
                     usize::from(evicted > 0),
                 )?;
             }
@@ -1084,7 +1016,7 @@ fn a_split_leaves_the_older_leaf_first_in_line() {
     let page_of_3 = world.model.lookup(&[3]);
     assert_eq!(page_of_3.len(), 1);
     run(&mut world, &[Op::Evict { pages: 1 }]);
-    assert_eq!(world.alloc.freed, [page_of_3]);
+    assert_eq!(world.freed, [page_of_3]);
     assert_eq!(world.model.lookup(&[3]), []);
     assert_eq!(world.model.lookup(&[1, 3]).len(), 2);
 }
@@ -1122,7 +1054,7 @@ fn a_grown_leaf_evicts_only_its_newest_registration() {
     let pages = world.model.lookup(&[1, 2]);
     assert_eq!(pages.len(), 2);
     run(&mut world, &[Op::Evict { pages: 1 }]);
-    assert_eq!(world.alloc.freed, [vec![pages[1]]]);
+    assert_eq!(world.freed, [vec![pages[1]]]);
     assert_eq!(world.model.lookup(&[1, 2]), pages[..1]);
 }
 
@@ -1140,7 +1072,7 @@ fn a_leaf_inserted_at_a_negative_priority_goes_first() {
     run(&mut world, &[insert_op(&[1]), low]);
     let page_of_2 = world.model.lookup(&[2]);
     run(&mut world, &[Op::Evict { pages: 1 }]);
-    assert_eq!(world.alloc.freed, [page_of_2]);
+    assert_eq!(world.freed, [page_of_2]);
 }
 
 /// Page size 1, MRU: inserting `[1, 3]` splits `[1, 2]`; the lower part `[2]` takes the
@@ -1152,5 +1084,5 @@ fn a_leaf_added_below_a_split_is_newer_than_the_split_off_part() {
     run(&mut world, &[insert_op(&[1, 2]), insert_op(&[1, 3])]);
     let pages = world.model.lookup(&[1, 3]);
     run(&mut world, &[Op::Evict { pages: 1 }]);
-    assert_eq!(world.alloc.freed, [vec![pages[1]]]);
+    assert_eq!(world.freed, [vec![pages[1]]]);
 }

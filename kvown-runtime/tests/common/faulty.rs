@@ -2,10 +2,11 @@
 //! (or a backend that reports a device failure) would: a free refused, a free reported done but
 //! lost, a page freed behind the cache's back, or an extend allocation refused although the
 //! pool had room. The error paths, and the broken states, that a correct host allocator never
-//! reaches.
+//! reaches. It also keeps the pages of every `free_page_ids` call that reached the allocator,
+//! for tests that check which pages went back, in which order.
 //! Included with `#[path]` by the tests that use it.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use kvown_runtime::alloc::{
@@ -27,13 +28,12 @@ pub struct Faults {
     lose_next: Rc<Cell<bool>>,
     /// What goes wrong with the next extend allocation, if anything.
     next_extend: Rc<Cell<Option<ExtendFault>>>,
+    /// The pages of each `free_page_ids` call passed on, in order, since the last take.
+    freed_pages: Rc<RefCell<Vec<Vec<PageId>>>>,
 }
 
 /// How an extend allocation goes wrong (armed with [`Faults::fault_next_extend`]).
-#[allow(
-    dead_code,
-    reason = "used by wrapped_allocator.rs, not by batch_proptest.rs"
-)]
+#[allow(dead_code, reason = "used by wrapped_allocator.rs only")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExtendFault {
     /// Refused with [`AllocError::OutOfMemory`], changing nothing, as a device out of memory
@@ -49,37 +49,36 @@ pub enum ExtendFault {
 
 impl Faults {
     /// Sets how many more frees pass (`None`: all of them).
+    #[allow(dead_code, reason = "not used by eviction_replay.rs")]
     pub fn set_frees_left(&self, frees_left: Option<usize>) {
         self.frees_left.set(frees_left);
     }
 
     /// Makes the next free that passes free `page` too, as a second owner of the allocator (or
     /// a bug in it) would: the page goes back to the free list while its holder still holds it.
-    #[allow(
-        dead_code,
-        reason = "used by wrapped_allocator.rs, not by batch_proptest.rs"
-    )]
+    #[allow(dead_code, reason = "used by wrapped_allocator.rs only")]
     pub fn smuggle(&self, page: PageId) {
         self.smuggled.set(Some(page));
     }
 
     /// Makes the next free report success and free nothing, as a backend that drops a free
     /// would: its pages stay held by no one.
-    #[allow(
-        dead_code,
-        reason = "used by wrapped_allocator.rs, not by batch_proptest.rs"
-    )]
+    #[allow(dead_code, reason = "used by wrapped_allocator.rs only")]
     pub fn lose_next_free(&self) {
         self.lose_next.set(true);
     }
 
     /// Makes the next extend allocation go wrong as `fault` says.
-    #[allow(
-        dead_code,
-        reason = "used by wrapped_allocator.rs, not by batch_proptest.rs"
-    )]
+    #[allow(dead_code, reason = "used by wrapped_allocator.rs only")]
     pub fn fault_next_extend(&self, fault: ExtendFault) {
         self.next_extend.set(Some(fault));
+    }
+
+    /// Takes the pages of the `free_page_ids` calls passed on to the allocator since the last
+    /// take: one entry per call, its pages in the order given.
+    #[allow(dead_code, reason = "used by eviction_replay.rs only")]
+    pub fn take_freed_pages(&self) -> Vec<Vec<PageId>> {
+        self.freed_pages.take()
     }
 
     /// Runs `free` while the budget lasts, spending one free when it succeeds; otherwise
@@ -230,7 +229,12 @@ impl<A: KvAllocator> KvAllocator for Faulty<A> {
         let first = pages
             .first()
             .map(|&page| page * self.inner.page_size() as KvSlot);
-        self.free_within_budget(first, |inner| inner.free_page_ids(pages))
+        let freed_pages = Rc::clone(&self.faults.freed_pages);
+        self.free_within_budget(first, |inner| {
+            inner.free_page_ids(pages)?;
+            freed_pages.borrow_mut().push(pages.to_vec());
+            Ok(())
+        })
     }
 
     fn free_group_begin(&mut self) -> Result<(), AllocError> {
