@@ -157,6 +157,14 @@ impl Model {
             .find(|&child| &self.nodes[child].key[..self.page_size] == page)
     }
 
+    /// A step of sglang's two walks: the child of `node` that `rest` enters, stamped with
+    /// `access`, and how many tokens the two share.
+    fn walk_into(&mut self, node: usize, rest: &[u32], access: u64) -> Option<(usize, usize)> {
+        let child = self.child(node, &rest[..self.page_size])?;
+        self.nodes[child].last_access = access;
+        Some((child, self.common_len(&self.nodes[child].key, rest)))
+    }
+
     /// `match_prefix` and `_match_prefix_helper`: the key cut to whole pages (an empty one
     /// returns the root without reading the clock); one access time stamps the root and every
     /// child walked into; a match ending strictly inside a child splits it and stops at the
@@ -170,11 +178,9 @@ impl Model {
         self.nodes[ROOT].last_access = access;
         let (mut node, mut pos) = (ROOT, 0);
         while pos < key.len() {
-            let Some(child) = self.child(node, &key[pos..pos + self.page_size]) else {
+            let Some((child, common)) = self.walk_into(node, &key[pos..], access) else {
                 break;
             };
-            self.nodes[child].last_access = access;
-            let common = self.common_len(&self.nodes[child].key, &key[pos..]);
             pos += common;
             if common < self.nodes[child].key.len() {
                 node = self.split(child, common);
@@ -240,11 +246,9 @@ impl Model {
         root.priority = root.priority.max(priority);
         let (mut node, mut pos) = (ROOT, 0);
         while pos < key.len() {
-            let Some(child) = self.child(node, &key[pos..pos + self.page_size]) else {
+            let Some((child, common)) = self.walk_into(node, &key[pos..], access) else {
                 break;
             };
-            self.nodes[child].last_access = access;
-            let common = self.common_len(&self.nodes[child].key, &key[pos..]);
             pos += common;
             node = if common < self.nodes[child].key.len() {
                 // The upper part's only child starts with a page the key does not have: the
