@@ -266,7 +266,8 @@ impl RadixCache {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{EvictionPolicy, InsertParams, Namespace, RadixCache, TreePos};
+    use super::super::{EvictionPolicy, InsertParams, Namespace, RadixCache, RadixError, TreePos};
+    use super::Registrations;
     use crate::alloc::{KvAllocator, PagedAllocator};
 
     /// A cache of page size 1 under `policy` holding `[1]`, locked and grown in place by
@@ -386,6 +387,35 @@ mod tests {
             cache.check().unwrap();
         }
         assert_eq!(left, [4, 3, 2, 1, 0], "newest first");
+    }
+
+    #[test]
+    fn the_check_finds_registrations_out_of_order_or_past_the_leaf() {
+        let broken = |wreck: fn(&mut Registrations)| {
+            let (mut cache, at) = grown(EvictionPolicy::Lru);
+            cache.check().unwrap();
+            wreck(cache.arena.registrations_mut(at.node));
+            match cache.check() {
+                Err(RadixError::Inconsistent { what, .. }) => what,
+                other => panic!("the check passed a broken leaf: {other:?}"),
+            }
+        };
+        assert_eq!(
+            broken(|r| r.list.swap(0, 1)),
+            "registration ends out of order"
+        );
+        assert_eq!(
+            broken(|r| r.list[1].created_after_first = 0),
+            "registration created out of order"
+        );
+        assert_eq!(
+            broken(|r| r.list[1].end_page = 3),
+            "registration ends past the leaf's newest"
+        );
+        assert_eq!(
+            broken(|r| r.list[1].created_after_first = 7),
+            "registration created after the leaf's newest"
+        );
     }
 
     #[test]
