@@ -37,7 +37,7 @@
 //! // Read the prefill node's slots 32..48 into this node's 64..80; notify it with tag 7.
 //! let src: Vec<u32> = (32..48).collect();
 //! let dst: Vec<u32> = (64..80).collect();
-//! let id = link.submit_tagged(&src, &dst, 7)?;
+//! let id = link.submit_tagged(&src, &dst, Some(7))?;
 //! link.wait(id)?;
 //! # Ok(())
 //! # }

@@ -44,7 +44,8 @@ fn candidates() -> Vec<PathBuf> {
             false => configured,
         });
     }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let workspace = manifest.parent().unwrap_or(manifest);
     paths.push(
         workspace
             .join(".nixl")
@@ -70,7 +71,10 @@ fn load_first(candidates: &[PathBuf]) -> Result<Api, Unavailable> {
         // are ordinary shared libraries with no initialiser that needs more than a process.
         match unsafe { Library::new(path) } {
             Ok(library) => return load_api(library, path),
-            Err(error) => tried.push(format!("{}: {error}", path.display())),
+            Err(error) => match std::error::Error::source(&error) {
+                Some(cause) => tried.push(format!("{}: {error}: {cause}", path.display())),
+                None => tried.push(format!("{}: {error}", path.display())),
+            },
         }
     }
     Err(Unavailable::NotFound { tried })

@@ -29,8 +29,8 @@ unsafe impl Send for XferRequest {}
 
 /// What one request asks for besides its descriptors.
 pub(crate) struct RequestOptions<'a> {
-    /// The message the peer is notified with on completion.
-    pub notify: &'a [u8],
+    /// The message the peer is notified with on completion, if any.
+    pub notify: Option<&'a [u8]>,
     /// Whether NIXL must post the descriptors as given, without merging neighbours.
     pub skip_merge: bool,
 }
@@ -45,7 +45,9 @@ impl XferRequest {
         options: &RequestOptions<'_>,
     ) -> Result<XferRequest, NixlError> {
         let mut args = OptArgs::new(agent)?;
-        args.notify(options.notify)?;
+        if let Some(message) = options.notify {
+            args.notify(message)?;
+        }
         if options.skip_merge {
             args.skip_merge()?;
         }

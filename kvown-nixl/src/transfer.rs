@@ -174,14 +174,15 @@ impl NixlTransfer {
     }
 
     /// Starts reading the peer's rows of `src` (every layer, K and V) into this node's `dst`,
-    /// pairwise; on completion the peer is notified with [`notice`]`(tag)`. Refused, with
-    /// nothing posted, when the lists differ in length, a slot is past its pool, or the peer is
-    /// unknown or has restarted.
+    /// pairwise; on completion the peer is notified with [`notice`]`(tag)`, or not at all
+    /// with `None` (a request read in parts notifies with its last). Refused, with nothing
+    /// posted, when the lists differ in length, a slot is past its pool, or the peer is unknown
+    /// or has restarted.
     pub fn submit_tagged(
         &mut self,
         src: &[KvSlot],
         dst: &[KvSlot],
-        tag: u64,
+        tag: Option<u64>,
     ) -> Result<TransferId, NixlError> {
         self.check_slots(src, dst)?;
         self.check_peer()?;
@@ -221,7 +222,11 @@ impl NixlTransfer {
     }
 
     /// The READ request of `runs`, with its descriptor count.
-    fn read_request(&self, runs: &[SlotRun], tag: u64) -> Result<(XferRequest, usize), NixlError> {
+    fn read_request(
+        &self,
+        runs: &[SlotRun],
+        tag: Option<u64>,
+    ) -> Result<(XferRequest, usize), NixlError> {
         let api = self.agent.inner.api.as_ref();
         let (mut local, mut remote) = (XferList::new(api)?, XferList::new(api)?);
         let (here, there) = (self.local.descriptor(), &self.peer.pool);
@@ -237,8 +242,9 @@ impl NixlTransfer {
                 }
             }
         }
+        let message = tag.map(notice);
         let options = RequestOptions {
-            notify: &notice(tag),
+            notify: message.as_ref().map(|m| m.as_slice()),
             skip_merge: !self.merge,
         };
         let request = XferRequest::read(
@@ -321,7 +327,7 @@ impl KvTransfer for NixlTransfer {
     /// [`NixlTransfer::submit_tagged`] with the transfer's own id as its tag.
     fn submit(&mut self, src: &[KvSlot], dst: &[KvSlot]) -> Result<TransferId, TransferError> {
         let tag = self.next_id;
-        self.submit_tagged(src, dst, tag)
+        self.submit_tagged(src, dst, Some(tag))
             .map_err(into_transfer_error)
     }
 
