@@ -18,9 +18,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use kvown_nixl::channel::{Channel, Listener};
-use kvown_nixl::{
-    Agent, Holds, NixlError, NixlTransfer, PeerMetadata, RegisteredPool, slot_runs,
-};
+use kvown_nixl::{Agent, Holds, NixlError, NixlTransfer, PeerMetadata, RegisteredPool, slot_runs};
 use kvown_runtime::kv::{KvDtype, KvLayout, KvPool, KvSlice, KvTensor};
 use serde::{Deserialize, Serialize};
 
@@ -208,7 +206,10 @@ fn measure(args: &Args) -> Result<Report, NixlError> {
     let listener = Listener::bind_temp("kvown-nixl-bench")?;
     let mut child = std::process::Command::new(std::env::current_exe().expect("this binary"))
         .env(SOURCE_ENV, listener.path())
-        .env("KVOWN_NIXL_BENCH_ARGS", serde_json::to_string(args).unwrap())
+        .env(
+            "KVOWN_NIXL_BENCH_ARGS",
+            serde_json::to_string(args).unwrap(),
+        )
         .spawn()
         .map_err(|e| NixlError::PeerLost {
             detail: format!("starting the source: {e}"),
@@ -231,8 +232,8 @@ fn measure(args: &Args) -> Result<Report, NixlError> {
         ("one descriptor per slot", true, false),
     ] {
         let dst = decode_slots(args, scattered);
-        let mut link = NixlTransfer::new(&agent, pool.clone(), peer.clone())?
-            .with_merged_runs(merge);
+        let mut link =
+            NixlTransfer::new(&agent, pool.clone(), peer.clone())?.with_merged_runs(merge);
         let mut nixl = Vec::new();
         for _ in 0..args.repeats {
             let start = Instant::now();
@@ -260,7 +261,8 @@ fn measure(args: &Args) -> Result<Report, NixlError> {
     }
     let decode_poll_outcomes_ns = start.elapsed().as_nanos() as f64 / f64::from(calls);
     channel.send(&Command::TimeHoldsPoll { calls: 10_000 })?;
-    let Some(Answer::HoldsPollNs(source_holds_poll_ns)) = channel.recv(Some(Duration::from_secs(60)))?
+    let Some(Answer::HoldsPollNs(source_holds_poll_ns)) =
+        channel.recv(Some(Duration::from_secs(60)))?
     else {
         return Err(NixlError::PeerLost {
             detail: "no answer from the source".into(),
@@ -283,7 +285,10 @@ fn memcpy_seconds(args: &Args, src: &[u32], dst: &[u32], merge: bool) -> Vec<f64
     let layout = args.layout();
     let row_bytes = layout.row_len(KvTensor::K) * 2;
     let buffer = layout.slots() * row_bytes;
-    let (from, mut to) = (vec![1u8; buffer * 2 * args.layers], vec![0u8; buffer * 2 * args.layers]);
+    let (from, mut to) = (
+        vec![1u8; buffer * 2 * args.layers],
+        vec![0u8; buffer * 2 * args.layers],
+    );
     let runs = slot_runs(src, dst, merge);
     (0..args.repeats)
         .map(|_| {

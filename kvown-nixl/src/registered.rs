@@ -52,25 +52,30 @@ impl Drop for Registered {
         // Deregister before the buffers are freed (the pool drops after this body). A failure
         // cannot be acted on in a destructor: the agent forgets the regions when it is destroyed.
         let api = self.agent.api.as_ref();
-        if let Ok(mut list) = RegList::new(api) {
-            if self
+        if let Ok(mut list) = RegList::new(api)
+            && self
                 .regions
                 .iter()
                 .all(|&(addr, len)| list.push(addr, len).is_ok())
-            {
-                // SAFETY: valid agent and list naming what `register` registered.
-                unsafe {
-                    (api.nixl_capi_deregister_mem)(self.agent.raw, list.raw, std::ptr::null_mut());
-                }
+        {
+            // SAFETY: valid agent and list naming what `register` registered.
+            unsafe {
+                (api.nixl_capi_deregister_mem)(self.agent.raw, list.raw, std::ptr::null_mut());
             }
         }
     }
 }
 
+/// A host pool before registration: the pool, its buffers' regions `(address, bytes)` and
+/// its descriptor.
+struct HostPool {
+    pool: Box<dyn KvPool>,
+    regions: Vec<(usize, usize)>,
+    descriptor: PoolDescriptor,
+}
+
 /// A zeroed host pool of `T`, its buffers' regions and its descriptor.
-fn host_pool<T: KvElement>(
-    layout: KvLayout,
-) -> Result<(Box<dyn KvPool>, Vec<(usize, usize)>, PoolDescriptor), NixlError> {
+fn host_pool<T: KvElement>(layout: KvLayout) -> Result<HostPool, NixlError> {
     let mut pool = HostKvPool::<T>::new(layout).map_err(NixlError::Pool)?;
     let mut regions = Vec::with_capacity(2 * layout.layers());
     let (mut k_buffers, mut v_buffers) = (Vec::new(), Vec::new());
@@ -94,7 +99,11 @@ fn host_pool<T: KvElement>(
         k_buffers,
         v_buffers,
     };
-    Ok((Box::new(pool), regions, descriptor))
+    Ok(HostPool {
+        pool: Box::new(pool),
+        regions,
+        descriptor,
+    })
 }
 
 impl RegisteredPool {
@@ -102,7 +111,11 @@ impl RegisteredPool {
     /// [`HostKvPool::new`] does, or when NIXL refuses the registration (nothing stays
     /// registered then).
     pub fn new(agent: &Agent, layout: KvLayout, dtype: KvDtype) -> Result<Self, NixlError> {
-        let (pool, regions, descriptor) = match dtype {
+        let HostPool {
+            pool,
+            regions,
+            descriptor,
+        } = match dtype {
             KvDtype::F32 => host_pool::<f32>(layout)?,
             KvDtype::F16 => host_pool::<f16>(layout)?,
             KvDtype::Bf16 => host_pool::<bf16>(layout)?,
