@@ -8,8 +8,9 @@
 //!   scattered (a run per page), and one descriptor per slot (runs not merged, NIXL told not to
 //!   merge either);
 //! * the cost of the polling a node does every step: the decode node's
-//!   `NixlTransfer::poll_outcomes` and the source node's `Holds::poll` (NIXL's notifications),
-//!   with nothing to report.
+//!   `NixlTransfer::poll_outcomes` with nothing in flight and with one READ in flight (over UCX's
+//!   `tcp`, from a source that is made to pause, so that it stays in flight), and the source
+//!   node's `Holds::poll` (NIXL's notifications) with nothing to report.
 //!
 //! Medians of `--repeats` runs; `--json` prints them as JSON. The source is this binary started
 //! again with `KVOWN_NIXL_BENCH_SOURCE` set.
@@ -72,6 +73,8 @@ impl Args {
 enum Command {
     /// Measure `Holds::poll` with nothing held, `calls` times.
     TimeHoldsPoll { calls: u32 },
+    /// Make no NIXL call for this long (a READ over `tcp` then waits).
+    Pause { millis: u64 },
     /// Exit.
     Quit,
 }
@@ -107,6 +110,7 @@ struct Report {
     bytes_per_request: usize,
     rows: Vec<Row>,
     decode_poll_outcomes_ns: f64,
+    decode_poll_one_in_flight_ns: f64,
     source_holds_poll_ns: f64,
 }
 
@@ -149,6 +153,7 @@ fn source(socket: &std::path::Path) -> Result<(), NixlError> {
                 let ns = start.elapsed().as_nanos() as f64 / f64::from(calls);
                 channel.send(&Answer::HoldsPollNs(ns))?;
             }
+            Some(Command::Pause { millis }) => std::thread::sleep(Duration::from_millis(millis)),
             Some(Command::Quit) => return Ok(()),
             // Read the notices of the transfers as a source node would.
             None => holds.poll(&agent, &mut Vec::new())?,
@@ -260,6 +265,7 @@ fn measure(args: &Args) -> Result<Report, NixlError> {
         link.poll_outcomes(&mut done);
     }
     let decode_poll_outcomes_ns = start.elapsed().as_nanos() as f64 / f64::from(calls);
+    let decode_poll_one_in_flight_ns = poll_in_flight(args, &mut channel, &bytes)?;
     channel.send(&Command::TimeHoldsPoll { calls: 10_000 })?;
     let Some(Answer::HoldsPollNs(source_holds_poll_ns)) =
         channel.recv(Some(Duration::from_secs(60)))?
@@ -275,8 +281,43 @@ fn measure(args: &Args) -> Result<Report, NixlError> {
         bytes_per_request,
         rows,
         decode_poll_outcomes_ns,
+        decode_poll_one_in_flight_ns,
         source_holds_poll_ns,
     })
+}
+
+/// Nanoseconds per `poll_outcomes` with one READ in flight: a second decode agent restricted
+/// to UCX's `tcp` reads one page while the source pauses, so the READ waits for it.
+fn poll_in_flight(args: &Args, channel: &mut Channel, metadata: &[u8]) -> Result<f64, NixlError> {
+    let options = kvown_nixl::AgentOptions {
+        ucx_transports: Some("tcp".into()),
+    };
+    let agent = Agent::with_options(&format!("bench-tcp-{}", std::process::id()), &options)?;
+    let pool = RegisteredPool::new(&agent, args.layout(), KvDtype::Bf16)?;
+    let peer = agent.load_peer(&PeerMetadata::from_bytes(metadata)?)?;
+    let mut link = NixlTransfer::new(&agent, pool, peer)?;
+    let pause = Duration::from_millis(500);
+    channel.send(&Command::Pause {
+        millis: pause.as_millis() as u64,
+    })?;
+    let slots: Vec<u32> = (0..args.page_size as u32)
+        .map(|i| args.page_size as u32 + i)
+        .collect();
+    let id = link.submit_tagged(&slots, &slots, None)?;
+    let (mut done, mut calls) = (Vec::new(), 0u32);
+    let start = Instant::now();
+    while start.elapsed() < pause / 2 && link.in_flight() == 1 {
+        link.poll_outcomes(&mut done);
+        calls += 1;
+    }
+    let ns = start.elapsed().as_nanos() as f64 / f64::from(calls.max(1));
+    if link.in_flight() != 1 {
+        return Err(NixlError::PoolMismatch {
+            detail: "the READ did not stay in flight while the source paused".into(),
+        });
+    }
+    link.wait(id)?;
+    Ok(ns)
 }
 
 /// Seconds per `memcpy` of the request's runs (every layer, K and V) between two buffers of
@@ -355,8 +396,10 @@ fn print_table(report: &Report) {
         );
     }
     println!(
-        "polling with nothing to report: decode NixlTransfer::poll_outcomes {:.0} ns, source \
-         Holds::poll (NIXL notifications) {:.0} ns",
-        report.decode_poll_outcomes_ns, report.source_holds_poll_ns
+        "polling per call: decode NixlTransfer::poll_outcomes {:.0} ns with nothing in flight, \
+         {:.0} ns with one READ in flight; source Holds::poll (NIXL notifications) {:.0} ns",
+        report.decode_poll_outcomes_ns,
+        report.decode_poll_one_in_flight_ns,
+        report.source_holds_poll_ns
     );
 }
