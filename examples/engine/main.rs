@@ -528,7 +528,10 @@ mod tests {
             (s.finished, s.steps, tokens, rate, s.peak_pages_in_use)
         };
         assert_eq!(outcome(&nixl), outcome(&local));
-        assert!(local.prefix_cache_hit_rate > 0.0, "some prompts reuse a prefix");
+        assert!(
+            local.prefix_cache_hit_rate > 0.0,
+            "some prompts reuse a prefix"
+        );
         let (over_nixl, in_process) = (nixl.transfers.unwrap(), local.transfers.unwrap());
         assert_eq!((over_nixl.link, in_process.link), ("nixl", "local"));
         assert_eq!(over_nixl.transfers, in_process.transfers);
@@ -538,7 +541,10 @@ mod tests {
         // At least one run (two layers, K and V) per transfer, fewer than one per slot.
         let slots = over_nixl.bytes / kv_data::SLOT_BYTES as u64;
         assert!(descriptors >= 4 * over_nixl.transfers && descriptors < 4 * slots);
-        assert_eq!((nixl.finished, nixl.aborted), (single.finished, single.aborted));
+        assert_eq!(
+            (nixl.finished, nixl.aborted),
+            (single.finished, single.aborted)
+        );
         assert_eq!(nixl.tokens_decoded, single.tokens_decoded);
     }
 

@@ -486,9 +486,17 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
                     failure.error
                 )
             })?;
-            let row = ticket.req().kv().req_pool_idx().expect("a ticket holds a row");
+            let row = ticket
+                .req()
+                .kv()
+                .req_pool_idx()
+                .expect("a ticket holds a row");
             let fill = ticket.positions().end;
-            let rows = self.cache.req_to_token().row(row).map_err(|e| e.to_string())?;
+            let rows = self
+                .cache
+                .req_to_token()
+                .row(row)
+                .map_err(|e| e.to_string())?;
             let decode = (&self.kv, &rows[..fill]);
             node.send(remote, &ticket, decode, &mut self.step_ns)?;
             let req = timed(&mut self.step_ns, || commit_transfer(ticket));

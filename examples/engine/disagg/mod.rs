@@ -63,8 +63,12 @@ impl PrefillNode {
     ) -> Result<Option<(Vec<Req>, u64)>, String> {
         let mut here = Vec::with_capacity(prompts.len());
         for prompt in prompts {
-            let mut req = Req::new_in(Namespace(prompt.namespace), prompt.rid, prompt.tokens.clone())
-                .with_priority(prompt.priority);
+            let mut req = Req::new_in(
+                Namespace(prompt.namespace),
+                prompt.rid,
+                prompt.tokens.clone(),
+            )
+            .with_priority(prompt.priority);
             timed(ns, || {
                 init_next_round_input(&mut req, &mut self.cache, usize::MAX)
             })

@@ -229,7 +229,9 @@ impl NixlLink {
             .map_err(|e| format!("--transfer nixl: waiting for the prefill process: {e}"))?;
         match status.success() {
             true => Ok(()),
-            false => Err(format!("--transfer nixl: the prefill process exited with {status}")),
+            false => Err(format!(
+                "--transfer nixl: the prefill process exited with {status}"
+            )),
         }
     }
 

@@ -104,7 +104,10 @@ struct Server {
 impl Server {
     fn run(mut self) -> Result<(), String> {
         loop {
-            let message = match self.channel.recv::<ToPrefill>(Some(Duration::from_millis(1))) {
+            let message = match self
+                .channel
+                .recv::<ToPrefill>(Some(Duration::from_millis(1)))
+            {
                 Ok(message) => message,
                 Err(NixlError::PeerLost { detail }) => {
                     let held = self.holds.reader_lost();
