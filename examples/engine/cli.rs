@@ -493,6 +493,11 @@ mod tests {
             ),
             (&["--accept-rate", "0.5"], MissingRequiredArgument, "--spec"),
             (
+                &["--transfer", "nixl"],
+                MissingRequiredArgument,
+                "--disaggregated",
+            ),
+            (
                 &["--admission", "next-step", "--new-token-ratio", "0.5"],
                 ArgumentConflict,
                 "--new-token-ratio applies to `--admission ratio` only",
@@ -523,6 +528,7 @@ mod tests {
             &["--admission", "ratio", "--new-token-ratio", "0.5"],
             &["--new-token-ratio-decay-steps", "3"],
             &["--admission", "next-step"],
+            &["--disaggregated", "--transfer", "nixl"],
         ] {
             assert!(parse(flags).is_ok(), "{flags:?}");
         }
@@ -566,6 +572,10 @@ mod tests {
                 "--spec-tokens must be positive",
             ),
             (&["--page-size", "0"], "--page-size must be positive"),
+            (
+                &["--disaggregated", "--transfer", "nixl", "--backend", "cuda"],
+                "--transfer nixl registers host memory",
+            ),
             (
                 &["--pool-tokens", "8", "--page-size", "16"],
                 "--pool-tokens must hold",

@@ -218,7 +218,7 @@ fn serve<A: KvAllocator + AsPageAllocator + DeviceCopy>(
     let (pool, link) = match (args.disaggregated, link) {
         (true, None) => {
             let (pool, link) = disagg::local::pair(args, &jobs, pool)?;
-            (pool, Some(PrefillLink::Local(link)))
+            (pool, Some(PrefillLink::Local(Box::new(link))))
         }
         (_, link) => (pool, link),
     };

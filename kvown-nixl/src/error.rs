@@ -73,8 +73,9 @@ impl NixlStatus {
     }
 }
 
-/// Why a NIXL operation failed. A call that returns one changed nothing it owns: a refused
-/// submit holds no NIXL request, a failed load keeps the peers loaded before.
+/// Why a NIXL operation failed. A call that returns one holds nothing it took: a refused submit
+/// holds no NIXL request; a refused load (stale or bad metadata) leaves the loaded peers as they
+/// were, except that a restarted peer's old metadata is invalidated before its new is loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum NixlError {
     /// NIXL's C API is not available.

@@ -46,7 +46,8 @@ pub struct Holds<T> {
     hold_for: Duration,
     held: HashMap<u64, (T, Instant)>,
     /// Notices whose item was not held (yet): a notice can overtake the control message that
-    /// announces its item, so it is kept and matched when the item arrives.
+    /// announces its item, so it is kept and matched when the item arrives (one whose item
+    /// never comes stays until [`Holds::reader_lost`]).
     early: Vec<u64>,
 }
 

@@ -62,3 +62,75 @@ pub fn prealloc_or_wait<A: KvAllocator>(req: Req, cache: &mut KvCache<A>) -> Pre
         false => Prealloc::Reject { req, error },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use kvown_runtime::alloc::PagedAllocator;
+    use kvown_runtime::batch::{cancel_transfer, init_next_round_input};
+    use kvown_runtime::cache::{KvCache, TreeCache};
+    use kvown_runtime::radix::RadixCache;
+    use kvown_runtime::slots::ReqToTokenPool;
+
+    use super::*;
+
+    /// A decode node of `pages` pages of 4 slots and two rows of 64 positions.
+    fn node(pages: usize) -> KvCache<PagedAllocator> {
+        let allocator = PagedAllocator::new(pages * 4, 4, true).unwrap();
+        let table = ReqToTokenPool::new(2, 64).unwrap();
+        KvCache::new(allocator, table, TreeCache::Radix(RadixCache::new(4))).unwrap()
+    }
+
+    /// Request `rid` of `len` prompt tokens and its first output, matched on `cache`.
+    fn computed(rid: u64, len: u32, cache: &mut KvCache<PagedAllocator>) -> Req {
+        let mut req = Req::new(rid, (0..len).map(|t| t + 100 * rid as u32).collect());
+        req.push_output(7);
+        init_next_round_input(&mut req, cache, usize::MAX).unwrap();
+        req
+    }
+
+    #[test]
+    fn a_shortage_the_pool_can_cure_waits_and_one_it_cannot_is_rejected() {
+        let mut cache = node(4);
+        let req = computed(1, 10, &mut cache);
+        let Prealloc::Ready(ticket) = prealloc_or_wait(req, &mut cache) else {
+            panic!("10 slots fit 16");
+        };
+        // 12 more slots do not fit beside the ticket's 12, but fit the pool of 16.
+        let req = computed(2, 10, &mut cache);
+        let Prealloc::Wait {
+            req: mut waiting,
+            error,
+        } = prealloc_or_wait(req, &mut cache)
+        else {
+            panic!("a curable shortage waits");
+        };
+        assert!(matches!(error, KvError::OutOfMemory { .. }), "{error}");
+        assert!(!waiting.kv().holds_kv() && waiting.last_node() == TreePos::ROOT);
+        cache.check([ticket.req()]).unwrap();
+        // 40 slots never fit a pool of 16.
+        let huge = computed(3, 40, &mut cache);
+        let Prealloc::Reject { req, error } = prealloc_or_wait(huge, &mut cache) else {
+            panic!("a request past the pool is rejected");
+        };
+        assert!(matches!(error, KvError::OutOfMemory { requested, .. } if requested > 16));
+        assert!(!req.kv().holds_kv());
+        // The waiting request, matched again, fits once the first is gone.
+        cancel_transfer(ticket, &mut cache).unwrap();
+        init_next_round_input(&mut waiting, &mut cache, usize::MAX).unwrap();
+        assert!(matches!(
+            prealloc_or_wait(waiting, &mut cache),
+            Prealloc::Ready(_)
+        ));
+    }
+
+    #[test]
+    fn a_row_too_short_is_rejected() {
+        let mut cache = node(64);
+        let req = computed(1, 70, &mut cache);
+        let Prealloc::Reject { error, .. } = prealloc_or_wait(req, &mut cache) else {
+            panic!("70 positions do not fit a row of 64");
+        };
+        assert!(matches!(error, KvError::RowTooShort { .. }), "{error}");
+        cache.check([]).unwrap();
+    }
+}

@@ -237,7 +237,7 @@ impl std::fmt::Display for TransferReport {
 /// The decode node's link to its prefill node.
 pub enum PrefillLink {
     /// `--transfer local`.
-    Local(local::LocalLink),
+    Local(Box<local::LocalLink>),
     /// `--transfer nixl`.
     Nixl(Box<nixl::NixlLink>),
 }
