@@ -289,6 +289,22 @@ impl Agent {
         })
     }
 
+    /// Sends `message` to the loaded peer `agent` as a notification (`nixl_capi_gen_notif`),
+    /// with no transfer.
+    pub(crate) fn notify(&self, agent: &CStr, message: &[u8]) -> Result<(), NixlError> {
+        let args = OptArgs::new(&self.inner)?;
+        // SAFETY: valid agent, name and options; `message` is readable for its length.
+        check("nixl_capi_gen_notif", unsafe {
+            (self.inner.api.nixl_capi_gen_notif)(
+                self.inner.raw,
+                agent.as_ptr(),
+                message.as_ptr().cast(),
+                message.len(),
+                args.raw,
+            )
+        })
+    }
+
     /// Appends the notifications that arrived since the last call (`nixl_capi_get_notifs`),
     /// progressing the agent's transfers as it reads.
     pub fn take_notifications(&self, out: &mut Vec<Notification>) -> Result<(), NixlError> {

@@ -168,6 +168,13 @@ api! {
     fn nixl_capi_get_xfer_status(agent: Agent, request: XferReq) -> Status;
     fn nixl_capi_release_xfer_req(agent: Agent, request: XferReq) -> Status;
     fn nixl_capi_destroy_xfer_req(request: XferReq) -> Status;
+    fn nixl_capi_gen_notif(
+        agent: Agent,
+        remote_agent: *const c_char,
+        data: *const c_void,
+        len: usize,
+        args: OptArgs,
+    ) -> Status;
     fn nixl_capi_create_notif_map(map: *mut NotifMap) -> Status;
     fn nixl_capi_destroy_notif_map(map: NotifMap) -> Status;
     fn nixl_capi_get_notifs(agent: Agent, map: NotifMap, args: OptArgs) -> Status;

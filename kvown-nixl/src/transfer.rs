@@ -38,7 +38,8 @@ pub struct TransferStats {
     pub bytes: u64,
     /// Descriptors posted (one per run, layer and tensor).
     pub descriptors: u64,
-    /// Sum over completed transfers of the time from posting to the poll that saw them done.
+    /// Sum over completed transfers of the time from their submit to the poll that saw them
+    /// done (descriptor lists, NIXL's request, the data's move, its completion).
     pub busy: Duration,
 }
 
@@ -46,7 +47,8 @@ pub struct TransferStats {
 struct InFlight {
     id: TransferId,
     request: XferRequest,
-    posted: Instant,
+    /// When it was submitted.
+    started: Instant,
     bytes: u64,
 }
 
@@ -102,7 +104,7 @@ impl NixlTransfer {
         Ok(link)
     }
 
-    /// Cancels a transfer not done `timeout` after it was posted.
+    /// Cancels a transfer not done `timeout` after it was submitted.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -175,9 +177,9 @@ impl NixlTransfer {
 
     /// Starts reading the peer's rows of `src` (every layer, K and V) into this node's `dst`,
     /// pairwise; on completion the peer is notified with [`notice`]`(tag)`, or not at all
-    /// with `None` (a request read in parts notifies with its last). Refused, with nothing
-    /// posted, when the lists differ in length, a slot is past its pool, or the peer is unknown
-    /// or has restarted.
+    /// with `None` (a request read in parts notifies with its last). Empty lists read nothing
+    /// and send the notice alone. Refused, with nothing posted, when the lists differ in
+    /// length, a slot is past its pool, or the peer is unknown or has restarted.
     pub fn submit_tagged(
         &mut self,
         src: &[KvSlot],
@@ -186,21 +188,25 @@ impl NixlTransfer {
     ) -> Result<TransferId, NixlError> {
         self.check_slots(src, dst)?;
         self.check_peer()?;
+        let started = Instant::now();
         let id = TransferId(self.next_id);
         let runs = slot_runs(src, dst, self.merge);
         let bytes = (src.len() * self.peer.pool.slot_bytes()) as u64;
-        if runs.is_empty() {
-            self.next_id += 1;
-            self.ended.push((id, Ok(())));
-            self.stats.completed += 1;
-            return Ok(id);
-        }
-        let (request, descriptors) = {
-            let _pool = self.local.lock();
-            let (request, descriptors) = self.read_request(&runs, tag)?;
-            match request.post()? {
-                Progress::Done => (None, descriptors),
-                Progress::InProgress => (Some(request), descriptors),
+        let (request, descriptors) = match runs.is_empty() {
+            // Nothing to read (the decode node had it all cached): the notice alone.
+            true => {
+                if let Some(tag) = tag {
+                    self.agent.notify(&self.peer_name, &notice(tag))?;
+                }
+                (None, 0)
+            }
+            false => {
+                let _pool = self.local.lock();
+                let (request, descriptors) = self.read_request(&runs, tag)?;
+                match request.post()? {
+                    Progress::Done => (None, descriptors),
+                    Progress::InProgress => (Some(request), descriptors),
+                }
             }
         };
         self.next_id += 1;
@@ -209,12 +215,13 @@ impl NixlTransfer {
             Some(request) => self.in_flight.push(InFlight {
                 id,
                 request,
-                posted: Instant::now(),
+                started,
                 bytes,
             }),
             None => {
                 self.stats.completed += 1;
                 self.stats.bytes += bytes;
+                self.stats.busy += started.elapsed();
                 self.ended.push((id, Ok(())));
             }
         }
@@ -271,7 +278,7 @@ impl NixlTransfer {
         while index < self.in_flight.len() {
             let transfer = &self.in_flight[index];
             let outcome = match transfer.request.status() {
-                Ok(Progress::InProgress) if now < transfer.posted + self.timeout => {
+                Ok(Progress::InProgress) if now < transfer.started + self.timeout => {
                     index += 1;
                     continue;
                 }
@@ -291,7 +298,7 @@ impl NixlTransfer {
                 Ok(()) => {
                     self.stats.completed += 1;
                     self.stats.bytes += transfer.bytes;
-                    self.stats.busy += now.saturating_duration_since(transfer.posted);
+                    self.stats.busy += now.saturating_duration_since(transfer.started);
                 }
                 Err(_) => self.stats.failed += 1,
             }

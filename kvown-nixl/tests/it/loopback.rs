@@ -139,3 +139,77 @@ pub fn merged_runs_move_every_byte_and_decode_as_one_node() -> Result<(), String
 pub fn one_descriptor_per_slot_moves_the_same_bytes() -> Result<(), String> {
     two_nodes("loopback-unmerged", false)
 }
+
+/// A prompt the decode node holds whole in its prefix cache reads nothing; the transfer is the
+/// notice alone, and the prefill node lets the request go on it.
+pub fn a_prompt_cached_whole_on_the_decode_node_moves_nothing_and_frees_the_source()
+-> Result<(), String> {
+    let test = "loopback-cached";
+    let mut peer = Peer::spawn(&PeerConfig::prefill(&agent_name(test, "prefill"), PAGES))?;
+    let geometry = Geometry { pages: PAGES };
+    let mut decode = Node::new(
+        &agent_name(test, "decode"),
+        &AgentOptions::default(),
+        geometry,
+    )
+    .map_err(|e| e.to_string())?;
+    let loaded = decode
+        .agent
+        .load_peer(&peer.metadata)
+        .map_err(|e| e.to_string())?;
+    let mut link =
+        NixlTransfer::new(&decode.agent, decode.pool.clone(), loaded).map_err(|e| e.to_string())?;
+    // Four whole pages: the second request's match covers its whole prompt.
+    let tokens: Vec<u32> = (0..16).map(|t| 500 + t).collect();
+    let mut moved = Vec::new();
+    for rid in 0..2u64 {
+        let answer = peer.ask(&ToPeer::Prefill {
+            rid,
+            tokens: tokens.clone(),
+        })?;
+        let FromPeer::Prefilled {
+            slots,
+            first_token,
+            digest: prefill_digest,
+            ..
+        } = answer
+        else {
+            return Err(format!("request {rid}: {answer:?}"));
+        };
+        let mut req = Req::new(rid, tokens.clone());
+        req.push_output(first_token);
+        init_next_round_input(&mut req, &mut decode.cache, usize::MAX)
+            .map_err(|e| e.to_string())?;
+        let Prealloc::Ready(ticket) = prealloc_or_wait(req, &mut decode.cache) else {
+            return Err(format!("request {rid} was not preallocated"));
+        };
+        moved.push(ticket.positions().len());
+        let id = link
+            .submit_tagged(&slots[ticket.positions()], ticket.destination(), Some(rid))
+            .map_err(|e| e.to_string())?;
+        link.wait(id).map_err(|e| e.to_string())?;
+        let req = commit_transfer(ticket);
+        let here = digest(&decode.pool, &decode.slots(&req, 0..tokens.len()));
+        if here != prefill_digest {
+            return Err(format!("request {rid}: the K/V differs"));
+        }
+        decode.decode(req, 2)?;
+    }
+    if moved != [16, 0] {
+        return Err(format!("positions moved per request: {moved:?}"));
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut released = Vec::new();
+    loop {
+        let (held, let_go) = peer.check()?;
+        released.extend(let_go);
+        if held == 0 || std::time::Instant::now() > deadline {
+            break;
+        }
+    }
+    if released != [(0, "Read".to_string()), (1, "Read".to_string())] {
+        return Err(format!("the prefill node released {released:?}"));
+    }
+    peer.finish()?;
+    decode.finish()
+}

@@ -26,6 +26,10 @@ const TESTS: &[(&str, Test)] = &[
         loopback::one_descriptor_per_slot_moves_the_same_bytes,
     ),
     (
+        "loopback::a_prompt_cached_whole_on_the_decode_node_moves_nothing_and_frees_the_source",
+        loopback::a_prompt_cached_whole_on_the_decode_node_moves_nothing_and_frees_the_source,
+    ),
+    (
         "faults::decode_killed_mid_transfer_leaves_the_prefill_node_whole",
         faults::decode_killed_mid_transfer_leaves_the_prefill_node_whole,
     ),
