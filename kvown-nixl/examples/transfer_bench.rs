@@ -1,4 +1,4 @@
-//! `cargo run --release -p kvown-nixl --example bench`: what moving one request's K/V through
+//! `cargo run --release -p kvown-nixl --example transfer_bench`: what moving one request's K/V through
 //! NIXL costs, between two processes on this machine.
 //!
 //! * GB/s of one request's K/V (4,096 tokens by default) read through NIXL by the decode node
@@ -28,7 +28,7 @@ const SOURCE_ENV: &str = "KVOWN_NIXL_BENCH_SOURCE";
 
 /// The model geometry and the workload.
 #[derive(Debug, Clone, Parser, Serialize, Deserialize)]
-#[command(name = "bench")]
+#[command(name = "transfer_bench")]
 struct Args {
     /// Tokens of the request.
     #[arg(long, default_value_t = 4096)]
