@@ -4,6 +4,7 @@ use std::fmt;
 
 use serde::Serialize;
 
+use crate::disagg::TransferReport;
 use crate::replay::EventCounts;
 use crate::scheduler::Stats;
 
@@ -28,8 +29,8 @@ pub struct Summary {
     pub prefix_cache_hit_rate_by_priority: Vec<f64>,
     /// Requests retracted.
     pub retractions: u64,
-    /// With `--disaggregated`: prompts whose K/V moved from the prefill node.
-    pub transfers: Option<u64>,
+    /// With `--disaggregated`: what the transfers from the prefill node did.
+    pub transfers: Option<TransferReport>,
     /// The admission policy (`--admission`) and its parameters.
     pub admission: AdmissionSummary,
     /// The prefix cache's eviction policy (`--eviction-policy`).
@@ -183,9 +184,7 @@ impl Summary {
             ("retractions", self.retractions.to_string()),
             (
                 TRANSFERS,
-                self.transfers.map_or(String::new(), |n| {
-                    format!("{n} (prefill node -> decode node, --disaggregated)")
-                }),
+                self.transfers.map_or(String::new(), |t| t.to_string()),
             ),
             ("admission", self.admission.to_string()),
             ("eviction policy", self.eviction_policy.to_string()),
