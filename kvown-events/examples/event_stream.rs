@@ -97,7 +97,10 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let Some(seq) = publisher.publish_events(timestamp, &events)? else {
             continue;
         };
-        let events: Vec<Value> = events.iter().map(|event| described(event, &labels)).collect();
+        let events: Vec<Value> = events
+            .iter()
+            .map(|event| described(event, &labels))
+            .collect();
         published.push(json!({
             "seq": seq,
             "timestamp": timestamp,
@@ -135,7 +138,10 @@ fn stdin_lines() -> mpsc::Receiver<String> {
 /// from shared stems, in three namespaces, inserted (evicting what must go to make room),
 /// evictions, and now and then a restart of the stream. The first step's events open the
 /// stream with `Cleared`.
-fn scripted_run(seed: u64, steps: usize) -> Result<Vec<Vec<CacheEvent>>, Box<dyn std::error::Error>> {
+fn scripted_run(
+    seed: u64,
+    steps: usize,
+) -> Result<Vec<Vec<CacheEvent>>, Box<dyn std::error::Error>> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let stems: Vec<Vec<u32>> = (0..4)
         .map(|stem| (0..stem * PAGE).map(|_| rng.gen_range(0..50)).collect())

@@ -362,13 +362,16 @@ mod tests {
     fn a_positional_event_may_end_early_or_run_past_the_known_fields() {
         let short = ("BlockStored", [7u64], None::<u64>, [1u32, 2], 2, 4, "GPU");
         let long = ("BlockRemoved", [7u64], "GPU", 0, "full", 12);
-        let batch = EventBatch::decode(&packed(&(0.0, (short, long, ("AllBlocksCleared",)), 2)))
-            .unwrap();
+        let batch =
+            EventBatch::decode(&packed(&(0.0, (short, long, ("AllBlocksCleared",)), 2))).unwrap();
         assert_eq!(batch.rank, Some(2));
         let BlockEvent::Stored(stored) = &batch.events[0] else {
             panic!("{batch:?}");
         };
-        assert_eq!((stored.lora_id, stored.lora_name.as_deref()), (Some(4), None));
+        assert_eq!(
+            (stored.lora_id, stored.lora_name.as_deref()),
+            (Some(4), None)
+        );
         assert_eq!(
             batch.events[1..],
             [
@@ -386,9 +389,15 @@ mod tests {
         let cases: [(Vec<u8>, &str); 5] = [
             (vec![0xc1], "marker Reserved"),
             (packed(&(0.0,)), "invalid length 1"),
-            (packed(&(0.0, [("BlockMoved", [1u64])])), "unknown variant `BlockMoved`"),
             (
-                packed(&(0.0, [serde_json::json!({"type": "BlockStored", "block_hashes": []})])),
+                packed(&(0.0, [("BlockMoved", [1u64])])),
+                "unknown variant `BlockMoved`",
+            ),
+            (
+                packed(&(
+                    0.0,
+                    [serde_json::json!({"type": "BlockStored", "block_hashes": []})],
+                )),
                 "missing field `token_ids`",
             ),
             (

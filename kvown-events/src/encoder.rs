@@ -394,7 +394,12 @@ mod tests {
         let removed = CacheEvent::Removed {
             hashes: vec![PageHash(u64::MAX)],
         };
-        let events = [run.clone(), unlabelled.clone(), removed, CacheEvent::Cleared];
+        let events = [
+            run.clone(),
+            unlabelled.clone(),
+            removed,
+            CacheEvent::Cleared,
+        ];
         let (timestamp, events, rank) = encoded(Dialect::Vllm, labels, &events);
         assert_eq!((timestamp, rank), (12.5, 3));
         let stored = |event: &CacheEvent, lora_id: Json, lora_name: Json, extra: Option<Json>| {
@@ -402,10 +407,13 @@ mod tests {
                 json!(["type", "BlockStored"]),
                 json!(["block_hashes", hashes(event)]),
                 json!(["parent_block_hash", null]),
-                json!(["token_ids", match event {
-                    CacheEvent::Stored { tokens, .. } => tokens.clone(),
-                    _ => unreachable!(),
-                }]),
+                json!([
+                    "token_ids",
+                    match event {
+                        CacheEvent::Stored { tokens, .. } => tokens.clone(),
+                        _ => unreachable!(),
+                    }
+                ]),
                 json!(["block_size", 2]),
                 json!(["lora_id", lora_id]),
                 json!(["medium", "GPU"]),
@@ -454,7 +462,16 @@ mod tests {
                     "adapter",
                     [["adapter"]]
                 ]),
-                json!(["BlockStored", hashes(&plain), null, [5, 6], 2, null, "GPU", null]),
+                json!([
+                    "BlockStored",
+                    hashes(&plain),
+                    null,
+                    [5, 6],
+                    2,
+                    null,
+                    "GPU",
+                    null
+                ]),
                 json!(["AllBlocksCleared"]),
             ]
         );
@@ -469,8 +486,7 @@ mod tests {
         let parent = PageHash(hashes(&first)[1]);
         let below = stored_run(Namespace(1), Some(parent), vec![9, 10], 2);
         for dialect in [Dialect::Vllm, Dialect::VllmLegacy] {
-            let (_, events, _) =
-                encoded(dialect, labels.clone(), &[first.clone(), below.clone()]);
+            let (_, events, _) = encoded(dialect, labels.clone(), &[first.clone(), below.clone()]);
             let fields: Vec<&[Json]> = events
                 .iter()
                 .map(|event| &event.as_array().unwrap()[..])
@@ -494,12 +510,20 @@ mod tests {
     #[test]
     fn sglang_sends_the_salt_and_the_adapter_at_the_top_level_and_no_lora_id() {
         for (labels, salt, lora_name) in [
-            (NamespaceLabels::cache_salts(), Some("kvown-namespace-2"), None),
-            (NamespaceLabels::lora_names(), None, Some("kvown-namespace-2")),
+            (
+                NamespaceLabels::cache_salts(),
+                Some("kvown-namespace-2"),
+                None,
+            ),
+            (
+                NamespaceLabels::lora_names(),
+                None,
+                Some("kvown-namespace-2"),
+            ),
         ] {
             let parent = PageHash(7);
             let run = stored_run(Namespace(2), Some(parent), vec![1, 2], 2);
-            let (_, events, rank) = encoded(Dialect::Sglang, labels, &[run.clone()]);
+            let (_, events, rank) = encoded(Dialect::Sglang, labels, std::slice::from_ref(&run));
             assert_eq!(rank, 3);
             let mut expected = vec![
                 json!(["type", "BlockStored"]),

@@ -69,9 +69,9 @@ pub fn dynamo_labels(
     namespaces: u32,
 ) -> Result<NamespaceLabels, EncodeError> {
     let (mut labels, name): (NamespaceLabels, fn(u32) -> String) = match (field, dialect) {
-        (NamespaceField::LoraName, _) => (NamespaceLabels::lora_names(), |n| {
-            format!("adapter-{n}")
-        }),
+        (NamespaceField::LoraName, _) => {
+            (NamespaceLabels::lora_names(), |n| format!("adapter-{n}"))
+        }
         (NamespaceField::CacheSalt, Dialect::Sglang) => {
             (NamespaceLabels::cache_salts(), |n| format!("tenant-{n}"))
         }

@@ -46,7 +46,11 @@ fn kv_aware_routing_computes_well_under_half_the_prefill_of_round_robin_in_every
             // Every replica took part, and the router took in every replica's events.
             assert!(aware.replicas.iter().all(|replica| replica.requests > 0));
             let batches: u64 = aware.replicas.iter().map(|replica| replica.batches).sum();
-            assert!(aware.events >= batches, "{} events, {batches}", aware.events);
+            assert!(
+                aware.events >= batches,
+                "{} events, {batches}",
+                aware.events
+            );
             aware_runs.push((dialect, field, aware));
         }
     }

@@ -278,13 +278,20 @@ fn a_live_batch_past_a_gap_brings_the_missed_ones_from_the_replay_first() {
 
 /// The frames of one replay, after the delimiter, as a DEALER sending `["", start]` gets them
 /// from `publisher` (served on this thread).
-fn replay_frames(publisher: &mut EventPublisher, dealer: &zmq::Socket, start: u64) -> Vec<Vec<Vec<u8>>> {
+fn replay_frames(
+    publisher: &mut EventPublisher,
+    dealer: &zmq::Socket,
+    start: u64,
+) -> Vec<Vec<Vec<u8>>> {
     dealer
         .send_multipart([&[][..], &start.to_be_bytes()[..]], 0)
         .unwrap();
     let started = Instant::now();
     while publisher.serve_replay().unwrap() == 0 {
-        assert!(started.elapsed() < LIMIT, "no replay request within {LIMIT:?}");
+        assert!(
+            started.elapsed() < LIMIT,
+            "no replay request within {LIMIT:?}"
+        );
         thread::sleep(Duration::from_millis(1));
     }
     let mut replies = Vec::new();
@@ -319,9 +326,15 @@ fn replay_replies_are_framed_as_each_dialects_engine_frames_them() {
         dealer
             .connect(publisher.replay_endpoint().unwrap())
             .unwrap();
-        let topic = dialect.replay_topic_frame().then_some(b"kv@replica-0".to_vec());
+        let topic = dialect
+            .replay_topic_frame()
+            .then_some(b"kv@replica-0".to_vec());
         let framed = |frames: &[&[u8]]| -> Vec<Vec<u8>> {
-            topic.iter().cloned().chain(frames.iter().map(|frame| frame.to_vec())).collect()
+            topic
+                .iter()
+                .cloned()
+                .chain(frames.iter().map(|frame| frame.to_vec()))
+                .collect()
         };
         let end = framed(&[&REPLAY_END, b""]);
         let end = match dialect.replay_topic_frame() {
@@ -368,7 +381,10 @@ fn an_undecodable_batch_is_handed_out_in_its_place_with_the_reason_and_counted()
         payloads.send(payload.to_vec()).unwrap();
     }
     let received = subscriber.catch_up(2, LIMIT).unwrap();
-    assert_eq!(received.iter().map(|batch| batch.seq).collect::<Vec<_>>(), [0, 1, 2]);
+    assert_eq!(
+        received.iter().map(|batch| batch.seq).collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
     let error = received[1].decoded.as_ref().unwrap_err();
     assert!(error.reason.contains("expected a sequence"), "{error}");
     assert_eq!(received[1].payload, b"\x93not a batch");

@@ -57,7 +57,10 @@ fn dynamo_stored(event: RawKvEvent) -> Stored {
             cache_namespace,
             ..
         } => (
-            block_hashes.into_iter().map(|hash| hash.into_u64()).collect(),
+            block_hashes
+                .into_iter()
+                .map(|hash| hash.into_u64())
+                .collect(),
             parent_block_hash.map(|hash| hash.into_u64()),
             token_ids,
             block_size,
