@@ -201,10 +201,10 @@ impl<A: KvAllocator> KvCache<A> {
     /// evictable is gone. Returns the tokens evicted.
     ///
     /// # Errors
-    /// Nothing is evicted when it fails: [`KvError::FreeGroupOpen`] when slots are short and
-    /// the cache holds evictable entries but a free group is open (evicted pages would stay
-    /// deferred), [`KvError::Radix`] with [`crate::radix::RadixError::Free`] when the allocator
-    /// refuses the evicted pages.
+    /// [`KvError::FreeGroupOpen`], evicting nothing, when slots are short and the cache holds
+    /// evictable entries but a free group is open (evicted pages would stay deferred);
+    /// [`KvError::Radix`] with [`crate::radix::RadixError::Free`] when the allocator refuses a
+    /// victim's pages (the victims freed before it stay evicted).
     pub fn evict_shortfall(&mut self, num_tokens: usize) -> Result<usize, KvError> {
         if self.allocator.in_free_group()
             && self.allocator.available_size() < num_tokens

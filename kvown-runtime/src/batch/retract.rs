@@ -49,8 +49,8 @@ pub fn new_tokens_required_next_decode<'a>(
 /// (sglang `check_decode_mem`).
 ///
 /// # Errors
-/// As [`KvCache::evict_shortfall`]: an eviction refused (inside a free group, or by the
-/// allocator) evicts nothing.
+/// As [`KvCache::evict_shortfall`]: an eviction refused inside a free group evicts nothing; one
+/// refused by the allocator keeps what it evicted before the refusal.
 pub fn check_decode_mem<'a, A: KvAllocator>(
     reqs: impl IntoIterator<Item = &'a Req>,
     cache: &mut KvCache<A>,

@@ -20,10 +20,10 @@
 //!   now belong to the tree.
 //! * [`RadixCache::inc_lock_ref`] / [`RadixCache::dec_lock_ref`] / [`RadixCache::move_lock`] pin
 //!   a node and its path; tokens move between evictable and protected only on 0↔1 transitions.
-//! * [`RadixCache::evict`] frees unlocked leaves through the allocator, in one allocator call,
-//!   all or nothing, in the order of the cache's [`EvictionPolicy`] (least recently used first
-//!   by default); [`RadixCache::evict_shortfall`] evicts only what the allocator lacks (sglang's
-//!   `alloc_token_slots` evicts `num_tokens - available_size()`).
+//! * [`RadixCache::evict`] frees unlocked leaves through the allocator, one allocator call per
+//!   node, in the order of the cache's [`EvictionPolicy`] (least recently used first by
+//!   default); [`RadixCache::evict_shortfall`] evicts what the allocator lacks (sglang's
+//!   `evict_to_free_tokens` evicts `num_tokens - available_size()`).
 //! * [`RadixCache::enable_events`] turns on a stream of [`CacheEvent`]s (pages stored and
 //!   removed, named by a chained [`PageHash`]) for a router; [`RadixCache::take_events`]
 //!   drains it. Off by default.

@@ -18,7 +18,6 @@
 use super::RadixCache;
 use super::node::NodeId;
 use super::policy::NodeStats;
-use crate::ids::PageId;
 
 /// An earlier registration inside a grown leaf: where it ends, and its own node's figures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,23 +163,6 @@ impl RadixCache {
         match self.arena.registrations(node) {
             Some(registrations) if index < registrations.len() => registrations.get(index).0,
             _ => self.arena[node].num_pages(self.layout),
-        }
-    }
-
-    /// Appends to `pages` the pages of registrations `kept + 1..=had` of `node` as sglang frees
-    /// them: registration after registration, newest first, each one's pages in key order.
-    pub(super) fn registration_pages(
-        &self,
-        node: NodeId,
-        kept: usize,
-        had: usize,
-        pages: &mut Vec<PageId>,
-    ) {
-        let (layout, entry) = (self.layout, &self.arena[node]);
-        for index in (kept + 1..=had).rev() {
-            let from = self.registration_end(node, index - 1);
-            let to = self.registration_end(node, index);
-            pages.extend((from..to).map(|page| entry.page_id(page, layout)));
         }
     }
 
