@@ -4,18 +4,21 @@
 //! order, and every insert, match and eviction must report the same lengths; the evictable and
 //! protected sizes must agree after every step.
 //!
-//! The model restates the rules of sglang's `RadixCache` in Rust, a node per node as sglang keeps
-//! them (`python/sglang/srt/mem_cache/radix_cache.py`): `TreeNode.__init__`,
-//! `_match_prefix_helper`, `_split_node`, `_insert_helper`, `_inc_hit_count`, `evict`,
-//! `inc_lock_ref`, `dec_lock_ref`, `_delete_leaf`, `_update_leaf_status`, and the request steps
-//! `cache_unfinished_req` / `cache_finished_req`; the eviction orders are the strategies of
-//! `mem_cache/evict_policy.py`. Times come from a counter standing for `time.monotonic()`: each
-//! call sglang makes returns the next value, in sglang's order, so no two calls tie.
+//! The model restates the rules of sglang 0.5.23's `RadixCache` in Rust, a node per node as
+//! sglang keeps them (`python/sglang/srt/mem_cache/radix_cache.py`): `TreeNode.__init__`,
+//! `_match_prefix_helper`, `_split_node` (the upper part a new node: fresh access and creation
+//! times, the hit count copied, the lower part's priority), `_insert_helper`, `_inc_hit_count`,
+//! `evict` (one `free_segment` call per node), `inc_lock_ref`, `dec_lock_ref`, `_delete_leaf`,
+//! `_update_leaf_status`, and a running request's registrations and finish; the eviction orders
+//! are the strategies of `mem_cache/evict_policy.py`. Times come from a counter standing for
+//! `time.monotonic()`: each call sglang makes returns the next value, in sglang's order, so no
+//! two calls tie.
 //!
-//! Where the model follows kvown's documented choice rather than one sglang version: a split's
-//! upper part keeps the creation time and hit count of the node it is cut from. sglang's
-//! `cache_unfinished_req` matches the key again after its insert; that match only restamps the
-//! path the insert has just stamped (and locked), which changes no order, so it is left out.
+//! Where the model keeps an earlier sglang's rule: an insert counts a hit unless it registers a
+//! running request (`chunked`); sglang 0.5.23 counts one on the nodes past the request's
+//! `cache_inserted_len` (a difference listed in the README). `checkpoint` matches the key
+//! again after its insert; that match only restamps the path the insert has just stamped (and
+//! locked), which changes no order here, so it is left out (`batch_replay.rs` replays it).
 //!
 //! Three properties:
 //! * [`replay_without_requests`]: inserts, matches (some locked), unlocks and evictions.
@@ -191,20 +194,20 @@ impl Model {
         (pos, node)
     }
 
-    /// `_split_node`: a fresh upper node (new ticks) takes the first `at` tokens of `child` and
-    /// has `child` as its only child; it takes `child`'s priority, lock count, hit count and
-    /// creation time. `child` keeps its identity, times and counts with the rest of its key.
+    /// `_split_node`: a fresh upper node, `TreeNode(priority=child.priority)` (new ticks for
+    /// its access and creation times), takes the first `at` tokens of `child` and has `child` as
+    /// its only child; it copies `child`'s lock count and hit count. `child` keeps its identity,
+    /// times and counts with the rest of its key.
     fn split(&mut self, child: usize, at: usize) -> usize {
         let parent = self.nodes[child].parent;
         let key = self.nodes[child].key[..at].to_vec();
         let value = self.nodes[child].value[..at / self.page_size].to_vec();
         let upper = self.new_node(parent, key, value, self.nodes[child].priority);
         let lower = &self.nodes[child];
-        let (lock_ref, hits, creation) = (lower.lock_ref, lower.hits, lower.creation);
+        let (lock_ref, hits) = (lower.lock_ref, lower.hits);
         let upper_node = &mut self.nodes[upper];
         upper_node.lock_ref = lock_ref;
         upper_node.hits = hits;
-        upper_node.creation = creation;
         upper_node.children = vec![child];
         let lower = &mut self.nodes[child];
         lower.key.drain(..at);
@@ -1085,4 +1088,50 @@ fn a_leaf_added_below_a_split_is_newer_than_the_split_off_part() {
     let pages = world.model.lookup(&[1, 3]);
     run(&mut world, &[Op::Evict { pages: 1 }]);
     assert_eq!(world.freed, [vec![pages[1]]]);
+}
+
+/// Page size 1, FIFO, the case issue 42 found: matching `[1]` splits `[1, 2]`, and the upper
+/// part `[1]` is a new node (sglang `_split_node`), created after `[3]`. Evicting two tokens
+/// frees `[2]` (the oldest leaf, keeping its creation time) then `[3]`, one free per node; `[1]`
+/// is younger than `[3]` and stays.
+#[test]
+fn under_fifo_a_split_off_upper_part_is_younger_than_older_leaves() {
+    let mut world = World::new(1, EvictionPolicy::Fifo, Hint::Root);
+    run(&mut world, &[insert_op(&[1, 2]), insert_op(&[3]), match_op(&[1], false)]);
+    let pages = world.model.lookup(&[1, 2]);
+    let page_of_3 = world.model.lookup(&[3]);
+    run(&mut world, &[Op::Evict { pages: 2 }]);
+    assert_eq!(world.freed, [vec![pages[1]], page_of_3]);
+    assert_eq!(world.model.lookup(&[1]), pages[..1]);
+}
+
+/// Page size 1, FILO: as above, with `[3]` locked while `[2]` is evicted; then `[1]`, created by
+/// the match, is the newest node and goes before `[3]`.
+#[test]
+fn under_filo_a_split_off_upper_part_goes_before_older_leaves() {
+    let mut world = World::new(1, EvictionPolicy::Filo, Hint::Root);
+    run(
+        &mut world,
+        &[
+            insert_op(&[1, 2]),
+            insert_op(&[3]),
+            match_op(&[1], false),
+            match_op(&[3], true),
+            Op::Evict { pages: 1 },
+            Op::Unlock { holder: 0 },
+        ],
+    );
+    let page_of_1 = world.model.lookup(&[1]);
+    run(&mut world, &[Op::Evict { pages: 1 }]);
+    assert_eq!(world.freed, [page_of_1]);
+    assert_eq!(world.model.lookup(&[3]).len(), 1);
+}
+
+/// A match of new pages `units`, locked when `lock`.
+fn match_op(units: &[u32], lock: bool) -> Op {
+    Op::Match {
+        key: fresh_key(units),
+        partial: 0,
+        lock,
+    }
 }

@@ -371,7 +371,7 @@ impl RadixCache {
             }
             InsertStep::AddLeaf => node = self.add_leaf(node, namespace, pos, key, slots, now),
             InsertStep::Split => {
-                let cut = self.cut(node, pos);
+                let cut = self.cut(node, pos, now);
                 if cut.split {
                     // sglang's `_insert_helper` stamps the node it walks into before it splits
                     // it, and the lower half keeps that node: it takes the insert's time. What

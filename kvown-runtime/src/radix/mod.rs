@@ -461,10 +461,11 @@ impl RadixCache {
             .count()
     }
 
-    /// Splits `node` at path position `pos` (strictly inside its key, page-aligned). The new
-    /// upper node takes the key before `pos` and is returned; `node` keeps its handle, children,
-    /// lock count and leaf status with the key from `pos`. Counters do not change.
-    fn split(&mut self, node: NodeId, pos: usize) -> NodeId {
+    /// Splits `node` at path position `pos` (strictly inside its key, page-aligned) at time
+    /// `now`. The new upper node takes the key before `pos` and is returned, created `now`
+    /// ([`policy::NodeStats::split_upper`]); `node` keeps its handle, children, lock count,
+    /// leaf status and figures with the key from `pos`. Counters do not change.
+    fn split(&mut self, node: NodeId, pos: usize, now: u64) -> NodeId {
         debug_assert!(
             self.arena.registrations(node).is_none(),
             "a grown leaf is cut, not split"
@@ -485,7 +486,7 @@ impl RadixCache {
         );
         upper.lock_ref = entry.lock_ref;
         upper.child_count = 1;
-        let upper_stats = self.arena.stats(node).split_upper();
+        let upper_stats = self.arena.stats(node).split_upper(now);
         let upper = self.arena.alloc(upper, upper_stats);
         self.children.link(&mut self.arena, layout, upper);
         let entry = &mut self.arena[node];

@@ -207,16 +207,17 @@ impl RadixCache {
         let mut lower = node;
         for index in (0..registrations.len()).rev() {
             let (end_page, stats) = registrations.get(index);
-            let upper = self.split(lower, start + end_page * self.layout.page_size());
+            let end = start + end_page * self.layout.page_size();
+            let upper = self.split(lower, end, stats.created);
             *self.arena.stats_mut(upper) = stats;
             lower = upper;
         }
     }
 
     /// Makes a node end at `pos` (page-aligned, strictly inside `node`'s key), as sglang's
-    /// split: `node`'s registrations become nodes, then the one holding `pos` is split unless
-    /// it starts there.
-    pub(super) fn cut(&mut self, node: NodeId, pos: usize) -> Cut {
+    /// split at time `now`: `node`'s registrations become nodes, then the one holding `pos` is
+    /// split unless it starts there.
+    pub(super) fn cut(&mut self, node: NodeId, pos: usize, now: u64) -> Cut {
         self.materialize(node);
         let mut lower = node;
         while self.arena[lower].start() > pos {
@@ -230,7 +231,7 @@ impl RadixCache {
                 split: false,
             };
         }
-        let upper = self.split(lower, pos);
+        let upper = self.split(lower, pos, now);
         Cut {
             upper,
             lower,
