@@ -200,16 +200,13 @@ pub enum RadixError {
     /// by node, as sglang does: the nodes freed before the refused one are evicted (`evicted`
     /// tokens, often none), the others stay cached.
     #[error(
-        "eviction refused: the allocator did not free the pages of a node among the {nodes} \
-         nodes ({tokens} tokens) chosen; {evicted} tokens were evicted before it, the rest stay \
-         cached: {source}. A page the tree holds but the allocator does not was inserted \
-         without being allocated (insert_allocated refuses such a page; PageLedger names its \
-         node)"
+        "eviction refused: the allocator did not free the pages of a node among the {tokens} \
+         tokens chosen; {evicted} tokens were evicted before it, the rest stay cached: \
+         {source}. A page the tree holds but the allocator does not was inserted without being \
+         allocated (insert_allocated refuses such a page; PageLedger names its node)"
     )]
     Free {
-        /// Nodes the eviction chose.
-        nodes: usize,
-        /// Their tokens.
+        /// Tokens the eviction chose.
         tokens: usize,
         /// Tokens evicted before the refusal.
         evicted: usize,

@@ -166,11 +166,11 @@ impl RadixCache {
             let result = match plan.victims[index] {
                 Victim::Node(node) => {
                     let pages = 0..self.registration_end(node, 0);
-                    self.free_pages(node, pages, alloc, &mut plan.pages)
-                        .map(|freed| {
-                            self.remove_leaf(node);
-                            freed
-                        })
+                    let freed = self.free_pages(node, pages, alloc, &mut plan.pages);
+                    if freed.is_ok() {
+                        self.remove_leaf(node);
+                    }
+                    freed
                 }
                 Victim::Registrations { node, kept, had } => {
                     self.free_registrations(node, kept as usize, had as usize, alloc, plan)
@@ -181,7 +181,6 @@ impl RadixCache {
                 Err((freed, source)) => {
                     self.order.extend(plan.taken.drain(..));
                     return Err(RadixError::Free {
-                        nodes: plan.victims.len(),
                         tokens,
                         evicted: evicted + freed * page_size,
                         source,
