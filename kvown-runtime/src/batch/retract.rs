@@ -74,8 +74,11 @@ pub struct RetractOutcome {
 /// with the fewest outputs goes first, the longest prompt first among equals; at least one is
 /// retracted (when the batch has two or more) and at least one kept, unless the last one alone
 /// does not fit, when it is aborted. A batch of one is never retracted: it is kept or aborted.
-/// Retracted KV is released without inserting it into the prefix cache. The requests kept stay
-/// in retraction order, most outputs first (sglang `filter_batch(keep_indices=sorted_indices)`).
+/// Retracted KV is released without inserting it into the prefix cache, and after each release
+/// the prefix cache gives up what the free slots lack of
+/// [`EvictionRules::retract_decode_steps`](crate::cache::EvictionRules) tokens per request
+/// still in the batch (sglang `release_req`). The requests kept stay in retraction order, most
+/// outputs first (sglang `filter_batch(keep_indices=sorted_indices)`).
 ///
 /// Every request must hold KV in this cache: one that holds none fails the call with
 /// [`KvError::NotHeld`], one of another cache with [`KvError::OtherCache`], before anything is
@@ -133,6 +136,7 @@ fn retract_in_order<A: KvAllocator>(
     cache: &mut KvCache<A>,
     spec_reserve: Option<usize>,
 ) -> Result<(), KvError> {
+    let steps = cache.eviction_rules().retract_decode_steps;
     // Always keep one: a lone request is never retracted, only aborted below if it does not fit.
     while order.len() > 1 {
         let index = order.pop().expect("more than one index is left");
@@ -141,6 +145,8 @@ fn retract_in_order<A: KvAllocator>(
             release_kv_cache(&mut req, cache, false).and_then(|()| reset_for_retract(&mut req));
         outcome.retracted.push(req);
         released?;
+        // sglang `release_req`: room for the remaining requests' next decode steps.
+        cache.evict_shortfall(order.len().saturating_mul(steps))?;
         let left = order.iter().filter_map(|&i| pool[i].as_ref());
         if check_decode_mem(left, cache, spec_reserve)? {
             return Ok(());
