@@ -147,12 +147,16 @@ pub(crate) fn cache_finished_req<A: KvAllocator>(
             } else {
                 None
             };
-            let freed_end = plan.map_or(key_len, |plan| plan.prefix_len());
-            allocator.free_segments(&[
-                (&slots[protected..freed_end], protected),
-                (&slots[key_len..], key_len),
-                over,
-            ])?;
+            // sglang's calls: with the insert, the duplicates (`_insert_cache`), then the
+            // unkeyed tail (`free_kv_row`); without, `[protected, committed)` as one range.
+            match plan {
+                Some(plan) => allocator.free_segments(&[
+                    (&slots[protected..plan.prefix_len()], protected),
+                    (&slots[key_len..], key_len),
+                    over,
+                ])?,
+                None => allocator.free_segments(&[(&slots[protected..], protected), over])?,
+            }
             if let Some(plan) = plan {
                 tree.apply_insert(plan, key, &slots[..key_len], req.insert_params(false));
             }
