@@ -10,7 +10,7 @@ use crate::alloc::{KvAllocator, ceil_align};
 use crate::batch::Req;
 use crate::cache::{KvCache, TreeCache};
 use crate::error::KvError;
-use crate::radix::{RadixCache, TreePos};
+use crate::radix::{InsertParams, RadixCache, TreePos};
 use crate::slots::{ReqRow, ReqToTokenPool};
 
 /// Between two chunks of a chunked prefill: insert the request's committed whole pages into
@@ -59,6 +59,7 @@ pub fn cache_unfinished_req<A: KvAllocator>(
                 }
                 None => insert_unfinished(tree, allocator, req_to_token, req, row, key)?,
             };
+        split_prompt(tree, req, committed, new_end);
         req.last_node = new_end;
         req.kv_mut().set_cache_protected_len(owner, key_len);
     }
@@ -106,6 +107,23 @@ fn insert_unfinished<A: KvAllocator>(
     };
     tree.move_lock(req.last_node.node, new_end.node)?;
     Ok(new_end)
+}
+
+/// sglang `_insert_cache`'s prompt split, after the insert of a request's key of `up_to`
+/// tokens that ended at `end`: when the prompt's whole pages are a shorter prefix of the key,
+/// a node ends where they do, and records the request's priority plus one
+/// ([`RadixCache::split_prompt`]), so that eviction can take the outputs and keep the prompt.
+fn split_prompt(tree: &mut RadixCache, req: &Req, up_to: usize, end: TreePos) {
+    let prompt_len = tree
+        .layout()
+        .floor_align(up_to.min(req.origin_input_ids().len()));
+    if 0 < prompt_len && prompt_len < end.len {
+        let params = InsertParams {
+            priority: req.priority().saturating_add(1),
+            chunked: true,
+        };
+        tree.split_prompt(end, prompt_len, params);
+    }
 }
 
 /// The KV part of releasing a request that holds a row: the prefix cache takes `[0, committed)`
@@ -158,7 +176,13 @@ pub(crate) fn cache_finished_req<A: KvAllocator>(
                 None => allocator.free_segments(&[(&slots[protected..], protected), over])?,
             }
             if let Some(plan) = plan {
-                tree.apply_insert(plan, key, &slots[..key_len], req.insert_params(false));
+                let outcome =
+                    tree.apply_insert(plan, key, &slots[..key_len], req.insert_params(false));
+                let end = TreePos {
+                    node: outcome.last_node,
+                    len: key_len,
+                };
+                split_prompt(tree, req, committed, end);
             }
             tree.dec_lock_ref(req.last_node.node)?;
         }

@@ -17,7 +17,7 @@
 
 use super::RadixCache;
 use super::node::NodeId;
-use super::policy::NodeStats;
+use super::policy::{InsertParams, NodeStats};
 
 /// An earlier registration inside a grown leaf: where it ends, and its own node's figures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +81,21 @@ impl Registrations {
             priority: registration.priority,
         };
         (registration.end_page as usize, stats)
+    }
+
+    /// The earlier registration that ends `end_page` pages into the leaf, if one does.
+    pub(super) fn ending_at(&self, end_page: usize) -> Option<usize> {
+        self.list
+            .binary_search_by_key(&end_page, |registration| registration.end_page as usize)
+            .ok()
+    }
+
+    /// Records an insert of `params` that ended where earlier registration `index` ends, as its
+    /// node would ([`NodeStats::record`]).
+    pub(super) fn record(&mut self, index: usize, params: InsertParams) {
+        let registration = &mut self.list[index];
+        registration.hits = registration.hits.saturating_add(u32::from(!params.chunked));
+        registration.priority = registration.priority.max(params.priority);
     }
 
     /// Forgets the newest earlier registration; the memory of the last goes with it.
