@@ -382,7 +382,10 @@ fn a_decode_evicts_what_the_free_slots_lack_of_a_page_per_request() {
             vec![Req::new(2, tokens(100, 3)), Req::new(3, tokens(200, 3))],
             &mut cache,
         );
-        assert_eq!((cache.available_size(), cache.tree().evictable_size()), (4, 4));
+        assert_eq!(
+            (cache.available_size(), cache.tree().evictable_size()),
+            (4, 4)
+        );
         cache.set_eviction_rules(rules(demand));
         // Both new tokens continue their page: no page is needed, yet the demand is 8.
         let batch = decode(batch, &mut cache);

@@ -999,7 +999,10 @@ where
         // the retraction order reversed, most outputs first.
         let kept: Vec<u64> = order[k + a..].iter().rev().map(|&i| before[i].0).collect();
         let now: Vec<u64> = self.running.reqs().iter().map(Req::rid).collect();
-        assert_eq!(now, kept, "the kept requests in retraction order, most outputs first");
+        assert_eq!(
+            now, kept,
+            "the kept requests in retraction order, most outputs first"
+        );
         assert!(self.tree_total() <= tree_total, "nothing is inserted");
         for req in outcome.retracted.iter().chain(&outcome.aborted) {
             let kv = req.kv();

@@ -531,6 +531,10 @@ fn a_registration_past_the_prompt_ends_a_node_at_the_prompt() {
     release_kv_cache(&mut reqs[0], &mut cache, false).unwrap();
     assert_eq!(cache.tree().evictable_size(), 4);
     assert_eq!(cache.evict_shortfall(cache.available_size() + 1), Ok(2));
-    assert_eq!(cache.tree().evictable_size(), 2, "the prompt [5, 6] stays cached");
+    assert_eq!(
+        cache.tree().evictable_size(),
+        2,
+        "the prompt [5, 6] stays cached"
+    );
     empty_out(cache);
 }

@@ -286,7 +286,11 @@ fn replay<R: ReuseOrder>(
         match (kvown_result, model_result) {
             (Ok(slots), Some(expected)) => prop_assert_eq!(slots, expected, "{:?}", op),
             (Err(AllocError::OutOfMemory { .. }), None) => {
-                prop_assert_eq!(held(&kvown), held(&before), "a refusal changes no ownership");
+                prop_assert_eq!(
+                    held(&kvown),
+                    held(&before),
+                    "a refusal changes no ownership"
+                );
                 prop_assert_eq!(kvown.available_size(), before.available_size());
                 merged_refusals += usize::from(before.released_pages().next().is_some());
             }

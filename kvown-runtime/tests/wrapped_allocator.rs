@@ -539,7 +539,8 @@ fn free_list_order(cache: &KvCache<FaultyAllocator>) -> Vec<KvSlot> {
 }
 
 #[test]
-fn a_refused_eviction_keeps_what_it_had_not_freed_and_the_next_one_evicts_as_if_it_had_not_been_tried() {
+fn a_refused_eviction_keeps_what_it_had_not_freed_and_the_next_one_evicts_as_if_it_had_not_been_tried()
+ {
     // Two caches built alike; the first one's allocator refuses the eviction's free.
     let (mut refused, faults, reqs) = three_cached_prompts();
     let (mut untried, _, _) = three_cached_prompts();
