@@ -770,3 +770,33 @@ fn match_op(units: &[u32], lock: bool) -> Op {
         lock,
     }
 }
+
+/// sglang 0.5.23's real code run on CPU (`RadixCache.evict` over `PagedTokenToKVPoolAllocator`,
+/// page size 4) frees this sequence's two nodes with one call each, each node's pages in key
+/// order, not sorted: `[[3, 1], [4]]`, leaving the free list headed `[4, 3, 1, 5]`. So does
+/// kvown.
+#[test]
+fn an_evicted_nodes_pages_are_freed_in_key_order_one_call_per_node() {
+    let mut alloc = Faulty {
+        inner: PagedAllocator::new(32, 4, false).unwrap(),
+        faults: Faults::default(),
+    };
+    let take = |alloc: &mut Faulty<PagedAllocator>, tokens: usize| {
+        let mut slots = Vec::new();
+        alloc.alloc(tokens, &mut slots).unwrap();
+        slots
+    };
+    let (a, b) = (take(&mut alloc, 8), take(&mut alloc, 4));
+    alloc.free(&a[..4]).unwrap();
+    alloc.free(&b).unwrap();
+    let mut tree = RadixCache::new(4);
+    let v = take(&mut alloc, 8);
+    tree.insert(&(0..8).collect::<Vec<u32>>(), &v).unwrap();
+    let w = take(&mut alloc, 4);
+    tree.insert(&[9; 4], &w).unwrap();
+    alloc.faults.take_freed_pages();
+    assert_eq!(tree.evict(12, &mut alloc), Ok(12));
+    assert_eq!(alloc.faults.take_freed_pages(), [vec![3, 1], vec![4]]);
+    let head: Vec<PageId> = alloc.inner.free_pages().take(4).collect();
+    assert_eq!(head, [4, 3, 1, 5]);
+}
