@@ -59,7 +59,9 @@ pub fn cache_unfinished_req<A: KvAllocator>(
                 }
                 None => insert_unfinished(tree, allocator, req_to_token, req, row, key)?,
             };
-        split_prompt(tree, req, committed, new_end);
+        if !req.prompt_split_made {
+            req.prompt_split_made = split_prompt(tree, req, committed, new_end);
+        }
         req.last_node = new_end;
         req.kv_mut().set_cache_protected_len(owner, key_len);
     }
@@ -113,17 +115,20 @@ fn insert_unfinished<A: KvAllocator>(
 /// tokens that ended at `end`: when the prompt's whole pages are a shorter prefix of the key,
 /// a node ends where they do, and records the request's priority plus one
 /// ([`RadixCache::split_prompt`]), so that eviction can take the outputs and keep the prompt.
-fn split_prompt(tree: &mut RadixCache, req: &Req, up_to: usize, end: TreePos) {
+/// Returns whether it applied.
+fn split_prompt(tree: &mut RadixCache, req: &Req, up_to: usize, end: TreePos) -> bool {
     let prompt_len = tree
         .layout()
         .floor_align(up_to.min(req.origin_input_ids().len()));
-    if 0 < prompt_len && prompt_len < end.len {
+    let applies = 0 < prompt_len && prompt_len < end.len;
+    if applies {
         let params = InsertParams {
             priority: req.priority().saturating_add(1),
             chunked: true,
         };
         tree.split_prompt(end, prompt_len, params);
     }
+    applies
 }
 
 /// The KV part of releasing a request that holds a row: the prefix cache takes `[0, committed)`
