@@ -48,7 +48,7 @@ pub fn prepare_for_extend(mut batch: ScheduleBatch<Ready>) -> ScheduleBatch<Exte
 ///
 /// Transactional: on error nothing was taken or written, and the prepared batch is handed
 /// back. Nothing was evicted either, except when the allocator itself refuses the slots after
-/// the batch flow evicted the shortfall for them (a device out of memory; the host allocators
+/// the batch flow evicted for them (a device out of memory; the host allocators
 /// never do): the unlocked prefix-cache entries evicted then stay evicted. A request holding
 /// KV in another cache fails with [`KvError::OtherCache`], one holding a speculative
 /// reservation with [`KvError::ReservationHeld`].
