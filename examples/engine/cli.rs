@@ -81,6 +81,27 @@ pub enum Admission {
     Ratio,
 }
 
+/// How much of the prefix cache the batch flow evicts before an allocation (kvown's
+/// `EvictionDemand`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EvictionDemand {
+    /// sglang's over-estimate: an extend's tokens plus a page per request, a page per decoding
+    /// request.
+    Sglang,
+    /// Only what the allocation lacks.
+    Shortfall,
+}
+
+impl EvictionDemand {
+    /// The name as the flag spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            EvictionDemand::Sglang => "sglang",
+            EvictionDemand::Shortfall => "shortfall",
+        }
+    }
+}
+
 /// The limits `--help` states after the flags.
 const LIMITS: &str = "\
 Limits (checked before anything is allocated or drawn; a run past one exits non-zero naming it):
@@ -146,6 +167,11 @@ pub struct Args {
     /// so `priority` evicts as `lru` does.
     #[arg(long, default_value_t = EvictionPolicy::Lru)]
     pub eviction_policy: EvictionPolicy,
+    /// What is evicted from the prefix cache before an allocation: sglang's demand (an extend's
+    /// tokens plus a page per request, a page per decoding request, less what is free) or only
+    /// the allocation's shortfall.
+    #[arg(long, value_enum, default_value_t = EvictionDemand::Sglang)]
+    pub eviction_demand: EvictionDemand,
     /// Slots per page.
     #[arg(long, default_value_t = 16)]
     pub page_size: usize,

@@ -32,7 +32,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvown::alloc::{AsPageAllocator, KvAllocator, PagedAllocator};
-use kvown::cache::{KvCache, TreeCache};
+use kvown::cache::{EvictionDemand, EvictionRules, KvCache, TreeCache};
 use kvown::kv::{KvPool, new_host_pool};
 use kvown::radix::RadixCache;
 use kvown::slots::ReqToTokenPool;
@@ -148,6 +148,25 @@ fn host_bookkeeping(
     Ok((allocator, table, tree))
 }
 
+/// The cache over `allocator`, `table` and `tree`, evicting as `--eviction-demand` says.
+fn new_cache<A: KvAllocator>(
+    args: &Args,
+    allocator: A,
+    table: ReqToTokenPool,
+    tree: TreeCache,
+) -> Result<KvCache<A>, String> {
+    let mut cache = KvCache::new(allocator, table, tree).map_err(|e| e.to_string())?;
+    let demand = match args.eviction_demand {
+        cli::EvictionDemand::Sglang => EvictionDemand::Sglang,
+        cli::EvictionDemand::Shortfall => EvictionDemand::Shortfall,
+    };
+    cache.set_eviction_rules(EvictionRules {
+        demand,
+        ..EvictionRules::default()
+    });
+    Ok(cache)
+}
+
 fn run(args: &Args) -> Result<Summary, String> {
     args.validate()?;
     let jobs = workload::generate(args);
@@ -156,7 +175,7 @@ fn run(args: &Args) -> Result<Summary, String> {
     let (allocator, table, tree) = host_bookkeeping(args, &jobs)?;
     match device {
         None => {
-            let cache = KvCache::new(allocator, table, tree).map_err(|e| e.to_string())?;
+            let cache = new_cache(args, allocator, table, tree)?;
             if args.transfer_over_nixl() {
                 let link = NixlLink::start(&args.flags, layout)?;
                 let pool = link.decode_pool();
@@ -170,7 +189,7 @@ fn run(args: &Args) -> Result<Summary, String> {
         Some(device) => {
             let staged = staged_on_cuda(&device, allocator, &table)
                 .map_err(|e| format!("staging ring on {backend}: {e}"))?;
-            let cache = KvCache::new(staged, table, tree).map_err(|e| e.to_string())?;
+            let cache = new_cache(args, staged, table, tree)?;
             let pool = CudaKvPool::new(device, layout, kv_data::DTYPE)
                 .map_err(|e| format!("KV pool on {backend}: {e}"))?;
             serve(args, cache, Box::new(pool), jobs, backend, None)
@@ -297,6 +316,7 @@ fn serve<A: KvAllocator + AsPageAllocator + DeviceCopy>(
         transfers: engine.transfers(),
         admission: args.admission_summary(),
         eviction_policy: args.eviction_policy.name(),
+        eviction_demand: args.eviction_demand.name(),
         peak_pages_in_use: stats.peak_pages_in_use,
         pool_pages,
         kvown_ns_per_step_median: median,

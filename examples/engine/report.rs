@@ -35,6 +35,8 @@ pub struct Summary {
     pub admission: AdmissionSummary,
     /// The prefix cache's eviction policy (`--eviction-policy`).
     pub eviction_policy: &'static str,
+    /// What is evicted before an allocation (`--eviction-demand`).
+    pub eviction_demand: &'static str,
     /// Highest pages in use (request-owned plus cached).
     pub peak_pages_in_use: usize,
     /// Pages in the pool.
@@ -188,6 +190,7 @@ impl Summary {
             ),
             ("admission", self.admission.to_string()),
             ("eviction policy", self.eviction_policy.to_string()),
+            ("eviction demand", self.eviction_demand.to_string()),
             (HIT_RATE_BY_PRIORITY, self.hit_rates_by_priority()),
             (
                 "peak pages in use",

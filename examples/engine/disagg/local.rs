@@ -5,7 +5,6 @@ use std::time::Instant;
 
 use kvown::alloc::KvSlot;
 use kvown::batch::{Req, TransferTicket};
-use kvown::cache::KvCache;
 use kvown::kv::{KvPool, KvTransfer, LocalTransfer, SharedPool, new_host_pool};
 
 use super::{Computed, PrefillNode, Prompt, Source, TransferReport};
@@ -28,7 +27,7 @@ pub fn pair(
     decode_pool: Box<dyn KvPool>,
 ) -> Result<(Box<dyn KvPool>, LocalLink), String> {
     let (allocator, table, tree) = crate::host_bookkeeping(args, jobs)?;
-    let cache = KvCache::new(allocator, table, tree).map_err(|e| e.to_string())?;
+    let cache = crate::new_cache(args, allocator, table, tree)?;
     let layout = *decode_pool.layout();
     let prefill_pool = new_host_pool(layout, kv_data::DTYPE)
         .map_err(|e| format!("the prefill node's KV pool: {e}"))?;
