@@ -324,7 +324,7 @@ pub enum Violation {
     },
 }
 
-impl<A: AsPageAllocator> KvCache<A> {
+impl<A: AsPageAllocator, M> KvCache<A, M> {
     /// Checks every invariant for the requests that hold KV (or a prefix lock) in `reqs`,
     /// which must be all such requests of this cache, against the host allocator's state.
     /// Costs O(pool pages + held positions): for tests, debug runs and `--check` modes, not
@@ -508,7 +508,7 @@ impl<A: AsPageAllocator> KvCache<A> {
     }
 }
 
-impl<A> KvCache<A> {
+impl<A, M> KvCache<A, M> {
     /// The tokens and `slots` of `req`'s protected prefix are those of the path its lock
     /// holds, a path of its namespace, and `slots` run no further than that path. A lock on a
     /// node no longer live is left to the lock check.

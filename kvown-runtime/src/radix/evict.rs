@@ -15,7 +15,7 @@ use super::children::KeyHasher;
 use super::node::NodeId;
 use super::policy::NodeStats;
 use super::{OrderEntry, RadixCache, RadixError};
-use crate::alloc::{AllocError, KvAllocator, PageId};
+use crate::alloc::{AllocError, FreeOrder, KvAllocator, PageId};
 
 /// A node a plan touches (a victim, or a parent of victims): what it will hold once this
 /// call's victims are removed.
@@ -204,7 +204,7 @@ impl RadixCache {
         buffer.clear();
         buffer.extend(pages.map(|page| entry.page_id(page, self.layout)));
         alloc
-            .free_page_ids(buffer)
+            .free_page_ids(buffer, FreeOrder::Given)
             .map(|()| buffer.len())
             .map_err(|source| (0, source))
     }

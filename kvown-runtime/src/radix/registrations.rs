@@ -266,7 +266,7 @@ impl RadixCache {
 mod tests {
     use super::super::{EvictionPolicy, InsertParams, Namespace, RadixCache, RadixError, TreePos};
     use super::Registrations;
-    use crate::alloc::{KvAllocator, PagedAllocator};
+    use crate::alloc::{PagedAllocator, SlotCalls};
 
     /// A cache of page size 1 under `policy` holding `[1]`, locked and grown in place by
     /// registrations of `[2]` and `[3]` (as a decoding request registers its pages), with slots
