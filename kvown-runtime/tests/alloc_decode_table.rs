@@ -9,9 +9,7 @@ mod common;
 mod held_rows;
 
 use held_rows::held_rows;
-use kvown_runtime::alloc::{
-    AllocError, DecodeRow, ExtendShape, KvAllocator, PagedAllocator, TokenAllocator,
-};
+use kvown_runtime::alloc::{AllocError, DecodeRow, ExtendShape, KvAllocator, PagedAllocator, SlotCalls, TokenAllocator};
 use kvown_runtime::slots::{ReqRow, ReqToTokenPool};
 use proptest::prelude::*;
 

@@ -9,9 +9,7 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use kvown_runtime::alloc::{
-    AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageAllocator, PageId, ReuseOrder,
-};
+use kvown_runtime::alloc::{AllocError, DecodeShape, ExtendShape, FreeOrder, KvAllocator, KvSlot, PageAllocator, PageId, ReuseOrder, SlotCalls};
 use kvown_runtime::alloc::{PagedAllocator, TokenAllocator};
 use proptest::prelude::*;
 
@@ -303,7 +301,7 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
                     .chunks(page_size)
                     .map(|page| page[0] / page_size as KvSlot)
                     .collect();
-                allocator.free_page_ids(&pages).unwrap();
+                allocator.free_page_ids(&pages, FreeOrder::Given).unwrap();
                 model.freed(pages.len());
             }
             Op::FreeRawPageByPage(pick) if pick < model.raw.len() => {
@@ -311,8 +309,8 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
                 let raw = model.raw.swap_remove(pick);
                 for page in raw.chunks(page_size).rev() {
                     let page = page[0] / page_size as KvSlot;
-                    allocator.free_page_ids(&[page]).unwrap();
-                    let again = allocator.free_page_ids(&[page]);
+                    allocator.free_page_ids(&[page], FreeOrder::Given).unwrap();
+                    let again = allocator.free_page_ids(&[page], FreeOrder::Given);
                     prop_assert!(
                         matches!(again, Err(AllocError::DoubleFree { .. })),
                         "{again:?}"

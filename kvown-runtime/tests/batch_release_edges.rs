@@ -5,7 +5,7 @@
 #[path = "common/batch_setup.rs"]
 mod setup;
 
-use kvown_runtime::alloc::{AllocError, KvAllocator, PagedAllocator, ceil_align};
+use kvown_runtime::alloc::{AllocError, KvAllocator, PagedAllocator, SlotCalls, ceil_align};
 use kvown_runtime::batch::{
     Req, ScheduleBatch, cache_unfinished_req, init_next_round_input, prepare_for_decode,
     release_kv_cache,

@@ -48,9 +48,7 @@ mod sglang_radix;
 
 use std::fmt::{self, Write as _};
 
-use kvown_runtime::alloc::{
-    KvSlot, PageAllocator, PageId, PagedAllocator, ReuseOrder, TokenAllocator,
-};
+use kvown_runtime::alloc::{KvSlot, PageAllocator, PageId, PagedAllocator, ReuseOrder, SlotCalls, TokenAllocator};
 use kvown_runtime::batch::{
     Req, ScheduleBatch, alloc_for_decode, alloc_for_extend, cache_unfinished_req, check_decode_mem,
     init_next_round_input, prepare_for_decode, prepare_for_extend, release_kv_cache,

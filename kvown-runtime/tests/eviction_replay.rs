@@ -40,7 +40,7 @@ mod sglang_radix;
 use std::fmt::{self, Write as _};
 
 use faulty::{Faults, Faulty};
-use kvown_runtime::alloc::{KvAllocator, KvSlot, PageId, PagedAllocator};
+use kvown_runtime::alloc::{KvAllocator, KvSlot, PageId, PagedAllocator, SlotCalls};
 use kvown_runtime::radix::{EvictionPolicy, InsertParams, Namespace, NodeId, RadixCache, TreePos};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;

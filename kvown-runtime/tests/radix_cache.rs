@@ -4,7 +4,7 @@
 #[path = "common/radix_setup.rs"]
 mod radix_setup;
 
-use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator};
+use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator, SlotCalls};
 use kvown_runtime::radix::{EvictionPolicy, NodeId, RadixCache, RadixError, TreePos};
 use radix_setup::{alloc_slots, allocator, key, path_slots};
 

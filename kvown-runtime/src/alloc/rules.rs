@@ -179,13 +179,13 @@ impl ExtendShape {
 /// `ceil(seq/ps) − ceil(pre/ps)`. A request whose prefix ends inside a page marks that page
 /// `Pending` ([`mark_partial_page`]), and is refused when an earlier request of the batch
 /// marked it ([`AllocError::SharedPartialPage`]); the caller turns the marks back to `Held`,
-/// on error too. Its `last_loc` must be the last slot handed out in its page ([`check_latest`]). Requests without a prefix do no more for it than before (the test sits in
+/// on error too. Whether its `last_loc` is the last slot handed out in its page is checked
+/// after every request passed these ([`check_latest`]). Requests without a prefix do no more for it than before (the test sits in
 /// the branch that checks `last_loc`), those with a page-aligned prefix one test.
 #[inline]
 pub(crate) fn check_extend(
     geometry: PageGeometry,
     state: &mut [PageState],
-    fill: &[u16],
     reqs: &[ExtendShape],
     request: usize,
 ) -> Result<usize, AllocError> {
@@ -198,7 +198,6 @@ pub(crate) fn check_extend(
                 return Err(shared_partial_page(geometry, reqs, request, page));
             }
         }
-        check_latest(geometry, fill, request, last_loc)?;
     }
     Ok(geometry.pages_for(shape.seq_len) - geometry.pages_for(shape.prefix_len))
 }
@@ -246,7 +245,8 @@ pub(crate) fn check_decode(
 
 /// `last_loc` must be the last slot handed out in its page, by the page's fill mark
 /// ([`AllocError::LastLocNotLatest`]): a continuation from an earlier slot would hand out a
-/// slot twice. Checked after the other checks of `last_loc`, whose errors come first.
+/// slot twice. Checked once every request of the batch passed the other checks, so that a
+/// batch's other errors come first.
 #[inline]
 pub(crate) fn check_latest(
     geometry: PageGeometry,

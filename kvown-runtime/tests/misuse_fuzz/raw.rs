@@ -3,9 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use kvown_runtime::alloc::{
-    DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PagedAllocator, TokenAllocator,
-};
+use kvown_runtime::alloc::{DecodeShape, ExtendShape, FreeOrder, KvAllocator, KvSlot, PageId, PagedAllocator, SlotCalls, TokenAllocator};
 use kvown_runtime::batch::Req;
 use kvown_runtime::check::{Holder, PageLedger};
 use kvown_runtime::radix::{Namespace, NodeId, RadixCache, TreePos};
@@ -268,7 +266,7 @@ impl RawWorld {
                     let mut pages: Vec<PageId> =
                         slots.iter().map(|&s| s / page_size as KvSlot).collect();
                     pages.dedup();
-                    self.alloc.free_page_ids(&pages)
+                    self.alloc.free_page_ids(&pages, FreeOrder::Given)
                 } else {
                     self.alloc.free(&slots)
                 };
@@ -291,7 +289,7 @@ impl RawWorld {
                     _ => value as KvSlot,
                 };
                 let result = match kind {
-                    4 => self.alloc.free_page_ids(&[value as PageId]),
+                    4 => self.alloc.free_page_ids(&[value as PageId], FreeOrder::Given),
                     5 => self.alloc.free(&[]),
                     _ => self.alloc.free(&[slot]),
                 };

@@ -191,7 +191,8 @@ impl<R: ReuseOrder> PageAllocator<R> {
     }
 
     /// Checks every request of a decode batch without changing anything: the first invalid
-    /// request's typed error, or the pages the batch opens.
+    /// request's typed error (the fill marks checked last, once every request passed the other
+    /// checks), or the pages the batch opens.
     fn validate_decode<D: DecodeRequests>(&self, reqs: &D) -> Result<usize, AllocError> {
         let geometry = self.geometry;
         let mut continued = ContinuedPages::default();
@@ -204,7 +205,9 @@ impl<R: ReuseOrder> PageAllocator<R> {
             } else {
                 continued.note(geometry.page_size(), request, last_loc)?;
             }
-            check_latest(geometry, &self.fill, request, last_loc)?;
+        }
+        for request in 0..reqs.len() {
+            check_latest(geometry, &self.fill, request, reqs.shape(request).last_loc)?;
         }
         Ok(opening)
     }

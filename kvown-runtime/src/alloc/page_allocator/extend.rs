@@ -2,7 +2,7 @@
 //! three parts each.
 
 use super::PageAllocator;
-use crate::alloc::rules::{PageMarks, check_extend, fill_extend, unmark_pages};
+use crate::alloc::rules::{PageMarks, check_extend, check_latest, fill_extend, unmark_pages};
 use crate::alloc::{AllocError, ExtendShape, KvSlot, ReuseOrder};
 
 impl<R: ReuseOrder> PageAllocator<R> {
@@ -39,16 +39,22 @@ impl<R: ReuseOrder> PageAllocator<R> {
     /// Validates an extend batch and makes its new pages available: returns the new pages and
     /// new tokens. Marks each request's partial last page `Pending` (requests whose prefix ends
     /// at a page boundary, fresh prompts among them, mark nothing), so that a second request
-    /// continuing it is refused; the caller turns the marks back to `Held`, on error too.
+    /// continuing it is refused; the caller turns the marks back to `Held`, on error too. Then
+    /// checks each `last_loc` against its page's fill mark.
     #[inline]
     fn check_extend_batch(&mut self, reqs: &[ExtendShape]) -> Result<(usize, usize), AllocError> {
         let geometry = self.geometry;
         let mut new_pages = 0usize;
         let mut new_tokens = 0usize;
         for (request, shape) in reqs.iter().enumerate() {
-            let pages = check_extend(geometry, &mut self.state, &self.fill, reqs, request)?;
+            let pages = check_extend(geometry, &mut self.state, reqs, request)?;
             new_pages = new_pages.saturating_add(pages);
             new_tokens = new_tokens.saturating_add(shape.seq_len - shape.prefix_len);
+        }
+        for (request, shape) in reqs.iter().enumerate() {
+            if let Some(last_loc) = shape.last_loc {
+                check_latest(geometry, &self.fill, request, last_loc)?;
+            }
         }
         // sglang's merge trigger: the paged allocator's `alloc_extend` merges when
         // `extend_num_tokens // page_size + bs + 1 > len(free_pages)`; the token allocator's
