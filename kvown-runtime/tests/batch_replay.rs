@@ -48,7 +48,9 @@ mod sglang_radix;
 
 use std::fmt::{self, Write as _};
 
-use kvown_runtime::alloc::{KvSlot, PageAllocator, PageId, PagedAllocator, ReuseOrder, SlotCalls, TokenAllocator};
+use kvown_runtime::alloc::{
+    KvSlot, PageAllocator, PageId, PagedAllocator, ReuseOrder, TokenAllocator,
+};
 use kvown_runtime::batch::{
     Req, ScheduleBatch, alloc_for_decode, alloc_for_extend, cache_unfinished_req, check_decode_mem,
     init_next_round_input, prepare_for_decode, prepare_for_extend, release_kv_cache,
@@ -836,7 +838,7 @@ impl<R: ReuseOrder> World<R> {
             &self.sglang.out_cache_loc,
         )?;
         // `process_batch_result_prefill`, in a free group.
-        ok("free_group_begin", self.cache.free_group_begin())?;
+        let mut group = ok("free_group", self.cache.free_group())?;
         self.sglang.alloc.free_group_begin();
         let mut continuing = Vec::new();
         for (mut kvown, mut sglang) in batch.into_reqs().into_iter().zip(sglang) {
@@ -844,7 +846,7 @@ impl<R: ReuseOrder> World<R> {
                 // A chunk: checkpointed before the next (`stash_chunked_request`).
                 ok(
                     "cache_unfinished_req",
-                    cache_unfinished_req(&mut kvown, &mut self.cache),
+                    cache_unfinished_req(&mut kvown, &mut group),
                 )?;
                 let up_to = sglang.extend_end;
                 self.sglang.checkpoint(&mut sglang, up_to);
@@ -858,21 +860,21 @@ impl<R: ReuseOrder> World<R> {
             if sglang.outputs.len() >= sglang.max_new {
                 ok(
                     "release_kv_cache",
-                    release_kv_cache(&mut kvown, &mut self.cache, true),
+                    release_kv_cache(&mut kvown, &mut group, true),
                 )?;
                 self.sglang.release(&mut sglang, true);
                 self.finished.push(Pair { kvown, sglang });
             } else {
                 ok(
                     "cache_unfinished_req",
-                    cache_unfinished_req(&mut kvown, &mut self.cache),
+                    cache_unfinished_req(&mut kvown, &mut group),
                 )?;
                 let up_to = sglang.extend_end;
                 self.sglang.checkpoint(&mut sglang, up_to);
                 continuing.push(Pair { kvown, sglang });
             }
         }
-        ok("free_group_end", self.cache.free_group_end())?;
+        group.commit();
         self.sglang.alloc.free_group_end();
         for pair in continuing {
             self.running.extend_reqs([pair.kvown]);
@@ -951,7 +953,7 @@ impl<R: ReuseOrder> World<R> {
             &self.sglang.out_cache_loc,
         )?;
         // `process_batch_result_decode`, in a free group: the output, the finished released.
-        ok("free_group_begin", self.cache.free_group_begin())?;
+        let mut group = ok("free_group", self.cache.free_group())?;
         self.sglang.alloc.free_group_begin();
         for (kvown, sglang) in self
             .running
@@ -988,14 +990,14 @@ impl<R: ReuseOrder> World<R> {
         for (mut kvown, mut sglang) in finished.into_iter().zip(finished_sglang) {
             ok(
                 "release_kv_cache",
-                release_kv_cache(&mut kvown, &mut self.cache, true),
+                release_kv_cache(&mut kvown, &mut group, true),
             )?;
             self.sglang.release(&mut sglang, true);
             self.trace.push(format!("finish rid {}", kvown.rid()));
             self.sglang.coverage.finished += 1;
             self.finished.push(Pair { kvown, sglang });
         }
-        ok("free_group_end", self.cache.free_group_end())?;
+        group.commit();
         self.sglang.alloc.free_group_end();
         Ok(())
     }

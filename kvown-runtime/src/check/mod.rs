@@ -217,12 +217,11 @@ pub enum Violation {
         /// The other.
         second: Holder,
     },
-    /// One slot is held by two requests: both would write their KV to it (a raw `alloc_extend`
-    /// or `alloc_decode` given another request's `last_loc` hands the rest of that request's
-    /// partial page out a second time).
+    /// One slot is held by two requests: both would write their KV to it (a raw free of
+    /// another request's slots, whose page is then handed out again).
     #[error(
         "slot {slot} (page {page}) is held by {first} and by {second}; both would write their \
-         KV to it. A partial page belongs to one request: pass each request its own last_loc"
+         KV to it. A slot belongs to one request: free only a request's own slots"
     )]
     SlotHeldTwice {
         /// The slot.

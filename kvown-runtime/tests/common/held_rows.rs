@@ -2,7 +2,7 @@
 //! `#[path]` by `tests/alloc_decode_table.rs` and by the crate's unit tests of the trusted
 //! decode (`src/alloc/trusted_tests.rs`), which can build what the integration test cannot.
 
-use kvown_runtime::alloc::{ExtendShape, KvAllocator, SlotCalls};
+use kvown_runtime::alloc::{ExtendShape, KvAllocator};
 use kvown_runtime::slots::ReqToTokenPool;
 
 /// A table of `rows` rows of `width` positions, the pool's first `lens.len()` rows held, held
