@@ -1,4 +1,4 @@
-//! Errors of device calls, and of building and verifying a staged allocator.
+//! Errors of device calls, and of building and verifying a staged mirror.
 
 use cudarc::driver::DriverError;
 use kvown_runtime::alloc::KvSlot;
@@ -20,8 +20,8 @@ pub enum CudaError {
     Driver(#[from] DriverError),
 }
 
-/// Why a [`StagedAllocator`](crate::StagedAllocator) cannot be built, or why
-/// [`StagedAllocator::verify`](crate::StagedAllocator::verify) found the device apart from the
+/// Why a [`StagedMirror`](crate::StagedMirror) cannot be built, or why
+/// [`StagedMirror::verify`](crate::StagedMirror::verify) found the device apart from the
 /// host.
 #[derive(Debug, thiserror::Error)]
 pub enum StagingError {

@@ -537,7 +537,7 @@ fn room_that_only_eviction_can_make_is_refused_inside_a_free_group() {
         failure
             .error
             .to_string()
-            .contains("end the free group first")
+            .contains("commit the free group")
     );
     let mut req = failure.batch.cancel().into_reqs().pop().unwrap();
     assert_eq!(ladder(&req), (0, 0, 0));

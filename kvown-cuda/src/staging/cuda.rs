@@ -13,7 +13,7 @@ use kvown_runtime::slots::ReqRow;
 
 use super::packet::HEADER;
 use super::ring::StepLink;
-use super::staged::ReadBack;
+use super::mirror::ReadBack;
 use crate::detect::CudaDevice;
 use crate::error::CudaError;
 

@@ -29,7 +29,7 @@
 //!   drains it. Off by default.
 //!
 //! ```
-//! use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+//! use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
 //! use kvown_runtime::radix::RadixCache;
 //!
 //! let mut allocator = PagedAllocator::new(64, 4, false).unwrap();
@@ -136,7 +136,7 @@ impl TreePos {
 /// share prefixes; give each salt its own id (for instance from a map of the salts seen).
 ///
 /// ```
-/// use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+/// use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
 /// use kvown_runtime::radix::{Namespace, RadixCache, TreePos};
 ///
 /// let mut allocator = PagedAllocator::new(64, 4, false).unwrap();
@@ -224,7 +224,7 @@ impl RadixCache {
     /// An empty cache for pages of `page_size` slots whose evictions follow `policy`.
     ///
     /// ```
-    /// use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+    /// use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
     /// use kvown_runtime::radix::{EvictionPolicy, RadixCache};
     ///
     /// let mut allocator = PagedAllocator::new(64, 4, false).unwrap();
