@@ -79,7 +79,7 @@ pub use layer::AllocatorLayer;
 pub use page_allocator::PageAllocator;
 pub use page_state::PageState;
 pub use paged::PagedAllocator;
-pub use requests::DecodeRequests;
+pub use requests::{DecodeRequest, DecodeRequests};
 pub(crate) use requests::Sealed;
 pub use reuse::{Fifo, Lifo, ReuseOrder};
 pub use rules::ContinuedPages;

@@ -5,6 +5,56 @@
 
 use super::{DecodeShape, KvSlot};
 
+/// One request of a decode batch, as an allocator reads it in [`DecodeRequests::assign`]: how
+/// many tokens it stores and its last stored slot, which for a request in a table is read from
+/// its row only when asked.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeRequest<'a> {
+    stored: usize,
+    slots: &'a [KvSlot],
+    last: usize,
+}
+
+impl<'a> DecodeRequest<'a> {
+    /// A request storing `stored` tokens whose last slot is `slots[last]`.
+    #[inline(always)]
+    pub(crate) fn new(stored: usize, slots: &'a [KvSlot], last: usize) -> Self {
+        DecodeRequest {
+            stored,
+            slots,
+            last,
+        }
+    }
+
+    /// A request given by its shape.
+    #[inline(always)]
+    fn of(shape: &'a DecodeShape) -> Self {
+        let stored = shape.seq_len.wrapping_sub(1);
+        DecodeRequest::new(stored, std::slice::from_ref(&shape.last_loc), 0)
+    }
+
+    /// Tokens stored before the step: the new token's position (`seq_len - 1`; `usize::MAX`
+    /// for a malformed shape of `seq_len` 0).
+    #[inline(always)]
+    pub fn stored(self) -> usize {
+        self.stored
+    }
+
+    /// The slot of the last stored token.
+    #[inline(always)]
+    pub fn last_loc(self) -> KvSlot {
+        self.slots[self.last]
+    }
+
+    /// The request's shape.
+    pub fn shape(self) -> DecodeShape {
+        DecodeShape {
+            seq_len: self.stored.wrapping_add(1),
+            last_loc: self.last_loc(),
+        }
+    }
+}
+
 /// Seals [`DecodeRequests`]: only this crate says which batches are checked.
 pub trait Sealed {}
 
@@ -33,11 +83,10 @@ pub trait DecodeRequests: Sealed {
     /// for shapes a caller gave, which the allocator checks.
     fn checked_new_pages(&self) -> Option<usize>;
 
-    /// Hands every request's shape, in batch order, to `slot_for`, and stores the slot it
-    /// returns in `out[request]` (`out.len() == len()`) and, for a checked batch, in the
-    /// request's row. Called once per allocation: for a checked batch, only when nothing can
-    /// fail any more.
-    fn assign(&mut self, out: &mut [KvSlot], slot_for: impl FnMut(DecodeShape) -> KvSlot);
+    /// Hands every request, in batch order, to `slot_for`, and stores the slot it returns in
+    /// `out[request]` (`out.len() == len()`) and, for a checked batch, in the request's row.
+    /// Called once per allocation: for a checked batch, only when nothing can fail any more.
+    fn assign(&mut self, out: &mut [KvSlot], slot_for: impl FnMut(DecodeRequest<'_>) -> KvSlot);
 }
 
 /// Shapes a caller gave, in a slice, an array or a `Vec`.
@@ -62,9 +111,13 @@ macro_rules! shape_lists {
             }
 
             #[inline]
-            fn assign(&mut self, out: &mut [KvSlot], mut slot_for: impl FnMut(DecodeShape) -> KvSlot) {
-                for (slot, &shape) in out.iter_mut().zip(self.iter()) {
-                    *slot = slot_for(shape);
+            fn assign(
+                &mut self,
+                out: &mut [KvSlot],
+                mut slot_for: impl FnMut(DecodeRequest<'_>) -> KvSlot,
+            ) {
+                for (slot, shape) in out.iter_mut().zip(self.iter()) {
+                    *slot = slot_for(DecodeRequest::of(shape));
                 }
             }
         }

@@ -1,8 +1,9 @@
 //! The batched extend and decode rules (sglang `alloc_extend_kernel` / `alloc_decode_kernel`)
 //! as CPU code: per-request validation with page counts, and the extend's slot writer.
 //!
-//! Every page carries a fill mark besides its state: how many of its slots have been handed
-//! out (modulo 2^16), so that a continuation can be checked to start right after the last one.
+//! Every page carries a fill mark besides its state: the low 16 bits of the slot after its last
+//! handed-out one ([`fill_mark`]), so that a continuation can be checked to start right after
+//! that slot.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -256,22 +257,29 @@ pub(crate) fn check_latest(
 ) -> Result<(), AllocError> {
     let page = geometry.page_of(last_loc);
     let mark = fill.get(page).copied().unwrap_or(0);
-    if mark == handed_through(geometry, last_loc) {
+    if mark == fill_mark(last_loc) {
         return Ok(());
     }
     Err(AllocError::LastLocNotLatest {
         request,
         last_loc,
         page: page as PageId,
-        latest: geometry.first_slot(page as PageId) + KvSlot::from(mark.wrapping_sub(1)),
+        latest: last_handed(geometry, page as PageId, mark),
     })
 }
 
-/// The fill mark of a page whose last handed-out slot is `slot`: its offset plus one, modulo
-/// 2^16.
+/// The fill mark of a page whose last handed-out slot is `slot`: the low 16 bits of the slot
+/// after it, which tell the slots of a page of up to 2^16 apart (larger pages are told apart
+/// modulo 2^16).
 #[inline(always)]
-pub(crate) fn handed_through(geometry: PageGeometry, slot: KvSlot) -> u16 {
-    (geometry.offset(slot as usize) + 1) as u16
+pub(crate) fn fill_mark(slot: KvSlot) -> u16 {
+    slot.wrapping_add(1) as u16
+}
+
+/// The last handed-out slot of `page` by its fill `mark`.
+pub(crate) fn last_handed(geometry: PageGeometry, page: PageId, mark: u16) -> KvSlot {
+    let first = geometry.first_slot(page);
+    first + KvSlot::from(mark.wrapping_sub(1).wrapping_sub(first as u16))
 }
 
 /// `last_loc` must be a slot of an allocated page at the page offset `prefix_len` implies.
@@ -318,7 +326,7 @@ pub(crate) fn fill_extend(
             let page = geometry.page_of(last_loc);
             state[page] = PageState::Held;
             let n1 = (page_size - offset).min(extend_len);
-            fill[page] = fill[page].wrapping_add(n1 as u16);
+            fill[page] = fill_mark(last_loc + n1 as KvSlot);
             out.extend(last_loc + 1..last_loc + 1 + n1 as KvSlot);
             n1
         }
@@ -329,7 +337,7 @@ pub(crate) fn fill_extend(
     if page_size == 1 {
         for page in pages.by_ref().take(full_pages) {
             state[page as usize] = PageState::Held;
-            fill[page as usize] = 1;
+            fill[page as usize] = fill_mark(page);
             out.push(page);
         }
         return;
@@ -349,16 +357,17 @@ pub(crate) fn fill_extend(
 pub(crate) struct PageMarks<'a> {
     /// One state per page.
     pub(crate) state: &'a mut [PageState],
-    /// One fill mark per page: slots handed out, modulo 2^16.
+    /// One fill mark per page ([`fill_mark`] of its last handed-out slot).
     pub(crate) fill: &'a mut [u16],
 }
 
 /// Marks `page` held with its first `len` slots handed out, and appends those.
 #[inline]
 fn claim(geometry: PageGeometry, page: PageId, len: usize, marks: PageMarks<'_>, out: &mut Vec<KvSlot>) {
+    let first = geometry.first_slot(page);
     marks.state[page as usize] = PageState::Held;
-    marks.fill[page as usize] = len as u16;
-    push_slot_run(out, geometry.first_slot(page), len);
+    marks.fill[page as usize] = fill_mark(first + len as KvSlot - 1);
+    push_slot_run(out, first, len);
 }
 
 /// Appends `first..first + len` to `out`. Runs of the common page sizes (16, 32, 64) are

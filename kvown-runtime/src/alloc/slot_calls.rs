@@ -116,7 +116,7 @@ impl<A: KvAllocator + ?Sized> SlotCalls for A {
                 .free_page_ids(&[page as PageId], FreeOrder::Unordered)
                 .map_err(|error| name_slot(self, error, slots.iter().copied()));
         }
-        let mut pages = Vec::new();
+        let mut pages = Vec::with_capacity(slots.len().div_ceil(geometry.page_size()) + 1);
         let mut rest = slots;
         while let Some(&first) = rest.first() {
             let page = geometry.page_of(first);
@@ -145,7 +145,12 @@ impl<A: KvAllocator + ?Sized> SlotCalls for A {
 
     fn free_segments(&mut self, segments: &[(&[KvSlot], usize)]) -> Result<(), AllocError> {
         let geometry = PageGeometry::new(self.page_size());
-        let mut pages = Vec::new();
+        // Each segment spans at most one page more than its whole pages.
+        let most: usize = segments
+            .iter()
+            .map(|(slots, _)| geometry.whole_pages(slots.len()) + 2)
+            .sum();
+        let mut pages = Vec::with_capacity(most);
         let mut ends = Vec::with_capacity(segments.len());
         for &(slots, start_pos) in segments {
             if let Err(misplaced) = segment_pages(geometry, slots, start_pos, &mut pages) {

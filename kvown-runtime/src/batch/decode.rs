@@ -3,7 +3,7 @@
 use kvown_macros::owner;
 
 use super::{AllocFailure, DecodePrepared, LastAllocation, Ready, ScheduleBatch};
-use crate::alloc::{DecodeRequests, DecodeShape, KvAllocator, KvSlot, Sealed};
+use crate::alloc::{DecodeRequest, DecodeRequests, DecodeShape, KvAllocator, KvSlot, Sealed};
 use crate::batch::{Req, ReqKvInfo};
 use crate::cache::{KvCache, TableMirror};
 use crate::error::KvError;
@@ -141,14 +141,15 @@ impl<F: FnMut(&mut ReqKvInfo)> DecodeRequests for CheckedRows<'_, F> {
     }
 
     #[inline(always)]
-    fn assign(&mut self, out: &mut [KvSlot], mut slot_for: impl FnMut(DecodeShape) -> KvSlot) {
+    fn assign(
+        &mut self,
+        out: &mut [KvSlot],
+        mut slot_for: impl FnMut(DecodeRequest<'_>) -> KvSlot,
+    ) {
         for (slot, req) in out.iter_mut().zip(self.reqs.iter_mut()) {
             let len = req.kv().kv_allocated_len();
             let position = req.kv().req_pool_idx().unwrap_or(0) * self.width + len;
-            *slot = slot_for(DecodeShape {
-                seq_len: len + 1,
-                last_loc: self.entries[position - 1],
-            });
+            *slot = slot_for(DecodeRequest::new(len, self.entries, position.wrapping_sub(1)));
             self.entries[position] = *slot;
             (self.settle)(req.kv_mut());
         }

@@ -5,8 +5,10 @@
 use super::PageAllocator;
 use crate::alloc::free_list::FreeList;
 use crate::alloc::geometry::{PageMath, Specialised};
-use crate::alloc::rules::{ContinuedPages, check_decode, check_latest, unmark_pages};
-use crate::alloc::{AllocError, DecodeRequests, DecodeShape, KvSlot, PageState, ReuseOrder};
+use crate::alloc::rules::{ContinuedPages, check_decode, check_latest, fill_mark, unmark_pages};
+use crate::alloc::{
+    AllocError, DecodeRequest, DecodeRequests, DecodeShape, KvSlot, PageState, ReuseOrder,
+};
 
 /// What one decode pass found: whether every request passed the checks (always, for a checked
 /// batch), and how many new pages the batch opens.
@@ -32,10 +34,9 @@ impl DecodePass {
         state: &mut [PageState],
         fill: &mut [u16],
         free: &FreeList,
-        shape: DecodeShape,
+        req: DecodeRequest<'_>,
     ) -> KvSlot {
-        let DecodeShape { seq_len, last_loc } = shape;
-        let stored = seq_len.wrapping_sub(1);
+        let stored = req.stored();
         let offset = math.offset(stored);
         if CHECKED {
             let slot = if offset == 0 {
@@ -43,16 +44,17 @@ impl DecodePass {
                 self.new_pages += 1;
                 page.map_or(0, |page| math.first_slot(page))
             } else {
-                last_loc + 1
+                req.last_loc() + 1
             };
-            fill[math.page_of(slot)] = (math.offset(slot as usize) + 1) as u16;
+            fill[math.page_of(slot)] = fill_mark(slot);
             return slot;
         }
+        let last_loc = req.last_loc();
         let page = math.page_of(last_loc);
         let page_state = state.get(page).copied();
         let aligned = math.offset(last_loc as usize + 1) == offset;
-        let handed = (math.offset(last_loc as usize) + 1) as u16;
-        let checked = (seq_len >= 2) & aligned & (fill.get(page) == Some(&handed));
+        let well_formed = stored.wrapping_add(1) >= 2;
+        let checked = well_formed & aligned & (fill.get(page) == Some(&fill_mark(last_loc)));
         if offset == 0 {
             let held = matches!(page_state, Some(PageState::Held | PageState::Pending));
             self.valid &= checked & held;
@@ -87,8 +89,8 @@ fn decode_pass<M: PageMath, D: DecodeRequests, const CHECKED: bool>(
         valid: true,
         new_pages: 0,
     };
-    reqs.assign(out, |shape| {
-        pass.next_slot::<M, CHECKED>(math, state, fill, free, shape)
+    reqs.assign(out, |req| {
+        pass.next_slot::<M, CHECKED>(math, state, fill, free, req)
     });
     pass
 }
@@ -145,10 +147,12 @@ impl<R: ReuseOrder> PageAllocator<R> {
                 self.state[page as usize] = PageState::Held;
             }
             match checked {
-                Some(declared) => assert_eq!(
-                    pass.new_pages, declared,
-                    "a checked decode batch opened another number of pages than it declared"
-                ),
+                Some(declared) => {
+                    assert_eq!(
+                        pass.new_pages, declared,
+                        "a checked decode batch opened another number of pages than it declared"
+                    );
+                }
                 None => self.settle_decode(&out[start..]),
             }
             return Ok(());
@@ -156,6 +160,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
         out.truncate(start);
         self.decode_refused(reqs, pass, out)
     }
+
 
     /// Turns the pages a valid pass of caller-given shapes marked back to `Held` and records
     /// each new slot in its page's fill mark: the page of each slot of `slots` is a page the
@@ -165,7 +170,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
         for &slot in slots {
             let page = self.geometry.page_of(slot);
             self.state[page] = PageState::Held;
-            self.fill[page] = (self.geometry.offset(slot as usize) + 1) as u16;
+            self.fill[page] = fill_mark(slot);
         }
     }
 

@@ -107,7 +107,6 @@ impl<R: ReuseOrder> PageAllocator<R> {
     fn free_held_page(&mut self, page: usize) {
         debug_assert!(!self.in_free_group && self.state[page] == PageState::Held);
         let page_id = [page as PageId];
-        self.fill[page] = 0;
         if self.need_sort {
             self.state[page] = PageState::Released;
             self.free.release(&page_id);
@@ -164,7 +163,6 @@ impl<R: ReuseOrder> PageAllocator<R> {
         };
         for &page in &self.deferred {
             self.state[page as usize] = freed;
-            self.fill[page as usize] = 0;
         }
         if self.need_sort {
             self.free.release(&self.deferred);

@@ -10,6 +10,7 @@ use std::marker::PhantomData;
 
 use super::free_list::FreeList;
 use super::geometry::PageGeometry;
+use super::rules::{fill_mark, last_handed};
 use super::{
     AllocError, DecodeRequests, ExtendShape, FreeOrder, GroupStep, KvAllocator, KvSlot, PageId,
     PageState, ReuseOrder,
@@ -42,7 +43,8 @@ pub struct PageAllocator<R: ReuseOrder> {
     num_pages: usize,
     need_sort: bool,
     state: Vec<PageState>,
-    /// Slots handed out per page, modulo 2^16 (0 for a page not held).
+    /// Per page, the low 16 bits of the slot after its last handed-out one: its fill mark,
+    /// meaningful while the page is held.
     fill: Vec<u16>,
     free: FreeList,
     /// Pages deferred by the open free group. Outside a group it is empty between calls and
@@ -180,11 +182,12 @@ impl<R: ReuseOrder> PageAllocator<R> {
         self.page_state(page) == Some(PageState::Held)
     }
 
-    /// How many slots of `page` have been handed out (modulo 2^16), 0 for a page not held, or
-    /// `None` beyond the last page: a continuation of the page starts after slot
-    /// `page * page_size + filled - 1`.
-    pub fn filled(&self, page: PageId) -> Option<u16> {
-        self.fill.get(page as usize).copied()
+    /// The last slot of `page` handed out, by its fill mark: a continuation of the page starts
+    /// after it. `None` for a page not held (or beyond the last page).
+    pub fn last_handed(&self, page: PageId) -> Option<KvSlot> {
+        let mark = *self.fill.get(page as usize)?;
+        self.is_page_allocated(page)
+            .then(|| last_handed(self.geometry, page, mark))
     }
 
     /// Whether a free group is open: frees made now stay deferred, and their pages
@@ -376,17 +379,17 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
         out: &mut Vec<PageId>,
     ) -> Result<(), AllocError> {
         self.ensure_free(num_pages)?;
-        let filled = self.geometry.page_size() as u16;
+        let page_size = self.geometry.page_size() as KvSlot;
         if num_pages == 1 {
             let page = self.take_one_page();
-            self.fill[page as usize] = filled;
+            self.fill[page as usize] = fill_mark((page + 1) * page_size - 1);
             out.push(page);
             return Ok(());
         }
         out.reserve(num_pages);
         for page in self.free.take_front(num_pages) {
             self.state[page as usize] = PageState::Held;
-            self.fill[page as usize] = filled;
+            self.fill[page as usize] = fill_mark((page + 1) * page_size - 1);
             out.push(page);
         }
         Ok(())
