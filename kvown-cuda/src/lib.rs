@@ -32,9 +32,9 @@
 //! # Verification status
 //!
 //! Without a GPU: the crate builds, every kernel source compiles with NVRTC 12.9 to PTX for
-//! `sm_80` and `sm_90` (`tests/nvrtc_compile.rs`); the `scatter.cu` and `kv.cu` kernels compiled
+//! `sm_80` and `sm_90` (`tests/it/nvrtc_compile.rs`); the `scatter.cu` and `kv.cu` kernels compiled
 //! as host C++ reproduce the host table and the host pool exactly under the runtime's batch
-//! flow and random pools (`tests/staging/`, `tests/differential.rs`). On a GPU,
+//! flow and random pools (`tests/it/staging.rs`, `tests/it/kv_pool.rs`). On a GPU,
 //! `scripts/device-check.sh` runs the same tests on the device, the engine on CUDA and the
 //! timings; the crate's README records its last results.
 #![warn(missing_docs)]
@@ -48,8 +48,8 @@ mod kv_plan;
 pub mod staging;
 
 pub use backend::Backend;
-pub use detect::{CudaDevice, Unavailable};
-pub use error::{CudaError, StagingError};
+pub use detect::CudaDevice;
+pub use error::{CudaError, StagingError, Unavailable};
 pub use kv::{CudaKvPool, kv_bytes, kv_data_from_bytes};
 pub use kv_plan::{KvPlanner, PageCopy, ROW_BLOCK_MAX, RowLaunch, RowShape};
 pub use staging::{CudaStepLink, HostLink, StagedMirror};
