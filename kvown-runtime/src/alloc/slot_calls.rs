@@ -292,6 +292,11 @@ fn name_slot<A: KvAllocator + ?Sized>(
 fn all_in_page(geometry: PageGeometry, slots: &[KvSlot], page: usize) -> bool {
     let first = geometry.first_slot(page as PageId);
     let page_size = geometry.page_size() as KvSlot;
+    if page_size.is_power_of_two() {
+        // A slot lies in the page when it differs from its first slot below the page size's
+        // bit: one OR of XORs, cheaper to vectorise than a range test.
+        return slots.iter().fold(0, |differ, &slot| differ | (slot ^ first)) < page_size;
+    }
     !slots.iter().fold(false, |outside, &slot| {
         outside | (slot.wrapping_sub(first) >= page_size)
     })

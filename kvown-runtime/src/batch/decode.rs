@@ -28,8 +28,8 @@ pub fn prepare_for_decode<A: KvAllocator, M: TableMirror>(
     });
     let opening = match valid {
         Ok(opening) => opening,
-        Err(error) => {
-            for req in &mut batch.reqs {
+        Err((ticked, error)) => {
+            for req in &mut batch.reqs[..ticked] {
                 *req.kv_mut().decode_batch_idx_mut(owner) -= 1;
             }
             return Err((batch, error));
@@ -156,44 +156,41 @@ impl<F: FnMut(&mut ReqKvInfo)> DecodeRequests for CheckedRows<'_, F> {
     }
 }
 
-/// Checks in one branch-light pass that every request holds a row of this cache whose next
-/// position exists and equals its committed length, calls `tick` on each request's record in
-/// the same pass, and returns how many of the new tokens open a page (all of them for page size
-/// 1): the pages the step takes. On a failed check every request has been ticked, and the
-/// first invalid request's typed error comes from [`first_decode_error`].
+/// Checks in one pass that every request holds a row of this cache whose next position exists
+/// and equals its committed length, calls `tick` on each request's record in the same pass, and
+/// returns how many of the new tokens open a page (all of them for page size 1): the pages the
+/// step takes. At the first invalid request the pass stops: the error is how many requests it
+/// ticked, and the first invalid request's typed error from [`first_decode_error`].
 fn check_and_tick<A: KvAllocator, M: TableMirror>(
     reqs: &mut [Req],
     cache: &KvCache<A, M>,
     mut tick: impl FnMut(&mut ReqKvInfo),
-) -> Result<usize, KvError> {
+) -> Result<usize, (usize, KvError)> {
     let table = &cache.req_to_token;
     let page_size = cache.page_size();
     let own = Some(cache.id());
     let width = table.max_context_len();
     let rows = table.size();
     let page_mask = page_size.is_power_of_two().then(|| page_size - 1);
-    let mut valid = true;
     let mut opening = 0;
-    for req in reqs.iter_mut() {
-        let kv = req.kv_mut();
+    for ticked in 0..reqs.len() {
+        let kv = reqs[ticked].kv_mut();
         let seq_len = kv.kv_allocated_len();
         // The new token goes to position `seq_len`, which must exist: `1 <= seq_len < width`,
         // and be the committed length's (no speculative reservation in between).
-        let fits = seq_len.wrapping_sub(1) < width.saturating_sub(1);
-        let unreserved = kv.kv_committed_len() == seq_len;
-        valid &= kv.req_pool_idx().is_some_and(|row| row <= rows)
-            & fits
-            & unreserved
-            & (kv.kv_cache() == own);
+        let valid = seq_len.wrapping_sub(1) < width.saturating_sub(1)
+            && kv.req_pool_idx().is_some_and(|row| row <= rows)
+            && kv.kv_committed_len() == seq_len
+            && kv.kv_cache() == own;
+        if !valid {
+            return Err((ticked, first_decode_error(reqs, cache)));
+        }
         tick(kv);
         // A mask, not a division, for powers of two.
         opening += usize::from(match page_mask {
             Some(mask) => seq_len & mask == 0,
             None => seq_len % page_size == 0,
         });
-    }
-    if !valid {
-        return Err(first_decode_error(reqs, cache));
     }
     Ok(opening)
 }
