@@ -12,25 +12,22 @@ use super::{DecodeShape, KvSlot};
 pub struct DecodeRequest<'a> {
     stored: usize,
     slots: &'a [KvSlot],
-    last: usize,
+    /// One past the index of the last slot in `slots`.
+    end: usize,
 }
 
 impl<'a> DecodeRequest<'a> {
-    /// A request storing `stored` tokens whose last slot is `slots[last]`.
+    /// A request storing `stored` tokens whose last slot is `slots[end - 1]`.
     #[inline(always)]
-    pub(crate) fn new(stored: usize, slots: &'a [KvSlot], last: usize) -> Self {
-        DecodeRequest {
-            stored,
-            slots,
-            last,
-        }
+    pub(crate) fn new(stored: usize, slots: &'a [KvSlot], end: usize) -> Self {
+        DecodeRequest { stored, slots, end }
     }
 
     /// A request given by its shape.
     #[inline(always)]
     fn of(shape: &'a DecodeShape) -> Self {
         let stored = shape.seq_len.wrapping_sub(1);
-        DecodeRequest::new(stored, std::slice::from_ref(&shape.last_loc), 0)
+        DecodeRequest::new(stored, std::slice::from_ref(&shape.last_loc), 1)
     }
 
     /// Tokens stored before the step: the new token's position (`seq_len - 1`; `usize::MAX`
@@ -43,7 +40,7 @@ impl<'a> DecodeRequest<'a> {
     /// The slot of the last stored token.
     #[inline(always)]
     pub fn last_loc(self) -> KvSlot {
-        self.slots[self.last]
+        self.slots[self.end.wrapping_sub(1)]
     }
 
     /// The request's shape.

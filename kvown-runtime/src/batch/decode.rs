@@ -149,7 +149,7 @@ impl<F: FnMut(&mut ReqKvInfo)> DecodeRequests for CheckedRows<'_, F> {
         for (slot, req) in out.iter_mut().zip(self.reqs.iter_mut()) {
             let len = req.kv().kv_allocated_len();
             let position = req.kv().req_pool_idx().unwrap_or(0) * self.width + len;
-            *slot = slot_for(DecodeRequest::new(len, self.entries, position.wrapping_sub(1)));
+            *slot = slot_for(DecodeRequest::new(len, self.entries, position));
             self.entries[position] = *slot;
             (self.settle)(req.kv_mut());
         }
