@@ -330,13 +330,10 @@ impl<L: StepLink> TableMirror for StagedMirror<L> {
         let layout = Layout::decode(n, graph.unwrap_or(n));
         let entries = self.rows * self.width;
         let mut writer = DecodeWriter::new(acquire(&mut self.ring), &layout);
-        for flat in writes {
-            assert!(
-                flat < entries,
-                "decode: table index {flat} lies outside the device table of {entries} entries"
-            );
-            writer.push(flat);
-        }
+        assert!(
+            writer.record(writes, entries),
+            "decode: a table index lies outside the device table of {entries} entries"
+        );
         writer.finish(out);
         self.ship_out(layout.words(), graph.is_some(), n);
     }
