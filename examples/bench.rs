@@ -20,9 +20,9 @@ use serde::Serialize;
 use guarded::{
     guarded_batch, guarded_vs_plain_checksums, guarded_write_loop, plain_batch, plain_write_loop,
 };
+use kvown::cache::TableMirror;
 use kvown::radix::EvictionPolicy;
 use reference::{BareChurn, DenseDecode};
-use kvown::cache::TableMirror;
 use workloads::{DecodeLoop, EvictionChurn, ExtendBatch, Phase, PhaseTimes, PoolChurn, WideDecode};
 
 /// Runs the allocator workloads and prints their figures.

@@ -96,7 +96,12 @@ fn staged_cache(device: &Arc<CudaDevice>, graph: bool) -> Result<StagedCache, Er
         link.capture_decode_graphs(rows)?;
     }
     let mirror = StagedMirror::new(link, &table, host.capacity())?;
-    Ok(KvCache::with_mirror(host, table, TreeCache::Disabled, mirror)?)
+    Ok(KvCache::with_mirror(
+        host,
+        table,
+        TreeCache::Disabled,
+        mirror,
+    )?)
 }
 
 /// `REQUESTS` new requests with prompts of `len` tokens, extended.

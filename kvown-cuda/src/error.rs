@@ -96,7 +96,6 @@ pub enum StagingError {
     },
 }
 
-
 /// Why the CUDA backend cannot be used on this machine.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Unavailable {

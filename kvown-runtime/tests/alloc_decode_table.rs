@@ -11,7 +11,10 @@ mod common;
 mod held_rows;
 
 use held_rows::held_rows;
-use kvown_runtime::alloc::{AsPageAllocator, AllocError, DecodeRow, ExtendShape, KvAllocator, PagedAllocator, SlotCalls, TokenAllocator};
+use kvown_runtime::alloc::{
+    AllocError, AsPageAllocator, DecodeRow, ExtendShape, KvAllocator, PagedAllocator, SlotCalls,
+    TokenAllocator,
+};
 use kvown_runtime::batch::{
     Req, ScheduleBatch, alloc_for_decode, alloc_for_extend, prepare_for_decode, prepare_for_extend,
 };
@@ -194,7 +197,9 @@ where
         for req in batch.reqs_mut() {
             req.push_output(7);
         }
-        let prepared = prepare_for_decode(batch, &cache).map_err(|(_, error)| error).unwrap();
+        let prepared = prepare_for_decode(batch, &cache)
+            .map_err(|(_, error)| error)
+            .unwrap();
         let picked = match alloc_for_decode(prepared, &mut cache) {
             Ok(batch) => {
                 prop_assert!(rows_result.is_ok(), "{:?}", rows_result);
@@ -220,7 +225,9 @@ where
 
 /// Pool pages, `need_sort`, six requests' prompt lengths (`1..width`), and the batches (each
 /// an order of some of them).
-fn flow_scenario(width: usize) -> impl Strategy<Value = (usize, bool, Vec<usize>, Vec<Vec<usize>>)> {
+fn flow_scenario(
+    width: usize,
+) -> impl Strategy<Value = (usize, bool, Vec<usize>, Vec<Vec<usize>>)> {
     let order = Just((0..HELD_ROWS).collect::<Vec<_>>())
         .prop_shuffle()
         .prop_flat_map(|rows| (0..=HELD_ROWS).prop_map(move |n| rows[..n].to_vec()));

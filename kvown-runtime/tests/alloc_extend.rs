@@ -2,7 +2,9 @@
 //! `paged.py`) and `alloc_decode`, including a worked example, the edge cases of the paged
 //! allocator's shapes, many-page requests, mixed decode batches and bad shapes.
 
-use kvown_runtime::alloc::{AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PagedAllocator, SlotCalls};
+use kvown_runtime::alloc::{
+    AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PagedAllocator, SlotCalls,
+};
 
 /// A paged allocator with every page held except `free`, which is its free list in that order.
 /// The page of each slot of `partial` is handed out up to that slot (a request's partial last

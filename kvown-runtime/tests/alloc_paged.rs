@@ -155,7 +155,9 @@ fn free_page_ids_prepends_pages_in_the_order_given_like_free_segment() {
     let mut by_pages = paged(6, 4);
     alloc(&mut by_pages, 24);
     let mut by_segment = by_pages.clone();
-    by_pages.free_page_ids(&[5, 2, 4, 2], FreeOrder::Given).unwrap();
+    by_pages
+        .free_page_ids(&[5, 2, 4, 2], FreeOrder::Given)
+        .unwrap();
     let row: Vec<KvSlot> = [5u32, 2, 4].iter().flat_map(|&p| slots_of(p, 4)).collect();
     by_segment.free_segment(&row, 0).unwrap();
     assert_eq!(free_list(&by_pages), [5, 2, 4]);
@@ -194,7 +196,11 @@ fn free_page_ids_rejects_bad_pages_with_typed_errors_and_changes_nothing() {
         ),
         (&[2, 3][..], AllocError::NotAllocated { slot: 12, page: 3 }),
     ] {
-        assert_eq!(allocator.free_page_ids(pages, FreeOrder::Given), Err(error), "{pages:?}");
+        assert_eq!(
+            allocator.free_page_ids(pages, FreeOrder::Given),
+            Err(error),
+            "{pages:?}"
+        );
         assert_eq!(allocator, before, "{pages:?} changed the allocator");
     }
     assert!(allocator.is_page_allocated(2));
@@ -227,9 +233,7 @@ fn a_group_end_puts_segment_pages_in_call_order_before_the_sorted_free_pages() {
     let page = |p: PageId| row[(p as usize - 1) * 4..p as usize * 4].to_vec();
     let mut group = allocator.free_group().unwrap();
     group.free(&[page(7), page(2)].concat()).unwrap();
-    group
-        .free_segment(&[page(5), page(3)].concat(), 0)
-        .unwrap();
+    group.free_segment(&[page(5), page(3)].concat(), 0).unwrap();
     group.free(&page(4)).unwrap();
     group
         .free_segments(&[(&page(8), 0), (&page(1), 0)])
@@ -435,7 +439,9 @@ fn a_pool_ends_where_a_u32_can_still_mark_the_end_of_its_last_page() {
         last_loc: None,
     };
     let mut started = Vec::new();
-    allocator.alloc_extend(&[first_token], &mut started).unwrap();
+    allocator
+        .alloc_extend(&[first_token], &mut started)
+        .unwrap();
     assert_eq!(started, [first]);
     allocator.alloc_extend(&[shape], &mut rest).unwrap();
     assert_eq!(rest, out[1..], "fills the partial page up to its end");

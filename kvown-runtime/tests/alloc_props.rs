@@ -9,7 +9,10 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use kvown_runtime::alloc::{AllocError, DecodeShape, ExtendShape, FreeOrder, KvAllocator, KvSlot, PageAllocator, PageId, ReuseOrder, SlotCalls};
+use kvown_runtime::alloc::{
+    AllocError, DecodeShape, ExtendShape, FreeOrder, KvAllocator, KvSlot, PageAllocator, PageId,
+    ReuseOrder, SlotCalls,
+};
 use kvown_runtime::alloc::{PagedAllocator, TokenAllocator};
 use proptest::prelude::*;
 

@@ -6,7 +6,10 @@
 //! Across calls the fill marks keep a page's continuation to the request holding its last
 //! slot: one that continues from an earlier slot is refused (`AllocError::LastLocNotLatest`).
 
-use kvown_runtime::alloc::{AllocError, DecodeRow, DecodeShape, ExtendShape, KvAllocator, KvSlot, PagedAllocator, SlotCalls, TokenAllocator};
+use kvown_runtime::alloc::{
+    AllocError, DecodeRow, DecodeShape, ExtendShape, KvAllocator, KvSlot, PagedAllocator,
+    SlotCalls, TokenAllocator,
+};
 use kvown_runtime::slots::ReqToTokenPool;
 
 fn shape(prefix_len: usize, seq_len: usize, last_loc: Option<KvSlot>) -> ExtendShape {

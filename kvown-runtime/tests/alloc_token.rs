@@ -1,6 +1,9 @@
 //! Token allocator (page size 1): slot range, FIFO reuse, need_sort, typed errors.
 
-use kvown_runtime::alloc::{AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageState, PagedAllocator, SlotCalls, TokenAllocator};
+use kvown_runtime::alloc::{
+    AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageState, PagedAllocator,
+    SlotCalls, TokenAllocator,
+};
 
 fn alloc(allocator: &mut TokenAllocator, n: usize) -> Vec<KvSlot> {
     let mut out = Vec::new();

@@ -533,12 +533,7 @@ fn room_that_only_eviction_can_make_is_refused_inside_a_free_group() {
     .unwrap_err();
     assert_eq!(failure.error, refused);
     assert_eq!(state(&group), before, "nothing evicted, nothing deferred");
-    assert!(
-        failure
-            .error
-            .to_string()
-            .contains("commit the free group")
-    );
+    assert!(failure.error.to_string().contains("commit the free group"));
     let mut req = failure.batch.cancel().into_reqs().pop().unwrap();
     assert_eq!(ladder(&req), (0, 0, 0));
 

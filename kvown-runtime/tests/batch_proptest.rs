@@ -343,7 +343,6 @@ where
             next_rid: 1,
         }
     }
-
 }
 
 impl<R: ReuseOrder, C: DerefMut<Target = Cache<R>>> Sim<R, C>

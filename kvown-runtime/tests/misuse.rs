@@ -4,7 +4,10 @@
 
 use std::process::Command;
 
-use kvown_runtime::alloc::{AllocError, DecodeShape, ExtendShape, KvAllocator, PageState, PagedAllocator, SlotCalls, TokenAllocator};
+use kvown_runtime::alloc::{
+    AllocError, DecodeShape, ExtendShape, KvAllocator, PageState, PagedAllocator, SlotCalls,
+    TokenAllocator,
+};
 use kvown_runtime::batch::Req;
 use kvown_runtime::batch::init_next_round_input;
 use kvown_runtime::batch::{

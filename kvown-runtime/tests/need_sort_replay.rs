@@ -21,7 +21,10 @@
 //! merge; so does kvown. A refused call changes no ownership: the same pages are held before
 //! and after, and nothing is handed out.
 
-use kvown_runtime::alloc::{AllocError, DecodeShape, ExtendShape, FreeOrder, KvAllocator, KvSlot, PageAllocator, PageId, PagedAllocator, ReuseOrder, SlotCalls, TokenAllocator};
+use kvown_runtime::alloc::{
+    AllocError, DecodeShape, ExtendShape, FreeOrder, KvAllocator, KvSlot, PageAllocator, PageId,
+    PagedAllocator, ReuseOrder, SlotCalls, TokenAllocator,
+};
 use proptest::prelude::*;
 
 /// sglang's allocator in `need_sort` mode, as the module docs restate it.

@@ -385,7 +385,10 @@ mod tests {
         let shipped = mirror.last_out_cache_loc().unwrap();
         let view = PacketView::parse(mirror.ring().link().shipped(shipped.slot)).unwrap();
         assert_eq!(view.out_cache_loc(), [21, 30]);
-        assert_eq!(view.decode_writes().collect::<Vec<_>>(), [(64 + 3, 21), (2 * 64 + 9, 30)]);
+        assert_eq!(
+            view.decode_writes().collect::<Vec<_>>(),
+            [(64 + 3, 21), (2 * 64 + 9, 30)]
+        );
         assert_eq!(mirror.stats().packets, 1);
     }
 

@@ -16,11 +16,11 @@
 //! `depth` packets later.
 
 mod cuda;
+mod mirror;
 pub mod packet;
 mod ring;
-mod mirror;
 
 pub use cuda::{CudaStepLink, scatter_launch};
+pub use mirror::{ReadBack, ShippedOut, StagedMirror, default_slot_words, required_slot_words};
 pub use packet::{PacketError, PacketView, Run};
 pub use ring::{HostLink, StagingRing, StagingStats, StepLink};
-pub use mirror::{ReadBack, ShippedOut, StagedMirror, default_slot_words, required_slot_words};

@@ -294,4 +294,3 @@ fn gpu_kv_pool_matches_host_pool() {
 fn emulated_kv_kernels_match_host_pool() {
     pool_scenarios(&OnHost, 1..=32);
 }
-

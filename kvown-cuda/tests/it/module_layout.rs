@@ -49,7 +49,10 @@ fn imports() -> BTreeMap<String, BTreeSet<String>> {
 }
 
 /// A path of imports from `module` back to itself, if there is one.
-fn cycle_through(module: &str, imports: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+fn cycle_through(
+    module: &str,
+    imports: &BTreeMap<String, BTreeSet<String>>,
+) -> Option<Vec<String>> {
     let mut stack = vec![vec![module.to_string()]];
     let mut seen = BTreeSet::new();
     while let Some(path) = stack.pop() {
@@ -74,7 +77,9 @@ fn cycle_through(module: &str, imports: &BTreeMap<String, BTreeSet<String>>) -> 
 fn no_module_imports_one_that_imports_it_back() {
     let imports = imports();
     assert!(
-        imports.get("detect").is_some_and(|to| to.contains("kernels")),
+        imports
+            .get("detect")
+            .is_some_and(|to| to.contains("kernels")),
         "the scan found nothing: it reads the wrong files"
     );
     for module in imports.keys() {

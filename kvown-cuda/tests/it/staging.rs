@@ -694,11 +694,19 @@ fn the_mirror_ships_table_writes_only() {
     host.alloc_extend(&[shape], &mut out).unwrap();
     let row = table.alloc(1).unwrap()[0];
     table.write(row, 0, &out).unwrap();
-    mirror.extend(&[shape], std::iter::once(ExtendRow { row, prefix: &[] }), &out);
-    mirror.verify(&table, std::iter::once((row, 6)), Some(&out)).unwrap();
+    mirror.extend(
+        &[shape],
+        std::iter::once(ExtendRow { row, prefix: &[] }),
+        &out,
+    );
+    mirror
+        .verify(&table, std::iter::once((row, 6)), Some(&out))
+        .unwrap();
     table.write(row, 6, &[77]).unwrap();
     mirror.decode(std::iter::once(row * WIDTH + 6), &[77]);
-    mirror.verify(&table, std::iter::once((row, 7)), Some(&[77])).unwrap();
+    mirror
+        .verify(&table, std::iter::once((row, 7)), Some(&[77]))
+        .unwrap();
     assert_eq!(mirror.stats().packets, 2);
 }
 
@@ -728,8 +736,7 @@ fn rows_outside_the_device_table_panic_before_anything_is_shipped() {
             as Box<dyn Fn(&mut StagedMirror<EmulatedLink>)>,
         Box::new(|mirror| mirror.decode(std::iter::once((ROWS + 1) * WIDTH), &[4])),
     ] {
-        let result =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(&mut mirror)));
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(&mut mirror)));
         assert!(result.is_err(), "a write outside the table must be refused");
         assert_eq!(mirror.stats().packets, 0);
     }

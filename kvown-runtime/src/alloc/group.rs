@@ -36,7 +36,10 @@ pub trait Deferring {
 impl<A: KvAllocator + ?Sized> Deferring for A {
     fn commit_group(&mut self) {
         let committed = self.free_group_step(GroupStep::COMMIT);
-        debug_assert!(committed.is_ok(), "the guard's group is open: {committed:?}");
+        debug_assert!(
+            committed.is_ok(),
+            "the guard's group is open: {committed:?}"
+        );
     }
 }
 

@@ -73,14 +73,14 @@ mod token;
 
 pub use error::{AllocError, InvariantViolation};
 pub use geometry::PageGeometry;
-pub use group::{FreeGroup, GroupStep};
 pub(crate) use group::Deferring;
+pub use group::{FreeGroup, GroupStep};
 pub use layer::AllocatorLayer;
 pub use page_allocator::PageAllocator;
 pub use page_state::PageState;
 pub use paged::PagedAllocator;
-pub use requests::{DecodeRequest, DecodeRequests};
 pub(crate) use requests::Sealed;
+pub use requests::{DecodeRequest, DecodeRequests};
 pub use reuse::{Fifo, Lifo, ReuseOrder};
 pub use rules::ContinuedPages;
 pub use slot_calls::SlotCalls;

@@ -363,7 +363,13 @@ pub(crate) struct PageMarks<'a> {
 
 /// Marks `page` held with its first `len` slots handed out, and appends those.
 #[inline]
-fn claim(geometry: PageGeometry, page: PageId, len: usize, marks: PageMarks<'_>, out: &mut Vec<KvSlot>) {
+fn claim(
+    geometry: PageGeometry,
+    page: PageId,
+    len: usize,
+    marks: PageMarks<'_>,
+    out: &mut Vec<KvSlot>,
+) {
     let first = geometry.first_slot(page);
     marks.state[page as usize] = PageState::Held;
     marks.fill[page as usize] = fill_mark(first + len as KvSlot - 1);

@@ -2,9 +2,7 @@
 
 use super::geometry::PageGeometry;
 use super::rules::push_slot_run;
-use super::{
-    AllocError, DecodeRow, FreeOrder, KvAllocator, KvSlot, PageId,
-};
+use super::{AllocError, DecodeRow, FreeOrder, KvAllocator, KvSlot, PageId};
 use crate::slots::ReqToTokenPool;
 
 /// The slot-level calls, for every [`KvAllocator`] (a blanket implementation): whole pages as
@@ -205,7 +203,12 @@ fn segment_pages(
         // The whole chunk, first slot included (trivially in `page`): a whole page of slots
         // vectorises without a remainder.
         if !all_in_page(geometry, &slots[chunk_start..chunk_end], page) {
-            return Err(segment_not_paged(geometry, slots, chunk_start..chunk_end, page));
+            return Err(segment_not_paged(
+                geometry,
+                slots,
+                chunk_start..chunk_end,
+                page,
+            ));
         }
         chunk_start = chunk_end;
         chunk_len = geometry.page_size();
@@ -221,7 +224,11 @@ fn segment_heads<'a>(
     segments.iter().flat_map(move |&(slots, start_pos)| {
         let first_chunk = geometry.page_size() - geometry.offset(start_pos);
         let heads = (first_chunk..slots.len()).step_by(geometry.page_size());
-        slots.first().copied().into_iter().chain(heads.map(|i| slots[i]))
+        slots
+            .first()
+            .copied()
+            .into_iter()
+            .chain(heads.map(|i| slots[i]))
     })
 }
 
@@ -295,7 +302,10 @@ fn all_in_page(geometry: PageGeometry, slots: &[KvSlot], page: usize) -> bool {
     if page_size.is_power_of_two() {
         // A slot lies in the page when it differs from its first slot below the page size's
         // bit: one OR of XORs, cheaper to vectorise than a range test.
-        return slots.iter().fold(0, |differ, &slot| differ | (slot ^ first)) < page_size;
+        return slots
+            .iter()
+            .fold(0, |differ, &slot| differ | (slot ^ first))
+            < page_size;
     }
     !slots.iter().fold(false, |outside, &slot| {
         outside | (slot.wrapping_sub(first) >= page_size)

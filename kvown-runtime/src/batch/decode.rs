@@ -189,7 +189,7 @@ fn check_and_tick<A: KvAllocator, M: TableMirror>(
         // A mask, not a division, for powers of two.
         opening += usize::from(match page_mask {
             Some(mask) => seq_len & mask == 0,
-            None => seq_len % page_size == 0,
+            None => seq_len.is_multiple_of(page_size),
         });
     }
     Ok(opening)
@@ -198,7 +198,10 @@ fn check_and_tick<A: KvAllocator, M: TableMirror>(
 /// The typed error of the first request `check_and_tick` rejects.
 #[cold]
 #[inline(never)]
-fn first_decode_error<A: KvAllocator, M: TableMirror>(reqs: &[Req], cache: &KvCache<A, M>) -> KvError {
+fn first_decode_error<A: KvAllocator, M: TableMirror>(
+    reqs: &[Req],
+    cache: &KvCache<A, M>,
+) -> KvError {
     let table = &cache.req_to_token;
     let width = table.max_context_len();
     for req in reqs {

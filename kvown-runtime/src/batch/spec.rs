@@ -104,7 +104,10 @@ pub fn alloc_for_spec_decode<A: KvAllocator, M: TableMirror>(
         return Err(batch.fail(error));
     }
     let mut slots = Vec::new();
-    if let Err(error) = cache.allocator.alloc_extend(&batch.state.shapes, &mut slots) {
+    if let Err(error) = cache
+        .allocator
+        .alloc_extend(&batch.state.shapes, &mut slots)
+    {
         return Err(batch.fail(error.into()));
     }
     let rows = batch.reqs.iter().map(|req| ExtendRow {

@@ -3,7 +3,10 @@
 
 use std::sync::atomic::Ordering;
 
-use kvown_runtime::alloc::{AllocError, DecodeShape, ExtendShape, FreeOrder, KvAllocator, KvSlot, PageId, PagedAllocator, SlotCalls, TokenAllocator};
+use kvown_runtime::alloc::{
+    AllocError, DecodeShape, ExtendShape, FreeOrder, KvAllocator, KvSlot, PageId, PagedAllocator,
+    SlotCalls, TokenAllocator,
+};
 use kvown_runtime::batch::Req;
 use kvown_runtime::check::{Holder, PageLedger};
 use kvown_runtime::radix::{Namespace, NodeId, RadixCache, TreePos};
@@ -333,7 +336,9 @@ impl RawWorld {
                     _ => value as KvSlot,
                 };
                 let result = match kind {
-                    4 => self.alloc.free_page_ids(&[value as PageId], FreeOrder::Given),
+                    4 => self
+                        .alloc
+                        .free_page_ids(&[value as PageId], FreeOrder::Given),
                     5 => self.alloc.free(&[]),
                     _ => self.alloc.free(&[slot]),
                 };

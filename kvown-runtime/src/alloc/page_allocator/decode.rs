@@ -161,7 +161,6 @@ impl<R: ReuseOrder> PageAllocator<R> {
         self.decode_refused(reqs, pass, out)
     }
 
-
     /// Turns the pages a valid pass of caller-given shapes marked back to `Held` and records
     /// each new slot in its page's fill mark: the page of each slot of `slots` is a page the
     /// pass marked or a claimed one, so one store of each per request does it.

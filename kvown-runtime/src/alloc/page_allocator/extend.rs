@@ -9,7 +9,11 @@ impl<R: ReuseOrder> PageAllocator<R> {
     /// [`KvAllocator::alloc_extend`](crate::alloc::KvAllocator::alloc_extend): validates the
     /// batch (its partial pages marked on the way, so that no two requests continue one), takes
     /// its new pages, and writes each request's slots.
-    pub(super) fn extend(&mut self, reqs: &[ExtendShape], out: &mut Vec<KvSlot>) -> Result<(), AllocError> {
+    pub(super) fn extend(
+        &mut self,
+        reqs: &[ExtendShape],
+        out: &mut Vec<KvSlot>,
+    ) -> Result<(), AllocError> {
         let geometry = self.geometry;
         let (new_pages, new_tokens) = match self.check_extend_batch(reqs) {
             Ok(counts) => counts,

@@ -9,7 +9,11 @@ impl<R: ReuseOrder> PageAllocator<R> {
     /// outside a group goes straight back (page 0 is `Reserved`, so never `Held`); anything else
     /// takes the checked path.
     #[inline]
-    pub(super) fn free_by_id(&mut self, pages: &[PageId], order: FreeOrder<'_>) -> Result<(), AllocError> {
+    pub(super) fn free_by_id(
+        &mut self,
+        pages: &[PageId],
+        order: FreeOrder<'_>,
+    ) -> Result<(), AllocError> {
         if let [page] = *pages
             && !self.in_free_group
             && self.state.get(page as usize) == Some(&PageState::Held)
@@ -38,7 +42,12 @@ impl<R: ReuseOrder> PageAllocator<R> {
     /// ..., the rest last; ends clamped into order), as sglang's segment-by-segment frees take
     /// them: outside a group, where each of its calls puts its pages at the head, the last
     /// segment's pages end up first.
-    fn mark_segments(&mut self, pages: &[PageId], ends: &[usize], start: usize) -> Result<(), AllocError> {
+    fn mark_segments(
+        &mut self,
+        pages: &[PageId],
+        ends: &[usize],
+        start: usize,
+    ) -> Result<(), AllocError> {
         let prepended = !self.in_free_group && !self.need_sort && R::FREED_FIRST;
         let mut from = 0;
         let segment_ends = ends.iter().map(|&end| end.min(pages.len()));

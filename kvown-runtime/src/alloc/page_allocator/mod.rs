@@ -59,7 +59,6 @@ pub struct PageAllocator<R: ReuseOrder> {
     order: PhantomData<R>,
 }
 
-
 impl<R: ReuseOrder> PageAllocator<R> {
     /// An allocator with every page free: `[1, …, num_pages]`.
     pub(crate) fn with_pages(
