@@ -475,3 +475,34 @@ fn zero_page_size_is_rejected() {
         Err(AllocError::ZeroPageSize)
     );
 }
+
+/// Segments of whole pages of 16, 32 and 64 slots are checked a page at a time at a length known
+/// at compile time: a slot outside its page is still named, at its offset, and the free refused
+/// with nothing changed.
+#[test]
+fn a_misplaced_slot_in_a_whole_page_of_a_common_size_is_named() {
+    for page_size in [16, 32, 64] {
+        let mut allocator = paged(4, page_size);
+        let row = alloc(&mut allocator, 3 * page_size);
+        let before = allocator.clone();
+        // A slot other than its page's first moved to the next page: the first names the page.
+        for position in [1, page_size + 5, 3 * page_size - 1] {
+            let mut segment = row.clone();
+            segment[position] = row[(position + page_size) % row.len()];
+            let error = allocator.free_segment(&segment, 0).unwrap_err();
+            let expected_page = row[position - position % page_size] as usize / page_size;
+            assert_eq!(
+                error,
+                AllocError::SegmentNotPaged {
+                    offset: position,
+                    slot: segment[position],
+                    expected_page,
+                },
+                "page size {page_size}, position {position}"
+            );
+            assert_eq!(allocator, before);
+        }
+        allocator.free_segment(&row, 0).unwrap();
+        allocator.check().unwrap();
+    }
+}

@@ -196,6 +196,16 @@ fn segment_pages(
 ) -> Result<(), AllocError> {
     let mut chunk_start = 0;
     let mut chunk_len = geometry.page_size() - geometry.offset(start_pos);
+    // The whole pages of the common sizes (16, 32, 64) at a length known at compile time: one
+    // straight-line check each.
+    if chunk_len == geometry.page_size() {
+        chunk_start = match chunk_len {
+            16 => whole_pages::<16>(geometry, slots, pages),
+            32 => whole_pages::<32>(geometry, slots, pages),
+            64 => whole_pages::<64>(geometry, slots, pages),
+            _ => 0,
+        };
+    }
     while chunk_start < slots.len() {
         let chunk_end = (chunk_start + chunk_len).min(slots.len());
         let page = geometry.page_of(slots[chunk_start]);
@@ -214,6 +224,32 @@ fn segment_pages(
         chunk_len = geometry.page_size();
     }
     Ok(())
+}
+
+/// The pages of the leading whole pages of `slots` (pages of `N` slots, a power of two), each
+/// named by its first slot, appended to `pages` up to the first one with a slot outside it:
+/// how many slots they cover.
+#[inline]
+fn whole_pages<const N: usize>(
+    geometry: PageGeometry,
+    slots: &[KvSlot],
+    pages: &mut Vec<PageId>,
+) -> usize {
+    let (chunks, _) = slots.as_chunks::<N>();
+    let mut covered = 0;
+    for chunk in chunks {
+        let first = chunk[0] & !(N as KvSlot - 1);
+        if chunk
+            .iter()
+            .fold(0, |differ, &slot| differ | (slot ^ first))
+            >= N as KvSlot
+        {
+            break;
+        }
+        pages.push(geometry.page_of(first) as PageId);
+        covered += N;
+    }
+    covered
 }
 
 /// The slots that name the pages of `segments` (each chunk's first slot), in order.
