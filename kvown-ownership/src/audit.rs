@@ -25,6 +25,23 @@ pub struct GuardedStruct {
     pub fields: &'static [GuardedField],
 }
 
+impl GuardedStruct {
+    /// A struct's registration, as the macro writes it.
+    pub const fn new(
+        name: &'static str,
+        module: &'static str,
+        file: &'static str,
+        fields: &'static [GuardedField],
+    ) -> Self {
+        GuardedStruct {
+            name,
+            module,
+            file,
+            fields,
+        }
+    }
+}
+
 /// A field declared `#[owned_by(..)]` in a `#[guarded]` struct.
 #[derive(Debug)]
 pub struct GuardedField {
@@ -75,6 +92,27 @@ pub struct OwnerSite {
     pub writes: &'static [FieldWrites],
     /// Calls that pass the capability on to a helper (delegated writes).
     pub delegations: u32,
+}
+
+impl OwnerSite {
+    /// An owner's site, as the macro writes it.
+    pub const fn new(
+        owner: &'static str,
+        module: &'static str,
+        file: &'static str,
+        line: u32,
+        writes: &'static [FieldWrites],
+        delegations: u32,
+    ) -> Self {
+        OwnerSite {
+            owner,
+            module,
+            file,
+            line,
+            writes,
+            delegations,
+        }
+    }
 }
 
 inventory::collect!(GuardedStruct);

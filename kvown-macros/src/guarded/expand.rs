@@ -758,12 +758,12 @@ fn registration(private: &TokenStream, struct_name: &Ident, fields: &[TokenStrea
     let name = struct_name.unraw().to_string();
     quote! {
         #private::inventory::submit! {
-            #private::GuardedStruct {
-                name: #name,
-                module: ::core::module_path!(),
-                file: ::core::file!(),
-                fields: &[#(#fields),*],
-            }
+            #private::GuardedStruct::new(
+                #name,
+                ::core::module_path!(),
+                ::core::file!(),
+                &[#(#fields),*],
+            )
         }
     }
 }

@@ -81,19 +81,6 @@ impl OwnerPlan {
     }
 }
 
-impl OwnerPlan {
-    /// The token type as the owner's hidden module names it: `capability_of::f` for a free
-    /// function (see [`wrap`]), the method's name for a method.
-    fn local_token(&self) -> TokenStream {
-        let defined = &self.defined;
-        if self.is_method {
-            quote!(#defined)
-        } else {
-            quote!(capability_of::#defined)
-        }
-    }
-}
-
 fn cfg_attrs(attrs: &[Attribute]) -> Vec<Attribute> {
     crate::cfg_attr::cfg_conditions(attrs)
 }
@@ -168,7 +155,7 @@ fn free_fn_sealed(plan: &OwnerPlan, mut item: ItemFn) -> TokenStream {
     DeeperPaths::default().visit_signature_mut(&mut item.sig);
     DeeperPaths::default().visit_block_mut(&mut item.block);
     item.vis = widen_one_level(&item.vis);
-    prepend_prologue(plan, plan.local_token(), &mut item.block);
+    prepend_prologue(plan, plan.defined.to_token_stream(), &mut item.block);
     wrap(plan, quote!(#item), site)
 }
 
@@ -179,7 +166,7 @@ pub(crate) fn method(plan: &OwnerPlan, block: &ItemImpl, mut method: ImplItemFn)
     DeeperPaths::default().visit_signature_mut(&mut method.sig);
     DeeperPaths::default().visit_block_mut(&mut method.block);
     method.vis = widen_one_level(&method.vis);
-    prepend_prologue(plan, plan.local_token(), &mut method.block);
+    prepend_prologue(plan, plan.defined.to_token_stream(), &mut method.block);
     let mut generics = block.generics.clone();
     DeeperPaths::default().visit_generics_mut(&mut generics);
     let mut self_ty = (*block.self_ty).clone();
@@ -209,62 +196,46 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, site: TokenStream) -> TokenSt
         cfg_attrs,
         ..
     } = plan;
-    let token_vis = widen_one_level(vis);
+    // Never beyond the crate: owners live in the struct's crate, so only that crate names tokens,
+    // and a glob import of a library's module does not bring them into another crate.
+    let token_export_vis = crate_at_most(vis);
+    let token_vis = crate_at_most(&widen_one_level(vis));
     let binding_placeholder = binding_placeholder(plan);
     let compiled_only = (!plan.is_method).then(|| quote!(#[cfg(not(doc))]));
-    // `seal_vis`: the reach of the token's private field, which must be the owner's hidden
-    // module exactly (only the owner's body, there, builds a token).
-    let token_item = |token_vis: &Visibility, seal_vis: TokenStream| {
-        quote! {
-            #[allow(non_camel_case_types)]
-            #token_vis struct #defined {
-                #seal_vis _seal: #support::__private::OwnerSeal,
-            }
+    // The token's field is private to the owner's hidden module: only the owner's body, there,
+    // builds a token.
+    let token_struct = quote! {
+        #[allow(non_camel_case_types)]
+        #token_vis struct #defined {
+            _seal: #support::__private::OwnerSeal,
         }
-    };
-    let local_token = plan.local_token();
-    let token_impl = quote! {
+
         #[diagnostic::do_not_recommend]
-        impl #support::__private::OwnerToken for #local_token {
+        impl #support::__private::OwnerToken for #defined {
             const SITE: &'static #support::__private::OwnerSite = #site;
         }
     };
-    // A free function's token shares its name, so it lives one module deeper, in
-    // `capability_of`: the function's re-export then brings the function alone, and the token
-    // has a re-export of its own. A method's token is defined under the method's name (what
-    // rustc prints) and re-exported, hidden, as `Type_method` (what
-    // `#[owned_by(Type::method)]` finds); a method has no documented form of its own, so its
-    // token is hidden from rustdoc.
-    let token_export_vis = crate_at_most(vis);
+    // A free function's token shares its name (types and functions live in different
+    // namespaces), so one re-export brings both; the token's own visibility keeps it inside the
+    // crate. A method's token is defined under the method's name (what rustc prints) and
+    // re-exported as `Type_method` (what `#[owned_by(Type::method)]` finds); a method has no
+    // documented form of its own, so its token is hidden from rustdoc.
     let (token_def, exports) = if !plan.is_method {
-        let inner = token_item(&widen_one_level(&token_vis), quote!(pub(super)));
         (
-            quote! {
-                #token_vis mod capability_of {
-                    #inner
-                }
-                #token_impl
-            },
+            token_struct,
             quote! {
                 #compiled_only
                 #(#cfg_attrs)*
                 // Moving a `#[deprecated]` function out of its hidden module is not a use of it.
                 #[allow(unused_imports, deprecated)]
                 #vis use self::#module::#defined;
-
-                #compiled_only
-                #(#cfg_attrs)*
-                #[allow(unused_imports)]
-                #token_export_vis use self::#module::capability_of::#defined;
             },
         )
     } else {
-        let token_struct = token_item(&token_vis, TokenStream::new());
         (
             quote! {
                 #[doc(hidden)]
                 #token_struct
-                #token_impl
             },
             // `as`, also where the names agree (a method named like a primitive type).
             quote! {
@@ -370,14 +341,14 @@ fn site(plan: &OwnerPlan, body: &Block, name_span: Span) -> TokenStream {
     let site_name = &plan.site_name;
     let line = quote_spanned!(name_span=> ::core::line!());
     quote! {
-        &#support::__private::OwnerSite {
-            owner: #site_name,
-            module: ::core::module_path!(),
-            file: ::core::file!(),
-            line: #line,
-            writes: &[#(#support::__private::FieldWrites::new(#fields, #counts)),*],
-            delegations: #delegations,
-        }
+        &#support::__private::OwnerSite::new(
+            #site_name,
+            ::core::module_path!(),
+            ::core::file!(),
+            #line,
+            &[#(#support::__private::FieldWrites::new(#fields, #counts)),*],
+            #delegations,
+        )
     }
 }
 
@@ -499,7 +470,6 @@ mod tests {
             items(crate::owner::expand_fn(quote!(), grow.clone())),
             [
                 "cfg(not(doc)) mod sealed_fn_grow",
-                "cfg(not(doc)) use",
                 "cfg(not(doc)) use",
                 "cfg(doc) macro ::kvown::__private::owner_documented"
             ]

@@ -91,7 +91,7 @@ mod sealed_ReqKvInfo {
     #[diagnostic::do_not_recommend]
     impl owned_by::ReqKvInfoKvCommittedLenOwnerSeal for super::alloc_for_decode {}
     impl ReqKvInfoKvCommittedLenOwner for super::alloc_for_decode {}
-    ::kvown::__private::inventory::submit! { :: kvown :: __private :: GuardedStruct { name : "ReqKvInfo" , module : :: core :: module_path ! () , file : :: core :: file ! () , fields : & [:: kvown :: __private :: GuardedField :: new ("kv_committed_len" , :: core :: line ! () , & [< super :: alloc_for_extend as :: kvown :: __private :: OwnerToken > :: SITE , < super :: alloc_for_decode as :: kvown :: __private :: OwnerToken > :: SITE])] , } }
+    ::kvown::__private::inventory::submit! { :: kvown :: __private :: GuardedStruct :: new ("ReqKvInfo" , :: core :: module_path ! () , :: core :: file ! () , & [:: kvown :: __private :: GuardedField :: new ("kv_committed_len" , :: core :: line ! () , & [< super :: alloc_for_extend as :: kvown :: __private :: OwnerToken > :: SITE , < super :: alloc_for_decode as :: kvown :: __private :: OwnerToken > :: SITE])] ,) }
 }
 #[cfg(not(doc))]
 #[allow(unused_imports, deprecated)]
