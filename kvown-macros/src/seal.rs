@@ -76,8 +76,10 @@ pub(crate) fn path_from_child(path: &Path) -> Path {
             path
         }
         _ => {
+            let mut path = path.clone();
             let root = Ident::new("super", path.segments[0].ident.span());
-            parse_quote!(#root::#path)
+            path.segments.insert(0, root.into());
+            path
         }
     }
 }
