@@ -42,6 +42,8 @@ done
 work="${CARGO_TARGET_DIR:-$root/target}/compile-cost"
 rm -rf "$work"
 mkdir -p "$work"
+# Each generated workspace builds in a target directory of its own (`$work/*/target`).
+unset CARGO_TARGET_DIR
 
 # struct_source KIND I OWNED OWNERS: struct I of a crate of KIND (plain, serde, guarded), with
 # OWNED owned fields, each written by OWNERS owner functions, and 4 other fields.
@@ -200,11 +202,26 @@ for ((round = 1; round <= repeats; round++)); do
     done
 done
 
-# expanded CRATE: lines of `-Zunpretty=expanded` of a crate of the head workspace (a separate
-# target directory: RUSTC_BOOTSTRAP must not touch the timed builds).
+# expanded CRATE: lines of `-Zunpretty=expanded` of a crate of the head workspace. rustc is run
+# by hand on the dependencies `cargo check` built (RUSTC_BOOTSTRAP in cargo's environment would
+# rebuild them all).
 expanded() {
-    (cd "$work/head" && RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR="$work/expand-target" \
-        cargo rustc --quiet -p "cost_$1" --profile check -- -Zunpretty=expanded | wc -l)
+    local package="cost_$1" externs
+    externs=$(cd "$work/head" && cargo check --quiet -p "$package" --message-format=json |
+        python3 -c '
+import json, sys
+for line in sys.stdin:
+    message = json.loads(line)
+    if message.get("reason") != "compiler-artifact" or "lib" not in message["target"]["kind"]:
+        continue
+    name = message["target"]["name"]
+    if name in ("kvown", "serde"):
+        rmeta = [f for f in message["filenames"] if f.endswith(".rmeta")][0]
+        print("--extern " + name + "=" + rmeta + " -L dependency=" + rmeta.rsplit("/", 1)[0])
+')
+    # shellcheck disable=SC2086 # one word per flag
+    RUSTC_BOOTSTRAP=1 rustc --edition 2024 --crate-type lib --crate-name "$package" \
+        "$work/head/$package/src/lib.rs" $externs -Zunpretty=expanded | wc -l
 }
 echo "expanding" >&2
 expansion="$work/expansion.txt"
