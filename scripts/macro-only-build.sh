@@ -23,6 +23,8 @@ while [ $# -gt 0 ]; do
 done
 work="${CARGO_TARGET_DIR:-$root/target}/macro-only-build"
 rm -rf "$work"
+# Each crate builds in its own target directory (`$work/*/target`), emptied before each build.
+unset CARGO_TARGET_DIR
 
 # crate NAME KVOWN_DIR: the downstream crate, in a workspace of its own.
 crate() {

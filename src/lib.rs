@@ -289,7 +289,8 @@
 //!
 //! ## The audit register
 //!
-//! Every owned field and owner site registers at link time. [`audit_table!()`](audit_table)
+//! Every guarded struct registers at link time, with its owned fields and the sites of their
+//! owners (one registration per struct). [`audit_table!()`](audit_table)
 //! returns the calling crate's ownership table (struct, field, owner, direct writes,
 //! delegations, module, site; [`audit::AuditTable::collect`] has every linked crate's),
 //! `Display` prints it, and [`audit::AuditTable::assert_matches`] panics with the owner sites

@@ -25,11 +25,6 @@ const QUOTES: &[(&str, usize, &str)] = &[
         15,
         "`charge_fee` is not an owner of `Account::balance`",
     ),
-    (
-        include_str!("../ui/fail/first_contact/direct_field_write.stderr"),
-        5,
-        "error[E0616]",
-    ),
 ];
 
 #[test]
