@@ -173,13 +173,16 @@ impl LlamaConfig {
                 return Err(invalid(format!("{name} is 0")));
             }
         }
-        if self.hidden_size % self.num_attention_heads != 0 {
+        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err(invalid(format!(
                 "hidden_size {} is not a multiple of num_attention_heads {}",
                 self.hidden_size, self.num_attention_heads
             )));
         }
-        if self.num_attention_heads % self.num_key_value_heads() != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads())
+        {
             return Err(invalid(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads,
@@ -187,8 +190,10 @@ impl LlamaConfig {
             )));
         }
         let head_dim = self.hidden_size / self.num_attention_heads;
-        if head_dim % 2 != 0 {
-            return Err(invalid(format!("the head width {head_dim} is odd: RoPE rotates pairs")));
+        if !head_dim.is_multiple_of(2) {
+            return Err(invalid(format!(
+                "the head width {head_dim} is odd: RoPE rotates pairs"
+            )));
         }
         if let Some(stated) = self.head_dim.filter(|&stated| stated != head_dim) {
             return Err(invalid(format!(
@@ -196,10 +201,16 @@ impl LlamaConfig {
             )));
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
-            return Err(invalid(format!("rms_norm_eps {} is not positive", self.rms_norm_eps)));
+            return Err(invalid(format!(
+                "rms_norm_eps {} is not positive",
+                self.rms_norm_eps
+            )));
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
-            return Err(invalid(format!("rope_theta {} is not above 1", self.rope_theta)));
+            return Err(invalid(format!(
+                "rope_theta {} is not above 1",
+                self.rope_theta
+            )));
         }
         if let Some(scaling) = &self.rope_scaling {
             match scaling.rope_type.as_str() {

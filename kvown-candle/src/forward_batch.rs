@@ -250,7 +250,10 @@ mod tests {
             context: &[4, 5],
             logits: LogitRows::Last,
         });
-        assert!(matches!(refused, Err(BatchError::ContextLength { rid: 3, .. })));
+        assert!(matches!(
+            refused,
+            Err(BatchError::ContextLength { rid: 3, .. })
+        ));
         let empty = batch.push(SeqInput {
             rid: 4,
             tokens: &[],

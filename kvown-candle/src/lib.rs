@@ -37,4 +37,6 @@ pub use forward_batch::{ForwardBatch, LogitRows, SeqInput};
 pub use model::{Logits, PagedLlama};
 pub use pool::TensorKvPool;
 pub use sampling::Sampling;
-pub use serve::{Draft, Finished, Request, ServeConfig, ServeStats, Server, SpecConfig, StepOutput};
+pub use serve::{
+    Draft, Finished, Request, ServeConfig, ServeStats, Server, SpecConfig, StepOutput,
+};

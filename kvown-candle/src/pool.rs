@@ -11,8 +11,8 @@
 
 use candle_core::{CpuStorage, DType, Device, InplaceOp1, InplaceOp2, Layout, Tensor};
 use half::{bf16, f16};
-use kvown_runtime::kv::{KvData, KvDtype, KvLayout, KvPool, KvPoolError, KvSlice, KvTensor};
 use kvown_runtime::ids::KvSlot;
+use kvown_runtime::kv::{KvData, KvDtype, KvLayout, KvPool, KvPoolError, KvSlice, KvTensor};
 
 /// K/V buffers of every layer as CPU candle tensors, zero at first.
 ///
@@ -57,7 +57,11 @@ impl TensorKvPool {
     pub fn new(layout: KvLayout, dtype: KvDtype) -> Result<TensorKvPool, KvPoolError> {
         let buffers = |tensor| -> Result<Vec<Tensor>, KvPoolError> {
             let row_len = layout.row_len(tensor);
-            let dims = (layout.slots(), layout.kv_heads(), row_len / layout.kv_heads());
+            let dims = (
+                layout.slots(),
+                layout.kv_heads(),
+                row_len / layout.kv_heads(),
+            );
             (0..layout.layers())
                 .map(|_| zeroed(dims, dtype, &layout))
                 .collect()
@@ -218,7 +222,9 @@ fn scatter_into(
         (CpuStorage::F32(buffer), KvSlice::F32(rows)) => scatter_rows(buffer, slots, rows),
         (CpuStorage::F16(buffer), KvSlice::F16(rows)) => scatter_rows(buffer, slots, rows),
         (CpuStorage::BF16(buffer), KvSlice::Bf16(rows)) => scatter_rows(buffer, slots, rows),
-        (_, rows) => candle_core::bail!("K/V rows of {} for a buffer of another dtype", rows.dtype()),
+        (_, rows) => {
+            candle_core::bail!("K/V rows of {} for a buffer of another dtype", rows.dtype())
+        }
     }
     Ok(())
 }

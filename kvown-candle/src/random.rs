@@ -15,7 +15,10 @@ use crate::model::expected_tensors;
 
 /// A Llama config with the given sizes and Llama's defaults elsewhere (RoPE base 10,000,
 /// RMSNorm epsilon 1e-5, no RoPE scaling, untied LM head unless `tied`).
-#[allow(clippy::too_many_arguments, reason = "one argument per size of a Llama")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one argument per size of a Llama"
+)]
 pub fn llama_config(
     vocab_size: usize,
     hidden_size: usize,
@@ -64,7 +67,10 @@ pub fn llama_100m_config() -> LlamaConfig {
 /// Deterministic random weights for `config` from `seed`, named as a checkpoint's: each
 /// matrix uniform with unit variance gain (`±sqrt(3 / fan_in)`), the embedding uniform in
 /// `±1`, each norm's gain `1 ± 0.1`.
-pub fn random_weights(config: &LlamaConfig, seed: u64) -> Result<HashMap<String, Tensor>, ModelError> {
+pub fn random_weights(
+    config: &LlamaConfig,
+    seed: u64,
+) -> Result<HashMap<String, Tensor>, ModelError> {
     let mut rng = SmallRng::seed_from_u64(seed);
     expected_tensors(config)
         .into_iter()
@@ -89,7 +95,11 @@ pub fn random_weights(config: &LlamaConfig, seed: u64) -> Result<HashMap<String,
 
 /// Writes a checkpoint of `config` with [`random_weights`] into `dir` (created if needed):
 /// `config.json` and `model.safetensors`, as a Hugging Face checkpoint has them.
-pub fn write_random_checkpoint(dir: &Path, config: &LlamaConfig, seed: u64) -> Result<(), ModelError> {
+pub fn write_random_checkpoint(
+    dir: &Path,
+    config: &LlamaConfig,
+    seed: u64,
+) -> Result<(), ModelError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| ModelError::Io { path, source }
@@ -121,7 +131,10 @@ mod tests {
     #[test]
     fn random_weights_repeat_for_a_seed() {
         let config = tiny_config();
-        let (a, b) = (random_weights(&config, 7).unwrap(), random_weights(&config, 7).unwrap());
+        let (a, b) = (
+            random_weights(&config, 7).unwrap(),
+            random_weights(&config, 7).unwrap(),
+        );
         let c = random_weights(&config, 8).unwrap();
         let flat = |weights: &HashMap<String, Tensor>| -> Vec<f32> {
             weights["model.layers.1.mlp.up_proj.weight"]

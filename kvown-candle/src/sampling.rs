@@ -66,7 +66,9 @@ impl Sampling {
             Sampling::Temperature { temperature, .. }
                 if !(temperature.is_finite() && temperature > 0.0) =>
             {
-                Err(format!("temperature {temperature} must be positive and finite"))
+                Err(format!(
+                    "temperature {temperature} must be positive and finite"
+                ))
             }
             _ => Ok(()),
         }
@@ -101,6 +103,13 @@ mod tests {
             seed: 3,
         };
         assert!((0..16).all(|p| cold.sample(&logits, 9, p) == 1));
-        assert!(Sampling::Temperature { temperature: 0.0, seed: 0 }.validate().is_err());
+        assert!(
+            Sampling::Temperature {
+                temperature: 0.0,
+                seed: 0
+            }
+            .validate()
+            .is_err()
+        );
     }
 }

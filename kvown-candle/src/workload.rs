@@ -51,7 +51,11 @@ impl Conversations {
         let mut rng = SmallRng::seed_from_u64(spec.seed);
         let vocab = spec.vocab.max(2) as u32;
         let system = (0..spec.system_prompts.max(1))
-            .map(|_| (0..spec.system_len).map(|_| rng.gen_range(1..vocab)).collect())
+            .map(|_| {
+                (0..spec.system_len)
+                    .map(|_| rng.gen_range(1..vocab))
+                    .collect()
+            })
             .collect();
         Conversations {
             spec,
@@ -118,38 +122,67 @@ impl Conversations {
 /// Steps without a token computed after which [`serve`] gives up.
 const STALL_STEPS: u64 = 1000;
 
+/// What [`serve`] shows as it goes.
+pub trait Observer {
+    /// The error that stops the run.
+    type Error: From<ServeError>;
+
+    /// A request was submitted.
+    fn submitted(&mut self, _request: &Request) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
+    /// A step ran.
+    fn stepped(&mut self, _server: &Server, _out: &StepOutput) -> Result<(), Self::Error> {
+        Ok(())
+    }
+}
+
+/// Watches nothing.
+impl Observer for () {
+    type Error = ServeError;
+}
+
 /// Serves `workload` on `server` to the end: the opening turns at once, each follow-up when
-/// its previous turn finishes. `observe` sees every step's output (and may stop the run with
-/// an error); returns every finished request. A follow-up the server refuses as too long ends
-/// its conversation ([`Conversations::ended_early`]).
+/// its previous turn finishes; `observer` sees every submission and step (and may stop the run
+/// with an error). Returns every finished request. A follow-up the server refuses as too long
+/// ends its conversation ([`Conversations::ended_early`]).
 ///
 /// # Errors
-/// The server's, `observe`'s, or [`ServeError::Stalled`] when no token is computed for 1,000
-/// steps.
-pub fn serve<E: From<ServeError>>(
+/// The server's, the observer's, or [`ServeError::Stalled`] when no token is computed for
+/// 1,000 steps.
+pub fn serve<O: Observer>(
     server: &mut Server,
     workload: &mut Conversations,
-    mut observe: impl FnMut(&Server, &StepOutput) -> Result<(), E>,
-) -> Result<Vec<Finished>, E> {
+    observer: &mut O,
+) -> Result<Vec<Finished>, O::Error> {
+    let submit = |server: &mut Server, observer: &mut O, request: Request| {
+        let refused = match server.submit(request.clone()) {
+            Ok(()) => return observer.submitted(&request).map(|()| false),
+            Err(refused) => refused,
+        };
+        match refused {
+            RequestError::ContextTooLong { .. }
+            | RequestError::PastModelPositions { .. }
+            | RequestError::LargerThanPool { .. } => Ok(true),
+            error => Err(ServeError::from(error).into()),
+        }
+    };
     for request in workload.opening_turns() {
-        server.submit(request).map_err(ServeError::from)?;
+        if submit(server, observer, request)? {
+            workload.ended_early += 1;
+        }
     }
     let mut finished = Vec::new();
     let (mut last_progress, mut tokens) = (0, 0);
     while !server.is_idle() {
         let out = server.step()?;
-        observe(server, &out)?;
+        observer.stepped(server, &out)?;
         for done in out.finished {
-            if let Some(next) = workload.follow_up(&done) {
-                match server.submit(next) {
-                    Ok(()) => {}
-                    Err(
-                        RequestError::ContextTooLong { .. }
-                        | RequestError::PastModelPositions { .. }
-                        | RequestError::LargerThanPool { .. },
-                    ) => workload.ended_early += 1,
-                    Err(error) => return Err(ServeError::from(error).into()),
-                }
+            if let Some(next) = workload.follow_up(&done)
+                && submit(server, observer, next)?
+            {
+                workload.ended_early += 1;
             }
             finished.push(done);
         }

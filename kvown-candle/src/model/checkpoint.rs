@@ -35,7 +35,10 @@ pub fn expected_tensors(config: &LlamaConfig) -> Vec<(String, Vec<usize>)> {
     }
     tensors.push(("model.norm.weight".to_string(), vec![hidden]));
     if !config.tied_embeddings() {
-        tensors.push(("lm_head.weight".to_string(), vec![config.vocab_size, hidden]));
+        tensors.push((
+            "lm_head.weight".to_string(),
+            vec![config.vocab_size, hidden],
+        ));
     }
     tensors
 }
@@ -88,12 +91,13 @@ impl Weights {
                 path: file.clone(),
                 source,
             })?;
-            let loaded = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu).map_err(
-                |source| ModelError::Safetensors {
-                    path: file.clone(),
-                    source,
-                },
-            )?;
+            let loaded =
+                candle_core::safetensors::load_buffer(&bytes, &Device::Cpu).map_err(|source| {
+                    ModelError::Safetensors {
+                        path: file.clone(),
+                        source,
+                    }
+                })?;
             for (name, tensor) in loaded {
                 if let Some(first) = weights.origin.get(&name) {
                     return Err(ModelError::DuplicateTensor {

@@ -62,7 +62,8 @@ impl Block {
             .forward(&self.input_norm.forward(x)?, layer, step, pool)?;
         let x = (attended + x)?;
         let h = self.post_norm.forward(&x)?;
-        let gated = (candle_nn::ops::silu(&self.gate_proj.forward(&h)?)? * self.up_proj.forward(&h)?)?;
+        let gated =
+            (candle_nn::ops::silu(&self.gate_proj.forward(&h)?)? * self.up_proj.forward(&h)?)?;
         Ok((self.down_proj.forward(&gated)? + x)?)
     }
 }
@@ -168,7 +169,11 @@ impl PagedLlama {
             .map(|layer| Block::load(vb.pp(format!("model.layers.{layer}")), &config))
             .collect::<candle_core::Result<Vec<_>>>()?;
         Ok(PagedLlama {
-            norm: candle_nn::rms_norm(config.hidden_size, config.rms_norm_eps, vb.pp("model.norm"))?,
+            norm: candle_nn::rms_norm(
+                config.hidden_size,
+                config.rms_norm_eps,
+                vb.pp("model.norm"),
+            )?,
             rope: RopeTables::new(&config)?,
             embed_tokens,
             blocks,

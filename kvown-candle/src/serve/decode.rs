@@ -17,7 +17,9 @@ use crate::forward_batch::ForwardBatch;
 
 /// Whether `req` is done: its budget spent or its last token one of `stop_tokens`.
 pub(super) fn is_finished(req: &Req, budgets: &HashMap<u64, Budget>, stop_tokens: &[u32]) -> bool {
-    let max_new = budgets.get(&req.rid()).map_or(0, |budget| budget.max_new_tokens);
+    let max_new = budgets
+        .get(&req.rid())
+        .map_or(0, |budget| budget.max_new_tokens);
     req.output_ids().len() >= max_new
         || req
             .output_ids()
@@ -105,7 +107,7 @@ impl Server {
         })?;
         self.stats.kvown_ns += ns;
         #[cfg(feature = "fault-injection")]
-        let forward = self.inject(forward, fault::FaultState::on_decode);
+        let forward = self.inject(&batch, forward, fault::FaultState::on_decode);
         let logits = timed(&mut self.stats.model_ns, || {
             self.model.forward(&forward, &mut self.node.pool)
         })?;

@@ -94,7 +94,8 @@ impl Server {
         let logits = timed(&mut self.stats.model_ns, || {
             self.model.forward(&forward, &mut prefill.node.pool)
         })?;
-        for (index, (mut req, mut remote)) in admitted.into_iter().zip(batch.into_reqs()).enumerate()
+        for (index, (mut req, mut remote)) in
+            admitted.into_iter().zip(batch.into_reqs()).enumerate()
         {
             let position = req.fill_ids().len() - 1;
             let token = self.sample(&req, position, logits.last(index), out);

@@ -54,7 +54,11 @@ impl Server {
             .as_ref()
             .map(|prefill| prefill.node.cache.allocator().capacity());
         let mut reserved = timed(&mut ns, || {
-            new_tokens_required_next_decode(self.running.reqs(), self.config.page_size, spec_reserve)
+            new_tokens_required_next_decode(
+                self.running.reqs(),
+                self.config.page_size,
+                spec_reserve,
+            )
         });
         let mut admitted = Vec::new();
         let mut chunked = self.chunked.take();
@@ -74,8 +78,8 @@ impl Server {
                 init_next_round_input(&mut req, &mut self.node.cache, budget)
             })?;
             let prefix = req.prefix_len();
-            let need = self.aligned(req.extend_end()) - self.aligned(prefix)
-                + self.decode_headroom(&req);
+            let need =
+                self.aligned(req.extend_end()) - self.aligned(prefix) + self.decode_headroom(&req);
             let remote_need = self.aligned(req.fill_ids().len());
             let fits_remote = remote_budget.is_none_or(|left| remote_need <= left);
             if reserved + need > self.node.cache.available_with_eviction() || !fits_remote {
@@ -118,7 +122,7 @@ impl Server {
             Ok((batch, forward))
         })?;
         #[cfg(feature = "fault-injection")]
-        let forward = self.inject(forward, fault::FaultState::on_extend);
+        let forward = self.inject(&batch, forward, fault::FaultState::on_extend);
         self.stats.prefill_tokens += forward.tokens().len() as u64;
         let logits = timed(&mut self.stats.model_ns, || {
             self.model.forward(&forward, &mut self.node.pool)
@@ -127,7 +131,9 @@ impl Server {
             let committed = req.kv().kv_committed_len();
             if committed < req.fill_ids().len() {
                 self.report(req.rid(), committed - 1, logits.last(index), None, out);
-                timed(&mut ns, || cache_unfinished_req(&mut req, &mut self.node.cache))?;
+                timed(&mut ns, || {
+                    cache_unfinished_req(&mut req, &mut self.node.cache)
+                })?;
                 self.chunked = Some(req);
             } else {
                 let token = self.sample(&req, committed - 1, logits.last(index), out);

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use kvown_runtime::batch::Req;
+use kvown_runtime::batch::{Req, ScheduleBatch};
 use kvown_runtime::ids::KvSlot;
 use kvown_runtime::slots::ReqToTokenPool;
 
@@ -16,8 +16,8 @@ pub enum Fault {
     /// At the first decode step of two or more requests, one entry of the first request's row
     /// names the slot another request's new token goes to.
     CrossRequestSlot,
-    /// The first extend that continues a prefix (a prefix-cache hit, or a chunk) starts one
-    /// page late: that page's K/V is never computed and its slots are read as they were.
+    /// The first admission that hits the prefix cache extends from one page past the match:
+    /// that page's K/V is never computed and its slots are read as they were.
     PrefixSkipsExtraPage,
     /// A retracted request, re-admitted, reads the slots it held before its retraction (freed
     /// then, and handed to other requests since) instead of the ones its re-prefill wrote.
@@ -58,13 +58,25 @@ impl FaultState {
     }
 
     /// On an extend's forward batch.
-    pub(crate) fn on_extend(&mut self, forward: &mut ForwardBatch, page_size: usize) {
+    pub(crate) fn on_extend(
+        &mut self,
+        batch: &ScheduleBatch,
+        forward: &mut ForwardBatch,
+        page_size: usize,
+    ) {
         match self.fault {
             Fault::PrefixSkipsExtraPage if self.fired == 0 => {
+                // A request's first extend since admission that starts past 0 starts at its
+                // prefix-cache match.
                 let victim = forward
                     .seqs()
                     .iter()
-                    .position(|seq| seq.start() > 0 && seq.extend.len() > page_size);
+                    .zip(batch.reqs())
+                    .position(|(seq, req)| {
+                        req.kv().extend_batch_idx() == 1
+                            && seq.start() > 0
+                            && seq.extend.len() > page_size
+                    });
                 if let Some(seq) = victim {
                     forward.drop_leading_tokens(seq, page_size);
                     self.fired += 1;
@@ -90,7 +102,12 @@ impl FaultState {
     }
 
     /// On a decode step's forward batch.
-    pub(crate) fn on_decode(&mut self, forward: &mut ForwardBatch, _page_size: usize) {
+    pub(crate) fn on_decode(
+        &mut self,
+        _batch: &ScheduleBatch,
+        forward: &mut ForwardBatch,
+        _page_size: usize,
+    ) {
         if self.fault != Fault::CrossRequestSlot || self.fired > 0 || forward.seqs().len() < 2 {
             return;
         }

@@ -125,7 +125,9 @@ impl Default for ServeConfig {
 impl ServeConfig {
     fn validate(&self) -> Result<(), ServeError> {
         let refuse = |reason: String| Err(ServeError::Config(reason));
-        if self.page_size == 0 || self.pool_tokens == 0 || self.pool_tokens % self.page_size != 0
+        if self.page_size == 0
+            || self.pool_tokens == 0
+            || !self.pool_tokens.is_multiple_of(self.page_size)
         {
             return refuse(format!(
                 "pool_tokens {} must be a positive multiple of page_size {} (at least 1)",
@@ -139,14 +141,14 @@ impl ServeConfig {
                 self.max_running, self.chunk_size, self.max_context
             ));
         }
-        if let Some(spec) = self.spec {
-            if spec.tokens < 2 || spec.reserve() > self.pool_tokens {
-                return refuse(format!(
-                    "spec tokens {} must be at least 2, and its reservation ({}) fit the pool",
-                    spec.tokens,
-                    spec.reserve()
-                ));
-            }
+        if let Some(spec) = self.spec
+            && (spec.tokens < 2 || spec.reserve() > self.pool_tokens)
+        {
+            return refuse(format!(
+                "spec tokens {} must be at least 2, and its reservation ({}) fit the pool",
+                spec.tokens,
+                spec.reserve()
+            ));
         }
         self.sampling.validate().map_err(ServeError::Config)
     }
@@ -433,7 +435,8 @@ impl Server {
                 pool_tokens: self.config.pool_tokens,
             });
         }
-        let req = Req::try_new(rid, request.prompt).map_err(|_| RequestError::EmptyPrompt { rid })?;
+        let req =
+            Req::try_new(rid, request.prompt).map_err(|_| RequestError::EmptyPrompt { rid })?;
         self.budgets.insert(
             rid,
             Budget {
@@ -493,7 +496,11 @@ impl Server {
         };
         self.node.cache.check(held).map_err(invariant)?;
         if let Some(prefill) = &self.prefill {
-            prefill.node.cache.check(std::iter::empty::<&Req>()).map_err(invariant)?;
+            prefill
+                .node
+                .cache
+                .check(std::iter::empty::<&Req>())
+                .map_err(invariant)?;
         }
         Ok(())
     }
@@ -538,11 +545,12 @@ impl Server {
     #[cfg(feature = "fault-injection")]
     fn inject(
         &mut self,
+        batch: &ScheduleBatch,
         mut forward: ForwardBatch,
-        hook: fn(&mut fault::FaultState, &mut ForwardBatch, usize),
+        hook: fn(&mut fault::FaultState, &ScheduleBatch, &mut ForwardBatch, usize),
     ) -> ForwardBatch {
         if let Some(fault) = &mut self.fault {
-            hook(fault, &mut forward, self.config.page_size);
+            hook(fault, batch, &mut forward, self.config.page_size);
         }
         forward
     }
@@ -575,16 +583,12 @@ impl Server {
 
     /// Samples the token after `position` of `req` from `logits`; records its first-token
     /// time and, with `report_logits`, the row.
-    fn sample(
-        &mut self,
-        req: &Req,
-        position: usize,
-        logits: &[f32],
-        out: &mut StepOutput,
-    ) -> u32 {
+    fn sample(&mut self, req: &Req, position: usize, logits: &[f32], out: &mut StepOutput) -> u32 {
         let token = self.config.sampling.sample(logits, req.rid(), position);
         if let Some(budget) = self.budgets.get_mut(&req.rid()) {
-            budget.first_token.get_or_insert_with(|| budget.submitted.elapsed());
+            budget
+                .first_token
+                .get_or_insert_with(|| budget.submitted.elapsed());
         }
         self.report(req.rid(), position, logits, Some(token), out);
         token

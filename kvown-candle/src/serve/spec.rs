@@ -60,9 +60,10 @@ impl Server {
                 .iter()
                 .map(|req| -> Result<SpecSeq, ServeError> {
                     let kv = req.kv();
-                    let row = cache.req_to_token().row(req.held_row()?).map_err(|e| {
-                        ServeError::Kv(e.into())
-                    })?;
+                    let row = cache
+                        .req_to_token()
+                        .row(req.held_row()?)
+                        .map_err(|e| ServeError::Kv(e.into()))?;
                     Ok(SpecSeq {
                         committed: kv.kv_committed_len(),
                         row: row[..kv.kv_allocated_len()].to_vec(),
@@ -117,7 +118,8 @@ impl Server {
         // Each verified row's token is what plain decoding samples there; the run stops after
         // the first that differs from its draft (that one is the bonus token).
         let mut accepted_tokens: Vec<Vec<u32>> = Vec::with_capacity(seqs.len());
-        for (index, ((req, seq), draft)) in batch.reqs().iter().zip(&seqs).zip(&drafts).enumerate() {
+        for (index, ((req, seq), draft)) in batch.reqs().iter().zip(&seqs).zip(&drafts).enumerate()
+        {
             let mut tokens = Vec::new();
             for (offset, row) in logits.rows(index).enumerate() {
                 let token = self.sample(req, seq.committed + offset, row, out);
