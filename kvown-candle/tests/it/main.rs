@@ -7,4 +7,6 @@ mod fixture;
 mod harness;
 mod mutation;
 mod oracle;
+#[cfg(feature = "tokenizers")]
+mod text;
 mod transfer;
