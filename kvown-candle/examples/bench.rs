@@ -40,6 +40,9 @@ struct Args {
     /// Prompt tokens per request in the decode comparisons.
     #[arg(long, default_value_t = 32)]
     prompt_tokens: usize,
+    /// Skip the ~100M-parameter shape and the RSS comparison (the tiny model's rows only).
+    #[arg(long)]
+    tiny_only: bool,
     /// Write the JSON here as well.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -96,6 +99,44 @@ fn prompts(count: usize, len: usize, vocab: usize, seed: u64) -> Vec<Vec<u32>> {
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
+}
+
+/// Two rates timed in alternation: the median of each, and the median of the pairs' ratios.
+struct Paired {
+    a: f64,
+    b: f64,
+    ratio: f64,
+}
+
+impl std::fmt::Display for Paired {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.1} / {:.1}: {:.2}x", self.a, self.b, self.ratio)
+    }
+}
+
+/// Runs `a` and `b` back to back `repeats` times, `b` first every other time.
+fn alternate(repeats: usize, mut a: impl FnMut() -> f64, mut b: impl FnMut() -> f64) -> Paired {
+    let (mut first, mut second, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for repeat in 0..repeats {
+        let (x, y) = match repeat % 2 {
+            0 => {
+                let x = a();
+                (x, b())
+            }
+            _ => {
+                let y = b();
+                (a(), y)
+            }
+        };
+        first.push(x);
+        second.push(y);
+        ratios.push(x / y);
+    }
+    Paired {
+        a: median(first),
+        b: median(second),
+        ratio: median(ratios),
+    }
 }
 
 /// A server big enough for `batch` requests of `prompt + new` tokens without eviction.
@@ -220,53 +261,52 @@ fn decode_comparisons(
     let (dense_model, dense_config) = shape.dense();
     let new = args.new_tokens;
     let vocab = shape.config.vocab_size;
-    // Batch 1: decode tokens/s, alternating.
+    // Batch 1: decode tokens/s, the two timed back to back, which goes first alternating.
     let one = prompts(1, args.prompt_tokens, vocab, 2);
-    let (mut paged_rate, mut dense_rate) = (Vec::new(), Vec::new());
-    for _ in 0..args.repeats {
-        let run = run_paged(&paged, &one, new);
-        paged_rate.push(run.decode_tokens as f64 / run.decode.as_secs_f64());
-        let (_, decode) = run_dense(&dense_model, &dense_config, &one, new);
-        dense_rate.push((new - 1) as f64 / decode.as_secs_f64());
-    }
-    let (paged_rate, dense_rate) = (median(paged_rate), median(dense_rate));
+    let batch1 = alternate(
+        args.repeats,
+        || {
+            let run = run_paged(&paged, &one, new);
+            run.decode_tokens as f64 / run.decode.as_secs_f64()
+        },
+        || {
+            let (_, decode) = run_dense(&dense_model, &dense_config, &one, new);
+            (new - 1) as f64 / decode.as_secs_f64()
+        },
+    );
     rows.push(Row {
         name: format!("decode tokens/s, batch 1, {}: paged / dense", shape.name),
-        value: format!(
-            "{paged_rate:.1} / {dense_rate:.1} = {:.2}x",
-            paged_rate / dense_rate
-        ),
+        value: batch1.to_string(),
         goal: ">= 0.9x",
     });
     // 32 requests: continuous batching against the dense model one request at a time.
     let many = prompts(32, args.prompt_tokens, vocab, 3);
     let tokens = (32 * new) as f64;
-    let (mut batched, mut sequential) = (Vec::new(), Vec::new());
-    for _ in 0..args.repeats {
-        let run = run_paged(&paged, &many, new);
-        batched.push(tokens / run.wall.as_secs_f64());
-        let (wall, _) = run_dense(&dense_model, &dense_config, &many, new);
-        sequential.push(tokens / wall.as_secs_f64());
-    }
-    let (batched, sequential) = (median(batched), median(sequential));
+    let batch32 = alternate(
+        args.repeats,
+        || tokens / run_paged(&paged, &many, new).wall.as_secs_f64(),
+        || {
+            tokens
+                / run_dense(&dense_model, &dense_config, &many, new)
+                    .0
+                    .as_secs_f64()
+        },
+    );
     rows.push(Row {
         name: format!(
             "32 requests, tokens/s, {}: continuous batching / dense one by one",
             shape.name
         ),
-        value: format!(
-            "{batched:.1} / {sequential:.1} = {:.2}x",
-            batched / sequential
-        ),
+        value: batch32.to_string(),
         goal: ">= 3x",
     });
     json[format!("decode_{}", shape.name)] = serde_json::json!({
-        "batch1_paged_tokens_per_s": paged_rate,
-        "batch1_dense_tokens_per_s": dense_rate,
-        "batch1_ratio": paged_rate / dense_rate,
-        "batch32_paged_tokens_per_s": batched,
-        "batch32_dense_sequential_tokens_per_s": sequential,
-        "batch32_ratio": batched / sequential,
+        "batch1_paged_tokens_per_s": batch1.a,
+        "batch1_dense_tokens_per_s": batch1.b,
+        "batch1_ratio": batch1.ratio,
+        "batch32_paged_tokens_per_s": batch32.a,
+        "batch32_dense_sequential_tokens_per_s": batch32.b,
+        "batch32_ratio": batch32.ratio,
     });
 }
 
@@ -485,11 +525,13 @@ fn main() {
     decode_comparisons(&tiny, &args, &mut rows, &mut json);
     prefix_cache(&tiny, &args, &mut rows, &mut json);
     drop(tiny);
-    let big = Shape::new("100M", random::llama_100m_config());
-    bookkeeping(&big, &args, &mut rows, &mut json);
-    decode_comparisons(&big, &args, &mut rows, &mut json);
-    drop(big);
-    peak_rss(&mut rows, &mut json);
+    if !args.tiny_only {
+        let big = Shape::new("100M", random::llama_100m_config());
+        bookkeeping(&big, &args, &mut rows, &mut json);
+        decode_comparisons(&big, &args, &mut rows, &mut json);
+        drop(big);
+        peak_rss(&mut rows, &mut json);
+    }
     json["repeats"] = args.repeats.into();
     json["prompt_tokens"] = args.prompt_tokens.into();
     json["new_tokens"] = args.new_tokens.into();

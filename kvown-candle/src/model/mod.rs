@@ -20,7 +20,7 @@ use crate::config::LlamaConfig;
 use crate::error::{BatchError, ModelError};
 use crate::forward_batch::{ForwardBatch, LogitRows};
 use crate::pool::TensorKvPool;
-use attention::{PagedAttention, StepInputs, causal_masks};
+use attention::{Gather, PagedAttention, StepInputs};
 use checkpoint::Weights;
 use rope::RopeTables;
 
@@ -233,13 +233,11 @@ impl PagedLlama {
         let tokens = Tensor::from_slice(batch.tokens(), batch.tokens().len(), &device)?;
         let positions = Tensor::from_slice(batch.positions(), batch.positions().len(), &device)?;
         let (cos, sin) = self.rope.at(&positions)?;
-        let context = batch.context_slots();
         let step = StepInputs {
             batch,
             cos,
             sin,
-            context_index: Tensor::from_slice(context, context.len(), &device)?,
-            masks: causal_masks(batch)?,
+            gather: Gather::new(batch)?,
         };
         let mut x = self.embed_tokens.forward(&tokens)?;
         for (layer, block) in self.blocks.iter().enumerate() {
