@@ -12,7 +12,8 @@
 //! * peak RSS of the paged pool against dense caches for the same 64 requests (each side in a
 //!   child process of its own).
 //!
-//! Medians of `--repeats` runs (alternating paged and dense where they are compared).
+//! Medians of `--repeats` runs; a paged / dense ratio is the median of the ratios of pairs
+//! timed back to back, which goes first alternating (three times `--repeats` pairs at batch 1).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -261,10 +262,11 @@ fn decode_comparisons(
     let (dense_model, dense_config) = shape.dense();
     let new = args.new_tokens;
     let vocab = shape.config.vocab_size;
-    // Batch 1: decode tokens/s, the two timed back to back, which goes first alternating.
+    // Batch 1: decode tokens/s, the two timed back to back, which goes first alternating;
+    // three times the pairs, as a pair takes seconds and one step is a few milliseconds.
     let one = prompts(1, args.prompt_tokens, vocab, 2);
     let batch1 = alternate(
-        args.repeats,
+        3 * args.repeats,
         || {
             let run = run_paged(&paged, &one, new);
             run.decode_tokens as f64 / run.decode.as_secs_f64()
@@ -414,7 +416,7 @@ fn rss_child(side: &str) {
                 pool_tokens,
                 max_running: 64,
                 max_context: 256,
-                chunk_size: 64 * 144,
+                chunk_size: 1024,
                 ..ServeConfig::default()
             };
             let baseline = rss_kib("VmRSS");

@@ -475,10 +475,13 @@ impl Server {
         let mut out = StepOutput::default();
         self.extend(&mut out)?;
         self.decode(&mut out)?;
-        self.stats.evicted_tokens += self.node.take_evicted();
-        if let Some(prefill) = &mut self.prefill {
-            self.stats.evicted_tokens += prefill.node.take_evicted();
-        }
+        let (node, prefill) = (&mut self.node, &mut self.prefill);
+        self.stats.evicted_tokens += timed(&mut self.stats.kvown_ns, || {
+            node.take_evicted()
+                + prefill
+                    .as_mut()
+                    .map_or(0, |prefill| prefill.node.take_evicted())
+        });
         self.record_peak();
         if self.config.check_every_step {
             self.check()?;
