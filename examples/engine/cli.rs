@@ -59,6 +59,17 @@ pub enum BackendChoice {
     Cuda,
 }
 
+/// How a `--disaggregated` pair moves K/V.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TransferChoice {
+    /// The prefill node in this process; its rows copied into the decode node's pool by a
+    /// `LocalTransfer`.
+    Local,
+    /// The prefill node in a second process, started by this one; each request's rows read
+    /// through NIXL (UCX on loopback, host memory) into the decode node's pool.
+    Nixl,
+}
+
 /// What admission reserves for the decoding still to come.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Admission {
@@ -68,6 +79,27 @@ pub enum Admission {
     /// sglang's estimate: each running request's remaining output times the new-token ratio,
     /// and each admitted request's whole remaining output (both clipped at 4096 tokens).
     Ratio,
+}
+
+/// How much of the prefix cache the batch flow evicts before an allocation (kvown's
+/// `EvictionDemand`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EvictionDemand {
+    /// sglang's over-estimate: an extend's tokens plus a page per request, a page per decoding
+    /// request.
+    Sglang,
+    /// Only what the allocation lacks.
+    Shortfall,
+}
+
+impl EvictionDemand {
+    /// The name as the flag spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            EvictionDemand::Sglang => "sglang",
+            EvictionDemand::Shortfall => "shortfall",
+        }
+    }
 }
 
 /// The limits `--help` states after the flags.
@@ -135,6 +167,11 @@ pub struct Args {
     /// so `priority` evicts as `lru` does.
     #[arg(long, default_value_t = EvictionPolicy::Lru)]
     pub eviction_policy: EvictionPolicy,
+    /// What is evicted from the prefix cache before an allocation: sglang's demand (an extend's
+    /// tokens plus a page per request, a page per decoding request, less what is free) or only
+    /// the allocation's shortfall.
+    #[arg(long, value_enum, default_value_t = EvictionDemand::Sglang)]
+    pub eviction_demand: EvictionDemand,
     /// Slots per page.
     #[arg(long, default_value_t = 16)]
     pub page_size: usize,
@@ -180,6 +217,11 @@ pub struct Args {
     /// prefill node takes whole prompts (no chunking). The summary counts the transfers.
     #[arg(long)]
     pub disaggregated: bool,
+    /// With `--disaggregated`: how K/V moves. `nixl` runs the prefill node as a second process
+    /// and needs NIXL's library (scripts/install-nixl.sh) and the host pool (`--backend auto`
+    /// picks the host for it).
+    #[arg(long, value_enum, default_value_t = TransferChoice::Local, requires = "disaggregated")]
+    pub transfer: TransferChoice,
     /// Turn the prefix cache's events on and drain them every step into a router's replay
     /// (the page hashes this replica holds); at the end the replay must equal the hashes of
     /// the pages the cache holds, or the run fails. The summary counts the events.
@@ -190,6 +232,10 @@ pub struct Args {
     /// warning after the summary.
     #[arg(long, default_value = DEFAULT_PLOT)]
     pub plot: PathBuf,
+    /// The flags as given (after the program's name), for the prefill process of
+    /// `--transfer nixl`, which builds the same prefill node from them.
+    #[arg(skip)]
+    pub flags: Vec<String>,
 }
 
 /// The lowest `--arrival-rate`: one request every 10,000 steps.
@@ -224,9 +270,15 @@ impl Args {
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
+        let flags: Vec<std::ffi::OsString> = flags.into_iter().map(Into::into).collect();
         let mut command = Args::command();
-        let matches = command.try_get_matches_from_mut(flags)?;
-        let args = Args::from_arg_matches(&matches)?;
+        let matches = command.try_get_matches_from_mut(&flags)?;
+        let mut args = Args::from_arg_matches(&matches)?;
+        args.flags = flags
+            .iter()
+            .skip(1)
+            .map(|flag| flag.to_string_lossy().into_owned())
+            .collect();
         if args.admission == Admission::NextStep {
             let given = RATIO_FLAGS
                 .into_iter()
@@ -306,6 +358,12 @@ impl Args {
                     .into(),
             );
         }
+        if self.transfer == TransferChoice::Nixl && self.backend == BackendChoice::Cuda {
+            return Err(
+                "--transfer nixl registers host memory with NIXL: pass --backend cpu (or auto)"
+                    .into(),
+            );
+        }
         // Written to fail on NaN too.
         if !(self.new_token_ratio > 0.0 && self.new_token_ratio <= 1.0) {
             return Err("--new-token-ratio must be in (0, 1]".into());
@@ -375,6 +433,11 @@ impl Args {
     /// longest output.
     pub fn pool_for_every_request(&self) -> usize {
         self.lifetime_slots(self.prompt_len.max, self.output_len.max)
+    }
+
+    /// Whether the pair runs in two processes linked by NIXL.
+    pub fn transfer_over_nixl(&self) -> bool {
+        self.disaggregated && self.transfer == TransferChoice::Nixl
     }
 
     /// The admission policy and its parameters, for the summary.
@@ -456,6 +519,11 @@ mod tests {
             ),
             (&["--accept-rate", "0.5"], MissingRequiredArgument, "--spec"),
             (
+                &["--transfer", "nixl"],
+                MissingRequiredArgument,
+                "--disaggregated",
+            ),
+            (
                 &["--admission", "next-step", "--new-token-ratio", "0.5"],
                 ArgumentConflict,
                 "--new-token-ratio applies to `--admission ratio` only",
@@ -486,6 +554,7 @@ mod tests {
             &["--admission", "ratio", "--new-token-ratio", "0.5"],
             &["--new-token-ratio-decay-steps", "3"],
             &["--admission", "next-step"],
+            &["--disaggregated", "--transfer", "nixl"],
         ] {
             assert!(parse(flags).is_ok(), "{flags:?}");
         }
@@ -529,6 +598,10 @@ mod tests {
                 "--spec-tokens must be positive",
             ),
             (&["--page-size", "0"], "--page-size must be positive"),
+            (
+                &["--disaggregated", "--transfer", "nixl", "--backend", "cuda"],
+                "--transfer nixl registers host memory",
+            ),
             (
                 &["--pool-tokens", "8", "--page-size", "16"],
                 "--pool-tokens must hold",

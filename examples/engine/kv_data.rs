@@ -19,6 +19,8 @@ pub const KV_HEADS: usize = 2;
 pub const HEAD_DIM: usize = 64;
 /// Element type of the K/V buffers.
 pub const DTYPE: KvDtype = KvDtype::F16;
+/// Bytes of one slot's K/V: every layer's K and V row.
+pub const SLOT_BYTES: usize = LAYERS * 2 * KV_HEADS * HEAD_DIM * DTYPE.size_bytes();
 
 /// The pool layout for `pool_tokens` slots of pages of `page_size`.
 pub fn layout(pool_tokens: usize, page_size: usize) -> Result<KvLayout, String> {
@@ -107,6 +109,27 @@ impl KvStore {
         }
         self.rows_stored += tokens.len() as u64;
         Ok(())
+    }
+
+    /// A hash of the K and V rows of `slots` in every layer, in slot order: equal on two nodes
+    /// exactly when they hold the same bytes there (both processes run this binary, whose
+    /// `DefaultHasher::new` hashes alike).
+    pub fn digest(&self, slots: &[KvSlot]) -> Result<u64, String> {
+        use std::hash::{DefaultHasher, Hasher};
+        let mut hasher = DefaultHasher::new();
+        for layer in 0..LAYERS {
+            let (k, v) = self
+                .pool
+                .load_kv(layer, slots)
+                .map_err(|e| format!("load_kv layer {layer}: {e}"))?;
+            for rows in [k, v] {
+                let KvData::F16(rows) = rows else {
+                    return Err(format!("the pool holds {}, not {DTYPE}", rows.dtype()));
+                };
+                rows.iter().for_each(|x| hasher.write_u16(x.to_bits()));
+            }
+        }
+        Ok(hasher.finish())
     }
 
     /// Reads `sample` back in every layer and compares it with what was stored for it.

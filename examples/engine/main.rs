@@ -32,8 +32,8 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvown::alloc::{AsPageAllocator, KvAllocator, PagedAllocator};
-use kvown::cache::{KvCache, TreeCache};
-use kvown::kv::{KvPool, LocalTransfer, SharedPool, new_host_pool};
+use kvown::cache::{EvictionDemand, EvictionRules, KvCache, TreeCache};
+use kvown::kv::{KvPool, new_host_pool};
 use kvown::radix::RadixCache;
 use kvown::slots::ReqToTokenPool;
 use kvown_cuda::staging::default_slot_words;
@@ -41,7 +41,8 @@ use kvown_cuda::{Backend, CudaDevice, CudaKvPool, CudaStepLink, StagedAllocator}
 
 use cli::{Args, BackendChoice};
 use device_copy::DeviceCopy;
-use disagg::PrefillNode;
+use disagg::PrefillLink;
+use disagg::nixl::NixlLink;
 use report::Summary;
 use scheduler::Engine;
 
@@ -88,6 +89,10 @@ impl Watchdog {
 fn backend(args: &Args) -> Result<(Option<Arc<CudaDevice>>, String), String> {
     let flag = match args.backend {
         BackendChoice::Cpu => return Ok((None, "host (CPU), because --backend cpu".to_string())),
+        BackendChoice::Auto if args.transfer_over_nixl() => {
+            let why = "host (CPU), because --transfer nixl registers host memory";
+            return Ok((None, why.to_string()));
+        }
         BackendChoice::Auto => "auto",
         BackendChoice::Cuda => "cuda",
     };
@@ -143,6 +148,25 @@ fn host_bookkeeping(
     Ok((allocator, table, tree))
 }
 
+/// The cache over `allocator`, `table` and `tree`, evicting as `--eviction-demand` says.
+fn new_cache<A: KvAllocator>(
+    args: &Args,
+    allocator: A,
+    table: ReqToTokenPool,
+    tree: TreeCache,
+) -> Result<KvCache<A>, String> {
+    let mut cache = KvCache::new(allocator, table, tree).map_err(|e| e.to_string())?;
+    let demand = match args.eviction_demand {
+        cli::EvictionDemand::Sglang => EvictionDemand::Sglang,
+        cli::EvictionDemand::Shortfall => EvictionDemand::Shortfall,
+    };
+    cache.set_eviction_rules(EvictionRules {
+        demand,
+        ..EvictionRules::default()
+    });
+    Ok(cache)
+}
+
 fn run(args: &Args) -> Result<Summary, String> {
     args.validate()?;
     let jobs = workload::generate(args);
@@ -151,18 +175,24 @@ fn run(args: &Args) -> Result<Summary, String> {
     let (allocator, table, tree) = host_bookkeeping(args, &jobs)?;
     match device {
         None => {
-            let cache = KvCache::new(allocator, table, tree).map_err(|e| e.to_string())?;
+            let cache = new_cache(args, allocator, table, tree)?;
+            if args.transfer_over_nixl() {
+                let link = NixlLink::start(&args.flags, layout)?;
+                let pool = link.decode_pool();
+                let link = PrefillLink::Nixl(Box::new(link));
+                return serve(args, cache, pool, jobs, backend, Some(link));
+            }
             let pool = new_host_pool(layout, kv_data::DTYPE)
                 .map_err(|e| format!("KV pool on the host: {e}"))?;
-            serve(args, cache, pool, jobs, backend)
+            serve(args, cache, pool, jobs, backend, None)
         }
         Some(device) => {
             let staged = staged_on_cuda(&device, allocator, &table)
                 .map_err(|e| format!("staging ring on {backend}: {e}"))?;
-            let cache = KvCache::new(staged, table, tree).map_err(|e| e.to_string())?;
+            let cache = new_cache(args, staged, table, tree)?;
             let pool = CudaKvPool::new(device, layout, kv_data::DTYPE)
                 .map_err(|e| format!("KV pool on {backend}: {e}"))?;
-            serve(args, cache, Box::new(pool), jobs, backend)
+            serve(args, cache, Box::new(pool), jobs, backend, None)
         }
     }
 }
@@ -192,45 +222,28 @@ fn staged_on_cuda(
     StagedAllocator::new(allocator, link, table).map_err(|e| e.to_string())
 }
 
-/// `--disaggregated`: a prefill node on the host, of the decode node's geometry, whose K/V a
-/// `LocalTransfer` moves into `decode_pool`; returns the decode node's handle on that pool and
-/// the node.
-fn prefill_node(
-    args: &Args,
-    jobs: &[workload::Job],
-    decode_pool: Box<dyn KvPool>,
-) -> Result<(Box<dyn KvPool>, PrefillNode), String> {
-    let (allocator, table, tree) = host_bookkeeping(args, jobs)?;
-    let cache = KvCache::new(allocator, table, tree).map_err(|e| e.to_string())?;
-    let layout = *decode_pool.layout();
-    let prefill_pool = new_host_pool(layout, kv_data::DTYPE)
-        .map_err(|e| format!("the prefill node's KV pool: {e}"))?;
-    let (decode, prefill) = (SharedPool::new(decode_pool), SharedPool::new(prefill_pool));
-    let link = LocalTransfer::new(Box::new(prefill.clone()), Box::new(decode.clone()))
-        .map_err(|e| e.to_string())?;
-    let node = PrefillNode::new(cache, kv_data::KvStore::new(Box::new(prefill)), link);
-    Ok((Box::new(decode), node))
-}
-
-/// Runs the workload over `cache` (host allocator or device stager) and `pool` to the end.
+/// Runs the workload over `cache` (host allocator or device stager) and `pool` to the end;
+/// with `--disaggregated`, through `link` (`--transfer nixl`'s, already started) or a local
+/// prefill node made here.
 fn serve<A: KvAllocator + AsPageAllocator + DeviceCopy>(
     args: &Args,
     cache: KvCache<A>,
     pool: Box<dyn KvPool>,
     jobs: Vec<workload::Job>,
     backend: String,
+    link: Option<PrefillLink>,
 ) -> Result<Summary, String> {
     let pool_pages = cache.allocator().capacity() / args.page_size;
-    let (pool, prefill) = match args.disaggregated {
-        true => {
-            let (pool, node) = prefill_node(args, &jobs, pool)?;
-            (pool, Some(node))
+    let (pool, link) = match (args.disaggregated, link) {
+        (true, None) => {
+            let (pool, link) = disagg::local::pair(args, &jobs, pool)?;
+            (pool, Some(PrefillLink::Local(Box::new(link))))
         }
-        false => (pool, None),
+        (_, link) => (pool, link),
     };
     let mut engine = Engine::new(args, cache, kv_data::KvStore::new(pool), jobs);
-    if let Some(node) = prefill {
-        engine = engine.with_prefill_node(node);
+    if let Some(link) = link {
+        engine = engine.with_prefill_link(link);
     }
 
     let progress = ProgressBar::new(args.requests as u64);
@@ -303,6 +316,7 @@ fn serve<A: KvAllocator + AsPageAllocator + DeviceCopy>(
         transfers: engine.transfers(),
         admission: args.admission_summary(),
         eviction_policy: args.eviction_policy.name(),
+        eviction_demand: args.eviction_demand.name(),
         peak_pages_in_use: stats.peak_pages_in_use,
         pool_pages,
         kvown_ns_per_step_median: median,
@@ -320,6 +334,15 @@ fn serve<A: KvAllocator + AsPageAllocator + DeviceCopy>(
 }
 
 fn main() -> ExitCode {
+    if let Some(outcome) = disagg::process::run_if_asked() {
+        return match outcome {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("engine: prefill process: FAILED: {error}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let args = Args::try_parse_flags(std::env::args_os()).unwrap_or_else(|error| error.exit());
     let summary = match run(&args) {
         Ok(summary) => summary,
@@ -446,8 +469,9 @@ mod tests {
             prop_assert_eq!(summary.cache_events.is_some(), cache_events);
             // Every admission of a disaggregated run is one transfer (a retracted request is
             // transferred again when re-admitted).
-            if let Some(transfers) = summary.transfers {
-                prop_assert!(disaggregated && transfers >= requests as u64);
+            if let Some(report) = summary.transfers {
+                prop_assert!(disaggregated && report.transfers >= requests as u64);
+                prop_assert_eq!(report.checksums_matched, report.transfers);
             }
         }
     }
@@ -480,10 +504,68 @@ mod tests {
             (single.finished, single.aborted)
         );
         assert_eq!((pair.finished, pair.retractions), (60, 0));
-        assert_eq!(pair.transfers, Some(60));
+        let report = pair.transfers.expect("a pair's transfers");
+        assert_eq!((report.transfers, report.checksums_matched), (60, 60));
         assert_eq!(single.transfers, None);
         assert_eq!(pair.tokens_decoded, single.tokens_decoded);
         assert!(pair.kv_samples_verified > 0);
+    }
+
+    /// `--transfer nixl` runs the prefill node as a second process (this test binary, started
+    /// again) and reads its K/V through NIXL: it serves exactly what the pair in one process
+    /// serves (same steps, tokens, hits and pages), the same bytes move, and every request's
+    /// K/V digest on the decode node equals the prefill node's; and as one engine does, every
+    /// request finishes with the same tokens decoded. Without NIXL's library it is skipped
+    /// with the reason, unless `KVOWN_NIXL_REQUIRED=1` (CI), where that fails.
+    #[test]
+    fn a_pair_in_two_processes_over_nixl_serves_what_one_process_serves() {
+        if let Err(reason) = kvown_nixl::available() {
+            let required = std::env::var("KVOWN_NIXL_REQUIRED").is_ok_and(|v| v == "1");
+            assert!(!required, "KVOWN_NIXL_REQUIRED=1: {reason}");
+            eprintln!("skipped: {reason}");
+            return;
+        }
+        let flags = [
+            "--requests",
+            "40",
+            "--prompt-len",
+            "16..300",
+            "--output-len",
+            "1..32",
+            "--pool-tokens",
+            "4096",
+            "--max-running",
+            "6",
+            "--check",
+        ];
+        let single = run_with("nixl-single", &flags);
+        let pair = [&flags[..], &["--disaggregated"]].concat();
+        let local = run_with("nixl-local", &pair);
+        let nixl = run_with("nixl-nixl", &[&pair[..], &["--transfer", "nixl"]].concat());
+        let outcome = |s: &Summary| {
+            let tokens = (s.tokens_prefilled, s.tokens_decoded);
+            let rate = s.prefix_cache_hit_rate;
+            (s.finished, s.steps, tokens, rate, s.peak_pages_in_use)
+        };
+        assert_eq!(outcome(&nixl), outcome(&local));
+        assert!(
+            local.prefix_cache_hit_rate > 0.0,
+            "some prompts reuse a prefix"
+        );
+        let (over_nixl, in_process) = (nixl.transfers.unwrap(), local.transfers.unwrap());
+        assert_eq!((over_nixl.link, in_process.link), ("nixl", "local"));
+        assert_eq!(over_nixl.transfers, in_process.transfers);
+        assert_eq!(over_nixl.bytes, in_process.bytes);
+        assert_eq!(over_nixl.checksums_matched, over_nixl.transfers);
+        let descriptors = over_nixl.descriptors.expect("NIXL counts its descriptors");
+        // At least one run (two layers, K and V) per transfer, fewer than one per slot.
+        let slots = over_nixl.bytes / kv_data::SLOT_BYTES as u64;
+        assert!(descriptors >= 4 * over_nixl.transfers && descriptors < 4 * slots);
+        assert_eq!(
+            (nixl.finished, nixl.aborted),
+            (single.finished, single.aborted)
+        );
+        assert_eq!(nixl.tokens_decoded, single.tokens_decoded);
     }
 
     #[test]

@@ -4,6 +4,7 @@ use std::fmt;
 
 use serde::Serialize;
 
+use crate::disagg::TransferReport;
 use crate::replay::EventCounts;
 use crate::scheduler::Stats;
 
@@ -28,12 +29,14 @@ pub struct Summary {
     pub prefix_cache_hit_rate_by_priority: Vec<f64>,
     /// Requests retracted.
     pub retractions: u64,
-    /// With `--disaggregated`: prompts whose K/V moved from the prefill node.
-    pub transfers: Option<u64>,
+    /// With `--disaggregated`: what the transfers from the prefill node did.
+    pub transfers: Option<TransferReport>,
     /// The admission policy (`--admission`) and its parameters.
     pub admission: AdmissionSummary,
     /// The prefix cache's eviction policy (`--eviction-policy`).
     pub eviction_policy: &'static str,
+    /// What is evicted before an allocation (`--eviction-demand`).
+    pub eviction_demand: &'static str,
     /// Highest pages in use (request-owned plus cached).
     pub peak_pages_in_use: usize,
     /// Pages in the pool.
@@ -183,12 +186,11 @@ impl Summary {
             ("retractions", self.retractions.to_string()),
             (
                 TRANSFERS,
-                self.transfers.map_or(String::new(), |n| {
-                    format!("{n} (prefill node -> decode node, --disaggregated)")
-                }),
+                self.transfers.map_or(String::new(), |t| t.to_string()),
             ),
             ("admission", self.admission.to_string()),
             ("eviction policy", self.eviction_policy.to_string()),
+            ("eviction demand", self.eviction_demand.to_string()),
             (HIT_RATE_BY_PRIORITY, self.hit_rates_by_priority()),
             (
                 "peak pages in use",

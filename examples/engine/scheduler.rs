@@ -22,7 +22,7 @@ use rand::{Rng, SeedableRng};
 use crate::admission::{CLIP_MAX_NEW_TOKENS, NewTokenRatio};
 use crate::cli::{Admission, Args};
 use crate::device_copy::DeviceCopy;
-use crate::disagg::PrefillNode;
+use crate::disagg::{PrefillLink, TransferReport};
 use crate::kv_data::{KvStore, TokenKv, extended_tokens};
 use crate::replay::{CacheReplay, EventCounts};
 use crate::workload::{Job, output_token};
@@ -89,8 +89,8 @@ pub struct Engine<'a, A> {
     new_token_ratio: Option<NewTokenRatio>,
     /// With `--cache-events`: the router's replay of the cache's events.
     replay: Option<CacheReplay>,
-    /// With `--disaggregated`: the prefill node that computes the prompts.
-    prefill: Option<PrefillNode>,
+    /// With `--disaggregated`: the link to the prefill node that computes the prompts.
+    prefill: Option<PrefillLink>,
     step_ns: u64,
     /// The run's counters.
     pub stats: Stats,
@@ -142,16 +142,16 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
         }
     }
 
-    /// The engine as the decode node of a prefill/decode pair (`--disaggregated`): `node`
-    /// computes the prompts.
-    pub fn with_prefill_node(mut self, node: PrefillNode) -> Self {
-        self.prefill = Some(node);
+    /// The engine as the decode node of a prefill/decode pair (`--disaggregated`): the
+    /// prefill node at the other end of `link` computes the prompts.
+    pub fn with_prefill_link(mut self, link: PrefillLink) -> Self {
+        self.prefill = Some(link);
         self
     }
 
-    /// With `--disaggregated`, the prompts whose K/V moved from the prefill node.
-    pub fn transfers(&self) -> Option<u64> {
-        self.prefill.as_ref().map(|node| node.transfers)
+    /// With `--disaggregated`, what the transfers from the prefill node did.
+    pub fn transfers(&self) -> Option<TransferReport> {
+        self.prefill.as_ref().map(PrefillLink::report)
     }
 
     /// Whether every request has finished or been aborted.
@@ -182,16 +182,24 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
         self.running.reqs().iter().chain(self.chunked.as_ref())
     }
 
-    /// Runs the invariant checker over every request that holds KV and, on a device, compares
-    /// the device copy of the free list and of their rows with the host's.
-    pub fn check(&self) -> Result<(), String> {
+    /// Runs the invariant checker on both nodes of a pair (or the one node): [`Self::check_here`]
+    /// and the prefill node's.
+    pub fn check(&mut self) -> Result<(), String> {
+        let step = self.stats.steps;
+        if let Some(link) = &mut self.prefill {
+            link.check()
+                .map_err(|problem| format!("step {step}: {problem}"))?;
+        }
+        self.check_here()
+    }
+
+    /// Runs the invariant checker over every request that holds KV on this node and, on a
+    /// device, compares the device copy of the free list and of their rows with the host's.
+    fn check_here(&self) -> Result<(), String> {
         let at_step = |problem: String| format!("step {}: {problem}", self.stats.steps);
         self.cache
             .check(self.held_reqs())
             .map_err(|violation| at_step(violation.to_string()))?;
-        if let Some(node) = &self.prefill {
-            node.check().map_err(at_step)?;
-        }
         if let Some(replay) = &self.replay {
             let tree = self.cache.tree();
             let cached = (tree.evictable_size() + tree.protected_size()) / self.cache.page_size();
@@ -454,7 +462,7 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
     /// the prefill node cannot take them now, they wait (their prefix locks here dropped).
     fn extend_remotely(
         &mut self,
-        node: &mut PrefillNode,
+        node: &mut PrefillLink,
         admitted: Vec<Req>,
     ) -> Result<bool, String> {
         let Some((remote, computed)) = node.prefill(&admitted, &mut self.step_ns)? else {
@@ -478,7 +486,19 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
                     failure.error
                 )
             })?;
-            node.send(remote, &ticket, &mut self.step_ns)?;
+            let row = ticket
+                .req()
+                .kv()
+                .req_pool_idx()
+                .expect("a ticket holds a row");
+            let fill = ticket.positions().end;
+            let rows = self
+                .cache
+                .req_to_token()
+                .row(row)
+                .map_err(|e| e.to_string())?;
+            let decode = (&self.kv, &rows[..fill]);
+            node.send(remote, &ticket, decode, &mut self.step_ns)?;
             let req = timed(&mut self.step_ns, || commit_transfer(ticket));
             self.running.extend_reqs([req]);
         }
@@ -743,15 +763,15 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
         if !self.is_done() {
             return Err("finish called with requests still in flight".into());
         }
-        if let Some(node) = &mut self.prefill {
-            node.finish()?;
-        }
         self.check()?;
+        if let Some(link) = &mut self.prefill {
+            link.finish()?;
+        }
         self.verify_cache_events()?;
         evict_everything(&mut self.cache)?;
         // The eviction's events empty the replay.
         self.replay_cache_events()?;
-        self.check()?;
+        self.check_here()?;
         check_whole(&self.cache)
     }
 }

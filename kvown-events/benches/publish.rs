@@ -1,11 +1,16 @@
-//! What publishing the prefix cache's events costs a replica: the encoder's cost per event
-//! (on the events of a real W2c run), and `W2c_published/W2c`, a W2c step with the cache's
-//! events on, drained, encoded and sent on a ZMQ PUB socket to a subscriber on loopback, over a
-//! plain W2c step (`benches/README.md` at the workspace root defines W2c and W2e; the loops
+//! What publishing the prefix cache's events costs a replica: the encoder's cost per event in
+//! each dialect (on the events of a real W2c run), and `W2c_published/W2c`, a W2c step with the
+//! cache's
+//! events on, drained, encoded (default dialect) and sent on a ZMQ PUB socket to a subscriber
+//! on loopback, over a plain W2c step (`benches/README.md` at the workspace root defines W2c and W2e; the loops
 //! are the same code, `benches/workloads/`). Both sides of a ratio are timed in alternation,
 //! `STEPS` steps each, and the median of the repeats is reported.
 //!
 //! `cargo bench -p kvown-events --bench publish [-- --repeats 7 --json PATH]`
+//!
+//! `-- --encoder-only DIALECT` times only that dialect's encoder, for an instruction count
+//! under callgrind (`--repeats 1` against `--repeats 2`: the difference is one pass over the
+//! events).
 
 #[path = "../../benches/workloads/mod.rs"]
 #[allow(dead_code)]
@@ -19,7 +24,8 @@ use std::time::{Duration, Instant};
 
 use kvown::radix::CacheEvent;
 use kvown_events::{
-    Context, EventEncoder, EventPublisher, EventSubscriber, PublisherConfig, PublisherThread,
+    Context, Dialect, EventEncoder, EventPublisher, EventSubscriber, PublisherConfig,
+    PublisherThread,
 };
 use workloads::{DecodeLoop, PAGE_SIZE};
 
@@ -33,24 +39,39 @@ fn main() {
         "/../target/bench/kvown-events.json"
     )
     .to_owned();
+    let mut encoder_only = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--repeats" => repeats = args.next().and_then(|n| n.parse().ok()).expect("a count"),
             "--json" => json = args.next().expect("a path"),
+            "--encoder-only" => {
+                let dialect = args.next().expect("a dialect");
+                encoder_only = Some(dialect.parse::<Dialect>().unwrap_or_else(|e| panic!("{e}")));
+            }
             // `cargo bench` passes `--bench`.
             _ => {}
         }
     }
     let encoder = EventEncoder::new(PAGE_SIZE).expect("a page size");
     let mut figures = Vec::new();
-    figures.extend(encode_cost(&encoder, repeats));
+    let batches = w2c_event_batches();
+    if let Some(dialect) = encoder_only {
+        let encoder = encoder.with_dialect(dialect);
+        report(&encode_cost(&encoder, &batches, repeats), &json);
+        return;
+    }
+    for dialect in Dialect::ALL {
+        let encoder = encoder.clone().with_dialect(dialect);
+        figures.extend(encode_cost(&encoder, &batches, repeats));
+    }
     let context = Context::new();
     let config = PublisherConfig {
         replay_endpoint: None,
         ..PublisherConfig::default()
     };
-    let mut inline = EventPublisher::bind(&context, &config).expect("bind on loopback");
+    let mut inline =
+        EventPublisher::bind(&context, &config, encoder.clone()).expect("bind on loopback");
     let mut threaded =
         PublisherThread::spawn(&context, &config, encoder.clone(), 1024).expect("bind on loopback");
     let stop = Arc::new(AtomicBool::new(false));
@@ -68,7 +89,7 @@ fn main() {
     let mut inline_step = || {
         black_box(&mut inline_loop).step_publishing_events(&mut |events| {
             inline
-                .publish_events(&encoder, unix_seconds(), &events)
+                .publish_events(unix_seconds(), &events)
                 .expect("publish");
         })
     };
@@ -78,11 +99,11 @@ fn main() {
     let mut w2e_step = || black_box(&mut w2e).step_draining_events();
     // Wall time shares the two cores with the publisher's threads, ZMQ's I/O thread and the
     // subscriber; the engine thread's own CPU time is what publishing costs the engine.
-    let mut pair = |names: [&'static str; 2], top: &mut dyn FnMut(), bottom: &mut dyn FnMut()| {
+    let mut pair = |names: [&str; 2], top: &mut dyn FnMut(), bottom: &mut dyn FnMut()| {
         for (clock, name) in [Clock::Wall, Clock::ThreadCpu].into_iter().zip(names) {
             let top = step_timer(clock, &mut *top);
             let ratio = paired(repeats, top, step_timer(clock, &mut *bottom));
-            figures.push((name, "ratio", ratio));
+            figures.push((name.to_owned(), "ratio", ratio));
         }
     };
     // `_cpu`: the engine thread's CPU time, not the wall time.
@@ -100,7 +121,8 @@ fn main() {
     ];
     for (name, step) in steps {
         let mut timer = step_timer(Clock::Wall, step);
-        figures.push((name, "us/step", Stats::of((0..repeats).map(|_| timer()))));
+        let times = Stats::of((0..repeats).map(|_| timer()));
+        figures.push((name.to_owned(), "us/step", times));
     }
     let loops = [
         (&w2c, "W2c"),
@@ -129,14 +151,23 @@ fn main() {
     report(&figures, &json);
 }
 
-/// The encoder's cost on the events of `STEPS` W2c steps: ns per event, ns per page, bytes
-/// per page.
-fn encode_cost(encoder: &EventEncoder, repeats: usize) -> Vec<(&'static str, &'static str, Stats)> {
+/// The events of `STEPS` W2c steps, a batch per step.
+fn w2c_event_batches() -> Vec<Vec<CacheEvent>> {
     let mut decode = DecodeLoop::with_events();
     let mut batches: Vec<Vec<CacheEvent>> = Vec::new();
     for _ in 0..STEPS {
         decode.step_publishing_events(&mut |events| batches.push(events));
     }
+    batches
+}
+
+/// The encoder's cost on `batches`: ns per event, ns per page, bytes per page, named after its
+/// dialect.
+fn encode_cost(
+    encoder: &EventEncoder,
+    batches: &[Vec<CacheEvent>],
+    repeats: usize,
+) -> Vec<(String, &'static str, Stats)> {
     let events: usize = batches.iter().map(Vec::len).sum();
     let pages: usize = batches
         .iter()
@@ -154,7 +185,7 @@ fn encode_cost(encoder: &EventEncoder, repeats: usize) -> Vec<(&'static str, &'s
         .map(|_| {
             let start = Instant::now();
             bytes = 0;
-            for batch in &batches {
+            for batch in batches {
                 encoder
                     .encode(0.0, black_box(batch), &mut out)
                     .expect("encode");
@@ -163,30 +194,33 @@ fn encode_cost(encoder: &EventEncoder, repeats: usize) -> Vec<(&'static str, &'s
             start.elapsed().as_nanos() as f64
         })
         .collect();
+    let dialect = encoder.dialect();
     println!(
-        "encoder: {events} events naming {pages} pages in {} batches (one per W2c step)",
+        "encoder ({dialect}): {events} events naming {pages} pages in {} batches (one per W2c \
+         step)",
         batches.len()
     );
     vec![
         (
-            "encode per event",
+            format!("encode per event {dialect}"),
             "ns",
             Stats::of(nanos.iter().map(|n| n / events as f64)),
         ),
         (
-            "encode per page",
+            format!("encode per page {dialect}"),
             "ns",
             Stats::of(nanos.iter().map(|n| n / pages as f64)),
         ),
         (
-            "wire bytes per page",
+            format!("wire bytes per page {dialect}"),
             "B",
             Stats::of([bytes as f64 / pages as f64]),
         ),
     ]
 }
 
-/// A subscriber thread on `endpoint` reading until `stop`; it returns the batches it read.
+/// A subscriber thread on `endpoint` reading (and decoding) until `stop`; it returns the
+/// batches it read.
 fn reader(context: &Context, endpoint: &str, stop: &Arc<AtomicBool>) -> thread::JoinHandle<u64> {
     let mut subscriber = EventSubscriber::connect(context, endpoint, None, "").expect("connect");
     let stop = Arc::clone(stop);
@@ -195,7 +229,12 @@ fn reader(context: &Context, endpoint: &str, stop: &Arc<AtomicBool>) -> thread::
         while !stop.load(Ordering::Relaxed) {
             // Joined late, without replays: gaps are expected, and reported as lost.
             match subscriber.recv(Duration::from_millis(10)) {
-                Ok(Some(_)) => received += 1,
+                Ok(Some(batch)) => {
+                    received += 1;
+                    if let Err(error) = batch.decoded {
+                        panic!("subscriber: batch {}: {error}", batch.seq);
+                    }
+                }
                 Ok(None) | Err(kvown_events::SubscribeError::Lost { .. }) => {}
                 Err(error) => panic!("subscriber: {error}"),
             }
@@ -281,11 +320,11 @@ impl Stats {
 }
 
 /// Prints the figures and writes them as JSON at `path`.
-fn report(figures: &[(&str, &str, Stats)], path: &str) {
+fn report(figures: &[(String, &str, Stats)], path: &str) {
     let mut json = String::from("{\n");
     for (index, (name, unit, stats)) in figures.iter().enumerate() {
         println!(
-            "{name:<26} {:>9.3} {unit:<5} (min {:.3}, max {:.3})",
+            "{name:<32} {:>9.3} {unit:<5} (min {:.3}, max {:.3})",
             stats.median, stats.min, stats.max
         );
         let comma = if index + 1 < figures.len() { "," } else { "" };

@@ -45,6 +45,30 @@ pub enum EncodeError {
     Msgpack(#[from] rmp_serde::encode::Error),
 }
 
+/// A dialect name that is none of kvown's.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("unknown KV-event dialect {name:?}: the dialects are vllm, vllm-legacy and sglang")]
+pub struct UnknownDialect {
+    /// The name given.
+    pub name: String,
+}
+
+/// Why a payload is not an event batch of any dialect.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("undecodable KV-event batch: {reason}")]
+pub struct DecodeError {
+    /// What the decoder found wrong, and where.
+    pub reason: String,
+}
+
+impl From<rmp_serde::decode::Error> for DecodeError {
+    fn from(error: rmp_serde::decode::Error) -> DecodeError {
+        DecodeError {
+            reason: error.to_string(),
+        }
+    }
+}
+
 /// Why the publisher could not bind, publish or serve a replay.
 #[derive(Debug, Error)]
 pub enum PublishError {
@@ -104,16 +128,17 @@ pub enum SubscribeError {
         /// What ZMQ said.
         source: zmq::Error,
     },
-    /// A message was not `[topic, 8-byte big-endian sequence number, payload]`.
+    /// A message was not `[topic, 8-byte big-endian sequence number, payload]` (a replay
+    /// reply: with or without the topic).
     #[error(
         "malformed KV-event message ({frames} frames, sequence frame of {sequence_bytes} \
-         bytes): the stream sends [topic, 8-byte big-endian sequence number, payload]; is the \
-         endpoint a KV-event publisher?"
+         bytes): the stream sends [topic, 8-byte big-endian sequence number, payload] (replays \
+         the same, the topic optional); is the endpoint a KV-event publisher?"
     )]
     Malformed {
         /// Frames received.
         frames: usize,
-        /// Bytes of the second frame (0 when absent).
+        /// Bytes of the frame where the sequence number belongs (0 when absent).
         sequence_bytes: usize,
     },
     /// Batches the subscriber has not seen are gone from the publisher's replay buffer.

@@ -1,17 +1,20 @@
-//! The publisher: event batches on a ZMQ PUB socket, as vLLM's `ZmqEventPublisher` sends them,
-//! and its replay service for subscribers that joined late or lost messages.
+//! The publisher: event batches on a ZMQ PUB socket, as vLLM's and sglang's `ZmqEventPublisher`
+//! send them, and its replay service for subscribers that joined late or lost messages.
 //!
 //! Each batch is the 3-frame message `[topic, sequence number (8 bytes, big-endian), payload]`,
 //! the sequence numbers counting up from 0 without gaps. The last batches are kept, and a
 //! replay request on the ROUTER socket, `[start (8 bytes, big-endian)]` (after an empty
-//! delimiter frame when the client is a REQ or a DEALER that sends one), is answered by every
-//! kept batch numbered `start` or later, `[sequence number, payload]` each, then
-//! `[`[`REPLAY_END`]`, empty]` (vLLM's replay protocol).
+//! delimiter frame when the client is a REQ or a DEALER that sends one, as vLLM's and Dynamo's
+//! do), is answered by every kept batch numbered `start` or later, then an end marker, in the
+//! dialect's framing ([`Dialect::replay_topic_frame`]): `[topic, sequence number, payload]`
+//! each and `[empty, `[`REPLAY_END`]`, empty]` (vLLM 0.26 on, sglang 0.5.22 on), or
+//! `[sequence number, payload]` and `[`[`REPLAY_END`]`, empty]` (before).
 
 use std::collections::VecDeque;
 
 use kvown_runtime::radix::CacheEvent;
 
+use crate::dialect::Dialect;
 use crate::encoder::EventEncoder;
 use crate::error::PublishError;
 
@@ -50,8 +53,9 @@ impl Default for PublisherConfig {
     }
 }
 
-/// A bound PUB socket (and replay socket) sending numbered event batches.
+/// A bound PUB socket (and replay socket) sending numbered event batches of one encoder.
 pub struct EventPublisher {
+    encoder: EventEncoder,
     socket: zmq::Socket,
     endpoint: String,
     replay: Option<(zmq::Socket, String)>,
@@ -65,6 +69,7 @@ pub struct EventPublisher {
 impl std::fmt::Debug for EventPublisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EventPublisher")
+            .field("dialect", &self.encoder.dialect())
             .field("endpoint", &self.endpoint)
             .field("replay_endpoint", &self.replay_endpoint())
             .field("next_seq", &self.next_seq)
@@ -74,10 +79,12 @@ impl std::fmt::Debug for EventPublisher {
 }
 
 impl EventPublisher {
-    /// Binds the PUB socket (and the replay socket) of `config` in `context`.
+    /// Binds the PUB socket (and the replay socket) of `config` in `context`, to publish
+    /// batches of `encoder` (whose dialect also frames the replay replies).
     pub fn bind(
         context: &zmq::Context,
         config: &PublisherConfig,
+        encoder: EventEncoder,
     ) -> Result<EventPublisher, PublishError> {
         let socket = bound(context, zmq::PUB, "PUB", &config.endpoint)?;
         socket
@@ -93,6 +100,7 @@ impl EventPublisher {
             None => None,
         };
         Ok(EventPublisher {
+            encoder,
             socket,
             endpoint,
             replay,
@@ -102,6 +110,11 @@ impl EventPublisher {
             keep: config.replay_buffer_batches,
             scratch: Vec::new(),
         })
+    }
+
+    /// The encoder of its batches.
+    pub fn encoder(&self) -> &EventEncoder {
+        &self.encoder
     }
 
     /// The PUB socket's endpoint, its port resolved: what subscribers connect to.
@@ -124,7 +137,6 @@ impl EventPublisher {
     /// anything when the events cannot be encoded or the socket refuses the message.
     pub fn publish_events(
         &mut self,
-        encoder: &EventEncoder,
         timestamp: f64,
         events: &[CacheEvent],
     ) -> Result<Option<u64>, PublishError> {
@@ -132,7 +144,8 @@ impl EventPublisher {
             return Ok(None);
         }
         let mut payload = std::mem::take(&mut self.scratch);
-        let sent = encoder
+        let sent = self
+            .encoder
             .encode(timestamp, events, &mut payload)
             .map_err(PublishError::from)
             .and_then(|()| self.send(&payload));
@@ -148,7 +161,7 @@ impl EventPublisher {
         }
     }
 
-    /// Sends an already encoded batch; returns its sequence number.
+    /// Sends an already encoded batch (of the encoder's dialect); returns its sequence number.
     pub fn publish_payload(&mut self, payload: &[u8]) -> Result<u64, PublishError> {
         let seq = self.send(payload)?;
         self.keep_for_replay(seq, payload.to_vec());
@@ -172,20 +185,15 @@ impl EventPublisher {
             let Some((start, prefix)) = parse_replay_request(&frames) else {
                 continue;
             };
+            let framing = ReplayFraming::of(self.encoder.dialect(), &self.topic);
             for (seq, payload) in self.kept.iter().filter(|(seq, _)| *seq >= start) {
                 let seq = seq.to_be_bytes();
-                let reply = prefix
-                    .iter()
-                    .map(Vec::as_slice)
-                    .chain([&seq[..], payload.as_slice()]);
+                let reply = framing.reply(prefix, &seq, payload);
                 replay
                     .send_multipart(reply, 0)
                     .map_err(|source| socket_error("sending a replayed batch", source))?;
             }
-            let end = prefix
-                .iter()
-                .map(Vec::as_slice)
-                .chain([&REPLAY_END[..], &[]]);
+            let end = framing.end(prefix);
             replay
                 .send_multipart(end, 0)
                 .map_err(|source| socket_error("ending a replay", source))?;
@@ -217,6 +225,42 @@ impl EventPublisher {
             self.scratch = oldest;
         }
         self.kept.push_back((seq, payload));
+    }
+}
+
+/// How a dialect frames replay replies.
+struct ReplayFraming<'a> {
+    /// The topic frame, when the dialect sends one.
+    topic: Option<&'a [u8]>,
+}
+
+impl<'a> ReplayFraming<'a> {
+    fn of(dialect: Dialect, topic: &'a [u8]) -> ReplayFraming<'a> {
+        ReplayFraming {
+            topic: dialect.replay_topic_frame().then_some(topic),
+        }
+    }
+
+    /// A replayed batch: the client's `prefix`, the topic if sent, `seq`, `payload`.
+    fn reply<'b>(
+        &'b self,
+        prefix: &'b [Vec<u8>],
+        seq: &'b [u8],
+        payload: &'b [u8],
+    ) -> Vec<&'b [u8]> {
+        let mut frames: Vec<&[u8]> = prefix.iter().map(Vec::as_slice).collect();
+        frames.extend(self.topic);
+        frames.extend([seq, payload]);
+        frames
+    }
+
+    /// The end of a replay: the client's `prefix`, an empty topic if topics are sent,
+    /// [`REPLAY_END`], an empty payload.
+    fn end<'b>(&self, prefix: &'b [Vec<u8>]) -> Vec<&'b [u8]> {
+        let mut frames: Vec<&[u8]> = prefix.iter().map(Vec::as_slice).collect();
+        frames.extend(self.topic.map(|_| &[][..]));
+        frames.extend([&REPLAY_END[..], &[]]);
+        frames
     }
 }
 
@@ -295,7 +339,8 @@ mod tests {
             replay_buffer_batches: 2,
             ..PublisherConfig::default()
         };
-        let mut publisher = EventPublisher::bind(&context, &config).unwrap();
+        let encoder = EventEncoder::new(4).unwrap();
+        let mut publisher = EventPublisher::bind(&context, &config, encoder).unwrap();
         assert!(publisher.endpoint().starts_with("tcp://127.0.0.1:"));
         assert!(!publisher.endpoint().ends_with('*'));
         for (expected, payload) in [b"a", b"b", b"c"].into_iter().enumerate() {
@@ -303,20 +348,21 @@ mod tests {
         }
         let kept: Vec<(u64, Vec<u8>)> = publisher.kept.iter().cloned().collect();
         assert_eq!(kept, [(1, b"b".to_vec()), (2, b"c".to_vec())]);
-        let encoder = EventEncoder::new(4).unwrap();
-        assert_eq!(publisher.publish_events(&encoder, 0.0, &[]).unwrap(), None);
+        assert_eq!(publisher.publish_events(0.0, &[]).unwrap(), None);
         assert_eq!(publisher.next_seq(), 3);
     }
 
     #[test]
     fn binding_a_taken_endpoint_names_it() {
         let context = zmq::Context::new();
-        let first = EventPublisher::bind(&context, &PublisherConfig::default()).unwrap();
+        let encoder = EventEncoder::new(4).unwrap();
+        let config = PublisherConfig::default();
+        let first = EventPublisher::bind(&context, &config, encoder.clone()).unwrap();
         let config = PublisherConfig {
             endpoint: first.endpoint().to_owned(),
             ..PublisherConfig::default()
         };
-        let error = EventPublisher::bind(&context, &config).unwrap_err();
+        let error = EventPublisher::bind(&context, &config, encoder).unwrap_err();
         assert!(
             matches!(&error, PublishError::Bind { role: "PUB", endpoint, .. } if endpoint == first.endpoint()),
             "{error}"

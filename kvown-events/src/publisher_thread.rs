@@ -39,7 +39,7 @@ impl std::fmt::Debug for PublisherThread {
 
 impl PublisherThread {
     /// Binds a publisher of `config` in `context` (here, so that a bind error comes back to
-    /// the caller) and starts its thread, which encodes with `encoder`. At most
+    /// the caller) and starts its thread, which encodes with `encoder` (in its dialect). At most
     /// `queue_batches` batches wait for the thread; past that [`PublisherThread::publish`]
     /// blocks until it catches up (dropping a batch would corrupt the router's view).
     pub fn spawn(
@@ -48,13 +48,13 @@ impl PublisherThread {
         encoder: EventEncoder,
         queue_batches: usize,
     ) -> Result<PublisherThread, PublishError> {
-        let publisher = EventPublisher::bind(context, config)?;
+        let publisher = EventPublisher::bind(context, config, encoder)?;
         let endpoint = publisher.endpoint().to_owned();
         let replay_endpoint = publisher.replay_endpoint().map(str::to_owned);
         let (queue, inbox) = mpsc::sync_channel(queue_batches.max(1));
         let thread = thread::Builder::new()
             .name("kvown-events publisher".to_owned())
-            .spawn(move || run(publisher, &encoder, &inbox))
+            .spawn(move || run(publisher, &inbox))
             .map_err(|source| PublishError::Thread { source })?;
         Ok(PublisherThread {
             queue: Some(queue),
@@ -116,7 +116,6 @@ impl Drop for PublisherThread {
 /// no system call); returns the batches sent when the handle hangs up.
 fn run(
     mut publisher: EventPublisher,
-    encoder: &EventEncoder,
     inbox: &mpsc::Receiver<Vec<CacheEvent>>,
 ) -> Result<u64, PublishError> {
     loop {
@@ -124,7 +123,7 @@ fn run(
         loop {
             match inbox.try_recv() {
                 Ok(events) => {
-                    publisher.publish_events(encoder, unix_seconds(), &events)?;
+                    publisher.publish_events(unix_seconds(), &events)?;
                     sent = true;
                 }
                 Err(mpsc::TryRecvError::Empty) => break,

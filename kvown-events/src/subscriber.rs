@@ -1,23 +1,28 @@
 //! The subscriber: a SUB socket on one publisher that hands out its batches in sequence order,
-//! asking the publisher's replay socket for any it missed (a late join, a dropped message).
+//! decoded, asking the publisher's replay socket for any it missed (a late join, a dropped
+//! message). It reads every dialect, and replay replies with or without the topic frame.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::error::SubscribeError;
+use crate::decoder::EventBatch;
+use crate::error::{DecodeError, SubscribeError};
 use crate::publisher::REPLAY_END;
 
 /// How long [`EventSubscriber::catch_up`] waits on the live stream before it asks for a
 /// replay.
 const LIVE_WAIT: Duration = Duration::from_millis(20);
 
-/// One batch as published.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One batch as published, and decoded.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ReceivedBatch {
     /// Its sequence number.
     pub seq: u64,
     /// The msgpack batch.
     pub payload: Vec<u8>,
+    /// Its events, or why the payload is not a batch of any dialect (such a batch still takes
+    /// its place in the sequence, and [`EventSubscriber::undecodable`] counts it).
+    pub decoded: Result<EventBatch, DecodeError>,
 }
 
 /// A subscription to one publisher's batches, handed out in order and without gaps.
@@ -25,8 +30,9 @@ pub struct EventSubscriber {
     socket: zmq::Socket,
     replay: Option<(zmq::Socket, String)>,
     next_seq: u64,
-    /// Batches fetched by a replay, in order, not yet handed out.
-    pending: VecDeque<ReceivedBatch>,
+    /// Batches fetched by a replay, `(seq, payload)` in order, not yet handed out.
+    pending: VecDeque<(u64, Vec<u8>)>,
+    undecodable: u64,
 }
 
 impl std::fmt::Debug for EventSubscriber {
@@ -38,6 +44,7 @@ impl std::fmt::Debug for EventSubscriber {
             )
             .field("next_seq", &self.next_seq)
             .field("pending", &self.pending.len())
+            .field("undecodable", &self.undecodable)
             .finish()
     }
 }
@@ -68,6 +75,7 @@ impl EventSubscriber {
             replay,
             next_seq: 0,
             pending: VecDeque::new(),
+            undecodable: 0,
         })
     }
 
@@ -76,40 +84,43 @@ impl EventSubscriber {
         self.next_seq
     }
 
+    /// How many of the batches handed out did not decode.
+    pub fn undecodable(&self) -> u64 {
+        self.undecodable
+    }
+
     /// The next batch in order, waiting up to `timeout` for it; `None` if none came. A live
     /// batch past the next expected one makes it ask for a replay of those in between; fails
     /// with [`SubscribeError::Lost`] when the publisher no longer keeps them (or serves no
     /// replays).
     pub fn recv(&mut self, timeout: Duration) -> Result<Option<ReceivedBatch>, SubscribeError> {
-        if let Some(batch) = self.pending.pop_front() {
-            self.next_seq = batch.seq + 1;
-            return Ok(Some(batch));
+        if let Some((seq, payload)) = self.pending.pop_front() {
+            return Ok(Some(self.hand_out(seq, payload)));
         }
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let Some(batch) = self.recv_live(left)? else {
+            let Some((seq, payload)) = self.recv_live(left)? else {
                 return Ok(None);
             };
-            if batch.seq < self.next_seq {
+            if seq < self.next_seq {
                 continue;
             }
-            if batch.seq == self.next_seq {
-                self.next_seq += 1;
-                return Ok(Some(batch));
+            if seq == self.next_seq {
+                return Ok(Some(self.hand_out(seq, payload)));
             }
-            self.fill_from_replay(batch.seq, timeout.max(LIVE_WAIT))?;
+            self.fill_from_replay(seq, timeout.max(LIVE_WAIT))?;
             let reached = self
                 .pending
                 .back()
-                .map_or(self.next_seq, |last| last.seq + 1);
-            if reached < batch.seq {
+                .map_or(self.next_seq, |(last, _)| last + 1);
+            if reached < seq {
                 return Err(SubscribeError::Lost {
                     expected: reached,
-                    oldest_replayed: batch.seq,
+                    oldest_replayed: seq,
                 });
             }
-            self.pending.push_back(batch);
+            self.pending.push_back((seq, payload));
             return self.recv(Duration::ZERO);
         }
     }
@@ -143,9 +154,8 @@ impl EventSubscriber {
                 None if self.replay.is_some() => {
                     let left = timeout.saturating_sub(start.elapsed());
                     self.fill_from_replay(through + 1, left)?;
-                    while let Some(batch) = self.pending.pop_front() {
-                        self.next_seq = batch.seq + 1;
-                        batches.push(batch);
+                    while let Some((seq, payload)) = self.pending.pop_front() {
+                        batches.push(self.hand_out(seq, payload));
                     }
                 }
                 None => {}
@@ -154,8 +164,20 @@ impl EventSubscriber {
         Ok(batches)
     }
 
-    /// One live message, waiting up to `timeout`.
-    fn recv_live(&self, timeout: Duration) -> Result<Option<ReceivedBatch>, SubscribeError> {
+    /// Batch `seq`, decoded (an undecodable one counted), as the next handed out.
+    fn hand_out(&mut self, seq: u64, payload: Vec<u8>) -> ReceivedBatch {
+        self.next_seq = seq + 1;
+        let decoded = EventBatch::decode(&payload);
+        self.undecodable += u64::from(decoded.is_err());
+        ReceivedBatch {
+            seq,
+            payload,
+            decoded,
+        }
+    }
+
+    /// One live message, `(seq, payload)`, waiting up to `timeout`.
+    fn recv_live(&self, timeout: Duration) -> Result<Option<(u64, Vec<u8>)>, SubscribeError> {
         if !poll_in(&self.socket, timeout)? {
             return Ok(None);
         }
@@ -164,10 +186,7 @@ impl EventSubscriber {
             .recv_multipart(0)
             .map_err(|source| socket_error("receiving a batch", source))?;
         match <[Vec<u8>; 3]>::try_from(frames) {
-            Ok([_topic, seq, payload]) => Ok(Some(ReceivedBatch {
-                seq: sequence_number(&seq, 3)?,
-                payload,
-            })),
+            Ok([_topic, seq, payload]) => Ok(Some((sequence_number(&seq, 3)?, payload))),
             Err(frames) => Err(SubscribeError::Malformed {
                 frames: frames.len(),
                 sequence_bytes: frames.get(1).map_or(0, Vec::len),
@@ -206,22 +225,15 @@ impl EventSubscriber {
             let frames = replay
                 .recv_multipart(0)
                 .map_err(|source| socket_error("receiving a replayed batch", source))?;
-            let (seq, payload) = match <[Vec<u8>; 3]>::try_from(frames) {
-                Ok([_delimiter, seq, payload]) => (seq, payload),
-                Err(frames) => {
-                    return Err(SubscribeError::Malformed {
-                        frames: frames.len(),
-                        sequence_bytes: frames.get(1).map_or(0, Vec::len),
-                    });
-                }
-            };
+            let frame_count = frames.len();
+            let (seq, payload) = replay_reply(frames)?;
             if seq == REPLAY_END {
                 break;
             }
-            let seq = sequence_number(&seq, 3)?;
+            let seq = sequence_number(&seq, frame_count)?;
             oldest.get_or_insert(seq);
             if seq == expected && seq < until {
-                self.pending.push_back(ReceivedBatch { seq, payload });
+                self.pending.push_back((seq, payload));
                 expected += 1;
             }
         }
@@ -232,6 +244,23 @@ impl EventSubscriber {
             });
         }
         Ok(())
+    }
+}
+
+/// The sequence frame and the payload of a replay reply after the request's delimiter:
+/// `[delimiter, seq, payload]`, or `[delimiter, topic, seq, payload]` in the dialects that send
+/// the topic.
+fn replay_reply(frames: Vec<Vec<u8>>) -> Result<(Vec<u8>, Vec<u8>), SubscribeError> {
+    let frames = match <[Vec<u8>; 3]>::try_from(frames) {
+        Ok([_delimiter, seq, payload]) => return Ok((seq, payload)),
+        Err(frames) => frames,
+    };
+    match <[Vec<u8>; 4]>::try_from(frames) {
+        Ok([_delimiter, _topic, seq, payload]) => Ok((seq, payload)),
+        Err(frames) => Err(SubscribeError::Malformed {
+            frames: frames.len(),
+            sequence_bytes: frames.len().checked_sub(2).map_or(0, |at| frames[at].len()),
+        }),
     }
 }
 

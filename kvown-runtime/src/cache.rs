@@ -56,6 +56,49 @@ impl TreeCache {
     }
 }
 
+/// How much of the prefix cache the batch flow evicts before an allocation
+/// ([`EvictionRules::demand`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EvictionDemand {
+    /// sglang's over-estimate (`mem_cache/allocation.py`): before an extend (and a speculative
+    /// reservation), its new tokens plus a page per request at page sizes above 1
+    /// (`alloc_paged_token_slots_extend`), the new tokens alone at page size 1
+    /// (`alloc_token_slots`); before a decode, a page per request
+    /// (`alloc_paged_token_slots_decode`). What the free slots lack of it is evicted
+    /// (`evict_to_free_tokens`), as far as the cache can.
+    #[default]
+    Sglang,
+    /// Only what the allocation lacks: the slots of the pages it takes, less the free ones.
+    /// Evicts less, and so less often, than sglang.
+    Shortfall,
+}
+
+/// When the batch flow evicts from the prefix cache besides what an allocation asks for.
+/// The default is sglang 0.5.23's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvictionRules {
+    /// What is evicted before an allocation.
+    pub demand: EvictionDemand,
+    /// After each request [`retract_decode`](crate::batch::retract_decode) releases, it evicts
+    /// what the free slots lack of this many tokens per request still in the batch (sglang
+    /// `release_req`: `remaining_req_count * SGLANG_RETRACT_DECODE_STEPS`); 0 turns it off.
+    pub retract_decode_steps: usize,
+}
+
+impl EvictionRules {
+    /// sglang's `SGLANG_RETRACT_DECODE_STEPS` default.
+    pub const SGLANG_RETRACT_DECODE_STEPS: usize = 20;
+}
+
+impl Default for EvictionRules {
+    fn default() -> Self {
+        EvictionRules {
+            demand: EvictionDemand::Sglang,
+            retract_decode_steps: Self::SGLANG_RETRACT_DECODE_STEPS,
+        }
+    }
+}
+
 /// One KV pool's bookkeeping: slot allocator `A`, request-to-token table and prefix cache.
 ///
 /// Every batch-flow function takes it by `&mut` and leaves it consistent: after each public
@@ -68,6 +111,7 @@ pub struct KvCache<A> {
     pub(crate) allocator: A,
     pub(crate) req_to_token: ReqToTokenPool,
     pub(crate) tree: TreeCache,
+    pub(crate) eviction_rules: EvictionRules,
 }
 
 impl<A> KvCache<A> {
@@ -122,7 +166,18 @@ impl<A: KvAllocator> KvCache<A> {
             allocator,
             req_to_token,
             tree,
+            eviction_rules: EvictionRules::default(),
         })
+    }
+
+    /// When the batch flow evicts (sglang's rules unless changed here).
+    pub fn eviction_rules(&self) -> EvictionRules {
+        self.eviction_rules
+    }
+
+    /// Changes when the batch flow evicts, from the next call on.
+    pub fn set_eviction_rules(&mut self, rules: EvictionRules) {
+        self.eviction_rules = rules;
     }
 
     /// Fails with [`KvError::OtherCache`] when `req` is recorded for another cache (a request
@@ -201,10 +256,10 @@ impl<A: KvAllocator> KvCache<A> {
     /// evictable is gone. Returns the tokens evicted.
     ///
     /// # Errors
-    /// Nothing is evicted when it fails: [`KvError::FreeGroupOpen`] when slots are short and
-    /// the cache holds evictable entries but a free group is open (evicted pages would stay
-    /// deferred), [`KvError::Radix`] with [`crate::radix::RadixError::Free`] when the allocator
-    /// refuses the evicted pages.
+    /// [`KvError::FreeGroupOpen`], evicting nothing, when slots are short and the cache holds
+    /// evictable entries but a free group is open (evicted pages would stay deferred);
+    /// [`KvError::Radix`] with [`crate::radix::RadixError::Free`] when the allocator refuses a
+    /// victim's pages (the victims freed before it stay evicted).
     pub fn evict_shortfall(&mut self, num_tokens: usize) -> Result<usize, KvError> {
         if self.allocator.in_free_group()
             && self.allocator.available_size() < num_tokens
@@ -228,23 +283,45 @@ impl<A: KvAllocator> KvCache<A> {
         }
     }
 
-    /// Makes `num_tokens` slots free, evicting only the shortfall, or fails changing nothing
-    /// when even full eviction would not suffice.
-    pub(crate) fn reserve(&mut self, num_tokens: usize) -> Result<(), KvError> {
+    /// Makes `needed` slots free for an allocation whose sglang demand is `demand` (see
+    /// [`EvictionDemand`]), or fails changing nothing when even full eviction would not free
+    /// `needed`. Evicts what the free slots lack of the demand ([`EvictionRules::demand`]), as
+    /// far as the cache can; inside a free group, where an eviction makes no room, only when the
+    /// free slots lack `needed`.
+    pub(crate) fn reserve(&mut self, needed: usize, demand: usize) -> Result<(), KvError> {
         let available = self.allocator.available_size();
-        if available >= num_tokens {
-            return Ok(());
-        }
         let evictable = self.tree.evictable_size();
-        if available + evictable < num_tokens {
+        if available.saturating_add(evictable) < needed {
             return Err(KvError::OutOfMemory {
-                requested: num_tokens,
+                requested: needed,
                 available,
                 evictable,
             });
         }
-        self.evict_shortfall(num_tokens)?;
+        let target = match self.eviction_rules.demand {
+            EvictionDemand::Sglang => demand.max(needed),
+            EvictionDemand::Shortfall => needed,
+        };
+        if available >= target {
+            return Ok(());
+        }
+        if self.allocator.in_free_group() {
+            return match available >= needed {
+                true => Ok(()),
+                false => Err(self.free_group_refusal(needed)),
+            };
+        }
+        self.evict_shortfall(target)?;
         Ok(())
+    }
+
+    /// sglang's eviction demand before an extend of `new_tokens` tokens for `requests`
+    /// requests (the same rule reserves speculative slots): [`EvictionDemand::Sglang`].
+    pub(crate) fn extend_demand(&self, new_tokens: usize, requests: usize) -> usize {
+        match self.page_size() {
+            1 => new_tokens,
+            page_size => new_tokens.saturating_add(requests.saturating_mul(page_size)),
+        }
     }
 
     /// Starts deferring frees (release a batch of requests as one free-list update). While the

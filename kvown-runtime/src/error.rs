@@ -9,7 +9,7 @@ use crate::slots::SlotError;
 /// Why an operation of the batch flow failed. The operation changed nothing: no slot, row,
 /// length or lock is taken or released by a call that returns one of these, with two
 /// exceptions its caller is told of: an `alloc_for_*` whose allocator refuses the slots
-/// ([`KvError::Alloc`]) after the batch flow evicted the shortfall for them keeps that eviction
+/// ([`KvError::Alloc`]) after the batch flow evicted for them keeps that eviction
 /// (the evicted entries were unlocked cache), and
 /// [`retract_decode`](crate::batch::retract_decode), failing on a broken invariant after it
 /// began releasing, keeps the releases it made (and says which requests they were).

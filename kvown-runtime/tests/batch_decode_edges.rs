@@ -11,6 +11,7 @@ use kvown_runtime::batch::{
     init_next_round_input, new_tokens_required_next_decode, prepare_for_decode, prepare_for_extend,
     release_kv_cache, reset_for_retract, retract_decode,
 };
+use kvown_runtime::cache::{EvictionDemand, EvictionRules};
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::TreePos;
 
@@ -147,11 +148,16 @@ fn new_tokens_required_next_decode_panics_on_page_size_zero_for_any_batch() {
     }
 }
 
-// sglang `check_decode_mem`: it evicts only the shortfall.
+// sglang `check_decode_mem`: it evicts only the shortfall. (The extends here evict only theirs
+// too, `EvictionDemand::Shortfall`, so that the shortfall is the test's to choose.)
 #[test]
 fn check_decode_mem_evicts_only_the_shortfall() {
     let page_size = 4;
     let mut cache = cache(64, page_size, true);
+    cache.set_eviction_rules(EvictionRules {
+        demand: EvictionDemand::Shortfall,
+        ..EvictionRules::default()
+    });
     // Four cached prompts of two pages each: 32 evictable, 32 free.
     for i in 0..4 {
         let mut req = extend(vec![Req::new(i, tokens(100 * i as u32, 9))], &mut cache)

@@ -12,6 +12,7 @@ use kvown_runtime::batch::{
     init_next_round_input, prepare_for_decode, prepare_for_extend, prepare_for_spec_decode,
     release_kv_cache,
 };
+use kvown_runtime::cache::{EvictionDemand, EvictionRules};
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::TreePos;
 
@@ -331,4 +332,65 @@ fn a_chunk_cap_of_zero_extends_one_token() {
     assert_eq!(req.extend_end(), 1);
     init_next_round_input(&mut req, &mut cache, 3).unwrap();
     assert_eq!(req.extend_end(), 3);
+}
+
+// sglang `alloc_paged_token_slots_extend` evicts for `extend_num_tokens + len(reqs) * page_size`
+// (`evict_to_free_tokens`: what the free slots lack of it), the case issue 42 found: page 16, a
+// pool of 48 tokens. A 17-token request finishes and leaves one cached page (page 1, its tail
+// page 2 freed); then an 18-token extend: it needs two pages, 32 slots are free, but sglang's
+// demand of 34 evicts the cached page, so the extend takes pages 1 and 2. Evicting only the
+// shortfall (`EvictionDemand::Shortfall`) evicts nothing and takes pages 2 and 3.
+#[test]
+fn an_extend_evicts_what_the_free_slots_lack_of_sglangs_demand() {
+    for (demand, first_slot, evictable) in [
+        (EvictionDemand::Sglang, 16, 0),
+        (EvictionDemand::Shortfall, 32, 16),
+    ] {
+        let mut cache = cache(48, 16, true);
+        cache.set_eviction_rules(EvictionRules {
+            demand,
+            ..EvictionRules::default()
+        });
+        let mut first = extend(vec![Req::new(1, tokens(0, 17))], &mut cache).into_reqs();
+        release_kv_cache(&mut first[0], &mut cache, true).unwrap();
+        assert_eq!(cache.tree().evictable_size(), 16);
+        let batch = extend(vec![Req::new(2, tokens(100, 18))], &mut cache);
+        let expected: Vec<u32> = (first_slot..first_slot + 18).collect();
+        assert_eq!(batch.out_cache_loc(), expected, "{demand:?}");
+        assert_eq!(cache.tree().evictable_size(), evictable, "{demand:?}");
+        cache.check(batch.reqs()).unwrap();
+        release_all_and_empty_out(batch.into_reqs(), cache);
+    }
+}
+
+// sglang `alloc_paged_token_slots_decode` evicts for a page per request: two requests at page
+// size 4 whose next tokens open no page still evict what the free slots lack of 8.
+#[test]
+fn a_decode_evicts_what_the_free_slots_lack_of_a_page_per_request() {
+    for (demand, evictable) in [(EvictionDemand::Sglang, 0), (EvictionDemand::Shortfall, 4)] {
+        // Four pages: a 5-token prompt leaves its first page cached; two 3-token requests take
+        // a page each (extended evicting only their shortfall), so one page is free.
+        let mut cache = cache(16, 4, true);
+        let rules = |demand| EvictionRules {
+            demand,
+            ..EvictionRules::default()
+        };
+        cache.set_eviction_rules(rules(EvictionDemand::Shortfall));
+        let mut cached = extend(vec![Req::new(1, tokens(0, 5))], &mut cache).into_reqs();
+        release_kv_cache(&mut cached[0], &mut cache, true).unwrap();
+        let batch = extend(
+            vec![Req::new(2, tokens(100, 3)), Req::new(3, tokens(200, 3))],
+            &mut cache,
+        );
+        assert_eq!(
+            (cache.available_size(), cache.tree().evictable_size()),
+            (4, 4)
+        );
+        cache.set_eviction_rules(rules(demand));
+        // Both new tokens continue their page: no page is needed, yet the demand is 8.
+        let batch = decode(batch, &mut cache);
+        assert_eq!(cache.tree().evictable_size(), evictable, "{demand:?}");
+        cache.check(batch.reqs()).unwrap();
+        release_all_and_empty_out(batch.into_reqs(), cache);
+    }
 }

@@ -995,11 +995,14 @@ where
             .collect();
         let expected: Vec<u64> = order[..k + a].iter().map(|&i| before[i].0).collect();
         assert_eq!(popped, expected, "retraction order");
-        let mut kept: Vec<usize> = order[k + a..].to_vec();
-        kept.sort();
-        let kept: Vec<u64> = kept.iter().map(|&i| before[i].0).collect();
+        // The kept requests in sglang's keep order (`filter_batch(keep_indices=sorted_indices)`):
+        // the retraction order reversed, most outputs first.
+        let kept: Vec<u64> = order[k + a..].iter().rev().map(|&i| before[i].0).collect();
         let now: Vec<u64> = self.running.reqs().iter().map(Req::rid).collect();
-        assert_eq!(now, kept, "the kept requests keep their order");
+        assert_eq!(
+            now, kept,
+            "the kept requests in retraction order, most outputs first"
+        );
         assert!(self.tree_total() <= tree_total, "nothing is inserted");
         for req in outcome.retracted.iter().chain(&outcome.aborted) {
             let kv = req.kv();

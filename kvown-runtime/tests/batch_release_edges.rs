@@ -512,3 +512,29 @@ fn evict_shortfall_in_a_free_group_is_refused_only_when_it_would_have_to_evict()
     assert_eq!(cache.evict_shortfall(64), Ok(0));
     cache.free_group_end().unwrap();
 }
+
+// sglang `_insert_cache(split_prompt=True)`: a registration whose key runs past the prompt's
+// whole pages ends a node at the prompt too, so that eviction can take the outputs and keep the
+// prompt. Prompt [5, 6], two decoded tokens [7, 8], then the whole key registered: the tree holds
+// [5, 6] and [7, 8] apart, and evicting one token takes the two outputs only.
+#[test]
+fn a_registration_past_the_prompt_ends_a_node_at_the_prompt() {
+    let mut cache = cache(64, 1, true);
+    let mut batch = extend(vec![Req::new(1, vec![5, 6])], &mut cache);
+    for token in [7, 8] {
+        batch.reqs_mut()[0].push_output(token);
+        batch = decode(batch, &mut cache);
+    }
+    let mut reqs = batch.into_reqs();
+    cache_unfinished_req(&mut reqs[0], &mut cache).unwrap();
+    assert_eq!(reqs[0].kv().cache_protected_len(), 4);
+    release_kv_cache(&mut reqs[0], &mut cache, false).unwrap();
+    assert_eq!(cache.tree().evictable_size(), 4);
+    assert_eq!(cache.evict_shortfall(cache.available_size() + 1), Ok(2));
+    assert_eq!(
+        cache.tree().evictable_size(),
+        2,
+        "the prompt [5, 6] stays cached"
+    );
+    empty_out(cache);
+}

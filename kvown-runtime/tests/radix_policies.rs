@@ -195,12 +195,13 @@ fn a_parent_left_childless_competes_at_the_newest_access_of_its_evicted_children
 }
 
 #[test]
-fn a_split_keeps_the_creation_time_and_priority_of_the_node_it_cuts() {
+fn a_split_makes_a_new_upper_part_at_the_priority_of_the_node_it_cuts() {
     // `long` = [1, 2, 3] (priority 4) is cut by a match of [1, 2] into [1, 2] and [3]. `mid`,
     // cached after `long` but before the match, sits beside it.
     for (policy, order) in [
-        // The upper part [1, 2] is as old as `long`: after [3] goes, it goes before `mid`.
-        (EvictionPolicy::Fifo, ["long", "upper", "mid"]),
+        // The upper part [1, 2] is a new node (sglang `_split_node`), created by the match,
+        // after `mid`: after [3] goes, `mid` goes before it.
+        (EvictionPolicy::Fifo, ["long", "mid", "upper"]),
         // It has `long`'s priority 4, above `mid`'s 1, though the match made it newest.
         (EvictionPolicy::Priority, ["mid", "long", "upper"]),
     ] {

@@ -319,6 +319,11 @@ impl World {
             .collect()
     }
 
+    /// The free list, head first.
+    fn free_list(&self) -> Vec<PageId> {
+        self.alloc.free_pages().collect()
+    }
+
     fn verify(&mut self) {
         self.cache.check().unwrap();
         // The events since the last step, replayed: exactly the cached pages, each at its
@@ -398,8 +403,8 @@ proptest! {
         // call (`evict(1)`) until as many tokens are gone. Whole nodes go in the policy's order
         // either way, parents left childless included (ranked by what they inherit from their
         // victims in the one call, by what they absorbed node by node), so both must evict
-        // the same nodes. (Their pages reach the free list in another order: one call frees
-        // them in one allocator call, so a LIFO allocator reuses the first victim's first.)
+        // the same nodes, and free them in the same order: one allocator call per node, as
+        // sglang's `evict` frees, so the free lists end equal.
         let [mut at_once, mut node_by_node] =
             [(); 2].map(|()| World::new(page_size, policy, events));
         for op in ops {
@@ -413,6 +418,7 @@ proptest! {
         prop_assert_eq!(evicted, stepwise);
         prop_assert_eq!(at_once.cached_pages(), node_by_node.cached_pages());
         prop_assert_eq!(at_once.free_pages(), node_by_node.free_pages());
+        prop_assert_eq!(at_once.free_list(), node_by_node.free_list());
         at_once.verify();
         node_by_node.verify();
         // The order left behind agrees too: the next eviction takes the same nodes.

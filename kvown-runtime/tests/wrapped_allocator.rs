@@ -539,25 +539,26 @@ fn free_list_order(cache: &KvCache<FaultyAllocator>) -> Vec<KvSlot> {
 }
 
 #[test]
-fn a_refused_eviction_evicts_nothing_and_the_next_one_evicts_as_if_it_had_not_been_tried() {
+fn a_refused_eviction_keeps_what_it_had_not_freed_and_the_next_one_evicts_as_if_it_had_not_been_tried()
+ {
     // Two caches built alike; the first one's allocator refuses the eviction's free.
     let (mut refused, faults, reqs) = three_cached_prompts();
     let (mut untried, _, _) = three_cached_prompts();
     let before = CacheState::of(&refused);
 
     // 44 slots asked, 40 free: the shortfall of 4 takes the least recently used leaf, 8 tokens;
-    // all 64 take the three leaves, in one free. Both are refused whole.
+    // all 64 take the three leaves, one free each. The first free is refused: nothing evicted.
     faults.set_frees_left(Some(0));
-    for (asked, chosen_nodes, chosen_tokens) in [(44, 1, 8), (64, 3, 24)] {
+    for (asked, chosen_tokens) in [(44, 8), (64, 24)] {
         let error = refused.evict_shortfall(asked).unwrap_err();
         assert!(
             matches!(
                 error,
                 KvError::Radix(RadixError::Free {
-                    nodes,
                     tokens,
+                    evicted: 0,
                     source: AllocError::NotAllocated { .. },
-                }) if nodes == chosen_nodes && tokens == chosen_tokens
+                }) if tokens == chosen_tokens
             ),
             "{error}"
         );
@@ -578,10 +579,27 @@ fn a_refused_eviction_evicts_nothing_and_the_next_one_evicts_as_if_it_had_not_be
     assert_eq!(free_list_order(&refused), free_list_order(&untried));
     refused.check(&reqs).unwrap();
 
-    // The two leaves left go in one free: allowed exactly one, the eviction is done whole.
+    // The two leaves left go in two frees: allowed one, the first leaf is evicted and the
+    // second stays cached, still evictable; the next eviction takes it as if nothing had failed.
     faults.set_frees_left(Some(1));
-    for cache in [&mut refused, &mut untried] {
-        assert_eq!(cache.evict_shortfall(64), Ok(16));
+    let error = refused.evict_shortfall(64).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            KvError::Radix(RadixError::Free {
+                tokens: 16,
+                evicted: 8,
+                ..
+            })
+        ),
+        "{error}"
+    );
+    assert_eq!(refused.tree().evictable_size(), 8);
+    refused.check(&reqs).unwrap();
+    faults.set_frees_left(None);
+    assert_eq!(refused.evict_shortfall(64), Ok(8));
+    assert_eq!(untried.evict_shortfall(64), Ok(16));
+    for cache in [&refused, &untried] {
         assert_eq!(cache.available_size(), 64);
     }
     assert_eq!(free_list_order(&refused), free_list_order(&untried));

@@ -66,7 +66,7 @@ fn assert_exercised(report: &Report, what: &str) {
 #[test]
 fn every_eviction_policy_with_pages_of_16() {
     for policy in EvictionPolicy::ALL {
-        let report = must_match(tight(16, 256, policy), conversations(1), F32_TOLERANCE);
+        let report = must_match(tight(16, 224, policy), conversations(1), F32_TOLERANCE);
         assert_exercised(&report, &format!("page 16, {policy}"));
     }
 }
@@ -100,7 +100,7 @@ fn speculative_decoding_with_the_model_as_its_own_draft() {
             draft: Draft::Model,
             tokens: 3,
         }),
-        ..tight(16, 224, EvictionPolicy::Lru)
+        ..tight(16, 192, EvictionPolicy::Lru)
     };
     let report = must_match(config, conversations(4), F32_TOLERANCE);
     assert_exercised(&report, "spec, model drafts");

@@ -1,33 +1,37 @@
 //! kvown replicas behind NVIDIA Dynamo's KV-aware router: each replica publishes its prefix
-//! cache's events on a ZMQ PUB socket on loopback (the vLLM wire format, `kvown-events`); a
+//! cache's events on a ZMQ PUB socket on loopback (`kvown-events`, in the dialect chosen); a
 //! router keeps `dynamo-kv-router`'s index of every replica from those events and sends each
 //! request where its prompt is cached. The same workload (multi-turn conversations over
-//! shared system prompts) runs under KV-aware routing and under round robin.
+//! shared system prompts) runs under KV-aware routing and under round robin. The replicas,
+//! the index, the workload and the router are `kvown-fleet`'s; this is the command line, the
+//! report, the plot and the replicas as processes.
 //!
-//! `cargo run --release -p kvown-events --example fleet -- --replicas 4`
+//! `cargo run --release -p kvown-events --example fleet -- --replicas 4 [--dialect sglang]`
 
-mod fleet;
-mod indexer;
 mod plot;
 mod process;
-// Shared with the tests, whose differential run drives the rest of it.
-#[allow(dead_code)]
-mod replica;
-mod workload;
 
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
-use kvown_events::NamespaceLabels;
-
-use fleet::{FleetConfig, Policy, PolicyReport};
-use workload::WorkloadConfig;
+use kvown_events::{Dialect, NamespaceField};
+use kvown_fleet::fleet::{self, FleetConfig, Policy, PolicyReport};
+use kvown_fleet::workload::{self, WorkloadConfig};
 
 /// Where namespaces go on the wire.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum NamespaceFieldArg {
     Lora,
     Salt,
+}
+
+impl NamespaceFieldArg {
+    fn field(self) -> NamespaceField {
+        match self {
+            NamespaceFieldArg::Lora => NamespaceField::LoraName,
+            NamespaceFieldArg::Salt => NamespaceField::CacheSalt,
+        }
+    }
 }
 
 #[derive(Debug, Parser)]
@@ -60,9 +64,12 @@ struct Args {
     /// Requests outstanding at most (1: deterministic).
     #[arg(long, default_value_t = 8)]
     in_flight: usize,
-    /// How namespaces travel: as `lora_name` or as a cache salt.
+    /// How namespaces travel: as an adapter or as a cache salt.
     #[arg(long, value_enum, default_value_t = NamespaceFieldArg::Lora)]
     namespace_field: NamespaceFieldArg,
+    /// The wire dialect: vllm, vllm-legacy or sglang.
+    #[arg(long, default_value_t = Dialect::Vllm)]
+    dialect: Dialect,
     /// The random seed.
     #[arg(long, default_value_t = 7)]
     seed: u64,
@@ -127,7 +134,8 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         args.namespaces,
     );
     println!(
-        "fleet: {} replicas ({}) x {} KV slots (pages of {}), {} requests in flight at most",
+        "fleet: {} replicas ({}) x {} KV slots (pages of {}), {} requests in flight at most, \
+         dialect {}, namespaces as {:?}",
         args.replicas,
         if args.processes {
             "processes"
@@ -136,7 +144,9 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         },
         args.pool_tokens,
         args.page_size,
-        args.in_flight
+        args.in_flight,
+        args.dialect,
+        args.namespace_field,
     );
     let mut reports = Vec::new();
     for policy in [Policy::KvAware, Policy::RoundRobin] {
@@ -160,17 +170,15 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
 
 /// The fleet of `args`, for requests of up to `max_context` tokens.
 fn fleet_config(args: &Args, max_context: usize) -> FleetConfig {
-    let labels = match args.namespace_field {
-        NamespaceFieldArg::Lora => NamespaceLabels::lora_names(),
-        NamespaceFieldArg::Salt => NamespaceLabels::cache_salts(),
-    };
     FleetConfig {
         replicas: args.replicas,
         page_size: args.page_size,
         pool_tokens: args.pool_tokens,
         max_context,
         max_in_flight: args.in_flight,
-        labels,
+        dialect: args.dialect,
+        namespace_field: args.namespace_field.field(),
+        namespaces: args.namespaces,
         launch: if args.processes {
             process::launch
         } else {

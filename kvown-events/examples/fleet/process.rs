@@ -8,13 +8,12 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::thread;
 
-use kvown_events::Context;
+use kvown_events::{Context, NamespaceField};
+use kvown_fleet::fleet::{Done, FleetConfig, Job, Ready, ReplicaReport, Totals, serve_jobs};
+use kvown_fleet::replica::Admission;
+use kvown_fleet::workload::Request;
 use kvown_runtime::radix::Namespace;
 use serde::{Deserialize, Serialize};
-
-use crate::fleet::{Done, FleetConfig, Job, Ready, ReplicaReport, Totals, serve_jobs};
-use crate::replica::Admission;
-use crate::workload::Request;
 
 /// A job on the child's stdin.
 #[derive(Serialize, Deserialize)]
@@ -42,7 +41,11 @@ enum ChildMessage {
 }
 
 /// The child's arguments after the binary's name, for `replica`.
-pub fn child_args(replica: usize, config: &FleetConfig, namespace_field: &str) -> Vec<String> {
+fn child_args(replica: usize, config: &FleetConfig) -> Vec<String> {
+    let namespace_field = match config.namespace_field {
+        NamespaceField::CacheSalt => "salt",
+        NamespaceField::LoraName => "lora",
+    };
     [
         "--serve-replica",
         &replica.to_string(),
@@ -54,6 +57,10 @@ pub fn child_args(replica: usize, config: &FleetConfig, namespace_field: &str) -
         &config.max_context.to_string(),
         "--namespace-field",
         namespace_field,
+        "--namespaces",
+        &config.namespaces.to_string(),
+        "--dialect",
+        config.dialect.name(),
     ]
     .map(str::to_owned)
     .to_vec()
@@ -70,13 +77,8 @@ pub fn launch(
     ready: mpsc::Sender<Ready>,
 ) -> Totals {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let field = if config.labels.field() == kvown_events::NamespaceField::CacheSalt {
-        "salt"
-    } else {
-        "lora"
-    };
     let mut child = Command::new(exe)
-        .args(child_args(replica, config, field))
+        .args(child_args(replica, config))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()

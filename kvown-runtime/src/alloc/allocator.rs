@@ -30,8 +30,8 @@ const BYTES_PER_PAGE: usize = 1 + 2 * std::mem::size_of::<PageId>();
 /// * With `need_sort`, frees go to a release list instead, and the two lists are merged and
 ///   sorted ascending when sglang merges them: when its cheap over-estimate of the pages a call
 ///   takes exceeds the free list (see [`PageAllocator::merge_released`]), so that every
-///   allocation hands out sglang's pages in sglang's order. One difference is deliberate: an
-///   out-of-memory answer changes nothing here, where sglang keeps the merge it made first.
+///   allocation hands out sglang's pages in sglang's order. A call answered out of memory keeps
+///   the merge it made first, as sglang's does: a refused call changes no ownership.
 /// * Every page carries a [`PageState`], so double frees, frees of unallocated pages and
 ///   duplicate pages are rejected before anything changes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,10 +117,9 @@ impl<R: ReuseOrder> PageAllocator<R> {
     /// Merges the release list into the free list, sorted ascending (sglang
     /// `merge_and_sort_free`); a no-op when nothing is released.
     ///
-    /// Allocations merge by themselves exactly when sglang's do, with one deliberate
-    /// difference: a call that runs out of memory changes nothing here, where sglang has
-    /// merged first and keeps the merge. A caller that wants sglang's state exactly calls this
-    /// after an out-of-memory answer in `need_sort` mode.
+    /// Allocations merge by themselves exactly when sglang's do, a call answered out of memory
+    /// included; this is for a caller that wants the free list merged at another point (before
+    /// reading it, or to start a phase from a sorted list).
     pub fn merge_released(&mut self) {
         if self.free.released_len() > 0 {
             for page in self.free.released_pages() {
@@ -464,12 +463,15 @@ impl<R: ReuseOrder> PageAllocator<R> {
         self.merge_or_oom(pages)
     }
 
-    /// The slow path of `ensure_free`: merge the release list, or report out of memory.
+    /// The slow path of `ensure_free`, reached where sglang's call merges: merge the release
+    /// list (sglang `merge_and_sort_free`), then report out of memory if `pages` are still more
+    /// than the free list. The merge stays made when the call is refused, as sglang's does: it
+    /// moves no page between owners.
     #[cold]
     #[inline(never)]
     fn merge_or_oom(&mut self, pages: usize) -> Result<(), AllocError> {
-        if self.need_sort && pages <= self.free.total_len() {
-            self.merge_released();
+        self.merge_released();
+        if pages <= self.free.free_len() {
             return Ok(());
         }
         Err(AllocError::OutOfMemory {

@@ -3,7 +3,9 @@
 //! Slots are rows of the KV buffers. Page `p` covers slots `[p * page_size, (p + 1) * page_size)`;
 //! page 0 (slots `0..page_size`) is reserved as padding and is never handed out.
 //!
-//! Every fallible call is transactional: on `Err` the allocator is exactly as before the call.
+//! Every fallible call is transactional: on `Err` the allocator is as before the call, with one
+//! exception that changes no ownership: in `need_sort` mode a call answered out of memory keeps
+//! the merge of the release list it made first, as sglang's does.
 //!
 //! A batched extend takes, per request, the rest of its partial last page, then whole new
 //! pages, then a partial page for its tail (sglang `alloc_extend`); a decode takes a new page

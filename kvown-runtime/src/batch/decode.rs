@@ -41,7 +41,9 @@ pub fn prepare_for_decode<A: KvAllocator>(
     }))
 }
 
-/// Allocates one slot per request (a new page only when the new token opens one), writes it
+/// Allocates one slot per request (a new page only when the new token opens one; evicting as
+/// [`KvCache::eviction_rules`] say, by default what the free slots lack of a page per request,
+/// sglang's demand), writes it
 /// at the request's old length in its row, and settles `kv_allocated_len += 1` and
 /// `kv_committed_len += 1` (sglang #37085). The allocator reads each request's last slot from
 /// its row and writes the new one as it goes; it trusts what `prepare_for_decode` checked
@@ -60,7 +62,10 @@ pub fn alloc_for_decode<A: KvAllocator>(
         return Err(batch.fail(error));
     }
     let new_pages = batch.state.new_pages;
-    if let Err(error) = cache.reserve(new_pages * cache.page_size()) {
+    // sglang's demand: a page per request (`alloc_paged_token_slots_decode`), a slot per
+    // request at page size 1 (`alloc_token_slots`).
+    let demand = batch.reqs.len().saturating_mul(cache.page_size());
+    if let Err(error) = cache.reserve(new_pages * cache.page_size(), demand) {
         return Err(batch.fail(error));
     }
     // The allocator appends to a cleared `out_cache_loc`; forgotten with it, the last

@@ -37,7 +37,9 @@ pub fn prepare_for_extend(mut batch: ScheduleBatch<Ready>) -> ScheduleBatch<Exte
 }
 
 /// Allocates the extend: request rows for requests without one, KV slots for every new token
-/// (evicting only the shortfall from the prefix cache), the request-to-token rows (a new
+/// (evicting from the prefix cache as [`KvCache::eviction_rules`] say: by default what the free
+/// slots lack of sglang's demand, the new tokens plus a page per request at page sizes above
+/// 1), the request-to-token rows (a new
 /// row's `[0, prefix)` <- matched prefix slots; `[prefix, seq)` <- new slots), and settles
 /// `kv_allocated_len = kv_committed_len = seq_len` ("allocation is commitment", sglang #37085).
 /// The allocator is told each request's row ([`KvAllocator::alloc_extend_rows`]) and the
@@ -46,7 +48,7 @@ pub fn prepare_for_extend(mut batch: ScheduleBatch<Ready>) -> ScheduleBatch<Exte
 ///
 /// Transactional: on error nothing was taken or written, and the prepared batch is handed
 /// back. Nothing was evicted either, except when the allocator itself refuses the slots after
-/// the batch flow evicted the shortfall for them (a device out of memory; the host allocators
+/// the batch flow evicted for them (a device out of memory; the host allocators
 /// never do): the unlocked prefix-cache entries evicted then stay evicted. A request holding
 /// KV in another cache fails with [`KvError::OtherCache`], one holding a speculative
 /// reservation with [`KvError::ReservationHeld`].
@@ -58,6 +60,7 @@ pub fn alloc_for_extend<A: KvAllocator>(
     let width = cache.req_to_token.max_context_len();
     let mut rows_needed = 0;
     let mut tokens_needed = 0;
+    let mut new_tokens = 0usize;
     for (req, shape) in batch.reqs.iter().zip(&mut batch.state.shapes) {
         if let Err(error) = cache.ensure_own(req) {
             return Err(batch.fail(error));
@@ -87,6 +90,7 @@ pub fn alloc_for_extend<A: KvAllocator>(
         }
         rows_needed += usize::from(!req.kv().holds_kv());
         tokens_needed += cache.pages_span(shape.prefix_len, shape.seq_len);
+        new_tokens += shape.seq_len - shape.prefix_len;
     }
     let rows_available = cache.req_to_token.available_size();
     if rows_needed > rows_available {
@@ -96,7 +100,8 @@ pub fn alloc_for_extend<A: KvAllocator>(
         };
         return Err(batch.fail(error));
     }
-    if let Err(error) = cache.reserve(tokens_needed) {
+    let demand = cache.extend_demand(new_tokens, batch.reqs.len());
+    if let Err(error) = cache.reserve(tokens_needed, demand) {
         return Err(batch.fail(error));
     }
     // The new rows are taken only once the slots are: a refused allocation leaves the row pool

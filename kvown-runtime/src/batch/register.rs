@@ -10,7 +10,7 @@ use crate::alloc::{KvAllocator, ceil_align};
 use crate::batch::Req;
 use crate::cache::{KvCache, TreeCache};
 use crate::error::KvError;
-use crate::radix::{RadixCache, TreePos};
+use crate::radix::{InsertParams, RadixCache, TreePos};
 use crate::slots::{ReqRow, ReqToTokenPool};
 
 /// Between two chunks of a chunked prefill: insert the request's committed whole pages into
@@ -59,6 +59,9 @@ pub fn cache_unfinished_req<A: KvAllocator>(
                 }
                 None => insert_unfinished(tree, allocator, req_to_token, req, row, key)?,
             };
+        if !req.prompt_split_made {
+            req.prompt_split_made = split_prompt(tree, req, committed, new_end);
+        }
         req.last_node = new_end;
         req.kv_mut().set_cache_protected_len(owner, key_len);
     }
@@ -108,6 +111,26 @@ fn insert_unfinished<A: KvAllocator>(
     Ok(new_end)
 }
 
+/// sglang `_insert_cache`'s prompt split, after the insert of a request's key of `up_to`
+/// tokens that ended at `end`: when the prompt's whole pages are a shorter prefix of the key,
+/// a node ends where they do, and records the request's priority plus one
+/// ([`RadixCache::split_prompt`]), so that eviction can take the outputs and keep the prompt.
+/// Returns whether it applied.
+fn split_prompt(tree: &mut RadixCache, req: &Req, up_to: usize, end: TreePos) -> bool {
+    let prompt_len = tree
+        .layout()
+        .floor_align(up_to.min(req.origin_input_ids().len()));
+    let applies = 0 < prompt_len && prompt_len < end.len;
+    if applies {
+        let params = InsertParams {
+            priority: req.priority().saturating_add(1),
+            chunked: true,
+        };
+        tree.split_prompt(end, prompt_len, params);
+    }
+    applies
+}
+
 /// The KV part of releasing a request that holds a row: the prefix cache takes `[0, committed)`
 /// (when `is_insert`) and the request's duplicates, its unaligned tail and its over-allocation
 /// `[ceil_align(committed), allocated)` are freed, or all of `[protected, allocated)` is freed;
@@ -147,14 +170,24 @@ pub(crate) fn cache_finished_req<A: KvAllocator>(
             } else {
                 None
             };
-            let freed_end = plan.map_or(key_len, |plan| plan.prefix_len());
-            allocator.free_segments(&[
-                (&slots[protected..freed_end], protected),
-                (&slots[key_len..], key_len),
-                over,
-            ])?;
+            // sglang's calls: with the insert, the duplicates (`_insert_cache`), then the
+            // unkeyed tail (`free_kv_row`); without, `[protected, committed)` as one range.
+            match plan {
+                Some(plan) => allocator.free_segments(&[
+                    (&slots[protected..plan.prefix_len()], protected),
+                    (&slots[key_len..], key_len),
+                    over,
+                ])?,
+                None => allocator.free_segments(&[(&slots[protected..], protected), over])?,
+            }
             if let Some(plan) = plan {
-                tree.apply_insert(plan, key, &slots[..key_len], req.insert_params(false));
+                let outcome =
+                    tree.apply_insert(plan, key, &slots[..key_len], req.insert_params(false));
+                let end = TreePos {
+                    node: outcome.last_node,
+                    len: key_len,
+                };
+                split_prompt(tree, req, committed, end);
             }
             tree.dec_lock_ref(req.last_node.node)?;
         }

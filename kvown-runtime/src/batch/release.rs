@@ -42,6 +42,7 @@ pub fn release_kv_cache<A: KvAllocator>(
     cache.req_to_token.free(row)?;
     req.last_node = TreePos::ROOT;
     req.prefix_indices.clear();
+    req.prompt_split_made = false;
     req.extend_end = req.fill_ids().len();
     let kv = req.kv_mut();
     kv.set_req_pool_idx(owner, None);

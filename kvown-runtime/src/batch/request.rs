@@ -117,6 +117,9 @@ pub struct Req {
     pub retraction_count: u32,
     /// Whether the request was retracted and waits to be re-admitted.
     pub is_retracted: bool,
+    /// Whether a registration of the KV it holds now made a node end at its prompt (sglang's
+    /// prompt split): its lock keeps that node, so later registrations need not look again.
+    pub(crate) prompt_split_made: bool,
 }
 
 impl Req {
@@ -162,6 +165,7 @@ impl Req {
             priority: 0,
             retraction_count: 0,
             is_retracted: false,
+            prompt_split_made: false,
         })
     }
 

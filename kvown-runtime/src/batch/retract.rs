@@ -49,8 +49,8 @@ pub fn new_tokens_required_next_decode<'a>(
 /// (sglang `check_decode_mem`).
 ///
 /// # Errors
-/// As [`KvCache::evict_shortfall`]: an eviction refused (inside a free group, or by the
-/// allocator) evicts nothing.
+/// As [`KvCache::evict_shortfall`]: an eviction refused inside a free group evicts nothing; one
+/// refused by the allocator keeps what it evicted before the refusal.
 pub fn check_decode_mem<'a, A: KvAllocator>(
     reqs: impl IntoIterator<Item = &'a Req>,
     cache: &mut KvCache<A>,
@@ -74,14 +74,18 @@ pub struct RetractOutcome {
 /// with the fewest outputs goes first, the longest prompt first among equals; at least one is
 /// retracted (when the batch has two or more) and at least one kept, unless the last one alone
 /// does not fit, when it is aborted. A batch of one is never retracted: it is kept or aborted.
-/// Retracted KV is released without inserting it into the prefix cache.
+/// Retracted KV is released without inserting it into the prefix cache, and after each release
+/// the prefix cache gives up what the free slots lack of
+/// [`EvictionRules::retract_decode_steps`](crate::cache::EvictionRules) tokens per request
+/// still in the batch (sglang `release_req`). The requests kept stay in retraction order, most
+/// outputs first (sglang `filter_batch(keep_indices=sorted_indices)`).
 ///
 /// Every request must hold KV in this cache: one that holds none fails the call with
 /// [`KvError::NotHeld`], one of another cache with [`KvError::OtherCache`], before anything is
 /// released; so does an open free group, with [`KvError::FreeGroupOpen`] (the releases would
 /// stay deferred and make no room). An error after that is a broken invariant (a bug, such as
 /// an allocator refusing a free); the call then drops no request: the batch gets back those it
-/// had not taken out, in their order, followed by those it had, in the order it took them
+/// had not taken out, in retraction order, followed by those it had, in the order it took them
 /// (released and reset, except the one whose release failed, which keeps its KV as a failed
 /// release leaves it).
 pub fn retract_decode<A: KvAllocator>(
@@ -108,8 +112,8 @@ pub fn retract_decode<A: KvAllocator>(
     });
     let mut pool: Vec<Option<Req>> = batch.reqs.drain(..).map(Some).collect();
     let mut outcome = RetractOutcome::default();
-    let result = retract_in_order(&mut pool, order, &mut outcome, cache, spec_reserve);
-    batch.reqs = pool.into_iter().flatten().collect();
+    let result = retract_in_order(&mut pool, &mut order, &mut outcome, cache, spec_reserve);
+    batch.reqs = order.iter().filter_map(|&i| pool[i].take()).collect();
     if !(outcome.retracted.is_empty() && outcome.aborted.is_empty()) {
         // The batch changed: its `out_cache_loc` no longer describes it.
         batch.forget_out_cache_loc();
@@ -123,14 +127,16 @@ pub fn retract_decode<A: KvAllocator>(
 }
 
 /// The releases of [`retract_decode`]: takes requests out of `pool` (indexed as the batch was)
-/// in retraction order, the last of `order` first, into `outcome`.
+/// in retraction order, the last of `order` first, into `outcome`; `order` keeps the indices
+/// of those left.
 fn retract_in_order<A: KvAllocator>(
     pool: &mut [Option<Req>],
-    mut order: Vec<usize>,
+    order: &mut Vec<usize>,
     outcome: &mut RetractOutcome,
     cache: &mut KvCache<A>,
     spec_reserve: Option<usize>,
 ) -> Result<(), KvError> {
+    let steps = cache.eviction_rules().retract_decode_steps;
     // Always keep one: a lone request is never retracted, only aborted below if it does not fit.
     while order.len() > 1 {
         let index = order.pop().expect("more than one index is left");
@@ -139,6 +145,8 @@ fn retract_in_order<A: KvAllocator>(
             release_kv_cache(&mut req, cache, false).and_then(|()| reset_for_retract(&mut req));
         outcome.retracted.push(req);
         released?;
+        // sglang `release_req`: room for the remaining requests' next decode steps.
+        cache.evict_shortfall(order.len().saturating_mul(steps))?;
         let left = order.iter().filter_map(|&i| pool[i].as_ref());
         if check_decode_mem(left, cache, spec_reserve)? {
             return Ok(());

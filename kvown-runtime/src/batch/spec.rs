@@ -92,13 +92,15 @@ pub fn alloc_for_spec_decode<A: KvAllocator>(
         };
         return Err(batch.fail(error));
     }
-    let tokens_needed = batch
-        .state
-        .shapes
+    let shapes = &batch.state.shapes;
+    let tokens_needed = shapes
         .iter()
         .map(|shape| cache.pages_span(shape.prefix_len, shape.seq_len))
         .sum();
-    if let Err(error) = cache.reserve(tokens_needed) {
+    let new_tokens = shapes.iter().map(|s| s.seq_len - s.prefix_len).sum();
+    // sglang's `alloc_for_spec_decode` allocates through the extend's path and its demand.
+    let demand = cache.extend_demand(new_tokens, shapes.len());
+    if let Err(error) = cache.reserve(tokens_needed, demand) {
         return Err(batch.fail(error));
     }
     let mut slots = Vec::new();

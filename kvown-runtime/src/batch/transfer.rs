@@ -123,7 +123,8 @@ pub fn prealloc_for_transfer<A: KvAllocator>(
         };
         return refuse(req, error);
     }
-    if let Err(error) = cache.reserve(cache.pages_span(prefix_len, fill_len)) {
+    let needed = cache.pages_span(prefix_len, fill_len);
+    if let Err(error) = cache.reserve(needed, needed) {
         return refuse(req, error);
     }
     let row = match cache.req_to_token.next_rows(1) {

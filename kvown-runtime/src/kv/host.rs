@@ -50,6 +50,17 @@ impl<T: KvElement> HostKvPool<T> {
             KvTensor::V => &self.v[layer],
         })
     }
+
+    /// The whole buffer of `tensor` in `layer`, writable, or `BadLayer`. Each buffer is one
+    /// allocation that never moves or resizes while the pool lives (moving the pool moves no
+    /// buffer), so its address can be registered with a transfer engine that writes rows into it.
+    pub fn buffer_mut(&mut self, layer: usize, tensor: KvTensor) -> Result<&mut [T], KvPoolError> {
+        self.layout.check_layer(layer)?;
+        Ok(match tensor {
+            KvTensor::K => &mut self.k[layer],
+            KvTensor::V => &mut self.v[layer],
+        })
+    }
 }
 
 /// `len` zero elements of one of `layout`'s buffers, or `HostOutOfMemory`.
@@ -218,6 +229,25 @@ mod tests {
             .unwrap();
         assert_eq!(&pool.buffer(0, KvTensor::K).unwrap()[12..18], &k[..]);
         assert_eq!(&pool.buffer(0, KvTensor::V).unwrap()[8..12], &v[..]);
+    }
+
+    /// A row written through `buffer_mut` is what `load_kv` reads, and the buffer keeps its
+    /// address when the pool moves (what a transfer engine's registration relies on).
+    #[test]
+    fn buffer_mut_writes_rows_at_an_address_that_survives_moving_the_pool() {
+        let mut pool = HostKvPool::<f32>::new(layout()).unwrap();
+        let buffer = pool.buffer_mut(1, KvTensor::V).unwrap();
+        buffer[4..8].copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+        let address = buffer.as_ptr();
+        let moved = Box::new(pool);
+        assert_eq!(moved.buffer(1, KvTensor::V).unwrap().as_ptr(), address);
+        let (_, v) = moved.load_kv(1, &[1]).unwrap();
+        assert_eq!(v, KvData::F32(vec![1.0, 2.0, 3.0, 4.0]));
+        let mut moved = *moved;
+        assert!(matches!(
+            moved.buffer_mut(2, KvTensor::K),
+            Err(KvPoolError::BadLayer { .. })
+        ));
     }
 
     #[test]

@@ -196,18 +196,20 @@ pub enum RadixError {
         /// The allocator's page size.
         allocator: usize,
     },
-    /// The allocator refused to free the pages an eviction chose; nothing was evicted.
+    /// The allocator refused to free the pages of a node an eviction chose. Eviction frees node
+    /// by node, as sglang does: the nodes freed before the refused one are evicted (`evicted`
+    /// tokens, often none), the others stay cached.
     #[error(
-        "eviction refused: the allocator did not free the {tokens} tokens of the {nodes} \
-         least recently used nodes, which stay cached: {source}. A page the tree holds but the \
-         allocator does not was inserted without being allocated (insert_allocated refuses \
-         such a page; PageLedger names its node)"
+        "eviction refused: the allocator did not free the pages of a node among the {tokens} \
+         tokens chosen; {evicted} tokens were evicted before it, the rest stay cached: \
+         {source}. A page the tree holds but the allocator does not was inserted without being \
+         allocated (insert_allocated refuses such a page; PageLedger names its node)"
     )]
     Free {
-        /// Nodes the eviction chose.
-        nodes: usize,
-        /// Their tokens.
+        /// Tokens the eviction chose.
         tokens: usize,
+        /// Tokens evicted before the refusal.
+        evicted: usize,
         /// The allocator's reason.
         source: AllocError,
     },

@@ -1,10 +1,11 @@
 //! Eviction: freeing unlocked leaves through the allocator in the order of the cache's
-//! [`super::EvictionPolicy`], all or nothing.
+//! [`super::EvictionPolicy`].
 //!
 //! An eviction is planned before anything changes: the victims are chosen in the policy's
 //! order (parents left childless by earlier victims of the same call compete at the rank of
-//! what they inherit from them), their pages are freed in one allocator call, and only then
-//! are the nodes deleted. An allocator that refuses the free leaves the tree as it was.
+//! what they inherit from them). Then each victim's pages are freed with one allocator call and
+//! the node deleted, victim after victim (sglang `RadixCache.evict`). An allocator that refuses
+//! a victim's pages leaves it and the later victims cached.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -14,7 +15,7 @@ use super::children::KeyHasher;
 use super::node::NodeId;
 use super::policy::NodeStats;
 use super::{OrderEntry, RadixCache, RadixError};
-use crate::alloc::{KvAllocator, PageId};
+use crate::alloc::{AllocError, KvAllocator, PageId};
 
 /// A node a plan touches (a victim, or a parent of victims): what it will hold once this
 /// call's victims are removed.
@@ -56,7 +57,7 @@ pub(super) struct EvictionScratch {
     orphans: BinaryHeap<OrderEntry>,
     /// Per victim and parent of a victim: what it will hold after the victims' removal.
     nodes: HashMap<NodeId, PlannedNode, BuildHasherDefault<KeyHasher>>,
-    /// The victims' page ids, in eviction order.
+    /// The page ids of the node being freed.
     pages: Vec<PageId>,
 }
 
@@ -92,17 +93,19 @@ impl RadixCache {
     /// its newest registration first, the rest competing again with the figures of the
     /// registration that now ends it.
     ///
-    /// The evicted pages are freed with one `alloc.free_page_ids(pages)` call, node after node
-    /// (registration after registration) in eviction order and each one's in key order, before
-    /// any node is deleted (so a LIFO allocator reuses the first victim's pages first; sglang
-    /// frees node by node, so its paged allocator reuses the last victim's first).
+    /// The victims are chosen first; then each one's pages are freed with one
+    /// `alloc.free_page_ids(pages)` call, in key order, and the node deleted, victim after
+    /// victim in eviction order (a grown leaf's registrations one call each), as sglang's
+    /// `evict` frees node by node: a LIFO allocator then reuses the last victim's pages first.
     ///
     /// Cost: O(log leaves + node tokens) per evicted node, amortized: the eviction order is kept
     /// across calls (sglang rebuilds a heap of every leaf on each call).
     ///
     /// # Errors
-    /// [`RadixError::PageSizeMismatch`], or [`RadixError::Free`] when the allocator refuses the
-    /// pages; either way nothing is evicted and the tree is unchanged.
+    /// [`RadixError::PageSizeMismatch`], evicting nothing; [`RadixError::Free`] when the
+    /// allocator refuses a victim's pages: the victims freed before it stay evicted (the error
+    /// counts their tokens), that one and the rest stay cached, and the tree and the allocator
+    /// agree.
     pub fn evict<A: KvAllocator + ?Sized>(
         &mut self,
         num_tokens: usize,
@@ -147,7 +150,9 @@ impl RadixCache {
         Ok(())
     }
 
-    /// [`RadixCache::evict`] with `plan` (empty) as its buffers: plans, frees, then deletes.
+    /// [`RadixCache::evict`] with `plan` (empty) as its buffers: plans, then frees and deletes
+    /// victim by victim, one allocator call per node sglang would delete (a grown leaf's
+    /// registration is one).
     fn evict_planned<A: KvAllocator + ?Sized>(
         &mut self,
         num_tokens: usize,
@@ -155,30 +160,82 @@ impl RadixCache {
         plan: &mut EvictionScratch,
     ) -> Result<usize, RadixError> {
         let tokens = self.plan_eviction(num_tokens, plan);
-        if tokens == 0 {
-            return Ok(0);
-        }
-        for &victim in &plan.victims {
-            self.victim_pages(victim, &mut plan.pages);
-        }
-        if let Err(source) = alloc.free_page_ids(&plan.pages) {
-            self.order.extend(plan.taken.drain(..));
-            return Err(RadixError::Free {
-                nodes: plan.victims.len(),
-                tokens,
-                source,
-            });
-        }
-        for &victim in &plan.victims {
-            match victim {
-                Victim::Node(node) => self.remove_leaf(node),
-                Victim::Registrations { node, kept, .. } => {
-                    self.remove_registrations(node, kept as usize);
-                    self.push_order(node);
+        let page_size = self.layout.page_size();
+        let mut evicted = 0;
+        for index in 0..plan.victims.len() {
+            let result = match plan.victims[index] {
+                Victim::Node(node) => {
+                    let pages = 0..self.registration_end(node, 0);
+                    let freed = self.free_pages(node, pages, alloc, &mut plan.pages);
+                    if freed.is_ok() {
+                        self.remove_leaf(node);
+                    }
+                    freed
+                }
+                Victim::Registrations { node, kept, had } => {
+                    self.free_registrations(node, kept as usize, had as usize, alloc, plan)
+                }
+            };
+            match result {
+                Ok(freed) => evicted += freed * page_size,
+                Err((freed, source)) => {
+                    self.order.extend(plan.taken.drain(..));
+                    return Err(RadixError::Free {
+                        tokens,
+                        evicted: evicted + freed * page_size,
+                        source,
+                    });
                 }
             }
         }
         Ok(tokens)
+    }
+
+    /// Frees pages `pages` of `node` in key order with one allocator call (sglang's `evict`
+    /// frees each node's value with one `free_segment`); returns how many, or the refusal.
+    fn free_pages<A: KvAllocator + ?Sized>(
+        &self,
+        node: NodeId,
+        pages: std::ops::Range<usize>,
+        alloc: &mut A,
+        buffer: &mut Vec<PageId>,
+    ) -> Result<usize, (usize, AllocError)> {
+        let entry = &self.arena[node];
+        buffer.clear();
+        buffer.extend(pages.map(|page| entry.page_id(page, self.layout)));
+        alloc
+            .free_page_ids(buffer)
+            .map(|()| buffer.len())
+            .map_err(|source| (0, source))
+    }
+
+    /// Frees registrations `kept + 1..=had` of the grown leaf `node`, newest first, one
+    /// allocator call each, and forgets them; returns the pages freed. When the allocator
+    /// refuses one, the newer ones stay freed and forgotten, and the refusal comes back with
+    /// their pages.
+    fn free_registrations<A: KvAllocator + ?Sized>(
+        &mut self,
+        node: NodeId,
+        kept: usize,
+        had: usize,
+        alloc: &mut A,
+        plan: &mut EvictionScratch,
+    ) -> Result<usize, (usize, AllocError)> {
+        let mut freed = 0;
+        for index in (kept + 1..=had).rev() {
+            let pages = self.registration_end(node, index - 1)..self.registration_end(node, index);
+            if let Err((_, source)) = self.free_pages(node, pages, alloc, &mut plan.pages) {
+                if index < had {
+                    self.remove_registrations(node, index);
+                    self.push_order(node);
+                }
+                return Err((freed, source));
+            }
+            freed += plan.pages.len();
+        }
+        self.remove_registrations(node, kept);
+        self.push_order(node);
+        Ok(freed)
     }
 
     /// Chooses the victims of an eviction of `num_tokens` tokens into `plan` (in order) and
@@ -268,20 +325,6 @@ impl RadixCache {
                     had: had as u32,
                 });
                 return tokens;
-            }
-        }
-    }
-
-    /// Appends the page ids `victim` frees to `pages`, in the order sglang frees them.
-    fn victim_pages(&self, victim: Victim, pages: &mut Vec<PageId>) {
-        match victim {
-            Victim::Node(node) => {
-                let entry = &self.arena[node];
-                let node_pages = 0..self.registration_end(node, 0);
-                pages.extend(node_pages.map(|page| entry.page_id(page, self.layout)));
-            }
-            Victim::Registrations { node, kept, had } => {
-                self.registration_pages(node, kept as usize, had as usize, pages);
             }
         }
     }

@@ -371,7 +371,7 @@ impl RadixCache {
             }
             InsertStep::AddLeaf => node = self.add_leaf(node, namespace, pos, key, slots, now),
             InsertStep::Split => {
-                let cut = self.cut(node, pos);
+                let cut = self.cut(node, pos, now);
                 if cut.split {
                     // sglang's `_insert_helper` stamps the node it walks into before it splits
                     // it, and the lower half keeps that node: it takes the insert's time. What
@@ -448,6 +448,39 @@ impl RadixCache {
         self.record_insert(from.node, params);
         self.stamp(from.node, now);
         Some(Ok(()))
+    }
+
+    /// The prompt split of a request's registration (sglang `_insert_cache` with
+    /// `split_prompt`): after the request's key was inserted up to `end` (live, on its path),
+    /// its first `prompt_len` tokens (page-aligned, `0 < prompt_len < end.len`) are inserted
+    /// again with `params` (the request's priority plus one, no hit). So a node ends at
+    /// `prompt_len` (a grown leaf's registration may: sglang's node for it), split off at the
+    /// time of this call if none did, and records `params`. Access times are left as they are:
+    /// sglang's `checkpoint` stamps the whole key's path again right after, so the prompt's
+    /// nodes are no newer than the key's end.
+    pub(crate) fn split_prompt(&mut self, end: TreePos, prompt_len: usize, params: InsertParams) {
+        debug_assert!(0 < prompt_len && prompt_len < end.len);
+        let layout = self.layout;
+        let mut node = end.node;
+        while self.arena[node].start() >= prompt_len {
+            node = self.arena[node].parent;
+        }
+        if prompt_len < self.arena[node].end(layout) {
+            let end_page = layout.whole_pages(prompt_len - self.arena[node].start());
+            let registration = self
+                .arena
+                .registrations(node)
+                .and_then(|registrations| registrations.ending_at(end_page));
+            if let Some(index) = registration {
+                if self.policy.reads_insert_figures() {
+                    self.arena.registrations_mut(node).record(index, params);
+                }
+                return;
+            }
+            let now = self.tick();
+            node = self.cut(node, prompt_len, now).upper;
+        }
+        self.record_insert(node, params);
     }
 
     /// Checks an insert's arguments; returns the node on whose key `from.len` lies.

@@ -48,7 +48,7 @@ impl RadixCache {
             self.stamp(child, now);
             pos += pages * page_size;
             if pages < self.arena[child].num_pages(layout) {
-                node = self.split(child, pos);
+                node = self.split(child, pos, now);
                 break;
             }
             node = child;

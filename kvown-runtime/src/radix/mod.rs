@@ -20,10 +20,10 @@
 //!   now belong to the tree.
 //! * [`RadixCache::inc_lock_ref`] / [`RadixCache::dec_lock_ref`] / [`RadixCache::move_lock`] pin
 //!   a node and its path; tokens move between evictable and protected only on 0↔1 transitions.
-//! * [`RadixCache::evict`] frees unlocked leaves through the allocator, in one allocator call,
-//!   all or nothing, in the order of the cache's [`EvictionPolicy`] (least recently used first
-//!   by default); [`RadixCache::evict_shortfall`] evicts only what the allocator lacks (sglang's
-//!   `alloc_token_slots` evicts `num_tokens - available_size()`).
+//! * [`RadixCache::evict`] frees unlocked leaves through the allocator, one allocator call per
+//!   node, in the order of the cache's [`EvictionPolicy`] (least recently used first by
+//!   default); [`RadixCache::evict_shortfall`] evicts what the allocator lacks (sglang's
+//!   `evict_to_free_tokens` evicts `num_tokens - available_size()`).
 //! * [`RadixCache::enable_events`] turns on a stream of [`CacheEvent`]s (pages stored and
 //!   removed, named by a chained [`PageHash`]) for a router; [`RadixCache::take_events`]
 //!   drains it. Off by default.
@@ -461,10 +461,11 @@ impl RadixCache {
             .count()
     }
 
-    /// Splits `node` at path position `pos` (strictly inside its key, page-aligned). The new
-    /// upper node takes the key before `pos` and is returned; `node` keeps its handle, children,
-    /// lock count and leaf status with the key from `pos`. Counters do not change.
-    fn split(&mut self, node: NodeId, pos: usize) -> NodeId {
+    /// Splits `node` at path position `pos` (strictly inside its key, page-aligned) at time
+    /// `now`. The new upper node takes the key before `pos` and is returned, created `now`
+    /// ([`policy::NodeStats::split_upper`]); `node` keeps its handle, children, lock count,
+    /// leaf status and figures with the key from `pos`. Counters do not change.
+    fn split(&mut self, node: NodeId, pos: usize, now: u64) -> NodeId {
         debug_assert!(
             self.arena.registrations(node).is_none(),
             "a grown leaf is cut, not split"
@@ -485,7 +486,7 @@ impl RadixCache {
         );
         upper.lock_ref = entry.lock_ref;
         upper.child_count = 1;
-        let upper_stats = self.arena.stats(node).split_upper();
+        let upper_stats = self.arena.stats(node).split_upper(now);
         let upper = self.arena.alloc(upper, upper_stats);
         self.children.link(&mut self.arena, layout, upper);
         let entry = &mut self.arena[node];

@@ -138,8 +138,8 @@ pub(super) type Rank = (u64, u64);
 /// and the priority of every insert through it: the same figures as sglang's.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct NodeStats {
-    /// Logical time at which the node's first page was cached; the upper part of a split keeps
-    /// the time of the node it was cut from.
+    /// Logical time at which the node was made: an insert's new leaf, or the upper part of a
+    /// split, which is a new node (sglang `_split_node`).
     pub(super) created: u64,
     /// Inserts of finished requests that ended at the node, plus those of its removed children
     /// (kept only under a policy that reads it: [`EvictionPolicy::reads_insert_figures`]).
@@ -161,11 +161,15 @@ impl NodeStats {
         }
     }
 
-    /// The upper part cut from a node with these figures: created at the same time, at the same
-    /// priority, and with no hits of its own (the node keeps them, and passes them on when it
-    /// is removed).
-    pub(super) fn split_upper(&self) -> NodeStats {
-        NodeStats { hits: 0, ..*self }
+    /// The upper part cut at `now` from a node with these figures (sglang `_split_node`): a
+    /// new node, created `now`, at the node's priority, and with no hits of its own (the node
+    /// keeps them and passes them on when it is removed, which adds up to sglang's copy).
+    pub(super) fn split_upper(&self, now: u64) -> NodeStats {
+        NodeStats {
+            created: now,
+            hits: 0,
+            priority: self.priority,
+        }
     }
 
     /// Records an insert of `params` that ended at the node.
@@ -270,8 +274,8 @@ mod tests {
             chunked: false,
         });
         assert_eq!((stats.hits, stats.priority), (1, 3));
-        let upper = stats.split_upper();
-        assert_eq!((upper.created, upper.hits, upper.priority), (7, 0, 3));
+        let upper = stats.split_upper(9);
+        assert_eq!((upper.created, upper.hits, upper.priority), (9, 0, 3));
         let mut parent = NodeStats::new(1);
         parent.record(InsertParams::default());
         parent.absorb(&stats);

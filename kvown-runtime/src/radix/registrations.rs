@@ -17,8 +17,7 @@
 
 use super::RadixCache;
 use super::node::NodeId;
-use super::policy::NodeStats;
-use crate::ids::PageId;
+use super::policy::{InsertParams, NodeStats};
 
 /// An earlier registration inside a grown leaf: where it ends, and its own node's figures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +81,21 @@ impl Registrations {
             priority: registration.priority,
         };
         (registration.end_page as usize, stats)
+    }
+
+    /// The earlier registration that ends `end_page` pages into the leaf, if one does.
+    pub(super) fn ending_at(&self, end_page: usize) -> Option<usize> {
+        self.list
+            .binary_search_by_key(&end_page, |registration| registration.end_page as usize)
+            .ok()
+    }
+
+    /// Records an insert of `params` that ended where earlier registration `index` ends, as its
+    /// node would ([`NodeStats::record`]).
+    pub(super) fn record(&mut self, index: usize, params: InsertParams) {
+        let registration = &mut self.list[index];
+        registration.hits = registration.hits.saturating_add(u32::from(!params.chunked));
+        registration.priority = registration.priority.max(params.priority);
     }
 
     /// Forgets the newest earlier registration; the memory of the last goes with it.
@@ -167,23 +181,6 @@ impl RadixCache {
         }
     }
 
-    /// Appends to `pages` the pages of registrations `kept + 1..=had` of `node` as sglang frees
-    /// them: registration after registration, newest first, each one's pages in key order.
-    pub(super) fn registration_pages(
-        &self,
-        node: NodeId,
-        kept: usize,
-        had: usize,
-        pages: &mut Vec<PageId>,
-    ) {
-        let (layout, entry) = (self.layout, &self.arena[node]);
-        for index in (kept + 1..=had).rev() {
-            let from = self.registration_end(node, index - 1);
-            let to = self.registration_end(node, index);
-            pages.extend((from..to).map(|page| entry.page_id(page, layout)));
-        }
-    }
-
     /// Forgets all but the first `kept` earlier registrations of the evictable grown leaf
     /// `node`, whose pages the caller has freed: the leaf keeps the pages up to where
     /// registration `kept` ends, with its figures having absorbed the removed ones' (sglang
@@ -225,16 +222,17 @@ impl RadixCache {
         let mut lower = node;
         for index in (0..registrations.len()).rev() {
             let (end_page, stats) = registrations.get(index);
-            let upper = self.split(lower, start + end_page * self.layout.page_size());
+            let end = start + end_page * self.layout.page_size();
+            let upper = self.split(lower, end, stats.created);
             *self.arena.stats_mut(upper) = stats;
             lower = upper;
         }
     }
 
     /// Makes a node end at `pos` (page-aligned, strictly inside `node`'s key), as sglang's
-    /// split: `node`'s registrations become nodes, then the one holding `pos` is split unless
-    /// it starts there.
-    pub(super) fn cut(&mut self, node: NodeId, pos: usize) -> Cut {
+    /// split at time `now`: `node`'s registrations become nodes, then the one holding `pos` is
+    /// split unless it starts there.
+    pub(super) fn cut(&mut self, node: NodeId, pos: usize, now: u64) -> Cut {
         self.materialize(node);
         let mut lower = node;
         while self.arena[lower].start() > pos {
@@ -248,7 +246,7 @@ impl RadixCache {
                 split: false,
             };
         }
-        let upper = self.split(lower, pos);
+        let upper = self.split(lower, pos, now);
         Cut {
             upper,
             lower,

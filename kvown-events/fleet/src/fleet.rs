@@ -16,10 +16,11 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kvown_events::{
-    Context, EventEncoder, EventPublisher, EventSubscriber, NamespaceLabels, PublisherConfig,
+    Context, Dialect, EncodeError, EventEncoder, EventPublisher, EventSubscriber, NamespaceField,
+    NamespaceLabels, PublisherConfig,
 };
 
-use crate::indexer::FleetIndexer;
+use crate::indexer::{FleetIndexer, dynamo_labels};
 use crate::replica::{Admission, Replica};
 use crate::workload::Request;
 
@@ -65,10 +66,22 @@ pub struct FleetConfig {
     pub max_context: usize,
     /// Requests outstanding at most.
     pub max_in_flight: usize,
-    /// Namespace labels on the wire.
-    pub labels: NamespaceLabels,
+    /// The replicas' wire dialect.
+    pub dialect: Dialect,
+    /// Where namespaces travel.
+    pub namespace_field: NamespaceField,
+    /// Namespaces the workload uses: the default one and `1..namespaces`, labelled by
+    /// [`dynamo_labels`].
+    pub namespaces: u32,
     /// How each replica runs (on a thread of the router's process: [`serve_jobs`]).
     pub launch: Launch,
+}
+
+impl FleetConfig {
+    /// The namespaces' labels on the wire.
+    pub fn labels(&self) -> Result<NamespaceLabels, EncodeError> {
+        dynamo_labels(self.namespace_field, self.dialect, self.namespaces)
+    }
 }
 
 /// One replica's share of a run.
@@ -149,12 +162,31 @@ impl PolicyReport {
 /// Why a run failed.
 #[derive(Debug, thiserror::Error)]
 pub enum FleetError {
+    /// A replica failed.
     #[error("replica {replica}: {message}")]
-    Replica { replica: usize, message: String },
+    Replica {
+        /// The replica.
+        replica: usize,
+        /// What it reported.
+        message: String,
+    },
+    /// Dynamo's index refused a batch.
     #[error("router: {0}")]
     Index(#[from] crate::indexer::IndexError),
+    /// The router's subscription failed.
     #[error("router: {0}")]
     Subscribe(#[from] kvown_events::SubscribeError),
+    /// A batch the router received does not decode.
+    #[error("router: replica {replica}'s batch {seq}: {error}")]
+    Undecodable {
+        /// The replica.
+        replica: usize,
+        /// The batch's sequence number.
+        seq: u64,
+        /// Why it does not decode.
+        error: kvown_events::DecodeError,
+    },
+    /// No replica reported in time.
     #[error("no replica reported within {PATIENCE:?}: {0}")]
     Silent(&'static str),
 }
@@ -205,6 +237,10 @@ pub fn run(
     policy: Policy,
 ) -> Result<PolicyReport, FleetError> {
     let started = Instant::now();
+    let labels = config.labels().map_err(|error| FleetError::Replica {
+        replica: 0,
+        message: error.to_string(),
+    })?;
     let context = Context::new();
     let (done_tx, done_rx) = mpsc::channel::<Done>();
     let mut jobs = Vec::new();
@@ -234,7 +270,7 @@ pub fn run(
     drop(done_tx);
     let block_size = config.page_size as u32;
     let mut router = Router {
-        index: FleetIndexer::new(config.replicas, block_size, config.labels.clone()),
+        index: FleetIndexer::new(config.replicas, block_size, labels, config.dialect),
         subscribers,
         in_flight: vec![0; config.replicas],
         routed: vec![0; config.replicas],
@@ -356,6 +392,14 @@ impl Router {
             self.wait_ns += waiting.elapsed().as_nanos() as u64;
             let ingest = Instant::now();
             for batch in batches {
+                if let Err(error) = batch.decoded {
+                    let seq = batch.seq;
+                    return Err(FleetError::Undecodable {
+                        replica,
+                        seq,
+                        error,
+                    });
+                }
                 self.events += self.index.apply_batch(replica, &batch.payload)? as u64;
             }
             self.ingest_ns += ingest.elapsed().as_nanos() as u64;
@@ -374,12 +418,19 @@ pub fn serve_jobs(
     done: mpsc::Sender<Done>,
     ready: mpsc::Sender<Ready>,
 ) -> Totals {
-    let bound = EventPublisher::bind(context, &PublisherConfig::default());
+    let bound = EventEncoder::new(config.page_size)
+        .and_then(|encoder| Ok(encoder.with_namespaces(config.labels()?)))
+        .map_err(|e| e.to_string())
+        .and_then(|encoder| {
+            let encoder = encoder.with_dialect(config.dialect);
+            EventPublisher::bind(context, &PublisherConfig::default(), encoder)
+                .map_err(|e| e.to_string())
+        });
     let mut publisher = match bound {
         Ok(publisher) => publisher,
         Err(error) => {
-            let _ = ready.send(Err(error.to_string()));
-            return Err(error.to_string());
+            let _ = ready.send(Err(error.clone()));
+            return Err(error);
         }
     };
     let endpoints = (
@@ -387,9 +438,6 @@ pub fn serve_jobs(
         publisher.replay_endpoint().map(str::to_owned),
     );
     ready.send(Ok(endpoints)).map_err(|e| e.to_string())?;
-    let encoder = EventEncoder::new(config.page_size)
-        .map_err(|e| e.to_string())?
-        .with_namespaces(config.labels.clone());
     let mut engine = Replica::new(
         config.pool_tokens,
         config.page_size,
@@ -413,7 +461,7 @@ pub fn serve_jobs(
                 let publishing = Instant::now();
                 let events = engine.take_events();
                 publisher
-                    .publish_events(&encoder, unix_seconds(), &events)
+                    .publish_events(unix_seconds(), &events)
                     .map_err(|e| e.to_string())?;
                 totals.publish_ns += publishing.elapsed().as_nanos() as u64;
                 let last_seq = publisher.next_seq().checked_sub(1);

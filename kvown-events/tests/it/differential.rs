@@ -1,23 +1,16 @@
-//! The router's view equals each replica's own: after every step of a random run of several
-//! replicas (prompts sharing prefixes in several namespaces, decode steps registering pages,
-//! retractions and re-admissions, releases, evictions, stream restarts), Dynamo's overlap score
-//! of each replica, fed only by the replicas' encoded event batches, equals the replica's own
-//! prefix match in whole pages, for every prompt seen so far.
+//! The router's view equals each replica's own, in every dialect: after every step of a random
+//! run of several replicas (prompts sharing prefixes in several namespaces, decode steps
+//! registering pages, retractions and re-admissions, releases, evictions, stream restarts),
+//! Dynamo's overlap score of each replica, fed only by the replicas' encoded event batches,
+//! equals the replica's own prefix match in whole pages, for every prompt seen so far.
 
-#[path = "../examples/fleet/indexer.rs"]
-mod indexer;
-// Shared with the fleet example, which reads what the run here does not.
-#[allow(dead_code)]
-#[path = "../examples/fleet/replica.rs"]
-mod replica;
-
-use indexer::FleetIndexer;
-use kvown_events::{EventEncoder, NamespaceLabels};
+use kvown_events::{Dialect, EventEncoder, NamespaceField, NamespaceLabels};
+use kvown_fleet::indexer::{FleetIndexer, dynamo_labels};
+use kvown_fleet::replica::Replica;
 use kvown_runtime::batch::Req;
 use kvown_runtime::radix::{CacheEvent, Namespace};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use replica::Replica;
 
 const REPLICAS: usize = 3;
 
@@ -34,7 +27,13 @@ fn random_prompt(rng: &mut SmallRng, stems: &[Vec<u32>]) -> (Namespace, Vec<u32>
 /// Runs `steps` random steps; after each, checks every replica's score for every key seen.
 /// Returns how many comparisons were made and how many of them found a non-empty prefix.
 /// Asserts that the run retracted requests, removed pages and restarted streams.
-fn run(seed: u64, page_size: usize, labels: NamespaceLabels, steps: usize) -> (usize, usize) {
+fn run(
+    seed: u64,
+    page_size: usize,
+    dialect: Dialect,
+    labels: NamespaceLabels,
+    steps: usize,
+) -> (usize, usize) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let stems: Vec<Vec<u32>> = (0..4)
         .map(|stem| {
@@ -48,8 +47,9 @@ fn run(seed: u64, page_size: usize, labels: NamespaceLabels, steps: usize) -> (u
         .collect();
     let encoder = EventEncoder::new(page_size)
         .unwrap()
+        .with_dialect(dialect)
         .with_namespaces(labels.clone());
-    let mut index = FleetIndexer::new(REPLICAS, encoder.block_size(), labels);
+    let mut index = FleetIndexer::new(REPLICAS, encoder.block_size(), labels, dialect);
     let mut retracted: Vec<Vec<Req>> = (0..REPLICAS).map(|_| Vec::new()).collect();
     let mut keys: Vec<(Namespace, Vec<u32>)> = Vec::new();
     let mut payload = Vec::new();
@@ -109,7 +109,7 @@ fn run(seed: u64, page_size: usize, labels: NamespaceLabels, steps: usize) -> (u
             encoder.encode(step as f64, &events, &mut payload).unwrap();
             index
                 .apply_batch(number, &payload)
-                .unwrap_or_else(|error| panic!("seed {seed} step {step}: {error}"));
+                .unwrap_or_else(|error| panic!("{dialect} seed {seed} step {step}: {error}"));
         }
         keys.sort_unstable();
         keys.dedup();
@@ -121,8 +121,8 @@ fn run(seed: u64, page_size: usize, labels: NamespaceLabels, steps: usize) -> (u
                 assert_eq!(
                     scores[number] as usize,
                     matched / page_size,
-                    "seed {seed} step {step} replica {number} {namespace}: router score vs \
-                     the replica's match of {key:?}"
+                    "{dialect} seed {seed} step {step} replica {number} {namespace}: router \
+                     score vs the replica's match of {key:?}"
                 );
                 compared += 1;
                 non_empty += usize::from(matched > 0);
@@ -136,27 +136,31 @@ fn run(seed: u64, page_size: usize, labels: NamespaceLabels, steps: usize) -> (u
     (compared, non_empty)
 }
 
-#[test]
-fn the_routers_score_equals_each_replicas_own_match_with_lora_names() {
-    for (seed, page_size) in [(1, 1), (2, 2), (3, 4), (4, 4)] {
-        let (compared, non_empty) = run(seed, page_size, NamespaceLabels::lora_names(), 250);
+/// Runs `(seed, page size)` pairs with `labels` and checks that the runs found prefixes.
+fn check(dialect: Dialect, labels: &NamespaceLabels, runs: &[(u64, usize)]) {
+    for &(seed, page_size) in runs {
+        let (compared, non_empty) = run(seed, page_size, dialect, labels.clone(), 250);
         assert!(
             non_empty * 4 > compared / 10,
-            "{non_empty} of {compared}: too few hits to prove much"
+            "{dialect}: {non_empty} of {compared}: too few hits to prove much"
         );
     }
 }
 
 #[test]
+fn the_routers_score_equals_each_replicas_own_match_with_lora_names() {
+    let runs = [(1, 1), (2, 2), (3, 4), (4, 4)];
+    check(Dialect::Vllm, &NamespaceLabels::lora_names(), &runs);
+    for dialect in [Dialect::VllmLegacy, Dialect::Sglang] {
+        let labels = dynamo_labels(NamespaceField::LoraName, dialect, 3).unwrap();
+        check(dialect, &labels, &runs[2..]);
+    }
+}
+
+#[test]
 fn the_routers_score_equals_each_replicas_own_match_with_cache_salts() {
-    let labels = NamespaceLabels::cache_salts()
-        .with_name(Namespace(1), "tenant-one")
-        .unwrap();
-    for (seed, page_size) in [(5, 1), (6, 4)] {
-        let (compared, non_empty) = run(seed, page_size, labels.clone(), 250);
-        assert!(
-            non_empty * 4 > compared / 10,
-            "{non_empty} of {compared}: too few hits to prove much"
-        );
+    for dialect in Dialect::ALL {
+        let labels = dynamo_labels(NamespaceField::CacheSalt, dialect, 3).unwrap();
+        check(dialect, &labels, &[(5, 1), (6, 4)]);
     }
 }
