@@ -50,10 +50,10 @@ fn readme_quotes_the_blessed_compiler_errors() {
 }
 
 #[test]
-fn readme_is_a_manual_of_at_most_350_lines() {
+fn readme_is_a_manual_of_at_most_400_lines() {
     let lines = README.lines().count();
     assert!(
-        lines <= 350,
+        lines <= 400,
         "README.md has {lines} lines; keep it a manual"
     );
 }
