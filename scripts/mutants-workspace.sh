@@ -9,10 +9,10 @@
 #
 #   scripts/mutants-workspace.sh [CARGO-MUTANTS FILTER ARGS...]
 #   scripts/mutants-workspace.sh -p kvown-macros -f seal.rs
-#   MUTANTS_TEST='cargo test -q --test audit' scripts/mutants-workspace.sh -p kvown-runtime -f audit.rs
+#   MUTANTS_TEST='cargo test -q --test it audit' scripts/mutants-workspace.sh -p kvown-ownership -f audit.rs
 #
-# MUTANTS_TEST is the test command (default: the tests that pin the macros down: the root audit
-# test, the trybuild suite, the macro crate's unit tests and the runtime's ownership table; about
+# MUTANTS_TEST is the test command (default: the tests that pin the macros down: the root
+# integration tests (the audit among them), the trybuild suite, the macro crate's unit tests and the runtime's ownership table; about
 # 30 s a mutant on 2 cores once built). The mutated package is built first: a mutant that does not
 # build is "unviable". A test command that fails (a macro that breaks its users' build included)
 # or runs past MUTANTS_TIMEOUT seconds (default 600) "caught" it; one that passes "missed" it. Results go
@@ -26,7 +26,7 @@ command -v cargo-mutants >/dev/null || {
     echo "mutants-workspace.sh: cargo-mutants is not installed (cargo install cargo-mutants)" >&2
     exit 1
 }
-default_tests="cargo test -q --test audit --test ui && cargo test -q -p kvown-macros"
+default_tests="cargo test -q --test it --test ui && cargo test -q -p kvown-macros"
 default_tests+=" && cargo test -q -p kvown-runtime --test ownership_table"
 test_cmd="${MUTANTS_TEST:-$default_tests}"
 limit="${MUTANTS_TIMEOUT:-600}"

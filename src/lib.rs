@@ -177,8 +177,8 @@
 //! name. The token is neither `Clone` nor `Copy` (nor can it be made `Copy`), so it cannot be
 //! returned, stored in a `static`, moved into a `'static` closure or `std::thread::spawn`ed
 //! thread, or moved out. Closures and `std::thread::scope` threads inside the owner work. The
-//! owner traits are sealed, and each requires a genuine token, so implementing one for your own
-//! type or declaring a `struct f;` does not create an owner. The `tests/ui/fail/` suite shows
+//! owner traits are sealed, and an owner listed in `#[owned_by(..)]` must be a genuine token, so
+//! implementing one for your own type or declaring a `struct f;` does not create an owner. The `tests/ui/fail/` suite shows
 //! each of these failing with its error.
 //!
 //! ## Building and borrowing a sealed struct
@@ -187,12 +187,14 @@
 //! from the generated init struct `<Struct>Init` (renamed by `#[guarded(init = Name)]`), which
 //! has the same fields and is nameable where a literal was legal:
 //! `ReqKvInfo::from(ReqKvInfoInit { kv_committed_len: 0, rid: 7 })`, with
-//! `..Default::default()` when the struct derives `Default`. `x.into_init()` takes a value apart.
-//! Getters borrow the whole struct; `x.fields_mut()` borrows every field at once (owned fields
-//! `&T`, others `&mut T`) for split borrows.
+//! `..Default::default()` when the struct derives `Default`. Getters borrow the whole struct;
+//! `x.fields_mut()` borrows every field at once (owned fields `&T`, others `&mut T`) for split
+//! borrows. `#[guarded(into_init)]` adds `x.into_init()`, which takes a value apart into its init
+//! struct: it moves every field out of `self`, which a struct with a `Drop` impl forbids (E0509),
+//! so it is generated only when asked for.
 //!
 //! ```
-//! #[kvown::guarded]
+//! #[kvown::guarded(into_init)]
 //! #[derive(Debug, Clone, PartialEq, Default)]
 //! pub struct Req {
 //!     #[owned_by(alloc)]
@@ -215,10 +217,45 @@
 //! }
 //! ```
 //!
+//! ## `Drop` and unsized parameters
+//!
+//! A guarded struct may implement `Drop`: nothing `#[guarded]` generates moves a field out of
+//! `self` unless `into_init` is asked for. The destructor reads owned fields through their
+//! getters and, like any other code, cannot write them (`tests/ui/pass/structs/drop_impls.rs`).
+//!
+//! ```
+//! #[kvown::guarded]
+//! #[derive(Debug, Default)]
+//! pub struct Span {
+//!     #[owned_by(enter)]
+//!     depth: usize,
+//!     pub name: String,
+//! }
+//!
+//! impl Drop for Span {
+//!     fn drop(&mut self) {
+//!         println!("leaving {} at depth {}", self.name, self.depth());
+//!     }
+//! }
+//!
+//! #[kvown::owner]
+//! pub fn enter(span: &mut Span) {
+//!     *span.depth_mut(owner) += 1;
+//! }
+//! # fn main() { enter(&mut Span::default()); }
+//! ```
+//!
+//! A `?Sized` type parameter is fine: a struct whose parameter appears only behind
+//! `PhantomData`, a reference or a pointer is built and converted for an unsized argument
+//! (`Id<str>`, `Id<dyn Trait>`); what moves fields by value (`From`, `into_init`, a setter) asks
+//! `Sized` only of the field types that name the parameter, so a struct with an unsized tail
+//! (`payload: T`) is built sized and used behind a reference.
+//!
 //! ## Attribute options
 //!
-//! * `#[kvown::guarded(crate = path, init = Name)]`; `crate = path` when the `kvown`
-//!   dependency is renamed (serde-style), `init` renames the init struct.
+//! * `#[kvown::guarded(crate = path, init = Name, into_init)]`; `crate = path` when the `kvown`
+//!   dependency is renamed (serde-style), `init` renames the init struct, `into_init` adds
+//!   `into_init(self)` (for a struct without a destructor).
 //! * `#[owned_by(owner, ..., read = copy | ref)]`.
 //! * `#[kvown::owner(token = name, crate = path)]`; `#[kvown::owners(crate = path)]` with
 //!   `#[owner(token = name)]` on methods.
@@ -231,15 +268,17 @@
 //! ## What `#[guarded]` expands to
 //!
 //! For `struct ReqKvInfo` with owned `kv_committed_len`: a hidden module `sealed_ReqKvInfo`
-//! (`use super::*` inside) holding the struct with owned fields
-//! private and the others widened one level (so each keeps its written reach), `ReqKvInfoInit`,
-//! the view `ReqKvInfoFieldsMut`, a private seal trait per field (`owned_by::kv_committed_len`),
-//! the owner trait
+//! (`use super::*` inside) holding the struct with owned fields private and the others widened
+//! one level (so each keeps its written reach), a private seal trait per field, the owner trait
 //! `ReqKvInfoKvCommittedLenOwner` (with `#[diagnostic::on_unimplemented]`) implemented for the
-//! listed owners' tokens, the getter, `set_` and `_mut` (`#[inline(always)]`), and an audit
-//! registration. Then `pub use` of the struct, init, view and owner traits with the struct's
-//! visibility. The exact expansion of a small struct is a snapshot test in `kvown-macros`
-//! (`kvown-macros/tests/expansion/`).
+//! listed owners' tokens, one impl block with the getters, `set_` and `_mut` accessors and
+//! `fields_mut`, `From<ReqKvInfoInit>`, and one audit registration for the struct; then `pub use`
+//! of the struct and its owner traits. Beside it, in the struct's own module, `ReqKvInfoInit` and
+//! the view `ReqKvInfoFieldsMut`, and a call of a hidden macro that only rustdoc expands (behind
+//! `cfg(doc)`), into the struct as written, so that it is documented in place. The exact
+//! expansion of a small struct is a snapshot test in `kvown-macros`
+//! (`kvown-macros/tests/expansion/`); `scripts/compile-cost.sh` measures what it costs to
+//! compile against plain and serde-derived structs (README, "What the macros cost").
 //!
 //! ## Zero cost
 //!
@@ -250,7 +289,8 @@
 //!
 //! ## The audit register
 //!
-//! Every owned field and owner site registers at link time. [`audit_table!()`](audit_table)
+//! Every guarded struct registers at link time, with its owned fields and the sites of their
+//! owners (one registration per struct). [`audit_table!()`](audit_table)
 //! returns the calling crate's ownership table (struct, field, owner, direct writes,
 //! delegations, module, site; [`audit::AuditTable::collect`] has every linked crate's),
 //! `Display` prints it, and [`audit::AuditTable::assert_matches`] panics with the owner sites
@@ -323,8 +363,11 @@
 //!
 //! # The paged KV allocator
 //!
-//! The runtime re-exported here ([`alloc`], [`slots`], [`radix`], [`kv`], [`batch`],
-//! [`cache`], [`check`], [`error`], [`ids`]) is an LLM serving
+//! With the default feature `allocator`, the runtime is re-exported here ([`alloc`], [`slots`],
+//! [`radix`], [`kv`], [`batch`], [`cache`], [`check`], [`error`], [`ids`]). A crate that wants
+//! only the macros writes `kvown = { version = "0.1", default-features = false }` and compiles
+//! them with their support crate (`kvown-ownership`: the tokens' seal and the audit register),
+//! no allocator. The runtime is an LLM serving
 //! engine's KV-cache bookkeeping (sglang's `mem_cache`, target state after #37085) with the
 //! per-request ladder `cache_protected_len <= kv_committed_len <= kv_allocated_len` in guarded
 //! fields. One extend and two decode steps, then release, with the invariant checker and the
@@ -374,11 +417,12 @@
 #![forbid(unsafe_code)]
 
 pub use kvown_macros::{guarded, owner, owners};
-pub use kvown_runtime::ownership::audit;
+pub use kvown_ownership::audit;
+#[cfg(feature = "allocator")]
 pub use kvown_runtime::{alloc, batch, cache, check, error, ids, kv, radix, slots};
 
 #[doc(hidden)]
-pub use kvown_runtime::__private;
+pub use kvown_ownership::__private;
 
 /// The ownership table of the calling crate, in one line: `kvown::audit_table!()`.
 ///

@@ -17,6 +17,9 @@ mod owner;
 mod seal;
 mod support_path;
 
+#[cfg(test)]
+mod budget;
+
 use proc_macro::TokenStream;
 
 /// Seals a struct so that only the functions named in `#[owned_by(..)]` can write those fields.
@@ -39,4 +42,20 @@ pub fn owner(args: TokenStream, input: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn owners(args: TokenStream, input: TokenStream) -> TokenStream {
     owner::expand_impl(args.into(), input.into()).into()
+}
+
+/// The documented form of a `#[guarded]` struct, which `#[guarded]` emits behind `cfg(doc)`:
+/// only rustdoc expands it. Not a public API.
+#[doc(hidden)]
+#[proc_macro]
+pub fn __guarded_documented(input: TokenStream) -> TokenStream {
+    guarded::expand_documented(input.into()).into()
+}
+
+/// The documented form of an `#[owner]` function, which `#[owner]` emits behind `cfg(doc)`: only
+/// rustdoc expands it. Not a public API.
+#[doc(hidden)]
+#[proc_macro]
+pub fn __owner_documented(input: TokenStream) -> TokenStream {
+    owner::expand_fn_documented(input.into()).into()
 }

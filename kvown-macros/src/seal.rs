@@ -63,20 +63,6 @@ fn deepen_path_at(path: &mut Path, depth: usize) {
     }
 }
 
-/// Puts `#[cfg(condition)]` on every item of `items`: what keeps the sealed expansion (compiled,
-/// `not(doc)`) and the in-place one (documented, `doc`) apart.
-pub(crate) fn gate(items: TokenStream, condition: TokenStream) -> TokenStream {
-    let file: syn::File = match syn::parse2(items.clone()) {
-        Ok(file) => file,
-        // Not a list of items (a malformed input the macro reports anyway): leave it to rustc.
-        Err(_) => return items,
-    };
-    file.items
-        .iter()
-        .map(|item| quote::quote!(#[cfg(#condition)] #item))
-        .collect()
-}
-
 /// Prefixes a path that resolves like a `use` path from the parent module so that it resolves
 /// the same from a child module.
 pub(crate) fn path_from_child(path: &Path) -> Path {
@@ -90,8 +76,10 @@ pub(crate) fn path_from_child(path: &Path) -> Path {
             path
         }
         _ => {
+            let mut path = path.clone();
             let root = Ident::new("super", path.segments[0].ident.span());
-            parse_quote!(#root::#path)
+            path.segments.insert(0, root.into());
+            path
         }
     }
 }

@@ -5,18 +5,12 @@ use quote::quote;
 use syn::Path;
 use syn::meta::ParseNestedMeta;
 
-/// The crate whose own code uses the macros with `crate::__private` support.
-const RUNTIME_CRATE: &str = "kvown_runtime";
-
-/// The default support path: `crate` inside kvown-runtime itself, `::kvown` everywhere else.
+/// The default support path, `::kvown`: the facade, or what a crate that cannot depend on it
+/// (kvown's own allocator) names `kvown` (`extern crate kvown_ownership as kvown;`).
 ///
 /// A crate that renames its `kvown` dependency passes `crate = path` (serde-style).
 pub(crate) fn default_support_path() -> TokenStream {
-    if std::env::var("CARGO_CRATE_NAME").as_deref() == Ok(RUNTIME_CRATE) {
-        quote!(crate)
-    } else {
-        quote!(::kvown)
-    }
+    quote!(::kvown)
 }
 
 /// Reads the value of a `crate = path` option (the support path of a renamed dependency).

@@ -1,6 +1,5 @@
-//! kvown runtime: the support types behind `#[kvown::guarded]` / `#[kvown::owner]`, the audit
-//! register, and a paged KV-cache allocator whose per-request bookkeeping is owned at compile
-//! time.
+//! kvown runtime: a paged KV-cache allocator whose per-request bookkeeping is owned at compile
+//! time (with `#[kvown::guarded]` fields, whose support lives in `kvown-ownership`).
 //!
 //! The allocator follows sglang's KV-cache bookkeeping (target state after sglang #37085). The
 //! modules read as floors, each importing only those below it (the owner links of
@@ -13,7 +12,7 @@
 //! * [`error`];
 //! * [`radix`] (prefix cache) and [`kv`] (K/V data pools);
 //! * [`alloc`] (token and paged slot allocators);
-//! * [`slots`] (request-to-token table) and [`ownership`] (the macros' support types);
+//! * [`slots`] (request-to-token table) and [`ownership`] (the audit register of guarded fields);
 //! * [`ids`].
 //!
 //! # A request's life
@@ -94,6 +93,10 @@
 #[cfg(test)]
 extern crate self as kvown_runtime;
 
+// The macros' expansions name their support crate `::kvown` (the facade, which this crate cannot
+// depend on); here that is the support crate itself.
+extern crate kvown_ownership as kvown;
+
 pub mod alloc;
 pub mod batch;
 pub mod cache;
@@ -101,14 +104,11 @@ pub mod check;
 pub mod error;
 pub mod ids;
 pub mod kv;
-pub mod ownership;
 pub mod radix;
 pub mod slots;
 
-/// Items the macro expansions refer to. Not a public API; may change in any release.
-#[doc(hidden)]
-pub mod __private {
-    pub use crate::ownership::audit::{FieldWrites, GuardedField, OwnerSite};
-    pub use crate::ownership::{OwnerSeal, OwnerToken};
-    pub use inventory;
+/// The audit register of guarded fields, from `kvown-ownership`: it lists this crate's ownership
+/// table among those of every linked crate.
+pub mod ownership {
+    pub use kvown_ownership::audit;
 }

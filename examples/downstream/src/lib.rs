@@ -1,6 +1,6 @@
-//! **Start here.** A small shop written as a user's crate, depending only on `kvown` (no
-//! kvown-runtime, no inventory): the macros' expansions reach what they need through
-//! `::kvown::__private`.
+//! **Start here.** A small shop written as a user's crate, depending only on `kvown` without its
+//! allocator (`default-features = false`: the macros and their support crate, no
+//! `kvown-runtime`): the macros' expansions reach what they need through `::kvown::__private`.
 //!
 //! * [`ledger`]: an [`ledger::Account`] whose `balance` only `deposit` and `withdraw` write,
 //!   both through a helper bound by the owner trait [`ledger::AccountBalanceOwner`];

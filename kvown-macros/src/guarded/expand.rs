@@ -2,13 +2,20 @@
 //!
 //! The struct moves into a hidden child module where its owned fields are private, so no code
 //! outside that module (the struct's own module included) can touch them except through the
-//! generated accessors. Everything else keeps the reach it had when written.
+//! generated accessors. Everything else keeps the reach it had when written. What needs no
+//! access to the owned fields (the init struct and the split-borrow view) is defined in the
+//! struct's own module.
+//!
+//! Three parts: the sealed form, which the compiler builds (`cfg(not(doc))`); the items shared by
+//! both forms; and a call of `guarded_documented!`, which rustdoc alone expands (`cfg(doc)`) into
+//! the struct as written, in place, so that it is documented as its module's own item.
 
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
+use syn::visit::Visit;
 use syn::visit_mut::VisitMut;
 use syn::{
     Attribute, Fields, GenericParam, Generics, Ident, Lifetime, LifetimeParam, Path, Token,
@@ -17,18 +24,18 @@ use syn::{
 
 use super::parse::{FieldModel, GuardedStruct, Ownership, ReadMode};
 use crate::method_token::{is_type_name, token_name};
-use crate::seal::{DeeperPaths, gate, path_from_child, widen_one_level};
+use crate::seal::{DeeperPaths, path_from_child, widen_one_level};
 
 /// Std derives mirrored onto the generated init struct.
 const MIRRORED_DERIVES: &[&str] = &["Debug", "Clone", "Default"];
 
-/// A field of the sealed struct: its model and its type as seen from the hidden module.
+/// A field of the struct: its model and its type as the generated code names it.
 struct SealedField<'a> {
     model: &'a FieldModel,
     ty: Type,
 }
 
-/// Where the expansion puts the struct and what it generates.
+/// Where the struct is emitted.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Placement {
     /// In the hidden child module, re-exported: what the compiler builds.
@@ -41,25 +48,72 @@ enum Placement {
     InPlace,
 }
 
-impl Placement {
-    /// The visibility of a field (not an owned one) written with `written`.
-    fn field_vis(self, written: &Visibility) -> Visibility {
-        match self {
-            Placement::Sealed => widen_one_level(written),
-            Placement::InPlace => written.clone(),
-        }
+/// What `#[guarded]` emits for the compiler: the sealed struct with its accessors and
+/// registration, the init and view structs beside it, and the deferred documented form.
+/// `args` and `input` are the attribute's arguments and the struct as written, handed on to
+/// `guarded_documented!`; the owned fields in `refused` (whose generated names were refused) get
+/// no accessors and no owner trait.
+pub(crate) fn expand(
+    model: &GuardedStruct,
+    refused: &[&Ident],
+    args: &TokenStream,
+    input: &TokenStream,
+) -> TokenStream {
+    let sealed = expand_at(model, refused, Placement::Sealed);
+    let shared = shared_items(model, refused);
+    let support = &model.support;
+    quote! {
+        #sealed
+        #shared
+        #[cfg(doc)]
+        #support::__private::guarded_documented! { (#args) #input }
     }
 }
 
-/// Expands `model`; the owned fields in `refused` (whose generated names were refused) get no
-/// accessors and no owner trait. The sealed expansion is compiled, the in-place one documented.
-pub(crate) fn expand(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
-    let sealed = gate(
-        expand_at(model, refused, Placement::Sealed),
-        quote!(not(doc)),
-    );
-    let in_place = gate(expand_at(model, refused, Placement::InPlace), quote!(doc));
-    quote!(#sealed #in_place)
+/// The documented form, what `guarded_documented!` expands to under rustdoc: the struct in
+/// place with its accessors and owner traits (the init and view structs are shared).
+pub(crate) fn expand_documented(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
+    expand_at(model, refused, Placement::InPlace)
+}
+
+/// The struct's type parameters declared `?Sized`, and the field types that mention one: the
+/// bounds (`FieldType: Sized`) that what moves those fields by value needs.
+struct MaybeUnsized<'a> {
+    params: Vec<&'a Ident>,
+}
+
+impl MaybeUnsized<'_> {
+    /// Whether `ty` names one of the `?Sized` parameters (so it may be unsized).
+    fn mentioned_in(&self, ty: &Type) -> bool {
+        struct Finder<'p> {
+            params: &'p [&'p Ident],
+            found: bool,
+        }
+        impl<'ast> Visit<'ast> for Finder<'_> {
+            fn visit_path(&mut self, path: &'ast Path) {
+                if let Some(first) = path.segments.first()
+                    && self.params.iter().any(|p| **p == first.ident)
+                {
+                    self.found = true;
+                }
+                syn::visit::visit_path(self, path);
+            }
+        }
+        let mut finder = Finder {
+            params: &self.params,
+            found: false,
+        };
+        finder.visit_type(ty);
+        finder.found
+    }
+
+    /// `FieldType: Sized` for each of `fields` that names a `?Sized` parameter.
+    fn bounds<'f>(&self, fields: impl Iterator<Item = &'f Type>) -> Vec<WherePredicate> {
+        fields
+            .filter(|ty| self.mentioned_in(ty))
+            .map(|ty| parse_quote!(#ty: ::core::marker::Sized))
+            .collect()
+    }
 }
 
 fn expand_at(model: &GuardedStruct, refused: &[&Ident], placement: Placement) -> TokenStream {
@@ -98,8 +152,10 @@ fn expand_at(model: &GuardedStruct, refused: &[&Ident], placement: Placement) ->
         }
         field.vis = if field_model.ownership.is_some() {
             Visibility::Inherited
+        } else if in_place {
+            field_model.vis.clone()
         } else {
-            placement.field_vis(&field_model.vis)
+            widen_one_level(&field_model.vis)
         };
         let mut ty = field.ty.clone();
         SelfToStruct(&self_type).visit_type_mut(&mut ty);
@@ -111,32 +167,29 @@ fn expand_at(model: &GuardedStruct, refused: &[&Ident], placement: Placement) ->
 
     let generics = &sealed.generics;
     let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
-    let impl_header = quote!(impl #impl_generics #name #ty_generics #where_clause);
-    // A `?Sized` parameter (a struct with an unsized tail) makes the struct and its init struct
-    // possibly unsized: what moves them by value asks for those parameters to be `Sized` (and is
-    // usable once the tail is sized); otherwise no bound is added.
-    let maybe_unsized = maybe_sized_params(generics);
+    // A `?Sized` parameter may make a field (the tail) unsized: what moves fields by value asks
+    // for those that name one to be `Sized` (usable once they are), and no more.
+    let maybe_unsized = MaybeUnsized {
+        params: maybe_sized_params(generics),
+    };
     let mut sized_generics = generics.clone();
-    for param in &maybe_unsized {
-        let bound: syn::WherePredicate = parse_quote!(#param: ::core::marker::Sized);
-        sized_generics.make_where_clause().predicates.push(bound);
+    let tail_bounds = maybe_unsized.bounds(fields.iter().map(|f| &f.ty));
+    if !tail_bounds.is_empty() {
+        sized_generics
+            .make_where_clause()
+            .predicates
+            .extend(tail_bounds);
     }
-    let (_, _, from_where) = sized_generics.split_for_impl();
-    let into_init_where = (!maybe_unsized.is_empty())
-        .then(|| quote!(where #(#maybe_unsized: ::core::marker::Sized,)*));
-    // The init and view structs declare the struct's generics again; in their bounds and
-    // where-clause `Self` would name them, not the struct.
-    let mut copied_generics = generics.clone();
-    SelfToStruct(&self_type).visit_generics_mut(&mut copied_generics);
+    let (_, _, sized_where) = sized_generics.split_for_impl();
     let borrow = borrow_lifetime(&model.item);
-    let view_generics = with_view_lifetime(&copied_generics, &borrow);
+    let view_generics = with_view_lifetime(generics, &borrow);
     let (_, view_ty_generics, _) = view_generics.split_for_impl();
 
     let mut seals = Vec::new();
     let mut owner_traits = Vec::new();
     let mut trait_exports = Vec::new();
     let mut accessors = Vec::new();
-    let mut registrations = Vec::new();
+    let mut registered = Vec::new();
     for field in &fields {
         let Some(ownership) = &field.model.ownership else {
             continue;
@@ -145,16 +198,9 @@ fn expand_at(model: &GuardedStruct, refused: &[&Ident], placement: Placement) ->
             continue;
         }
         let trait_name = owner_trait_name(name, &field.model.ident);
-        let cfg = &field.model.cfg_attrs;
-        trait_exports.push(quote!(
-            #(#cfg)*
-            #[doc(inline)]
-            #[allow(unused_imports)]
-            #outer_vis use self::#module::#trait_name;
-        ));
+        trait_exports.push((&field.model.cfg_attrs, trait_name.clone()));
         seals.push(seal_trait(name, field.model, &trait_name));
         owner_traits.push(owner_trait(
-            &private,
             name,
             field.model,
             ownership,
@@ -163,38 +209,15 @@ fn expand_at(model: &GuardedStruct, refused: &[&Ident], placement: Placement) ->
             placement,
         ));
         let context = AccessorContext {
-            impl_header: &impl_header,
             inner_vis: &inner_vis,
             maybe_unsized: &maybe_unsized,
             borrow: &borrow,
             placement,
         };
         accessors.push(field_accessors(&context, field, ownership, &trait_name));
-        registrations.push(registration(&private, name, field.model, ownership));
+        registered.push(registered_field(&private, field.model, ownership));
     }
 
-    // An owned field `from` gets an inherent `from(&self)` getter, which `Name::from(..)` then
-    // names instead of `From::from`.
-    let from_is_a_getter = fields.iter().any(|f| {
-        f.model.ownership.is_some() && !refused.contains(&&f.model.ident) && f.model.ident == "from"
-    });
-    let init_struct = init_struct(
-        model,
-        init,
-        &copied_generics,
-        &fields,
-        &inner_vis,
-        from_is_a_getter,
-        placement,
-    );
-    let view_struct = view_struct(
-        &view,
-        &view_generics,
-        &fields,
-        &inner_vis,
-        &borrow,
-        placement,
-    );
     let idents: Vec<&Ident> = fields.iter().map(|f| &f.model.ident).collect();
     let cfgs: Vec<&Vec<Attribute>> = fields.iter().map(|f| &f.model.cfg_attrs).collect();
     let view_refs = fields.iter().map(|f| {
@@ -205,23 +228,45 @@ fn expand_at(model: &GuardedStruct, refused: &[&Ident], placement: Placement) ->
             quote!(&mut self.#ident)
         }
     });
-
-    let struct_allows = &model.lint_allows;
-    let into_init_vis = if in_place {
-        Visibility::Inherited
-    } else {
-        parse_quote!(pub(super))
-    };
+    // `into_init(self)` moves every field out, which a struct with a `Drop` impl forbids
+    // (E0509), and a macro cannot see impls: it is generated only on request.
+    let into_init = model.into_init.then(|| {
+        let vis = if in_place {
+            Visibility::Inherited
+        } else {
+            parse_quote!(pub(super))
+        };
+        let doc = in_place.then(|| {
+            quote!(
+                /// Takes the value apart into its init struct, whose fields are visible where a
+                /// struct literal of this type would be (`#[kvown::guarded(into_init)]`).
+            )
+        });
+        quote! {
+            #doc
+            #[inline]
+            #[allow(dead_code)]
+            #vis fn into_init(self) -> #init #ty_generics #sized_where {
+                #init { #( #(#cfgs)* #idents: self.#idents, )* }
+            }
+        }
+    });
+    let fields_mut_doc = in_place.then(|| {
+        quote!(
+            /// Borrows every field at once: shared references to owned fields, mutable
+            /// references to the others (the split borrow that sealing otherwise prevents).
+        )
+    });
+    // `deprecated` here and on every item generated from the struct: a `#[deprecated]` struct or
+    // field warns where it is used, not in what the expansion derives from it. A field named
+    // `len` gets a `len()` getter: that is not a collection API. A field type's braces were
+    // linted on the struct already (`unused_braces`). The sealed form documents nothing: rustdoc
+    // reads the documented form.
+    let missing_docs = (!in_place).then(|| quote!(missing_docs,));
     let methods = quote! {
-        #init_struct
-
-        #view_struct
-
-        // `deprecated` here and on every item generated from the struct: a `#[deprecated]`
-        // struct or field warns where it is used, not in what the expansion derives from it.
         #[allow(deprecated)]
         impl #impl_generics ::core::convert::From<#init #ty_generics> for #name #ty_generics
-        #from_where
+        #sized_where
         {
             #[inline]
             fn from(init: #init #ty_generics) -> Self {
@@ -229,28 +274,24 @@ fn expand_at(model: &GuardedStruct, refused: &[&Ident], placement: Placement) ->
             }
         }
 
-        #[allow(deprecated)]
+        #[allow(
+            clippy::len_without_is_empty, unused_braces, unused_variables, deprecated,
+            #missing_docs
+        )]
         impl #impl_generics #name #ty_generics #where_clause {
-            /// Takes the value apart into its init struct, whose fields are visible where a
-            /// struct literal of this type would be.
-            #[inline]
-            #[allow(dead_code)]
-            #into_init_vis fn into_init(self) -> #init #ty_generics #into_init_where {
-                #init { #( #(#cfgs)* #idents: self.#idents, )* }
-            }
+            #(#accessors)*
 
-            /// Borrows every field at once: shared references to owned fields, mutable
-            /// references to the others (the split borrow that sealing otherwise prevents).
+            #fields_mut_doc
             #[inline]
             #[allow(dead_code)]
             #inner_vis fn fields_mut<#borrow>(&#borrow mut self) -> #view #view_ty_generics {
                 #view { #( #(#cfgs)* #idents: #view_refs, )* }
             }
+
+            #into_init
         }
 
         #(#owner_traits)*
-
-        #(#accessors)*
     };
     if in_place {
         return quote! {
@@ -267,49 +308,92 @@ fn expand_at(model: &GuardedStruct, refused: &[&Ident], placement: Placement) ->
             #methods
         };
     }
+    let struct_allows = &model.lint_allows;
+    let registration = registration(&private, name, &registered);
+    // The owner traits of fields without `#[cfg]` are re-exported with the struct, the others
+    // one by one under their field's `cfg`.
+    let (plain_traits, gated_traits): (Vec<_>, Vec<_>) =
+        trait_exports.iter().partition(|(cfg, _)| cfg.is_empty());
+    let plain_traits = plain_traits.iter().map(|(_, name)| name);
+    let gated_traits = gated_traits.iter().map(|(cfg, trait_name)| {
+        quote! {
+            #[cfg(not(doc))]
+            #(#cfg)*
+            #[allow(unused_imports)]
+            #outer_vis use self::#module::#trait_name;
+        }
+    });
     quote! {
+        #[cfg(not(doc))]
         #[doc(hidden)]
-        #[allow(non_snake_case)]
+        #[allow(non_snake_case, unused_imports)]
         #(#struct_allows)*
         mod #module {
-            #[allow(unused_imports)]
+            // With everything of the struct's module, functions named like the expansion's
+            // parameters (`owner` and `value` in the accessors, `init` in `From`): they shadow
+            // what `super::*` brings in under those names, where a `const value` would turn the
+            // parameter into a constant pattern; a function never does. Imported rather than
+            // defined here, so that rustc does not list them as inaccessible candidates when a
+            // user's `owner`, `value` or `init` is not found.
             use super::*;
+            use ::core::convert::{identity as owner, identity as value, identity as init};
 
             // The seal traits, one per owned field, named after its owner trait: private to this
             // module, so only the owner trait impls below can implement them. rustc names them
-            // where it explains a sealed trait (`sealed_Req::owned_by::ReqLenOwnerSeal`), rustdoc
-            // as the owner trait's supertrait.
+            // where it explains a sealed trait (`sealed_Req::owned_by::ReqLenOwnerSeal`).
             mod owned_by {
                 #(#seals)*
             }
 
             #sealed
 
-            // Functions named like the expansion's parameters (`owner` and `value` in the
-            // accessors, `init` in `From`): they shadow what `use super::*` brings in under those
-            // names, where a `const value` would turn the parameter into a constant pattern; a
-            // function never does. Imported rather than defined here, so that rustc does not list
-            // them as inaccessible candidates when a user's `owner`, `value` or `init` is not
-            // found.
-            #[allow(unused_imports)]
-            use ::core::convert::identity as owner;
-            #[allow(unused_imports)]
-            use ::core::convert::identity as value;
-            #[allow(unused_imports)]
-            use ::core::convert::identity as init;
-
             #methods
 
-            #(#registrations)*
+            #registration
         }
 
-        // Inlined, so that rustdoc documents them as this module's items, also where it shows
-        // private items (a binary crate, `--document-private-items`), and never the hidden module.
-        #[doc(inline)]
+        #[cfg(not(doc))]
         #[allow(unused_imports, deprecated)]
-        #outer_vis use self::#module::{#name, #init, #view};
-        #(#trait_exports)*
+        #outer_vis use self::#module::{#name #(, #plain_traits)*};
+        #(#gated_traits)*
     }
+}
+
+/// The items both forms share, defined in the struct's own module: the init struct and the
+/// split-borrow view. They name the struct's field types as written.
+fn shared_items(model: &GuardedStruct, refused: &[&Ident]) -> TokenStream {
+    let name = &model.item.ident;
+    let self_type: Type = {
+        let (_, ty_generics, _) = model.item.generics.split_for_impl();
+        parse_quote!(#name #ty_generics)
+    };
+    // The init and view structs declare the struct's generics again; in their bounds and
+    // where-clause `Self` would name them, not the struct.
+    let mut generics = model.item.generics.clone();
+    SelfToStruct(&self_type).visit_generics_mut(&mut generics);
+    let fields: Vec<SealedField<'_>> = model
+        .fields
+        .iter()
+        .map(|field| {
+            let mut ty = field.ty.clone();
+            SelfToStruct(&self_type).visit_type_mut(&mut ty);
+            SealedField { model: field, ty }
+        })
+        .collect();
+    // An owned field `from` gets an inherent `from(&self)` getter, which `Name::from(..)` then
+    // names instead of `From::from`.
+    let from_is_a_getter = fields.iter().any(|f| {
+        f.model.ownership.is_some() && !refused.contains(&&f.model.ident) && f.model.ident == "from"
+    });
+    let borrow = borrow_lifetime(&model.item);
+    let init = init_struct(model, &generics, &fields, from_is_a_getter);
+    let view = view_struct(
+        model,
+        &with_view_lifetime(&generics, &borrow),
+        &fields,
+        &borrow,
+    );
+    quote!(#init #view)
 }
 
 /// Replaces `Self` in a copied field type or generics by the struct's type (`Node<T>`): the init
@@ -411,7 +495,6 @@ fn seal_trait(struct_name: &Ident, field: &FieldModel, trait_name: &Ident) -> To
 
 /// The per-field owner trait, its diagnostic, and its impls for exactly the listed owners.
 fn owner_trait(
-    private: &TokenStream,
     struct_name: &Ident,
     field: &FieldModel,
     ownership: &Ownership,
@@ -450,34 +533,44 @@ fn owner_trait(
     // Each impl is spanned on its entry in `#[owned_by(..)]`, so an entry that is not an owner
     // is reported there. A duplicate entry (already an error) is implemented once.
     let seal = seal_name(trait_name);
-    let mut seen = Vec::new();
-    let impls = ownership.owners.iter().filter_map(|owner| {
-        let text = path_text(owner);
-        if seen.contains(&text) {
-            return None;
-        }
-        seen.push(text);
+    let impls = distinct_owners(ownership).map(|owner| {
         let token = match placement {
             Placement::Sealed => path_from_child(&token_path(owner)),
             Placement::InPlace => token_path(owner),
         };
-        Some(quote_spanned!(owner.span()=>
+        quote_spanned!(owner.span()=>
             #(#cfg)* #[diagnostic::do_not_recommend] impl #seals_path::#seal for #token {}
             #(#cfg)* impl #trait_name for #token {}
-        ))
+        )
     });
+    // Documented in the documented form, which rustdoc reads.
+    let doc = match placement {
+        Placement::Sealed => quote!(#[allow(missing_docs)]),
+        Placement::InPlace => quote!(#[doc = #doc]),
+    };
     quote! {
         #(#cfg)*
-        #[doc = #doc]
+        #doc
         #[diagnostic::on_unimplemented(
             message = #message,
             label = #label,
             note = #how_to_own,
             note = #how_to_help
         )]
-        #inner_vis trait #trait_name: #seals_path::#seal + #private::OwnerToken {}
+        #inner_vis trait #trait_name: #seals_path::#seal {}
         #(#impls)*
     }
+}
+
+/// The owners listed in `#[owned_by(..)]`, each once (a duplicate entry is already an error).
+fn distinct_owners(ownership: &Ownership) -> impl Iterator<Item = &Path> {
+    let mut seen = Vec::new();
+    ownership.owners.iter().filter(move |owner| {
+        let text = path_text(owner);
+        let new = !seen.contains(&text);
+        seen.push(text);
+        new
+    })
 }
 
 /// The capability token type of an owner path, as seen from the struct's module:
@@ -505,18 +598,16 @@ fn path_text(path: &Path) -> String {
 
 /// What every owned field's accessors share.
 struct AccessorContext<'a> {
-    /// `impl<..> Struct<..> where ..`.
-    impl_header: &'a TokenStream,
     /// The accessors' visibility.
     inner_vis: &'a Visibility,
     /// The struct's `?Sized` type parameters.
-    maybe_unsized: &'a [&'a Ident],
+    maybe_unsized: &'a MaybeUnsized<'a>,
     /// The lifetime of the borrows `_mut` hands out.
     borrow: &'a Lifetime,
     placement: Placement,
 }
 
-/// Getter, setter and `_mut` accessor of one owned field.
+/// Getter, setter and `_mut` accessor of one owned field (methods of the struct's impl block).
 fn field_accessors(
     context: &AccessorContext<'_>,
     field: &SealedField<'_>,
@@ -524,7 +615,6 @@ fn field_accessors(
     trait_name: &Ident,
 ) -> TokenStream {
     let AccessorContext {
-        impl_header,
         inner_vis,
         maybe_unsized,
         borrow,
@@ -535,9 +625,9 @@ fn field_accessors(
     // module imports a function under that name, so that a `const owner` of the user's module
     // cannot turn the parameter into a constant pattern. The documented form, in the user's
     // module, names it `_`: a `static owner` there would make `owner` an error even for rustdoc.
-    let capability = match placement {
-        Placement::Sealed => quote!(owner),
-        Placement::InPlace => quote!(_),
+    let (capability, documented) = match placement {
+        Placement::Sealed => (quote!(owner), false),
+        Placement::InPlace => (quote!(_), true),
     };
     let model = field.model;
     let ty = &field.ty;
@@ -553,58 +643,59 @@ fn field_accessors(
         None => is_copy_by_syntax(ty),
     };
     let getter = if by_value {
-        quote!(
-            #[inline(always)]
-            #(#deprecated)*
-            #inner_vis const fn #ident(&self) -> #ty { self.#ident }
-        )
+        quote!(#inner_vis const fn #ident(&self) -> #ty { self.#ident })
     } else {
-        quote!(
-            #[inline(always)]
-            #(#deprecated)*
-            #inner_vis const fn #ident(&self) -> &#ty { &self.#ident }
-        )
+        quote!(#inner_vis const fn #ident(&self) -> &#ty { &self.#ident })
     };
     // A `Copy` value has no destructor, so its setter can be `const` (a `const fn` owner can
     // call it); other types are assigned through `_mut`, which is always `const`.
     let setter_constness = by_value.then(|| quote!(const));
     // The setter takes the value by value: with a `?Sized` parameter around, the field's type
     // may be the unsized tail.
-    let setter_where =
-        (!maybe_unsized.is_empty()).then(|| quote!(where #ty: ::core::marker::Sized));
-    let read_doc = format!("Reads `{ident}` (free: no capability needed).");
-    let set_doc =
-        format!("Writes `{ident}`. Only its owners' capabilities satisfy `{trait_name}`.");
-    let mut_doc =
-        format!("Mutably borrows `{ident}`, for as long as the owner's capability is borrowed.");
+    let setter_where = maybe_unsized
+        .mentioned_in(ty)
+        .then(|| quote!(where #ty: ::core::marker::Sized));
+    // The generated sentences are for rustdoc, which reads the documented form; the field's own
+    // docs also go on the compiled getter, where an editor shows them.
+    let [read_doc, set_doc, mut_doc] = if documented {
+        [
+            format!("Reads `{ident}` (free: no capability needed)."),
+            format!("Writes `{ident}`. Only its owners' capabilities satisfy `{trait_name}`."),
+            format!(
+                "Mutably borrows `{ident}`, for as long as the owner's capability is borrowed."
+            ),
+        ]
+        .map(|doc| quote!(#[doc = #doc]))
+    } else {
+        [quote!(), quote!(), quote!()]
+    };
+    let doc_break = documented.then(|| quote!(#[doc = ""]));
     quote! {
-        #(#cfg)*
-        #(#allows)*
-        // A field named `len` gets a `len()` getter: that is not a collection API. The field
-        // type's braces were linted on the struct already (`unused_braces`, see `init_struct`).
-        #[allow(clippy::len_without_is_empty, unused_braces, unused_variables, deprecated)]
-        #impl_header {
-            #[doc = #read_doc]
-            #[doc = ""]
-            #(#docs)*
-            #getter
+        #(#cfg)* #(#allows)*
+        #read_doc
+        #doc_break
+        #(#docs)*
+        #[inline(always)]
+        #(#deprecated)*
+        #getter
 
-            #[doc = #set_doc]
-            #[inline(always)]
-            #(#deprecated)*
-            #inner_vis #setter_constness fn #setter(&mut self, #capability: &impl #trait_name, value: #ty) #setter_where {
-                self.#ident = value;
-            }
+        #(#cfg)* #(#allows)*
+        #set_doc
+        #[inline]
+        #(#deprecated)*
+        #inner_vis #setter_constness fn #setter(&mut self, #capability: &impl #trait_name, value: #ty) #setter_where {
+            self.#ident = value;
+        }
 
-            #[doc = #mut_doc]
-            #[inline(always)]
-            #(#deprecated)*
-            #inner_vis const fn #mut_accessor<#borrow>(
-                &#borrow mut self,
-                #capability: &#borrow impl #trait_name,
-            ) -> &#borrow mut #ty {
-                &mut self.#ident
-            }
+        #(#cfg)* #(#allows)*
+        #mut_doc
+        #[inline]
+        #(#deprecated)*
+        #inner_vis const fn #mut_accessor<#borrow>(
+            &#borrow mut self,
+            #capability: &#borrow impl #trait_name,
+        ) -> &#borrow mut #ty {
+            &mut self.#ident
         }
     }
 }
@@ -640,54 +731,57 @@ fn is_copy_by_syntax(ty: &Type) -> bool {
     }
 }
 
-/// Registers one owned field in the audit register.
-fn registration(
+/// One owned field's entry in its struct's registration: name, line and its owners' sites.
+fn registered_field(
     private: &TokenStream,
-    struct_name: &Ident,
     field: &FieldModel,
     ownership: &Ownership,
 ) -> TokenStream {
     let cfg = &field.cfg_attrs;
-    let struct_text = struct_name.unraw().to_string();
     // Unrawed, as the owner's write count records it (`set_type` writes `type`).
-    let field_text = field.ident.unraw().to_string();
-    let owners: Vec<String> = ownership.owners.iter().map(path_text).collect();
-    // Each token's type, spanned on its entry like the owner trait's impl for it, so an entry
-    // that is no owner is reported once, there.
-    let tokens = ownership.owners.iter().map(|owner| {
+    let name = field.ident.unraw().to_string();
+    // Each owner's site, spanned on its entry like the owner trait's impl for it, so an entry
+    // that is no type is reported once, there; a type that is no owner is reported here only.
+    let sites = distinct_owners(ownership).map(|owner| {
         let token = path_from_child(&token_path(owner));
-        quote_spanned!(owner.span()=> ::core::any::TypeId::of::<#token>)
+        quote_spanned!(owner.span()=> <#token as #private::OwnerToken>::SITE)
     });
     let line = quote_spanned!(field.ident.span()=> ::core::line!());
     quote! {
         #(#cfg)*
+        #private::GuardedField::new(#name, #line, &[#(#sites),*])
+    }
+}
+
+/// Registers the struct and its owned fields in the audit register: one static per struct.
+fn registration(private: &TokenStream, struct_name: &Ident, fields: &[TokenStream]) -> TokenStream {
+    let name = struct_name.unraw().to_string();
+    quote! {
         #private::inventory::submit! {
-            #private::GuardedField {
-                struct_name: #struct_text,
-                field: #field_text,
-                owners: &[#(#owners),*],
-                owner_tokens: &[#(#tokens),*],
-                module: ::core::module_path!(),
-                file: ::core::file!(),
-                line: #line,
-            }
+            #private::GuardedStruct::new(
+                #name,
+                ::core::module_path!(),
+                ::core::file!(),
+                &[#(#fields),*],
+            )
         }
     }
 }
 
-/// The init struct: the same fields, visible where a struct literal was legal, for
-/// construction (`Name::from(NameInit { .. })`) and `..Default::default()` updates.
+/// The init struct: the same fields, with the visibility they were written with, so that it is
+/// nameable exactly where a struct literal was legal; for construction
+/// (`Name::from(NameInit { .. })`) and `..Default::default()` updates.
 fn init_struct(
     model: &GuardedStruct,
-    init: &Ident,
     generics: &Generics,
     fields: &[SealedField<'_>],
-    inner_vis: &Visibility,
     from_is_a_getter: bool,
-    placement: Placement,
 ) -> TokenStream {
     let name = &model.item.ident;
+    let init = &model.init_name;
+    let vis = &model.item.vis;
     let derives = mirrored_derives(&model.item.attrs);
+    let derive = (!derives.is_empty()).then(|| quote!(#[derive(#(#derives),*)]));
     let where_clause = &generics.where_clause;
     let construction = if from_is_a_getter {
         format!("`{init} {{ .. }}.into()` (`{name}::from` is the getter of the owned field `from`)")
@@ -704,28 +798,32 @@ fn init_struct(
         let cfg = &field.model.cfg_attrs;
         let allows = &field.model.lint_allows;
         let docs = &field.model.doc_attrs;
-        let vis = placement.field_vis(&field.model.vis);
+        let vis = &field.model.vis;
         quote!(#(#cfg)* #(#allows)* #(#docs)* #vis #ident: #ty,)
     });
+    let struct_allows = &model.lint_allows;
     quote! {
         #[doc = #doc]
-        #[derive(#(#derives),*)]
+        #derive
         // `unused_braces`: a field type's braces were linted on the struct itself already; with
-        // `Self` replaced, rustc would lint this copy again.
+        // `Self` replaced, rustc would lint this copy again. What the user silenced on the struct
+        // stays silent in this copy of its field types.
         #[allow(dead_code, unused_braces, deprecated)]
-        #inner_vis struct #init #generics #where_clause { #(#rows)* }
+        #(#struct_allows)*
+        #vis struct #init #generics #where_clause { #(#rows)* }
     }
 }
 
-/// The split-borrow view returned by `fields_mut`.
+/// The split-borrow view returned by `fields_mut`: owned fields as visible as the struct, the
+/// others as they were written.
 fn view_struct(
-    view: &Ident,
+    model: &GuardedStruct,
     view_generics: &Generics,
     fields: &[SealedField<'_>],
-    inner_vis: &Visibility,
     borrow: &Lifetime,
-    placement: Placement,
 ) -> TokenStream {
+    let view = format_ident!("{}FieldsMut", model.item.ident);
+    let vis = &model.item.vis;
     let where_clause = &view_generics.where_clause;
     let rows = fields.iter().map(|field| {
         let ident = &field.model.ident;
@@ -734,16 +832,18 @@ fn view_struct(
         let allows = &field.model.lint_allows;
         let docs = &field.model.doc_attrs;
         if field.model.ownership.is_some() {
-            quote!(#(#cfg)* #(#allows)* #(#docs)* #inner_vis #ident: &#borrow #ty,)
+            quote!(#(#cfg)* #(#allows)* #(#docs)* #vis #ident: &#borrow #ty,)
         } else {
-            let vis = placement.field_vis(&field.model.vis);
-            quote!(#(#cfg)* #(#allows)* #(#docs)* #vis #ident: &#borrow mut #ty,)
+            let field_vis = &field.model.vis;
+            quote!(#(#cfg)* #(#allows)* #(#docs)* #field_vis #ident: &#borrow mut #ty,)
         }
     });
+    let struct_allows = &model.lint_allows;
     quote! {
         /// Every field borrowed at once: owned fields shared, the others mutable.
         #[allow(dead_code, unused_braces, deprecated)]
-        #inner_vis struct #view #view_generics #where_clause { #(#rows)* }
+        #(#struct_allows)*
+        #vis struct #view #view_generics #where_clause { #(#rows)* }
     }
 }
 
@@ -927,11 +1027,10 @@ mod tests {
         assert_eq!(unowned, plain);
     }
 
-    /// The top-level items of `#[guarded] input` gated on `cfg(condition)`, as `kind name`.
-    fn gated_items(input: TokenStream, condition: &str) -> Vec<String> {
-        let expanded: syn::File =
-            syn::parse2(crate::guarded::expand(TokenStream::new(), input)).unwrap();
-        let gate = format!("cfg({condition})");
+    /// The top-level items of `tokens`, as `cfg(..) kind name` (`-` for an item without a
+    /// `cfg`).
+    fn items(tokens: TokenStream) -> Vec<String> {
+        let expanded: syn::File = syn::parse2(tokens).unwrap();
         expanded
             .items
             .iter()
@@ -941,12 +1040,20 @@ mod tests {
                     syn::Item::Trait(t) => (&t.attrs, "trait", t.ident.to_string()),
                     syn::Item::Mod(m) => (&m.attrs, "mod", m.ident.to_string()),
                     syn::Item::Use(u) => (&u.attrs, "use", String::new()),
+                    syn::Item::Impl(i) => (&i.attrs, "impl", String::new()),
+                    syn::Item::Macro(m) => (
+                        &m.attrs,
+                        "macro",
+                        m.mac.path.to_token_stream().to_string().replace(' ', ""),
+                    ),
                     _ => return None,
                 };
-                attrs
+                let gate = attrs
                     .iter()
-                    .any(|a| a.meta.to_token_stream().to_string().replace(' ', "") == gate)
-                    .then(|| format!("{kind} {name}").trim().to_string())
+                    .map(|a| a.meta.to_token_stream().to_string().replace(' ', ""))
+                    .find(|meta| meta.starts_with("cfg("))
+                    .unwrap_or_else(|| "-".to_string());
+                Some(format!("{gate} {kind} {name}").trim().to_string())
             })
             .collect()
     }
@@ -960,18 +1067,32 @@ mod tests {
             }
         );
         assert_eq!(
-            gated_items(input.clone(), "doc"),
+            items(crate::guarded::expand(
+                quote::quote!(init = Parts),
+                input.clone()
+            )),
             [
-                "mod sealed_Span",
-                "struct Span",
-                "struct SpanInit",
-                "struct SpanFieldsMut",
-                "trait SpanToOwner"
+                "cfg(not(doc)) mod sealed_Span",
+                "cfg(not(doc)) use",
+                "- struct Parts",
+                "- struct SpanFieldsMut",
+                "cfg(doc) macro ::kvown::__private::guarded_documented",
             ]
         );
+        // What rustdoc expands that call to: the struct, its impls and owner traits in place.
         assert_eq!(
-            gated_items(input, "not(doc)"),
-            ["mod sealed_Span", "use", "use"]
+            items(crate::guarded::expand_documented(
+                quote::quote!((init = Parts) #input)
+            )),
+            [
+                "- mod sealed_Span",
+                "- struct Span",
+                "- impl",
+                "- impl",
+                "- trait SpanToOwner",
+                "- impl",
+                "- impl",
+            ]
         );
     }
 

@@ -17,6 +17,9 @@ pub(crate) struct GuardedStruct {
     pub(crate) support: TokenStream,
     /// Name of the generated init struct (`init = Name`, default `<Struct>Init`).
     pub(crate) init_name: Ident,
+    /// Whether `into_init(self)` is generated (`into_init`): it moves every field out, which a
+    /// struct with a `Drop` impl forbids, so it is asked for.
+    pub(crate) into_init: bool,
     /// The struct as written, minus the `#[owned_by]` attributes.
     pub(crate) item: ItemStruct,
     /// Its fields, in order.
@@ -160,6 +163,7 @@ pub(crate) fn parse(
 
     let mut support = default_support_path();
     let mut init_name = format_ident!("{}Init", item.ident, span = item.ident.span());
+    let mut into_init = false;
     let options = syn::meta::parser(|meta| {
         if meta.path.is_ident("crate") {
             support = parse_support_path(&meta)?;
@@ -167,8 +171,13 @@ pub(crate) fn parse(
         } else if meta.path.is_ident("init") {
             init_name = meta.value()?.parse()?;
             Ok(())
+        } else if meta.path.is_ident("into_init") {
+            into_init = true;
+            Ok(())
         } else {
-            Err(meta.error("unknown `guarded` option; expected `crate = path` or `init = Name`"))
+            Err(meta.error(
+                "unknown `guarded` option; expected `crate = path`, `init = Name` or `into_init`",
+            ))
         }
     });
     if let Err(error) = syn::parse::Parser::parse2(options, args) {
@@ -258,6 +267,7 @@ pub(crate) fn parse(
     Ok(GuardedStruct {
         support,
         init_name,
+        into_init,
         lint_allows: lint_suppressions(&item.attrs),
         item,
         fields,

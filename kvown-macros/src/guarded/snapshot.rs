@@ -1,6 +1,7 @@
 //! The expansion of a small struct, kept readable and true: the snapshot in
-//! `tests/expansion/guarded_req_kv_info.expanded.rs` is compared token by token with what
-//! `#[guarded]` generates. Re-bless (it is formatted with `rustfmt`) with
+//! `tests/expansion/guarded_req_kv_info.expanded.rs` (what `#[guarded]` generates, then what
+//! rustdoc expands its `guarded_documented!` call to) is compared token by token with the
+//! generated code. Re-bless (it is formatted with `rustfmt`) with
 //! `KVOWN_BLESS=1 cargo test -p kvown-macros`.
 
 use std::path::Path;
@@ -13,7 +14,8 @@ const SNAPSHOT: &str = concat!(
     "/tests/expansion/guarded_req_kv_info.expanded.rs"
 );
 
-const HEADER: &str = "// The expansion of `#[kvown::guarded]` on the struct below (a snapshot test in\n\
+const HEADER: &str = "// The expansion of `#[kvown::guarded]` on the struct below, then what rustdoc expands its\n\
+// `guarded_documented!` call to (a snapshot test in\n\
 // kvown-macros/src/guarded/snapshot.rs keeps it true):\n\
 //\n\
 // #[kvown::guarded]\n\
@@ -25,7 +27,12 @@ const HEADER: &str = "// The expansion of `#[kvown::guarded]` on the struct belo
 //     pub rid: u64,\n\
 // }\n\n";
 
-fn expansion() -> TokenStream {
+/// Between the compiled expansion and the documented one.
+const DOCUMENTED: &str =
+    "\n// What rustdoc expands `guarded_documented!` to (compiled under `cfg(doc)` only):\n\n";
+
+/// `#[guarded]`'s output and the documented form, as two token streams.
+fn expansion() -> (TokenStream, TokenStream) {
     let input = quote! {
         #[derive(Debug, Default)]
         pub struct ReqKvInfo {
@@ -35,7 +42,8 @@ fn expansion() -> TokenStream {
             pub rid: u64,
         }
     };
-    super::expand(TokenStream::new(), input)
+    let documented = super::expand_documented(quote!(() #input));
+    (super::expand(TokenStream::new(), input), documented)
 }
 
 /// The file's tokens as text, without the trailing commas that rustfmt adds or removes and
@@ -84,14 +92,19 @@ fn rustfmt(source: &str) -> String {
 
 #[test]
 fn guarded_expansion_matches_snapshot() {
-    let generated: syn::File = syn::parse2(expansion()).expect("the expansion is a valid file");
+    let (compiled, documented) = expansion();
+    let as_file = |tokens: TokenStream| -> syn::File {
+        syn::parse2(tokens).expect("the expansion is a valid file")
+    };
     if std::env::var_os("KVOWN_BLESS").is_some() || !Path::new(SNAPSHOT).exists() {
         let text = format!(
-            "{HEADER}{}",
-            rustfmt(&generated.to_token_stream().to_string())
+            "{HEADER}{}{DOCUMENTED}{}",
+            rustfmt(&as_file(compiled.clone()).to_token_stream().to_string()),
+            rustfmt(&as_file(documented.clone()).to_token_stream().to_string())
         );
         std::fs::write(SNAPSHOT, text).expect("write the snapshot");
     }
+    let generated = as_file(quote!(#compiled #documented));
     let snapshot = std::fs::read_to_string(SNAPSHOT).expect("read the snapshot");
     let expected: syn::File = syn::parse_str(&snapshot).expect("the snapshot parses");
     let (generated, expected) = (normalized(&generated), normalized(&expected));

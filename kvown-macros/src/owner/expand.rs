@@ -1,5 +1,5 @@
-//! Code generation for owners: the sealed module, the capability token, the body prologue and
-//! the audit registration.
+//! Code generation for owners: the sealed module, the capability token (which carries the
+//! owner's audit site) and the body prologue.
 
 use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
@@ -10,7 +10,7 @@ use syn::{Attribute, Block, Ident, ImplItemFn, ItemFn, ItemImpl, Visibility};
 use super::count::count_writes;
 use super::parse::OwnerOptions;
 use crate::method_token::token_name;
-use crate::seal::{DeeperPaths, gate, widen_one_level};
+use crate::seal::{DeeperPaths, widen_one_level};
 
 /// Everything that names one owner.
 pub(crate) struct OwnerPlan {
@@ -81,35 +81,33 @@ impl OwnerPlan {
     }
 }
 
-impl OwnerPlan {
-    /// The token type as the owner's hidden module names it: `capability_of::f` for a free
-    /// function (see [`wrap`]), the method's name for a method.
-    fn local_token(&self) -> TokenStream {
-        let defined = &self.defined;
-        if self.is_method {
-            quote!(#defined)
-        } else {
-            quote!(capability_of::#defined)
-        }
-    }
-}
-
 fn cfg_attrs(attrs: &[Attribute]) -> Vec<Attribute> {
     crate::cfg_attr::cfg_conditions(attrs)
 }
 
-/// `#[owner] fn f` -> a hidden module holding the token `f` and the function, re-exported; for
-/// rustdoc (`cfg(doc)`) the function stays where it is written, so that it is documented as its
-/// module's own item, private or not (rustdoc inlines a re-export only on a public path).
-pub(crate) fn free_fn(plan: &OwnerPlan, item: ItemFn) -> TokenStream {
-    let documented = gate(free_fn_in_place(plan, item.clone()), quote!(doc));
-    let compiled = gate(free_fn_sealed(plan, item), quote!(not(doc)));
-    quote!(#compiled #documented)
+/// `#[owner] fn f` -> a hidden module holding the token `f` and the function, re-exported (what
+/// the compiler builds), and a call of `owner_documented!`, which rustdoc alone expands
+/// (`cfg(doc)`) into the function where it is written, so that it is documented as its module's
+/// own item, private or not (rustdoc inlines a re-export only on a public path). `args` and
+/// `input` are the attribute's arguments and the function as written.
+pub(crate) fn free_fn(
+    plan: &OwnerPlan,
+    item: ItemFn,
+    args: &TokenStream,
+    input: &TokenStream,
+) -> TokenStream {
+    let compiled = free_fn_sealed(plan, item);
+    let support = &plan.support;
+    quote! {
+        #compiled
+        #[cfg(doc)]
+        #support::__private::owner_documented! { (#args) #input }
+    }
 }
 
 /// The documented form of a free owner: the function in place, its token in the hidden module
-/// (buildable from the function there: nothing is compiled from this form), no registration.
-fn free_fn_in_place(plan: &OwnerPlan, mut item: ItemFn) -> TokenStream {
+/// (buildable from the function there: nothing is compiled from this form).
+pub(crate) fn free_fn_in_place(plan: &OwnerPlan, mut item: ItemFn) -> TokenStream {
     let OwnerPlan {
         support,
         defined,
@@ -119,6 +117,7 @@ fn free_fn_in_place(plan: &OwnerPlan, mut item: ItemFn) -> TokenStream {
         ..
     } = plan;
     let token_export_vis = crate_at_most(vis);
+    let site = site(plan, &item.block, item.sig.ident.span());
     prepend_prologue(
         plan,
         quote!(#module::capability_of::#defined),
@@ -136,7 +135,9 @@ fn free_fn_in_place(plan: &OwnerPlan, mut item: ItemFn) -> TokenStream {
                     pub _seal: #support::__private::OwnerSeal,
                 }
 
-                impl #support::__private::OwnerToken for #defined {}
+                impl #support::__private::OwnerToken for #defined {
+                    const SITE: &'static #support::__private::OwnerSite = #site;
+                }
             }
         }
 
@@ -150,22 +151,22 @@ fn free_fn_in_place(plan: &OwnerPlan, mut item: ItemFn) -> TokenStream {
 }
 
 fn free_fn_sealed(plan: &OwnerPlan, mut item: ItemFn) -> TokenStream {
-    let registration = registration(plan, &item.block, item.sig.ident.span());
+    let site = site(plan, &item.block, item.sig.ident.span());
     DeeperPaths::default().visit_signature_mut(&mut item.sig);
     DeeperPaths::default().visit_block_mut(&mut item.block);
     item.vis = widen_one_level(&item.vis);
-    prepend_prologue(plan, plan.local_token(), &mut item.block);
-    wrap(plan, quote!(#item), registration)
+    prepend_prologue(plan, plan.defined.to_token_stream(), &mut item.block);
+    wrap(plan, quote!(#item), site)
 }
 
 /// `#[owner] fn method` of `#[owners] impl Type` -> a hidden module holding the token (named
 /// `method` there) and an inherent impl with the method, the token re-exported as `Type_method`.
 pub(crate) fn method(plan: &OwnerPlan, block: &ItemImpl, mut method: ImplItemFn) -> TokenStream {
-    let registration = registration(plan, &method.block, method.sig.ident.span());
+    let site = site(plan, &method.block, method.sig.ident.span());
     DeeperPaths::default().visit_signature_mut(&mut method.sig);
     DeeperPaths::default().visit_block_mut(&mut method.block);
     method.vis = widen_one_level(&method.vis);
-    prepend_prologue(plan, plan.local_token(), &mut method.block);
+    prepend_prologue(plan, plan.defined.to_token_stream(), &mut method.block);
     let mut generics = block.generics.clone();
     DeeperPaths::default().visit_generics_mut(&mut generics);
     let mut self_ty = (*block.self_ty).clone();
@@ -179,11 +180,13 @@ pub(crate) fn method(plan: &OwnerPlan, block: &ItemImpl, mut method: ImplItemFn)
             #method
         }
     };
-    wrap(plan, impl_block, registration)
+    wrap(plan, impl_block, site)
 }
 
-/// The hidden module around an owner, and the re-export of its items.
-fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) -> TokenStream {
+/// The hidden module around an owner, and the re-export of its items; `site` is the owner's
+/// audit site, which its token carries. Compiled only (`cfg(not(doc))`) for a free function,
+/// whose documented form is [`free_fn_in_place`]; a method has one form.
+fn wrap(plan: &OwnerPlan, owner_item: TokenStream, site: TokenStream) -> TokenStream {
     let OwnerPlan {
         support,
         token,
@@ -191,61 +194,49 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
         module,
         vis,
         cfg_attrs,
-        site_name,
         ..
     } = plan;
-    let token_vis = widen_one_level(vis);
+    // Never beyond the crate: owners live in the struct's crate, so only that crate names tokens,
+    // and a glob import of a library's module does not bring them into another crate.
+    let token_export_vis = crate_at_most(vis);
+    let token_vis = crate_at_most(&widen_one_level(vis));
     let binding_placeholder = binding_placeholder(plan);
-    let token_doc = format!(
-        "Capability token of the owner `{site_name}`: only that owner's body can build one, \
-         and code sees it only as the borrow `&{token}`."
-    );
-    // `seal_vis`: the reach of the token's private field, which must be the owner's hidden
-    // module exactly (only the owner's body, there, builds a token).
-    let token_item = |token_vis: &Visibility, seal_vis: TokenStream| {
-        quote! {
-            #[doc = #token_doc]
-            #[doc(hidden)]
-            #[allow(non_camel_case_types)]
-            #token_vis struct #defined {
-                #seal_vis _seal: #support::__private::OwnerSeal,
-            }
+    let compiled_only = (!plan.is_method).then(|| quote!(#[cfg(not(doc))]));
+    // The token's field is private to the owner's hidden module: only the owner's body, there,
+    // builds a token.
+    let token_struct = quote! {
+        #[allow(non_camel_case_types)]
+        #token_vis struct #defined {
+            _seal: #support::__private::OwnerSeal,
+        }
 
-            #[diagnostic::do_not_recommend]
-            impl #support::__private::OwnerToken for #defined {}
+        #[diagnostic::do_not_recommend]
+        impl #support::__private::OwnerToken for #defined {
+            const SITE: &'static #support::__private::OwnerSite = #site;
         }
     };
-    // A free function's token shares its name, so it lives one module deeper, in
-    // `capability_of`: the function's re-export then brings the function alone and can be
-    // inlined by rustdoc (documented as this module's own, also where rustdoc shows private
-    // items), and the token has a hidden re-export of its own. A method's token is defined
-    // under the method's name (what rustc prints) and re-exported, hidden, as `Type_method`
-    // (what `#[owned_by(Type::method)]` finds).
-    let token_export_vis = crate_at_most(vis);
+    // A free function's token shares its name (types and functions live in different
+    // namespaces), so one re-export brings both; the token's own visibility keeps it inside the
+    // crate. A method's token is defined under the method's name (what rustc prints) and
+    // re-exported as `Type_method` (what `#[owned_by(Type::method)]` finds); a method has no
+    // documented form of its own, so its token is hidden from rustdoc.
     let (token_def, exports) = if !plan.is_method {
-        let inner = token_item(&widen_one_level(&token_vis), quote!(pub(super)));
         (
+            token_struct,
             quote! {
-                #token_vis mod capability_of {
-                    #inner
-                }
-            },
-            quote! {
+                #compiled_only
                 #(#cfg_attrs)*
                 // Moving a `#[deprecated]` function out of its hidden module is not a use of it.
-                #[doc(inline)]
                 #[allow(unused_imports, deprecated)]
                 #vis use self::#module::#defined;
-
-                #(#cfg_attrs)*
-                #[doc(hidden)]
-                #[allow(unused_imports)]
-                #token_export_vis use self::#module::capability_of::#defined;
             },
         )
     } else {
         (
-            token_item(&token_vis, TokenStream::new()),
+            quote! {
+                #[doc(hidden)]
+                #token_struct
+            },
             // `as`, also where the names agree (a method named like a primitive type).
             quote! {
                 #(#cfg_attrs)*
@@ -256,20 +247,18 @@ fn wrap(plan: &OwnerPlan, owner_item: TokenStream, registration: TokenStream) ->
         )
     };
     quote! {
+        #compiled_only
         #(#cfg_attrs)*
         #[doc(hidden)]
         #[allow(non_snake_case)]
         mod #module {
             #[allow(unused_imports)]
             use super::*;
+            #binding_placeholder
 
             #token_def
 
-            #binding_placeholder
-
             #owner_item
-
-            #registration
         }
 
         #exports
@@ -314,7 +303,8 @@ fn binding_placeholder(plan: &OwnerPlan) -> Option<TokenStream> {
 /// The binding is made once with the attribute's hygiene and once more for each mention of its
 /// name in the body: a body that a `macro_rules!` pastes in from its caller (`fn $name() $body`)
 /// names `owner` with the caller's hygiene, which a binding spanned on the attribute (written
-/// in the macro) does not reach. Only tokens written in the body carry those spans.
+/// in the macro) does not reach. Only tokens written in the body carry those spans. Each binding
+/// is made from the one before, so that only the last can go unused.
 fn prepend_prologue(plan: &OwnerPlan, token: TokenStream, block: &mut Block) {
     if !plan.binds {
         return;
@@ -325,40 +315,40 @@ fn prepend_prologue(plan: &OwnerPlan, token: TokenStream, block: &mut Block) {
     let capability = Ident::new("__kvown_capability", Span::mixed_site());
     let mut bindings = vec![binding.clone()];
     bindings.extend(mentions(block.to_token_stream(), binding));
-    let prologue: Block = syn::parse_quote! {{
-        let #capability = #token { _seal: #support::__private::OwnerSeal::new() };
-        #(
-            #[allow(unused_variables)]
-            let #bindings: &#token = &#capability;
-        )*
-    }};
+    let mut prologue =
+        quote!(let #capability = #token { _seal: #support::__private::OwnerSeal::new() };);
+    let mut previous = quote!(&#capability);
+    let last = bindings.len() - 1;
+    for (index, binding) in bindings.iter().enumerate() {
+        let allow = (index == last).then(|| quote!(#[allow(unused_variables)]));
+        prologue.extend(quote!(#allow let #binding = #previous;));
+        previous = quote!(#binding);
+    }
+    let prologue: Block = syn::parse_quote!({ #prologue });
     let mut stmts = prologue.stmts;
     stmts.append(&mut block.stmts);
     block.stmts = stmts;
 }
 
-/// Registers the owner site, with its syntactic write count, in the audit register.
-fn registration(plan: &OwnerPlan, body: &Block, name_span: Span) -> TokenStream {
+/// The owner's audit site, with the syntactic write count of its body: what its token's
+/// `OwnerToken::SITE` is, and what each `#[guarded]` struct that lists the owner registers.
+fn site(plan: &OwnerPlan, body: &Block, name_span: Span) -> TokenStream {
     let support = &plan.support;
     let count = count_writes(body, &plan.binding);
     let fields = count.per_field.keys();
     let counts = count.per_field.values();
     let delegations = count.delegations;
     let site_name = &plan.site_name;
-    let token = plan.local_token();
     let line = quote_spanned!(name_span=> ::core::line!());
     quote! {
-        #support::__private::inventory::submit! {
-            #support::__private::OwnerSite {
-                owner: #site_name,
-                token: ::core::any::TypeId::of::<#token>,
-                module: ::core::module_path!(),
-                file: ::core::file!(),
-                line: #line,
-                writes: &[#(#support::__private::FieldWrites { field: #fields, count: #counts }),*],
-                delegations: #delegations,
-            }
-        }
+        &#support::__private::OwnerSite::new(
+            #site_name,
+            ::core::module_path!(),
+            ::core::file!(),
+            #line,
+            &[#(#support::__private::FieldWrites::new(#fields, #counts)),*],
+            #delegations,
+        )
     }
 }
 
@@ -404,24 +394,24 @@ mod tests {
                 _ => None,
             })
             .expect("the owner's hidden module");
-        module
-            .1
-            .iter()
-            .filter_map(|item| match item {
-                syn::Item::Fn(function) => Some(function.sig.ident.to_string()),
-                syn::Item::Use(syn::ItemUse {
-                    tree: syn::UseTree::Path(path),
-                    ..
-                }) => match &*path.tree {
-                    syn::UseTree::Path(inner) => match &*inner.tree {
-                        syn::UseTree::Rename(rename) => Some(rename.rename.to_string()),
-                        _ => None,
-                    },
-                    _ => None,
-                },
-                _ => None,
-            })
-            .collect()
+        /// The names a use tree imports under a new name.
+        fn renames(tree: &syn::UseTree, found: &mut Vec<String>) {
+            match tree {
+                syn::UseTree::Path(path) => renames(&path.tree, found),
+                syn::UseTree::Group(group) => group.items.iter().for_each(|t| renames(t, found)),
+                syn::UseTree::Rename(rename) => found.push(rename.rename.to_string()),
+                _ => {}
+            }
+        }
+        let mut found = Vec::new();
+        for item in &module.1 {
+            match item {
+                syn::Item::Fn(function) => found.push(function.sig.ident.to_string()),
+                syn::Item::Use(import) => renames(&import.tree, &mut found),
+                _ => {}
+            }
+        }
+        found
     }
 
     #[test]
@@ -442,17 +432,14 @@ mod tests {
 
     #[test]
     fn rustdoc_sees_a_free_owner_in_place_and_the_compiler_sees_it_sealed() {
-        let expanded: syn::File = syn::parse2(crate::owner::expand_fn(
-            quote!(),
-            quote!(
-                fn grow(r: &mut Req) {
-                    r.set_len(owner, 1);
-                }
-            ),
-        ))
-        .unwrap();
-        let gated = |condition: &str| -> Vec<String> {
-            let gate = format!("cfg({condition})");
+        let grow = quote!(
+            fn grow(r: &mut Req) {
+                r.set_len(owner, 1);
+            }
+        );
+        // `cfg(..) kind name` of each top-level item (`-` without a `cfg`).
+        let items = |tokens: TokenStream| -> Vec<String> {
+            let expanded: syn::File = syn::parse2(tokens).unwrap();
             expanded
                 .items
                 .iter()
@@ -461,17 +448,36 @@ mod tests {
                         syn::Item::Fn(f) => (&f.attrs, format!("fn {}", f.sig.ident)),
                         syn::Item::Mod(m) => (&m.attrs, format!("mod {}", m.ident)),
                         syn::Item::Use(u) => (&u.attrs, "use".to_string()),
+                        syn::Item::Macro(m) => (
+                            &m.attrs,
+                            format!(
+                                "macro {}",
+                                m.mac.path.to_token_stream().to_string().replace(' ', "")
+                            ),
+                        ),
                         _ => return None,
                     };
-                    attrs
+                    let gate = attrs
                         .iter()
-                        .any(|a| a.meta.to_token_stream().to_string().replace(' ', "") == gate)
-                        .then_some(name)
+                        .map(|a| a.meta.to_token_stream().to_string().replace(' ', ""))
+                        .find(|meta| meta.starts_with("cfg("))
+                        .unwrap_or_else(|| "-".to_string());
+                    Some(format!("{gate} {name}"))
                 })
                 .collect()
         };
-        assert_eq!(gated("doc"), ["mod sealed_fn_grow", "use", "fn grow"]);
-        assert_eq!(gated("not(doc)"), ["mod sealed_fn_grow", "use", "use"]);
+        assert_eq!(
+            items(crate::owner::expand_fn(quote!(), grow.clone())),
+            [
+                "cfg(not(doc)) mod sealed_fn_grow",
+                "cfg(not(doc)) use",
+                "cfg(doc) macro ::kvown::__private::owner_documented"
+            ]
+        );
+        assert_eq!(
+            items(crate::owner::expand_fn_documented(quote!(() #grow))),
+            ["- mod sealed_fn_grow", "- use", "- fn grow"]
+        );
     }
 
     #[test]

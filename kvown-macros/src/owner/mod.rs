@@ -19,7 +19,7 @@ use expand::OwnerPlan;
 /// Expands `#[owner]` on a free function.
 pub(crate) fn expand_fn(args: TokenStream, input: TokenStream) -> TokenStream {
     let mut diagnostics = Diagnostics::new();
-    let options = parse::owner_options(args, &mut diagnostics);
+    let options = parse::owner_options(args.clone(), &mut diagnostics);
     let item: ItemFn = match syn::parse2(input.clone()) {
         Ok(item) => item,
         Err(_) => {
@@ -65,9 +65,38 @@ pub(crate) fn expand_fn(args: TokenStream, input: TokenStream) -> TokenStream {
     }
     let binds = check_binding_is_free(&item.sig, &options.binding, &mut diagnostics);
     let plan = OwnerPlan::free_fn(&options, &item, binds);
-    let expansion = expand::free_fn(&plan, item);
+    let expansion = expand::free_fn(&plan, item, &args, &input);
     let errors = diagnostics.into_compile_errors();
     quote!(#errors #expansion)
+}
+
+/// `owner_documented! { (args) fn .. }`: the documented form of an `#[owner]` function, which
+/// `#[owner]` leaves to rustdoc (behind `cfg(doc)`). Its errors were reported by `#[owner]`; a
+/// function that does not parse is emitted as written.
+pub(crate) fn expand_fn_documented(input: TokenStream) -> TokenStream {
+    let mut tokens = input.into_iter();
+    let args = match tokens.next() {
+        Some(proc_macro2::TokenTree::Group(group))
+            if group.delimiter() == proc_macro2::Delimiter::Parenthesis =>
+        {
+            group.stream()
+        }
+        _ => return TokenStream::new(),
+    };
+    let rest: TokenStream = tokens.collect();
+    let mut diagnostics = Diagnostics::new();
+    let options = parse::owner_options(args, &mut diagnostics);
+    let documented = match syn::parse2::<ItemFn>(rest.clone()) {
+        Ok(item) => {
+            let binds = check_binding_is_free(&item.sig, &options.binding, &mut diagnostics);
+            let plan = OwnerPlan::free_fn(&options, &item, binds);
+            expand::free_fn_in_place(&plan, item)
+        }
+        Err(_) => rest,
+    };
+    // Reported by `#[owner]` already, in the same build.
+    drop(diagnostics.into_compile_errors());
+    documented
 }
 
 /// Expands `#[owners]` on an inherent impl block.

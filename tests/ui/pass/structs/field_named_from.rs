@@ -2,7 +2,7 @@
 //! of `From::from`: the init struct converts with `.into()` or `<Span as From<_>>::from`, and
 //! the generated `From` impl itself never calls `Span::from`.
 
-#[kvown::guarded]
+#[kvown::guarded(into_init)]
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Span {
     #[owned_by(widen)]

@@ -2,7 +2,7 @@
 
 use std::fmt::Debug;
 
-#[kvown::guarded]
+#[kvown::guarded(into_init)]
 #[derive(Debug, Clone, PartialEq)]
 pub struct Slots<'a, T: Clone + Debug, const N: usize, U = u8>
 where

@@ -3,7 +3,7 @@
 //! path starts with it (`[u8; Self::LEN]`, which the view struct, generic over its borrow, could
 //! not take: "generic `Self` types are currently not permitted in anonymous constants").
 
-#[kvown::guarded]
+#[kvown::guarded(into_init)]
 #[derive(Debug, Clone, Default)]
 pub struct Node<T> {
     #[owned_by(grow)]

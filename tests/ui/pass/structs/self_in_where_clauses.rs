@@ -4,7 +4,7 @@
 
 pub trait Marked {}
 
-#[kvown::guarded]
+#[kvown::guarded(into_init)]
 #[derive(Debug, Default)]
 pub struct Req<T: PartialEq<Self>>
 where

@@ -1,8 +1,9 @@
 //! `#[derive(Debug, Clone, PartialEq, Default)]` keep working. Construction goes through the
 //! generated init struct (`ReqInit`, renamed with `init = ..`), which mirrors `Debug`, `Clone`
-//! and `Default`, so `..Default::default()` works; `into_init` takes a value apart again.
+//! and `Default`, so `..Default::default()` works; `into_init` (asked for with
+//! `#[guarded(into_init)]`) takes a value apart again.
 
-#[kvown::guarded]
+#[kvown::guarded(into_init)]
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Req {
     #[owned_by(alloc)]
@@ -12,7 +13,7 @@ pub struct Req {
     rid: u64,
 }
 
-#[kvown::guarded(init = PartsOfSlot)]
+#[kvown::guarded(init = PartsOfSlot, into_init)]
 #[derive(Debug, Default)]
 pub struct Slot {
     #[owned_by(alloc)]

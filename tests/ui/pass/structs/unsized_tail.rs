@@ -1,7 +1,7 @@
 //! A guarded struct whose last field is a `?Sized` parameter (inline or in the where-clause),
 //! owned or not: it is built sized from its init struct and used unsized behind a reference.
 
-#[kvown::guarded]
+#[kvown::guarded(into_init)]
 #[derive(Debug)]
 pub struct Packet<T: ?Sized> {
     #[owned_by(stamp)]

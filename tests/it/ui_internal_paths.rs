@@ -74,11 +74,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         SUPPORT_ITEM_OF_A_FORGERY,
     ),
     (
-        "tests/ui/fail/forge/implement_sealed_trait.stderr",
-        "help: the trait `kvown::__private::OwnerToken` is not implemented for `Intruder`",
-        SUPPORT_ITEM_OF_A_FORGERY,
-    ),
-    (
         "tests/ui/fail/forge/unit_struct_named_like_owner.stderr",
         "help: the trait `kvown::__private::OwnerToken` is not implemented for `alloc`",
         SUPPORT_ITEM_OF_A_FORGERY,

@@ -1,34 +1,64 @@
-//! The audit register: every guarded field and every owner site, collected at link time.
+//! The audit register: every guarded struct, its owned fields and their owner sites, collected
+//! at link time.
 //!
-//! `#[guarded]` registers one [`GuardedField`] per `#[owned_by]` field and `#[owner]` /
-//! `#[owners]` register one [`OwnerSite`] per owner body, with a syntactic count of the guarded
-//! writes (`set_<field>(owner, ..)` / `<field>_mut(owner)` calls) it makes. [`AuditTable`] joins
-//! the two into the ownership table, the compile-time successor of sglang's `_OWNER_SITES` test:
-//! the compiler already rejects writes from non-owners, and a snapshot of this table catches an
-//! owner site that was added, removed or changed its number of writes.
+//! `#[guarded]` registers one [`GuardedStruct`] per struct, listing its `#[owned_by]` fields, and
+//! each field names the [`OwnerSite`]s of its owners: `#[owner]` / `#[owners]` attach a site to
+//! each owner's capability token, with a syntactic count of the guarded writes
+//! (`set_<field>(owner, ..)` / `<field>_mut(owner)` calls) its body makes. [`AuditTable`] flattens
+//! them into the ownership table, the compile-time successor of sglang's `_OWNER_SITES` test: the
+//! compiler already rejects writes from non-owners, and a snapshot of this table catches an owner
+//! site that was added, removed or changed its number of writes.
 
-use std::any::TypeId;
 use std::collections::BTreeMap;
 use std::fmt;
 
-/// A field declared `#[owned_by(..)]` in a `#[guarded]` struct. Registered by the macro.
+/// A `#[guarded]` struct with its owned fields. Registered by the macro, one per struct.
 #[derive(Debug)]
-pub struct GuardedField {
+pub struct GuardedStruct {
     /// Name of the struct, as written.
-    pub struct_name: &'static str,
-    /// Name of the field.
-    pub field: &'static str,
-    /// Owner paths as written in `#[owned_by(..)]`, e.g. `alloc_for_decode` or `Batch::retract`.
-    pub owners: &'static [&'static str],
-    /// The capability token type each of `owners` resolves to, in the same order: what joins a
-    /// declared owner to its [`OwnerSite`], whatever path or import names it.
-    pub owner_tokens: &'static [fn() -> TypeId],
+    pub name: &'static str,
     /// `module_path!()` where the struct expansion lives (the sealed module is trimmed on read).
     pub module: &'static str,
     /// Source file of the struct.
     pub file: &'static str,
+    /// The fields declared `#[owned_by(..)]` (those compiled in).
+    pub fields: &'static [GuardedField],
+}
+
+impl GuardedStruct {
+    /// A struct's registration, as the macro writes it.
+    pub const fn new(
+        name: &'static str,
+        module: &'static str,
+        file: &'static str,
+        fields: &'static [GuardedField],
+    ) -> Self {
+        GuardedStruct {
+            name,
+            module,
+            file,
+            fields,
+        }
+    }
+}
+
+/// A field declared `#[owned_by(..)]` in a `#[guarded]` struct.
+#[derive(Debug)]
+pub struct GuardedField {
+    /// Name of the field.
+    pub name: &'static str,
     /// Source line of the field.
     pub line: u32,
+    /// The sites of its owners, in the order `#[owned_by(..)]` lists them, whatever path,
+    /// re-export or renamed import names them there.
+    pub owners: &'static [&'static OwnerSite],
+}
+
+impl GuardedField {
+    /// A field entry, as the macro writes it.
+    pub const fn new(name: &'static str, line: u32, owners: &'static [&'static OwnerSite]) -> Self {
+        GuardedField { name, line, owners }
+    }
 }
 
 /// How many guarded writes an owner body makes to one field (by field name).
@@ -40,13 +70,18 @@ pub struct FieldWrites {
     pub count: u32,
 }
 
-/// A function or method marked `#[owner]`. Registered by the macro.
+impl FieldWrites {
+    /// A write count, as the macro writes it.
+    pub const fn new(field: &'static str, count: u32) -> Self {
+        FieldWrites { field, count }
+    }
+}
+
+/// A function or method marked `#[owner]`: what its capability token knows of it.
 #[derive(Debug)]
 pub struct OwnerSite {
     /// `fn_name` for a free function, `Type::method` for a method.
     pub owner: &'static str,
-    /// The owner's capability token type.
-    pub token: fn() -> TypeId,
     /// `module_path!()` where the owner expansion lives (the sealed module is trimmed on read).
     pub module: &'static str,
     /// Source file of the owner.
@@ -59,8 +94,28 @@ pub struct OwnerSite {
     pub delegations: u32,
 }
 
-inventory::collect!(GuardedField);
-inventory::collect!(OwnerSite);
+impl OwnerSite {
+    /// An owner's site, as the macro writes it.
+    pub const fn new(
+        owner: &'static str,
+        module: &'static str,
+        file: &'static str,
+        line: u32,
+        writes: &'static [FieldWrites],
+        delegations: u32,
+    ) -> Self {
+        OwnerSite {
+            owner,
+            module,
+            file,
+            line,
+            writes,
+            delegations,
+        }
+    }
+}
+
+inventory::collect!(GuardedStruct);
 
 /// Prefixes of the modules the macros generate (`sealed_Req`, `sealed_fn_alloc`); the macros
 /// register `module_path!()` from inside them, and this segment is trimmed on read.
@@ -70,18 +125,6 @@ fn user_module(module: &'static str) -> &'static str {
     match module.rsplit_once("::") {
         Some((parent, last)) if last.starts_with(SEALED_MODULE_PREFIX) => parent,
         _ => module,
-    }
-}
-
-/// The name an owner path designates: `crate::a::f` -> `f`, `a::Batch::retract` -> `Batch::retract`.
-fn owner_name(path: &str) -> &str {
-    let mut segments = path.rsplit("::");
-    let last = segments.next().unwrap_or(path);
-    match segments.next() {
-        Some(parent) if parent.starts_with(|c: char| c.is_ascii_uppercase()) => {
-            &path[path.len() - last.len() - 2 - parent.len()..]
-        }
-        _ => last,
     }
 }
 
@@ -100,17 +143,16 @@ pub struct AuditRow {
     /// The guarded field.
     pub field: &'static str,
     /// Owner name: `fn_name` or `Type::method`, as the site names itself (an owner listed
-    /// through a renamed import shows its own name); the declared path's last name(s) when there
-    /// is no site.
+    /// through a renamed import shows its own name).
     pub owner: &'static str,
-    /// Module of the owner site; `None` when a declared owner has no registered site.
-    pub owner_module: Option<&'static str>,
+    /// Module of the owner site.
+    pub owner_module: &'static str,
     /// Guarded writes of this field in the owner's body.
     pub writes: u32,
     /// Calls in the owner's body that hand its capability to a helper (which may write any
     /// field its bound allows); the same for every field the owner owns.
     pub delegations: u32,
-    /// `file:line` of the owner site, or of the field when there is no site.
+    /// `file:line` of the owner site.
     pub location: String,
 }
 
@@ -156,47 +198,27 @@ impl AuditTable {
     /// Fails with [`AuditError::Empty`] when no guarded field is registered, so a test that
     /// forgot to link the crate under audit fails instead of comparing two empty tables.
     pub fn collect() -> Result<Self, AuditError> {
-        let fields: Vec<&GuardedField> = inventory::iter::<GuardedField>.into_iter().collect();
-        if fields.is_empty() {
+        let structs: Vec<&GuardedStruct> = inventory::iter::<GuardedStruct>.into_iter().collect();
+        if structs.iter().all(|guarded| guarded.fields.is_empty()) {
             return Err(AuditError::Empty);
         }
-        let sites: Vec<&OwnerSite> = inventory::iter::<OwnerSite>.into_iter().collect();
         let mut rows = Vec::new();
-        for field in fields {
-            let struct_module = user_module(field.module);
-            for (&declared, token) in field.owners.iter().zip(field.owner_tokens) {
-                // The site whose token is the declared owner's: exact, whether the path names
-                // the owner's module, a re-export or a renamed import.
-                let token = token();
-                let matching: Vec<&&OwnerSite> = sites
-                    .iter()
-                    .filter(|site| (site.token)() == token)
-                    .collect();
-                if matching.is_empty() {
-                    rows.push(AuditRow {
-                        struct_module,
-                        struct_name: field.struct_name,
-                        field: field.field,
-                        owner: owner_name(declared),
-                        owner_module: None,
-                        writes: 0,
-                        delegations: 0,
-                        location: format!("{}:{}", field.file, field.line),
-                    });
-                }
-                for site in matching {
+        for guarded in structs {
+            let struct_module = user_module(guarded.module);
+            for field in guarded.fields {
+                for site in field.owners {
                     let writes = site
                         .writes
                         .iter()
-                        .filter(|w| w.field == field.field)
+                        .filter(|w| w.field == field.name)
                         .map(|w| w.count)
                         .sum();
                     rows.push(AuditRow {
                         struct_module,
-                        struct_name: field.struct_name,
-                        field: field.field,
+                        struct_name: guarded.name,
+                        field: field.name,
                         owner: site.owner,
-                        owner_module: Some(user_module(site.module)),
+                        owner_module: user_module(site.module),
                         writes,
                         delegations: site.delegations,
                         location: format!("{}:{}", site.file, site.line),
@@ -350,7 +372,7 @@ impl fmt::Display for AuditTable {
                     r.owner.to_string(),
                     r.writes.to_string(),
                     r.delegations.to_string(),
-                    r.owner_module.unwrap_or("(no site)").to_string(),
+                    r.owner_module.to_string(),
                     r.location.clone(),
                 ]
             })
@@ -385,17 +407,6 @@ impl fmt::Display for AuditTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn owner_names_strip_modules_but_keep_types() {
-        assert_eq!(owner_name("alloc_for_decode"), "alloc_for_decode");
-        assert_eq!(
-            owner_name("crate::batch::alloc_for_decode"),
-            "alloc_for_decode"
-        );
-        assert_eq!(owner_name("Batch::retract"), "Batch::retract");
-        assert_eq!(owner_name("super::batch::Batch::retract"), "Batch::retract");
-    }
 
     #[test]
     fn sealed_module_segment_is_trimmed() {

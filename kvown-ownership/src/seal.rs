@@ -15,14 +15,19 @@ impl OwnerSeal {
     }
 }
 
-/// Marks the capability token types that `#[kvown::owner]` / `#[kvown::owners]` generate.
+/// Marks the capability token types that `#[kvown::owner]` / `#[kvown::owners]` generate, and
+/// carries the owner's audit site.
 ///
-/// Every per-field owner trait has it as a supertrait, so an owner listed in `#[owned_by(..)]`
-/// must be a real owner: a plain `struct alloc_for_decode;` of the listed name does not become
-/// a capability. Implementing it by hand goes through `__private` and is outside the contract.
+/// A `#[guarded]` struct registers the site of each owner listed in `#[owned_by(..)]` through this
+/// trait, so a listed owner must be a real owner: a plain `struct alloc_for_decode;` of the listed
+/// name does not compile as one. Implementing it by hand goes through `__private` and is outside
+/// the contract.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a kvown owner",
     label = "not the capability token of a `#[kvown::owner]`",
     note = "mark the function `#[kvown::owner]`, or the method `#[owner]` inside `#[kvown::owners] impl ..`"
 )]
-pub trait OwnerToken {}
+pub trait OwnerToken {
+    /// The owner this token belongs to, as the audit register shows it.
+    const SITE: &'static crate::audit::OwnerSite;
+}

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-const DOC: &str = include_str!("../docs/macro-messages.md");
+const DOC: &str = include_str!("../../docs/macro-messages.md");
 const MARKER: &str = "<!-- snapshot: ";
 
 /// `(snapshot path, quoted text)` for every marked quote of the document.

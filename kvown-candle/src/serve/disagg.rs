@@ -1,0 +1,124 @@
+//! Disaggregated serving in one process: a prefill node (its own allocator, prefix cache and
+//! pool) computes each admitted prompt, this node preallocates the request's row and slots
+//! (`prealloc_for_transfer`), the K/V moves through kvown's `KvTransfer` (a `LocalTransfer`
+//! between the two pools), and the request is committed and decoded here.
+
+use kvown_runtime::batch::{
+    Req, ScheduleBatch, alloc_for_extend, commit_transfer, init_next_round_input,
+    prealloc_for_transfer, prepare_for_extend, release_kv_cache,
+};
+use kvown_runtime::kv::{KvTransfer, LocalTransfer, TransferError};
+
+use super::{Node, ServeConfig, Server, StepOutput, timed};
+use crate::error::{ModelError, ServeError};
+use crate::forward_batch::ForwardBatch;
+use crate::model::PagedLlama;
+use crate::pool::TensorKvPool;
+
+/// The prefill node and its link to the decode node's pool.
+#[derive(Debug)]
+pub(super) struct PrefillNode {
+    pub(super) node: Node,
+    link: LocalTransfer,
+}
+
+impl PrefillNode {
+    /// A prefill node with twice the decode node's slots, linked to `decode_pool`.
+    pub(super) fn new(
+        model: &PagedLlama,
+        config: &ServeConfig,
+        decode_pool: &TensorKvPool,
+    ) -> Result<PrefillNode, ServeError> {
+        let node = Node::new(model, config, 2 * config.pool_tokens, config.max_running)?;
+        let link = LocalTransfer::new(Box::new(node.pool.share()), Box::new(decode_pool.share()))?;
+        Ok(PrefillNode { node, link })
+    }
+
+    /// Moves the K/V of `src` (this node's slots) to `dst` (the decode node's) and waits for
+    /// the transfer.
+    fn send(&mut self, src: &[u32], dst: &[u32]) -> Result<(), ServeError> {
+        let id = self.link.submit(src, dst)?;
+        let mut done = Vec::new();
+        loop {
+            self.link.poll(&mut done);
+            if let Some(index) = done.iter().position(|(ended, _)| *ended == id) {
+                let (_, outcome) = done.swap_remove(index);
+                return Ok(outcome?);
+            }
+            if done.is_empty() {
+                return Err(TransferError::Failed(format!("transfer {id:?} never ended")).into());
+            }
+        }
+    }
+}
+
+impl Server {
+    /// Computes the admitted prompts on the prefill node, samples each request's next token
+    /// there, and moves their K/V into slots this node preallocates; they then run here.
+    pub(super) fn extend_remotely(
+        &mut self,
+        admitted: Vec<Req>,
+        out: &mut StepOutput,
+    ) -> Result<(), ServeError> {
+        let mut prefill = self.prefill.take().expect("a disaggregated server");
+        let result = self.prefill_and_send(&mut prefill, admitted, out);
+        self.prefill = Some(prefill);
+        result?;
+        self.release_finished(out)
+    }
+
+    fn prefill_and_send(
+        &mut self,
+        prefill: &mut PrefillNode,
+        admitted: Vec<Req>,
+        out: &mut StepOutput,
+    ) -> Result<(), ServeError> {
+        let mut ns = 0;
+        let cache = &mut prefill.node.cache;
+        let (batch, forward) = timed(&mut ns, || -> Result<_, ServeError> {
+            let mut remote = Vec::with_capacity(admitted.len());
+            for req in &admitted {
+                let mut here = Req::try_new(req.rid(), req.fill_ids().to_vec())?;
+                init_next_round_input(&mut here, cache, usize::MAX)?;
+                remote.push(here);
+            }
+            // Admission kept the prompts within this node's pool, which holds no request
+            // between steps: the allocation evicts what it needs.
+            let batch = alloc_for_extend(prepare_for_extend(ScheduleBatch::new(remote)), cache)
+                .map_err(|failure| failure.error)?;
+            let forward = ForwardBatch::from_allocation(&batch, cache.req_to_token())
+                .map_err(ModelError::from)?;
+            Ok((batch, forward))
+        })?;
+        self.stats.prefill_tokens += forward.tokens().len() as u64;
+        let logits = timed(&mut self.stats.model_ns, || {
+            self.model.forward(&forward, &mut prefill.node.pool)
+        })?;
+        for (index, (mut req, mut remote)) in
+            admitted.into_iter().zip(batch.into_reqs()).enumerate()
+        {
+            let position = req.fill_ids().len() - 1;
+            let token = self.sample(&req, position, logits.last(index), out);
+            req.push_output(token);
+            let ticket = timed(&mut ns, || prealloc_for_transfer(req, &mut self.node.cache))
+                .map_err(|failure| failure.error)?;
+            let row = remote.held_row()?;
+            let src = prefill
+                .node
+                .cache
+                .req_to_token()
+                .row(row)
+                .map_err(|error| ServeError::Kv(error.into()))?[ticket.positions()]
+            .to_vec();
+            prefill.send(&src, ticket.destination())?;
+            timed(&mut ns, || {
+                release_kv_cache(&mut remote, &mut prefill.node.cache, true)
+            })?;
+            let req = timed(&mut ns, || commit_transfer(ticket));
+            self.stats.transfers += 1;
+            self.running.extend_reqs([req]);
+        }
+        self.stats.kvown_ns += ns;
+        Ok(())
+    }
+}
