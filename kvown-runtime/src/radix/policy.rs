@@ -187,7 +187,8 @@ impl NodeStats {
 }
 
 /// How an insert counts for eviction (sglang `InsertParams`' `priority` and `chunked`). The
-/// default, priority 0 and not chunked, is what [`super::RadixCache::insert`] records.
+/// default, priority 0 and not chunked, is what an [`Insert`](super::Insert) records unless
+/// given others ([`Insert::params`](super::Insert::params)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct InsertParams {
     /// Raised into the nodes of the key's path (each keeps the highest it has seen);
