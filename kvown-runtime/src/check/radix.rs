@@ -5,7 +5,7 @@
 use std::cmp::Reverse;
 use std::collections::HashSet;
 
-use crate::ids::KvSlot;
+use crate::ids::{KvSlot, PageId};
 use crate::radix::{Namespace, NodeId, PageHash, RadixCache, RadixError, TreePos, TreeView};
 
 /// Which part of a request's protected prefix differs from the path its lock holds.
@@ -24,6 +24,12 @@ impl std::fmt::Display for PrefixPart {
             PrefixPart::Slot => "slot",
         })
     }
+}
+
+/// One more than the largest [`NodeId::index`] of a live node: the length of a table of
+/// per-node figures.
+fn entries(view: TreeView<'_>) -> usize {
+    view.nodes().map(|node| node.id().index() + 1).max().unwrap_or(1)
 }
 
 /// Returns an [`RadixError::Inconsistent`] at `node` unless `expected == found`.
@@ -76,8 +82,9 @@ pub fn check_radix(tree: &RadixCache) -> Result<(), RadixError> {
     let root = view.node(NodeId::ROOT).expect("the root is live");
     expect_eq(NodeId::ROOT, "root lock count", 1, root.locks().0)?;
     expect_eq(NodeId::ROOT, "root key length", 0, root.words())?;
-    let mut child_counts = vec![0usize; view.entries()];
-    let mut child_locks = vec![0usize; view.entries()];
+    let mut child_counts = vec![0usize; entries(view)];
+    let mut child_locks = vec![0usize; entries(view)];
+    let indexed: HashSet<PageId> = view.indexed_pages().collect();
     let mut pages = HashSet::new();
     let ranked = view.ranked();
     let (mut evictable, mut protected, mut live, mut candidates) = (0, 0, 0, 0);
@@ -119,7 +126,7 @@ pub fn check_radix(tree: &RadixCache) -> Result<(), RadixError> {
         }
         for (_, page) in node.pages() {
             expect_eq(id, "page cached once", 1, usize::from(pages.insert(page)))?;
-            expect_eq(id, "page indexed", 1, usize::from(view.is_indexed(page)))?;
+            expect_eq(id, "page indexed", 1, usize::from(indexed.contains(&page)))?;
         }
     }
     for node in view.nodes() {
@@ -154,7 +161,7 @@ pub fn check_radix(tree: &RadixCache) -> Result<(), RadixError> {
     let root = NodeId::ROOT;
     expect_eq(root, "indexed children", live, view.indexed_children())?;
     expect_eq(root, "evictable-leaf set size", candidates, view.candidates())?;
-    expect_eq(root, "indexed pages", pages.len(), view.indexed_pages())?;
+    expect_eq(root, "indexed pages", pages.len(), indexed.len())?;
     check_event_hashes(view)?;
     let sizes = tree.sizes();
     expect_eq(root, "evictable tokens", evictable, sizes.evictable)?;
@@ -199,21 +206,22 @@ pub(crate) fn namespace_of(tree: &RadixCache, node: NodeId) -> Option<Namespace>
 /// With events on, checks that every cached page's recorded hash is its path's (each node
 /// against its parent's last page, parents first); nothing to check with events off.
 fn check_event_hashes(view: TreeView<'_>) -> Result<(), RadixError> {
-    if !view.events_on() {
+    let Some(hashes) = view.event_hashes() else {
         return Ok(());
-    }
+    };
+    let recorded = |page: PageId| hashes.get(page as usize).copied();
     // A node starts where its parent ends: by start position, parents come first.
     let mut nodes: Vec<_> = view.nodes().filter(|node| node.id() != NodeId::ROOT).collect();
     nodes.sort_unstable_by_key(|node| (node.span().start, node.id()));
     for node in nodes {
         let parent = view.node(node.parent()).expect("checked live");
         let mut hash = match parent.pages().last() {
-            Some((_, page)) => view.recorded_hash(page).unwrap_or(PageHash(0)),
+            Some((_, page)) => recorded(page).unwrap_or(PageHash(0)),
             None => PageHash::seed(node.namespace()),
         };
         for (tokens, page) in node.pages() {
             hash = hash.chain(tokens);
-            let recorded = view.recorded_hash(page);
+            let recorded = recorded(page);
             if recorded != Some(hash) {
                 // Hashes shown as `usize` (whole on 64-bit targets); 0 for none recorded.
                 return Err(RadixError::Inconsistent {
@@ -322,7 +330,7 @@ pub(crate) fn leaked_locks(
     // Descendants first: a node ends strictly deeper than its parent.
     nodes.sort_unstable_by_key(|node| Reverse(node.span().end));
     // Locks found leaked at or below each node: a node's count includes its descendants'.
-    let mut leaked_below = vec![0usize; view.entries()];
+    let mut leaked_below = vec![0usize; entries(view)];
     let mut leaked = Vec::new();
     for node in nodes {
         let index = node.id().index();
@@ -346,7 +354,7 @@ pub(crate) fn leaked_locks(
 /// The locks `holders` (one each, on the node given) account for on every node, indexed by
 /// arena entry: the holders at the node or below it. Unknown holders count nowhere.
 fn held_locks(view: TreeView<'_>, holders: impl IntoIterator<Item = NodeId>) -> Vec<usize> {
-    let mut held = vec![0usize; view.entries()];
+    let mut held = vec![0usize; entries(view)];
     for holder in holders {
         let mut node = holder;
         while node != NodeId::ROOT {

@@ -341,10 +341,10 @@ impl RadixCache {
         }
     }
 
-    /// The hash recorded for `page` while events are on (stale for a page the tree no longer
-    /// holds); `None` with events off or for a page never recorded.
-    pub(super) fn recorded_hash(&self, page: PageId) -> Option<PageHash> {
-        self.events.as_ref()?.hashes.get(page as usize).copied()
+    /// With events on, the hash recorded for each page id (stale for a page the tree no
+    /// longer holds); `None` with events off.
+    pub(super) fn event_hashes(&self) -> Option<&[PageHash]> {
+        Some(&self.events.as_ref()?.hashes)
     }
 }
 

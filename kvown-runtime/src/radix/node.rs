@@ -456,11 +456,6 @@ impl Arena {
             .filter(|&(id, node)| id == NodeId::ROOT || node.parent != NodeId::NONE)
     }
 
-    /// Arena entries, live or free.
-    pub(super) fn entries(&self) -> usize {
-        self.nodes.len()
-    }
-
     /// Heap bytes of the arena's own tables, nodes, their figures and registrations, and
     /// generations (keys excluded).
     pub(super) fn table_bytes(&self) -> usize {
@@ -539,7 +534,7 @@ mod tests {
                 "a handle to the evicted node stays stale"
             );
         }
-        assert_eq!(arena.entries(), 4, "the root and three entries");
+        assert_eq!(arena.nodes.len(), 4, "the root and three entries");
     }
 
     /// A cache of page size 1 under `policy` holding `[1]`, locked and grown in place by

@@ -52,14 +52,6 @@ impl PageIndex {
         self.words.resize(word + 1, 0);
     }
 
-    /// Pages in the set.
-    pub(super) fn len(&self) -> usize {
-        self.words
-            .iter()
-            .map(|word| word.count_ones() as usize)
-            .sum()
-    }
-
     /// The pages in the set, in increasing order.
     pub(super) fn iter(&self) -> impl Iterator<Item = PageId> + '_ {
         self.words.iter().enumerate().flat_map(|(index, &word)| {

@@ -34,11 +34,6 @@ impl<'a> TreeView<'a> {
         self.cache.layout.page_size()
     }
 
-    /// Arena entries, live or free: every [`NodeId::index`] is below it.
-    pub(crate) fn entries(self) -> usize {
-        self.cache.arena.entries()
-    }
-
     /// Every live node, the root first.
     pub(crate) fn nodes(self) -> impl Iterator<Item = NodeView<'a>> {
         let cache = self.cache;
@@ -92,24 +87,15 @@ impl<'a> TreeView<'a> {
         self.cache.order.ranked(&self.cache.arena)
     }
 
-    /// Pages in the page index.
-    pub(crate) fn indexed_pages(self) -> usize {
-        self.cache.pages.len()
+    /// The pages the page index holds, in increasing order.
+    pub(crate) fn indexed_pages(self) -> impl Iterator<Item = PageId> + 'a {
+        self.cache.pages.iter()
     }
 
-    /// Whether the page index holds `page`.
-    pub(crate) fn is_indexed(self, page: PageId) -> bool {
-        self.cache.pages.contains(page)
-    }
-
-    /// Whether cache events are on.
-    pub(crate) fn events_on(self) -> bool {
-        self.cache.events.is_some()
-    }
-
-    /// The hash events recorded for `page`; `None` with events off or for a page never held.
-    pub(crate) fn recorded_hash(self, page: PageId) -> Option<PageHash> {
-        self.cache.recorded_hash(page)
+    /// With events on, the hash recorded for each page id (stale for pages the tree no longer
+    /// holds); `None` with events off.
+    pub(crate) fn event_hashes(self) -> Option<&'a [PageHash]> {
+        self.cache.event_hashes()
     }
 }
 
