@@ -15,7 +15,9 @@ use kvown::batch::{
 use kvown::batch::{cache_unfinished_req, init_next_round_input};
 use kvown::cache::{KvCache, TreeCache};
 use kvown::check::reclaim_leaks;
-use kvown::radix::{CacheEvent, EvictionPolicy, InsertParams, Namespace, RadixCache, TreePos};
+use kvown::radix::{
+    CacheEvent, EvictionPolicy, Insert, InsertParams, Namespace, RadixCache, RadixConfig, TreePos,
+};
 use kvown::slots::ReqToTokenPool;
 use kvown_cuda::StagedAllocator;
 use kvown_cuda::staging::{HostLink, default_slot_words};
@@ -55,7 +57,7 @@ fn prompt(rid: u64, len: usize, capacity: usize) -> Vec<u32> {
 /// The radix prefix cache when `radix`, none otherwise: the W2c / W3c side of a workload.
 fn prefix_cache(radix: bool) -> TreeCache {
     if radix {
-        TreeCache::Radix(RadixCache::new(PAGE_SIZE))
+        TreeCache::Radix(RadixCache::new(RadixConfig::new(PAGE_SIZE)).unwrap())
     } else {
         TreeCache::Disabled
     }
@@ -608,7 +610,7 @@ impl EvictionChurn {
         let allocator =
             PagedAllocator::new(Self::POOL_PAGES * PAGE_SIZE, PAGE_SIZE, false).expect("a pool");
         let mut churn = EvictionChurn {
-            tree: RadixCache::with_policy(PAGE_SIZE, policy),
+            tree: RadixCache::new(RadixConfig::new(PAGE_SIZE).with_policy(policy)).unwrap(),
             allocator,
             cycles: 0,
             key: vec![0; Self::KEY_PAGES * PAGE_SIZE],
@@ -659,14 +661,22 @@ impl EvictionChurn {
         };
         let namespace = Namespace::DEFAULT;
         self.tree
-            .insert_from_with(namespace, at, &self.key, &self.slots, params)
+            .insert(
+                Insert::new(namespace.key(&self.key), &self.slots)
+                    .from(at)
+                    .params(params),
+            )
             .expect("insert the new page");
         if at != TreePos::ROOT {
             self.tree.dec_lock_ref(at.node).expect("unlock the match");
         }
         for _ in 0..(draw >> 24) % 3 {
             self.tree
-                .insert_from_with(namespace, TreePos::ROOT, &self.key, &self.slots, params)
+                .insert(
+                    Insert::new(namespace.key(&self.key), &self.slots)
+                        .from(TreePos::ROOT)
+                        .params(params),
+                )
                 .expect("a repeated insert");
         }
     }

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use kvown::alloc::PageId;
-use kvown::radix::{CacheEvent, PageHash};
+use kvown::radix::{CacheEvent, PageHash, RadixConfig};
 use serde::Serialize;
 
 /// What a replay has applied: events, and the pages they stored and removed.
@@ -139,7 +139,7 @@ mod tests {
     /// `1..=4`, `5..=8` and `9..=12`.
     fn cache_with_two_keys() -> (RadixCache, PagedAllocator, Vec<CacheEvent>, [PageId; 3]) {
         let mut allocator = PagedAllocator::new(64, 4, false).unwrap();
-        let mut tree = RadixCache::new(4);
+        let mut tree = RadixCache::new(RadixConfig::new(4)).unwrap();
         tree.enable_events();
         let mut slots = Vec::new();
         allocator.alloc(12, &mut slots).unwrap();

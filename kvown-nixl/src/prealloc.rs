@@ -5,7 +5,7 @@ use kvown_runtime::alloc::KvAllocator;
 use kvown_runtime::batch::{Req, TransferTicket, prealloc_for_transfer, release_kv_cache};
 use kvown_runtime::cache::KvCache;
 use kvown_runtime::error::KvError;
-use kvown_runtime::radix::TreePos;
+use kvown_runtime::radix::{RadixConfig, TreePos};
 
 /// What to do with a request the prefill node computed.
 #[derive(Debug)]
@@ -77,7 +77,12 @@ mod tests {
     fn node(pages: usize) -> KvCache<PagedAllocator> {
         let allocator = PagedAllocator::new(pages * 4, 4, true).unwrap();
         let table = ReqToTokenPool::new(2, 64).unwrap();
-        KvCache::new(allocator, table, TreeCache::Radix(RadixCache::new(4))).unwrap()
+        KvCache::new(
+            allocator,
+            table,
+            TreeCache::Radix(RadixCache::new(RadixConfig::new(4)).unwrap()),
+        )
+        .unwrap()
     }
 
     /// Request `rid` of `len` prompt tokens and its first output, matched on `cache`.

@@ -15,7 +15,7 @@ use kvown_events::{
 };
 use kvown_fleet::indexer::FleetIndexer;
 use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
-use kvown_runtime::radix::{CacheEvent, Namespace, PageHash, RadixCache};
+use kvown_runtime::radix::{CacheEvent, Namespace, PageHash, RadixCache, RadixConfig};
 
 const PAGE: usize = 4;
 const LIMIT: Duration = Duration::from_secs(5);
@@ -60,7 +60,7 @@ fn spawn_replica(
     config: PublisherConfig,
     dialect: Dialect,
 ) -> (mpsc::Sender<Vec<u32>>, String, Option<String>) {
-    let mut cache = RadixCache::new(PAGE);
+    let mut cache = RadixCache::new(RadixConfig::new(PAGE)).unwrap();
     cache.enable_events();
     cache.take_events();
     let mut alloc = PagedAllocator::new(1024, PAGE, false).unwrap();
@@ -219,7 +219,7 @@ fn the_publisher_thread_numbers_batches_as_they_are_handed_over_and_sends_them_a
         "",
     )
     .unwrap();
-    let mut cache = RadixCache::new(PAGE);
+    let mut cache = RadixCache::new(RadixConfig::new(PAGE)).unwrap();
     cache.enable_events();
     let mut alloc = PagedAllocator::new(1024, PAGE, false).unwrap();
     let mut seqs = Vec::new();

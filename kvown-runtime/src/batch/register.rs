@@ -220,8 +220,7 @@ mod tests {
         let allocator = PagedAllocator::new(256, 4, false).unwrap();
         let rows = ReqToTokenPool::new(8, 64).unwrap();
         let tree = RadixCache::new(RadixConfig::new(4)).unwrap();
-        let mut cache =
-            KvCache::new(allocator, rows, TreeCache::Radix(tree)).unwrap();
+        let mut cache = KvCache::new(allocator, rows, TreeCache::Radix(tree)).unwrap();
         let mut first = admit(&mut cache, 9, (0..16).chain([99]).collect(), true);
         release_kv_cache(&mut first, &mut cache, true).unwrap();
         let first = admit(&mut cache, 1, (0..8).chain(50..58).collect(), extend_first);

@@ -15,9 +15,9 @@ mod ledger;
 mod radix;
 mod reclaim;
 use ledger::PageHolders;
+pub use ledger::PageLedger;
 use radix::LockMismatch;
 pub use radix::{PrefixPart, check_radix};
-pub use ledger::PageLedger;
 pub use reclaim::{ReclaimError, Reclaimed, reclaim_leaks};
 
 /// Who holds a page.

@@ -29,7 +29,10 @@ impl std::fmt::Display for PrefixPart {
 /// One more than the largest [`NodeId::index`] of a live node: the length of a table of
 /// per-node figures.
 fn entries(view: TreeView<'_>) -> usize {
-    view.nodes().map(|node| node.id().index() + 1).max().unwrap_or(1)
+    view.nodes()
+        .map(|node| node.id().index() + 1)
+        .max()
+        .unwrap_or(1)
 }
 
 /// Returns an [`RadixError::Inconsistent`] at `node` unless `expected == found`.
@@ -132,7 +135,12 @@ pub fn check_radix(tree: &RadixCache) -> Result<(), RadixError> {
     for node in view.nodes() {
         let id = node.id();
         let (lock_ref, own_locks) = node.locks();
-        expect_eq(id, "child count", child_counts[id.index()], node.child_count())?;
+        expect_eq(
+            id,
+            "child count",
+            child_counts[id.index()],
+            node.child_count(),
+        )?;
         if id != NodeId::ROOT {
             expect_eq(
                 id,
@@ -160,7 +168,12 @@ pub fn check_radix(tree: &RadixCache) -> Result<(), RadixError> {
     }
     let root = NodeId::ROOT;
     expect_eq(root, "indexed children", live, view.indexed_children())?;
-    expect_eq(root, "evictable-leaf set size", candidates, view.candidates())?;
+    expect_eq(
+        root,
+        "evictable-leaf set size",
+        candidates,
+        view.candidates(),
+    )?;
     expect_eq(root, "indexed pages", pages.len(), indexed.len())?;
     check_event_hashes(view)?;
     let sizes = tree.sizes();
@@ -199,7 +212,10 @@ fn registration_inconsistency(
 /// The namespace of the live non-root `node` of `tree`; `None` for the root (shared by all)
 /// and for a handle that names no node.
 pub(crate) fn namespace_of(tree: &RadixCache, node: NodeId) -> Option<Namespace> {
-    let node = tree.view().node(node).filter(|node| node.id() != NodeId::ROOT)?;
+    let node = tree
+        .view()
+        .node(node)
+        .filter(|node| node.id() != NodeId::ROOT)?;
     Some(node.namespace())
 }
 
@@ -211,7 +227,10 @@ fn check_event_hashes(view: TreeView<'_>) -> Result<(), RadixError> {
     };
     let recorded = |page: PageId| hashes.get(page as usize).copied();
     // A node starts where its parent ends: by start position, parents come first.
-    let mut nodes: Vec<_> = view.nodes().filter(|node| node.id() != NodeId::ROOT).collect();
+    let mut nodes: Vec<_> = view
+        .nodes()
+        .filter(|node| node.id() != NodeId::ROOT)
+        .collect();
     nodes.sort_unstable_by_key(|node| (node.span().start, node.id()));
     for node in nodes {
         let parent = view.node(node.parent()).expect("checked live");
@@ -256,10 +275,13 @@ pub(crate) fn path_difference(
         let start = node.span().start;
         path.push((node, start, end));
         end = start;
-        node = view.node(node.parent()).expect("a live node's parent is live");
+        node = view
+            .node(node.parent())
+            .expect("a live node's parent is live");
     }
     for &(node, start, end) in path.iter().rev() {
-        for (page, (page_tokens, page_id)) in node.pages().take((end - start) / page_size).enumerate()
+        for (page, (page_tokens, page_id)) in
+            node.pages().take((end - start) / page_size).enumerate()
         {
             let first_slot = page_id as usize * page_size;
             let first = start + page * page_size;
@@ -326,7 +348,10 @@ pub(crate) fn leaked_locks(
 ) -> Result<Vec<(NodeId, usize)>, LockMismatch> {
     let view = tree.view();
     let held = held_locks(view, holders);
-    let mut nodes: Vec<_> = view.nodes().filter(|node| node.id() != NodeId::ROOT).collect();
+    let mut nodes: Vec<_> = view
+        .nodes()
+        .filter(|node| node.id() != NodeId::ROOT)
+        .collect();
     // Descendants first: a node ends strictly deeper than its parent.
     nodes.sort_unstable_by_key(|node| Reverse(node.span().end));
     // Locks found leaked at or below each node: a node's count includes its descendants'.

@@ -197,11 +197,15 @@ mod tests {
         check_radix(&cache).unwrap();
         // Splitting each copy relinks it in the chain; the other stays whole.
         let b_split = slots(&mut alloc, 1);
-        let outcome = cache.insert(Insert::new(b.key(&key[..1]), &b_split)).unwrap();
+        let outcome = cache
+            .insert(Insert::new(b.key(&key[..1]), &b_split))
+            .unwrap();
         assert_eq!(outcome.prefix_len, 1);
         alloc.free_segment(&b_split, 0).unwrap();
         let a_more = slots(&mut alloc, 3);
-        let outcome = cache.insert(Insert::new(a.key(&[0, 9, 9]), &a_more)).unwrap();
+        let outcome = cache
+            .insert(Insert::new(a.key(&[0, 9, 9]), &a_more))
+            .unwrap();
         assert_eq!(outcome.prefix_len, 1);
         alloc.free_segment(&a_more[..1], 0).unwrap();
         check_radix(&cache).unwrap();

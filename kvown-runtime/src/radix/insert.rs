@@ -246,10 +246,7 @@ impl RadixCache {
     /// ([`RadixError::PageCached`]) or named twice ([`RadixError::PageRepeated`]), and, with
     /// [`Insert::allocated_in`], pages not allocated there ([`RadixError::PageNotAllocated`]).
     #[inline(always)]
-    pub fn plan_insert<'a>(
-        &'a mut self,
-        insert: Insert<'a>,
-    ) -> Result<InsertPlan<'a>, RadixError> {
+    pub fn plan_insert<'a>(&'a mut self, insert: Insert<'a>) -> Result<InsertPlan<'a>, RadixError> {
         let Insert {
             key, slots, from, ..
         } = insert;
@@ -670,7 +667,6 @@ fn first_broken_page(slots: &[KvSlot], start: usize, page_size: usize) -> RadixE
     }
     unreachable!("validate_pages found a broken page that first_broken_page does not")
 }
-
 
 #[cfg(test)]
 mod tests {

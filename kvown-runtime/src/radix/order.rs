@@ -109,8 +109,7 @@ impl EvictionOrder {
 
     /// The rank of `node` as it stands: candidates are evicted in increasing rank.
     fn rank(&self, arena: &Arena, node: NodeId) -> Rank {
-        self.policy
-            .rank(arena[node].last_access, arena.stats(node))
+        self.policy.rank(arena[node].last_access, arena.stats(node))
     }
 
     /// Whether an entry of the heap at `rank` still describes candidate `node`.
@@ -129,9 +128,7 @@ impl EvictionOrder {
     pub(super) fn ranked(&self, arena: &Arena) -> HashSet<NodeId> {
         self.heap
             .iter()
-            .filter(|&&Reverse((rank, node))| {
-                arena.is_live(node) && self.rank(arena, node) == rank
-            })
+            .filter(|&&Reverse((rank, node))| arena.is_live(node) && self.rank(arena, node) == rank)
             .map(|&Reverse((_, node))| node)
             .collect()
     }
@@ -192,8 +189,7 @@ impl EvictionOrder {
             planned.children_left -= 1;
             planned.last_access = planned.last_access.max(last_access);
             planned.stats.absorb(&stats);
-            if planned.children_left == 0 && parent != NodeId::ROOT && arena[parent].lock_ref == 0
-            {
+            if planned.children_left == 0 && parent != NodeId::ROOT && arena[parent].lock_ref == 0 {
                 let rank = self.policy.rank(planned.last_access, &planned.stats);
                 scratch.orphans.push(Reverse((rank, parent)));
             }
@@ -228,7 +224,10 @@ impl EvictionOrder {
         let rival = self
             .next_listed(arena, scratch)
             .max(scratch.orphans.peek().copied());
-        let planned = scratch.nodes.get_mut(&victim).expect("the victim is planned");
+        let planned = scratch
+            .nodes
+            .get_mut(&victim)
+            .expect("the victim is planned");
         let had = planned.registrations_left as usize;
         let end = arena.registration_end(victim, had, layout);
         let mut left = had;
@@ -257,7 +256,10 @@ impl EvictionOrder {
     /// listed again without a new access, has two equal entries).
     fn next_listed(&mut self, arena: &Arena, scratch: &Scratch) -> Option<OrderEntry> {
         while let Some(&Reverse((rank, node))) = self.heap.peek() {
-            let taken = scratch.nodes.get(&node).is_some_and(|planned| planned.taken);
+            let taken = scratch
+                .nodes
+                .get(&node)
+                .is_some_and(|planned| planned.taken);
             if self.is_current(arena, rank, node) && !taken {
                 break;
             }
