@@ -286,8 +286,9 @@ fn a_leaf_unlocked_again_without_an_access_is_evicted_once() {
     }
 }
 
+// sglang's `evict_from_tree_cache` evicts what the allocator lacks: `evict(n - available)`.
 #[test]
-fn evict_shortfall_evicts_only_what_is_missing() {
+fn evicting_the_shortfall_evicts_only_what_is_missing() {
     let ps = 4;
     let mut alloc = allocator(ps, 8);
     let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
@@ -304,7 +305,7 @@ fn evict_shortfall_evicts_only_what_is_missing() {
     // Two pages short: the LRU node (2 pages) covers it, nothing more goes.
     assert_eq!(
         cache
-            .evict(3 * ps.saturating_sub(alloc.available_size()), &mut alloc)
+            .evict((3 * ps).saturating_sub(alloc.available_size()), &mut alloc)
             .unwrap(),
         2 * ps
     );
@@ -317,10 +318,10 @@ fn evict_shortfall_evicts_only_what_is_missing() {
     check_radix(&cache).unwrap();
 }
 
-// `evict_shortfall` fails "as `evict`", which refuses an allocator of another page size
-// whatever it is asked for; it used to return `Ok(0)` for one with room enough.
+// An eviction refuses an allocator of another page size whatever it is asked for, nothing
+// included: a shortfall of 0 (an allocator with room enough) is refused too.
 #[test]
-fn evict_shortfall_refuses_an_allocator_of_another_page_size_even_with_room() {
+fn evict_refuses_an_allocator_of_another_page_size_even_with_room() {
     let ps = 4;
     let mut alloc = allocator(ps, 8);
     let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
@@ -928,7 +929,7 @@ fn the_slots_of_the_last_page_of_the_u32_range_read_back_without_overflow() {
 }
 
 #[test]
-fn a_page_size_of_zero_is_a_typed_error_from_the_fallible_constructors() {
+fn a_page_size_of_zero_or_past_any_allocators_is_a_typed_error() {
     assert_eq!(
         RadixCache::new(RadixConfig::new(0)).unwrap_err(),
         RadixError::ZeroPageSize
@@ -943,8 +944,12 @@ fn a_page_size_of_zero_is_a_typed_error_from_the_fallible_constructors() {
         (4, EvictionPolicy::Lfu)
     );
     assert_eq!(cache.sizes().total(), 0);
-    let panic =
-        std::panic::catch_unwind(|| RadixCache::new(RadixConfig::new(0)).unwrap()).unwrap_err();
-    let message = panic.downcast_ref::<String>().expect("a formatted message");
-    assert_eq!(*message, RadixError::ZeroPageSize.to_string());
+    let max = u32::MAX as usize / 2;
+    assert_eq!(
+        RadixCache::new(RadixConfig::new(max + 1)).unwrap_err(),
+        RadixError::PageSizeTooLarge {
+            page_size: max + 1,
+            max
+        }
+    );
 }
