@@ -14,6 +14,7 @@ use kvown::batch::{
 };
 use kvown::batch::{cache_unfinished_req, init_next_round_input};
 use kvown::cache::{KvCache, TreeCache};
+use kvown::check::check_radix;
 use kvown::check::reclaim_leaks;
 use kvown::radix::{
     CacheEvent, EvictionPolicy, Insert, InsertParams, Namespace, RadixCache, RadixConfig, TreePos,
@@ -425,7 +426,7 @@ impl<A: KvAllocator + AsPageAllocator> DecodeLoop<A> {
     /// Bytes of radix bookkeeping per cached page (W2c), `None` without the cache.
     pub fn radix_bytes_per_cached_page(&self) -> Option<f64> {
         let tree = self.cache.tree().radix()?;
-        let pages = tree.total_size() / PAGE_SIZE;
+        let pages = tree.sizes().total() / PAGE_SIZE;
         Some(tree.bookkeeping_bytes() as f64 / pages.max(1) as f64)
     }
 
@@ -648,7 +649,10 @@ impl EvictionChurn {
         }
         let uncached = self.key.len() - at.len;
         self.tree
-            .evict_shortfall(uncached, &mut self.allocator)
+            .evict(
+                uncached.saturating_sub(self.allocator.available_size()),
+                &mut self.allocator,
+            )
             .expect("evict");
         self.allocated.clear();
         self.allocator
@@ -693,8 +697,8 @@ impl EvictionChurn {
     /// Runs the radix cache's own consistency check, and checks that every page of the pool is
     /// either free or cached.
     pub fn check(&self) -> Result<(), String> {
-        self.tree.check().map_err(|error| error.to_string())?;
-        let held = self.allocator.available_size() + self.tree.total_size();
+        check_radix(&self.tree).map_err(|error| error.to_string())?;
+        let held = self.allocator.available_size() + self.tree.sizes().total();
         if held != Self::POOL_PAGES * PAGE_SIZE {
             return Err(format!(
                 "{held} slots free or cached of {}",

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use kvown::alloc::PageId;
-use kvown::radix::{CacheEvent, PageHash, RadixConfig};
+use kvown::radix::{CacheEvent, PageHash};
 use serde::Serialize;
 
 /// What a replay has applied: events, and the pages they stored and removed.
@@ -130,7 +130,7 @@ impl CacheReplay {
 #[cfg(test)]
 mod tests {
     use kvown::alloc::{KvAllocator, PagedAllocator};
-    use kvown::radix::{Namespace, RadixCache};
+    use kvown::radix::{Insert, Namespace, RadixCache, RadixConfig};
 
     use super::*;
 
@@ -143,9 +143,11 @@ mod tests {
         tree.enable_events();
         let mut slots = Vec::new();
         allocator.alloc(12, &mut slots).unwrap();
-        tree.insert(&[1, 2, 3, 4, 5, 6, 7, 8], &slots[..8]).unwrap();
+        tree.insert(Insert::new(&[1, 2, 3, 4, 5, 6, 7, 8], &slots[..8]))
+            .unwrap();
         let branch = [&slots[..4], &slots[8..]].concat();
-        tree.insert(&[1, 2, 3, 4, 9, 10, 11, 12], &branch).unwrap();
+        tree.insert(Insert::new(&[1, 2, 3, 4, 9, 10, 11, 12], &branch))
+            .unwrap();
         let events = tree.take_events();
         let pages = [0, 4, 8].map(|slot| slots[slot] / 4);
         (tree, allocator, events, pages)

@@ -157,7 +157,7 @@ fn scripted_run(
                 let mut key = stems[rng.gen_range(0..stems.len())].clone();
                 let tail = rng.gen_range(1..=4) * PAGE;
                 key.extend((0..tail).map(|_| rng.gen_range(0..50)));
-                cache.evict_shortfall(key.len(), &mut alloc)?;
+                cache.evict(key.len().saturating_sub(alloc.available_size()), &mut alloc)?;
                 let mut slots = Vec::new();
                 alloc.alloc(key.len(), &mut slots)?;
                 let outcome = cache.insert(Insert::new(namespace.key(&key), &slots))?;

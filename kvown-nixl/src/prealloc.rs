@@ -5,7 +5,7 @@ use kvown_runtime::alloc::KvAllocator;
 use kvown_runtime::batch::{Req, TransferTicket, prealloc_for_transfer, release_kv_cache};
 use kvown_runtime::cache::KvCache;
 use kvown_runtime::error::KvError;
-use kvown_runtime::radix::{RadixConfig, TreePos};
+use kvown_runtime::radix::TreePos;
 
 /// What to do with a request the prefill node computed.
 #[derive(Debug)]
@@ -68,7 +68,7 @@ mod tests {
     use kvown_runtime::alloc::PagedAllocator;
     use kvown_runtime::batch::{cancel_transfer, init_next_round_input};
     use kvown_runtime::cache::{KvCache, TreeCache};
-    use kvown_runtime::radix::RadixCache;
+    use kvown_runtime::radix::{RadixCache, RadixConfig};
     use kvown_runtime::slots::ReqToTokenPool;
 
     use super::*;

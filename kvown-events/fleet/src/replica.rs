@@ -68,7 +68,11 @@ impl Replica {
 
     /// Pages the prefix cache holds.
     pub fn cached_pages(&self) -> usize {
-        self.cache.tree().radix().map_or(0, RadixCache::total_size) / self.cache.page_size()
+        self.cache
+            .tree()
+            .radix()
+            .map_or(0, |tree| tree.sizes().total())
+            / self.cache.page_size()
     }
 
     /// The events since the last call.

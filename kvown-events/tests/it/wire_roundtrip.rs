@@ -160,9 +160,11 @@ fn removals_and_clears_reach_the_router_and_empty_it_in_every_dialect() {
         let prompt: Vec<u32> = (1..=14).collect();
         let mut slots = Vec::new();
         alloc.alloc(12, &mut slots).unwrap();
-        cache.insert(&prompt[..8], &slots[..8]).unwrap();
+        cache
+            .insert(Insert::new(&prompt[..8], &slots[..8]))
+            .unwrap();
         // A longer prompt later: its third page is a leaf of its own, evicted first.
-        cache.insert(&prompt[..12], &slots).unwrap();
+        cache.insert(Insert::new(&prompt[..12], &slots)).unwrap();
         let events = cache.take_events();
         index.apply_batch(0, &encoded(&encoder, &events)).unwrap();
         // The same tokens on the other replica: the same block ids, one shared tree path.
