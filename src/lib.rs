@@ -346,7 +346,8 @@
 //! let page_size = 16;
 //! let allocator = PagedAllocator::new(4096, page_size, false)?;
 //! let rows = ReqToTokenPool::new(8, 1024)?;
-//! let mut cache = KvCache::new(allocator, rows, TreeCache::Radix(RadixCache::new(RadixConfig::new(page_size)).unwrap()))?;
+//! let tree = RadixCache::new(RadixConfig::new(page_size))?;
+//! let mut cache = KvCache::new(allocator, rows, TreeCache::Radix(tree))?;
 //!
 //! let mut req = Req::new(1, (0..40).collect());
 //! init_next_round_input(&mut req, &mut cache, usize::MAX)?; // match, lock, extend range

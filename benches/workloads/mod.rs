@@ -17,7 +17,7 @@ use kvown::cache::{KvCache, TreeCache};
 use kvown::check::check_radix;
 use kvown::check::reclaim_leaks;
 use kvown::radix::{
-    CacheEvent, EvictionPolicy, Insert, InsertParams, Namespace, RadixCache, RadixConfig, TreePos,
+    CacheEvent, EvictionPolicy, Insert, InsertParams, RadixCache, RadixConfig, TreePos,
 };
 use kvown::slots::ReqToTokenPool;
 use kvown_cuda::StagedAllocator;
@@ -58,7 +58,7 @@ fn prompt(rid: u64, len: usize, capacity: usize) -> Vec<u32> {
 /// The radix prefix cache when `radix`, none otherwise: the W2c / W3c side of a workload.
 fn prefix_cache(radix: bool) -> TreeCache {
     if radix {
-        TreeCache::Radix(RadixCache::new(RadixConfig::new(PAGE_SIZE)).unwrap())
+        TreeCache::Radix(RadixCache::new(RadixConfig::new(PAGE_SIZE)).expect("page size"))
     } else {
         TreeCache::Disabled
     }
@@ -611,7 +611,8 @@ impl EvictionChurn {
         let allocator =
             PagedAllocator::new(Self::POOL_PAGES * PAGE_SIZE, PAGE_SIZE, false).expect("a pool");
         let mut churn = EvictionChurn {
-            tree: RadixCache::new(RadixConfig::new(PAGE_SIZE).with_policy(policy)).unwrap(),
+            tree: RadixCache::new(RadixConfig::new(PAGE_SIZE).with_policy(policy))
+                .expect("page size"),
             allocator,
             cycles: 0,
             key: vec![0; Self::KEY_PAGES * PAGE_SIZE],
@@ -663,25 +664,15 @@ impl EvictionChurn {
             priority: ((draw >> 16) % 4) as i32,
             chunked: false,
         };
-        let namespace = Namespace::DEFAULT;
+        let insert = Insert::new(&self.key, &self.slots).params(params);
         self.tree
-            .insert(
-                Insert::new(namespace.key(&self.key), &self.slots)
-                    .from(at)
-                    .params(params),
-            )
+            .insert(insert.from(at))
             .expect("insert the new page");
         if at != TreePos::ROOT {
             self.tree.dec_lock_ref(at.node).expect("unlock the match");
         }
         for _ in 0..(draw >> 24) % 3 {
-            self.tree
-                .insert(
-                    Insert::new(namespace.key(&self.key), &self.slots)
-                        .from(TreePos::ROOT)
-                        .params(params),
-                )
-                .expect("a repeated insert");
+            self.tree.insert(insert).expect("a repeated insert");
         }
     }
 

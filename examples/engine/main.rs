@@ -141,10 +141,8 @@ fn host_bookkeeping(
     let allocator = PagedAllocator::new(args.pool_tokens, args.page_size, args.disaggregated)
         .map_err(|e| e.to_string())?;
     let table = request_table(args, jobs)?;
-    let tree = TreeCache::Radix(
-        RadixCache::new(RadixConfig::new(args.page_size).with_policy(args.eviction_policy))
-            .unwrap(),
-    );
+    let config = RadixConfig::new(args.page_size).with_policy(args.eviction_policy);
+    let tree = TreeCache::Radix(RadixCache::new(config).map_err(|e| e.to_string())?);
     Ok((allocator, table, tree))
 }
 

@@ -147,8 +147,7 @@ fn scripted_run(
         .map(|stem| (0..stem * PAGE).map(|_| rng.gen_range(0..50)).collect())
         .collect();
     let mut alloc = PagedAllocator::new(64 * PAGE, PAGE, false)?;
-    let mut cache = RadixCache::new(RadixConfig::new(PAGE)).unwrap();
-    cache.enable_events();
+    let mut cache = RadixCache::new(RadixConfig::new(PAGE).with_events())?;
     let mut steps_events = Vec::with_capacity(steps);
     for _ in 0..steps {
         match rng.gen_range(0..100) {

@@ -49,7 +49,8 @@ impl Replica {
     ) -> Replica {
         let allocator = PagedAllocator::new(pool_tokens, page_size, false).expect("pool");
         let rows = ReqToTokenPool::new(max_running + 1, max_context).expect("rows");
-        let tree = TreeCache::Radix(RadixCache::new(RadixConfig::new(page_size)).unwrap());
+        let tree = RadixCache::new(RadixConfig::new(page_size)).expect("page size");
+        let tree = TreeCache::Radix(tree);
         let mut cache = KvCache::new(allocator, rows, tree).expect("cache");
         assert!(cache.enable_cache_events());
         Replica {
