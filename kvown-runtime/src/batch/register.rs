@@ -6,12 +6,12 @@
 
 use kvown_macros::owner;
 
+use crate::alloc::KvSlot;
 use crate::alloc::{KvAllocator, ceil_align};
 use crate::batch::Req;
 use crate::cache::{KvCache, TreeCache};
 use crate::error::KvError;
-use crate::radix::{Insert, Key, RadixCache, TreePos};
-use crate::slots::{ReqRow, ReqToTokenPool};
+use crate::radix::{Insert, InsertOutcome, RadixCache, TreePos};
 
 /// Between two chunks of a chunked prefill: insert the request's committed whole pages into
 /// the prefix cache, free its duplicates, point its row at the tree's slots, move its lock to
@@ -44,7 +44,39 @@ pub fn cache_unfinished_req<A: KvAllocator>(
         let token_count = committed.min(req.fill_ids().len());
         let key_len = tree.layout().floor_align(token_count);
         let key = req.namespace().key(&req.fill_ids()[..key_len]);
-        let new_end = insert_unfinished(tree, allocator, req_to_token, req, row, key)?;
+        let slots = &req_to_token.row(row)?[..key_len];
+        let insert = Insert::new(key, slots)
+            .from(req.last_node)
+            .params(req.insert_params(true));
+        let new_end = match tree.insert_own_page(&insert) {
+            // One page more of the request's own leaf, the commonest case: the lock stays.
+            Some(appended) => TreePos {
+                node: appended?.last_node,
+                len: key_len,
+            },
+            None => {
+                let outcome = insert_unfinished(tree, allocator, req, insert, slots)?;
+                let new_end = TreePos {
+                    node: outcome.last_node,
+                    len: key_len,
+                };
+                let protected = req.kv().cache_protected_len();
+                if outcome.prefix_len > protected {
+                    // Point the row at the tree's slots where they replaced its duplicates.
+                    let cached = TreePos {
+                        node: new_end.node,
+                        len: outcome.prefix_len,
+                    };
+                    let rewritten = &mut req_to_token.row_mut(row)?[protected..outcome.prefix_len];
+                    tree.path_slots_into(cached, protected, rewritten)?;
+                    allocator.row_written(row, protected, rewritten);
+                }
+                if new_end.node != req.last_node.node {
+                    tree.move_lock(req.last_node.node, new_end.node)?;
+                }
+                new_end
+            }
+        };
         if !req.prompt_split_made {
             req.prompt_split_made = split_prompt(tree, req, committed, new_end);
         }
@@ -54,27 +86,21 @@ pub fn cache_unfinished_req<A: KvAllocator>(
     Ok(())
 }
 
-/// `cache_unfinished_req`'s insert: plans the insert of `key` (the request's committed whole
-/// pages) with the slots of its `row`, frees its duplicates, applies the insert, points the row
-/// at the tree's slots where they replaced its own and moves its lock to the inserted end,
-/// which it returns. One page more of the request's own leaf, the commonest case, is appended
-/// without a walk, and the lock stays. Nothing changes when it fails.
+/// `cache_unfinished_req`'s insert in general: checks that the request's lock may move, plans
+/// `insert` (the request's committed whole pages with their `slots`, from the request's row),
+/// frees its duplicates and applies the plan. The caller points the row at the tree's slots
+/// where they replaced the duplicates and moves the lock. Nothing changes when it fails.
+#[inline(never)]
 fn insert_unfinished<A: KvAllocator>(
     tree: &mut RadixCache,
     allocator: &mut A,
-    req_to_token: &mut ReqToTokenPool,
     req: &Req,
-    row: ReqRow,
-    key: Key<'_>,
-) -> Result<TreePos, KvError> {
+    insert: Insert<'_>,
+    slots: &[KvSlot],
+) -> Result<InsertOutcome, KvError> {
     let protected = req.kv().cache_protected_len();
-    let key_len = key.tokens.len();
-    let slots = &req_to_token.row(row)?[..key_len];
     // The lock moved at the end must be the request's own: checked before anything changes.
     tree.ensure_unlockable(req.last_node.node)?;
-    let insert = Insert::new(key, slots)
-        .from(req.last_node)
-        .params(req.insert_params(true));
     let plan = tree.plan_insert(insert)?;
     let duplicated = plan.prefix_len();
     if duplicated > protected {
@@ -83,24 +109,7 @@ fn insert_unfinished<A: KvAllocator>(
         allocator.free_segment(&slots[protected..duplicated], protected)?;
     }
     // Past `duplicated` the tree takes this request's own slots.
-    let outcome = plan.apply();
-    if duplicated > protected {
-        // Point the row at the tree's slots.
-        let cached = TreePos {
-            node: outcome.last_node,
-            len: duplicated,
-        };
-        let rewritten = &mut req_to_token.row_mut(row)?[protected..duplicated];
-        tree.path_slots_into(cached, protected, rewritten)?;
-        allocator.row_written(row, protected, rewritten);
-    }
-    if outcome.last_node != req.last_node.node {
-        tree.move_lock(req.last_node.node, outcome.last_node)?;
-    }
-    Ok(TreePos {
-        node: outcome.last_node,
-        len: key_len,
-    })
+    Ok(plan.apply())
 }
 
 /// sglang `_insert_cache`'s prompt split, after the insert of a request's key of `up_to`
@@ -196,6 +205,7 @@ mod tests {
         release_kv_cache,
     };
     use crate::radix::{NodeId, RadixConfig};
+    use crate::slots::ReqToTokenPool;
 
     type Cache = KvCache<PagedAllocator>;
 

@@ -65,6 +65,7 @@ impl RadixCache {
 
     /// Refuses a `node` that is unknown or holds no lock of its own: the checks of
     /// [`RadixCache::dec_lock_ref`], changing nothing.
+    #[inline]
     pub(crate) fn ensure_unlockable(&self, node: NodeId) -> Result<(), RadixError> {
         self.ensure_live(node)?;
         if self.arena[node].own_locks == 0 {

@@ -431,6 +431,7 @@ impl RadixCache {
         self.layout
     }
 
+    #[inline]
     fn ensure_live(&self, node: NodeId) -> Result<(), RadixError> {
         if self.arena.is_live(node) {
             Ok(())
