@@ -335,7 +335,7 @@ impl RadixCache {
 
     /// [`RadixCache::plan_insert`] in general: the allocated check, then the caller's own leaf
     /// extended without a walk, or a walk down from `from`.
-    #[inline(never)]
+    #[inline(always)]
     fn plan_general(&mut self, insert: &Insert<'_>) -> Result<Planned, RadixError> {
         let Insert {
             key, slots, from, ..
@@ -529,7 +529,7 @@ impl RadixCache {
     /// Carries out a plan of [`RadixCache::plan_general`] with no change to the tree since:
     /// `step` at `node`, the key cached up to `pos`; records `params` at the node where the key
     /// ends.
-    #[inline(never)]
+    #[inline(always)]
     fn apply_insert(
         &mut self,
         key: Key<'_>,
@@ -695,7 +695,6 @@ impl RadixCache {
 
     /// Records the pages of `slots` (whole pages that [`RadixCache::plan_insert`] found new)
     /// in the page index.
-    #[inline(always)]
     fn hold_pages(&mut self, slots: &[KvSlot]) {
         let layout = self.layout;
         let page_size = layout.page_size();
@@ -734,32 +733,22 @@ fn append_page(data: &mut Vec<u32>, tokens: &[u32], first_slot: KvSlot, layout: 
     data.push(layout.page_of(first_slot));
 }
 
-/// Slots compared at once by [`validate_pages`]: a vector register's worth of `u32`s.
-const LANES: usize = 8;
-
 /// Checks that `slots` (starting at key position `start`, page-aligned) are whole pages: each
 /// page's slots are the run `first, first + 1, …` of a page-aligned `first`. One branch-free
-/// pass per page, in blocks of [`LANES`] slots (vectorised); the offending slot is looked for
-/// only when a page fails.
+/// pass per page (vectorised); the offending slot is looked for only when a page fails.
 #[inline(always)]
 fn validate_pages(slots: &[KvSlot], start: usize, layout: KeyLayout) -> Result<(), RadixError> {
     let page_size = layout.page_size();
     let mut broken = false;
     for page_slots in slots.chunks_exact(page_size) {
         let first = page_slots[0];
-        let mut differs = 0;
-        let mut expected = first;
-        let mut blocks = page_slots.chunks_exact(LANES);
-        for block in &mut blocks {
-            let block: &[KvSlot; LANES] = block.try_into().expect("a whole block");
-            for (lane, &found) in block.iter().enumerate() {
-                differs |= found ^ expected.wrapping_add(lane as u32);
-            }
-            expected = expected.wrapping_add(LANES as u32);
-        }
-        for (lane, &found) in blocks.remainder().iter().enumerate() {
-            differs |= found ^ expected.wrapping_add(lane as u32);
-        }
+        let expected = (0..page_size as u32).map(|offset| first.wrapping_add(offset));
+        let differs = page_slots
+            .iter()
+            .zip(expected)
+            .fold(0, |differs, (&found, expected)| {
+                differs | (found ^ expected)
+            });
         broken |= differs != 0 || !layout.is_aligned(first as usize);
     }
     if broken {

@@ -214,6 +214,7 @@ impl Registrations {
 
     /// Keeps a registration ending at `end_page` with `stats`, whose creation time must
     /// [`Registrations::fits`] these.
+    #[inline]
     fn push(&mut self, end_page: usize, stats: &NodeStats) {
         if self.list.is_empty() {
             self.first_created = stats.created;

@@ -35,8 +35,9 @@ pub(super) struct EvictionOrder {
     candidates: Vec<NodeId>,
     /// Every candidate at its current rank, and outdated entries.
     heap: BinaryHeap<OrderEntry>,
-    /// Buffers of eviction plans (boxed, so that the cache itself stays small).
-    scratch: Box<Scratch>,
+    /// Buffers of eviction plans (boxed, so that the cache itself stays small, and a plan
+    /// moves a pointer); `None` only while a plan holds them.
+    scratch: Option<Box<Scratch>>,
 }
 
 impl EvictionOrder {
@@ -47,7 +48,7 @@ impl EvictionOrder {
             clock: 0,
             candidates: Vec::new(),
             heap: BinaryHeap::new(),
-            scratch: Box::default(),
+            scratch: Some(Box::default()),
         }
     }
 
@@ -137,7 +138,10 @@ impl EvictionOrder {
     pub(super) fn heap_bytes(&self) -> usize {
         self.candidates.capacity() * size_of::<NodeId>()
             + self.heap.capacity() * size_of::<OrderEntry>()
-            + self.scratch.heap_bytes()
+            + self
+                .scratch
+                .as_ref()
+                .map_or(0, |scratch| scratch.heap_bytes())
     }
 
     /// Chooses the victims of an eviction of `num_tokens` tokens from the tree in `arena`, in
@@ -155,7 +159,7 @@ impl EvictionOrder {
         layout: KeyLayout,
         num_tokens: usize,
     ) -> EvictionPlan {
-        let mut scratch = std::mem::take(&mut *self.scratch);
+        let mut scratch = self.scratch.take().unwrap_or_default();
         let page_size = layout.page_size();
         let mut tokens = 0;
         while tokens < num_tokens {
@@ -205,7 +209,7 @@ impl EvictionOrder {
             self.heap.extend(scratch.taken.drain(..));
         }
         scratch.clear();
-        *self.scratch = scratch;
+        self.scratch = Some(scratch);
     }
 
     /// Plans the eviction of the newest registrations left of the grown leaf `victim`, taken
@@ -310,7 +314,7 @@ pub(super) enum Victim {
 /// The victims of one eviction, in order, with the buffer their pages are freed from.
 #[derive(Debug)]
 pub(super) struct EvictionPlan {
-    scratch: Scratch,
+    scratch: Box<Scratch>,
     /// Tokens the victims hold.
     tokens: usize,
 }
