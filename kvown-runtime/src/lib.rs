@@ -45,8 +45,7 @@
 //! // 64 pages of 4 slots, 8 request rows of up to 128 tokens, a radix prefix cache.
 //! let allocator = PagedAllocator::new(256, 4, false)?;
 //! let rows = ReqToTokenPool::new(8, 128)?;
-//! let tree = RadixCache::new(RadixConfig::new(4))?;
-//! let mut cache = KvCache::new(allocator, rows, TreeCache::Radix(tree))?;
+//! let mut cache = KvCache::new(allocator, rows, TreeCache::Radix(RadixCache::new(RadixConfig::new(4))?))?;
 //!
 //! // Admit and extend a 10-token prompt: nothing cached yet, so all 10 tokens get slots.
 //! let mut req = Req::new(1, (0..10).collect());

@@ -22,14 +22,13 @@ impl RadixCache {
     /// everything evictable is gone. Locked nodes are never touched. A parent left without
     /// children and unlocked becomes a candidate in the same call, with the latest access time,
     /// the highest priority and the sum of the hits of it and its evicted children. A leaf that
-    /// a running request grew in place is evicted as sglang's node per registration would be:
-    /// its newest registration first, the rest competing again with the figures of the
-    /// registration that now ends it.
+    /// a running request grew in place is evicted registration by registration, newest first,
+    /// the rest competing again with the figures of the registration that now ends it.
     ///
     /// The victims are chosen first; then each one's pages are freed with one
     /// `alloc.free_page_ids(pages)` call, in key order, and the node deleted, victim after
-    /// victim in eviction order (a grown leaf's registrations one call each), as sglang's
-    /// `evict` frees node by node: a LIFO allocator then reuses the last victim's pages first.
+    /// victim in eviction order (a grown leaf's registrations one call each), so a LIFO
+    /// allocator reuses the last victim's pages first. sglang `RadixCache.evict`.
     ///
     /// ```
     /// use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
@@ -48,7 +47,7 @@ impl RadixCache {
     /// ```
     ///
     /// Cost: O(log leaves + node tokens) per evicted node, amortized: the eviction order is kept
-    /// across calls (sglang rebuilds a heap of every leaf on each call).
+    /// across calls.
     ///
     /// # Errors
     /// [`RadixError::PageSizeMismatch`], evicting nothing; [`RadixError::Free`] when the

@@ -73,14 +73,10 @@
 //! with their page ids (4 bytes per page); one hash map indexes children by (parent,
 //! namespace, first page). See [`RadixCache::bookkeeping_bytes`].
 //!
-//! Access times are kept lazily: an insert stamps the node where it ends and the lower half of
-//! a node it splits (a match stamps the nodes it passes), and a node takes the newer of its own
-//! and a removed child's time; hits and priorities are recorded where an insert ends and
-//! passed on the same way. Since only leaves are evicted, the leaf order equals sglang's, which
-//! stamps the whole path. A running request's leaf grows in place where sglang adds a node per
-//! registration; it keeps where each registration ends and what its node would carry, and is
-//! evicted registration by registration, newest first, as sglang's nodes would be.
-//! `tests/eviction_replay.rs` replays random sequences against a model of sglang's rules.
+//! Access times, hits and priorities are recorded where a match or insert ends and passed to
+//! the parent when a leaf is removed; a running request's leaf grows in place, registration by
+//! registration. Both rank the leaves as sglang's tree would (`docs/design.md`), which
+//! `tests/eviction_replay.rs` checks against a model of its rules.
 
 mod children;
 mod error;
@@ -540,14 +536,12 @@ impl RadixCache {
         }
     }
 
-    /// The prompt split of a request's registration (sglang `_insert_cache` with
-    /// `split_prompt`): after the request's key was inserted up to `end` (live, on its path),
-    /// its first `prompt_len` tokens (page-aligned, `0 < prompt_len < end.len`) are inserted
-    /// again with `priority` and no hit. So a node ends at `prompt_len` (a grown leaf's
-    /// registration may: sglang's node for it), split off at the time of this call if none
-    /// did, and records the insert. Access times are left as they are: sglang's `checkpoint`
-    /// stamps the whole key's path again right after, so the prompt's nodes are no newer than
-    /// the key's end.
+    /// The prompt split of a request's registration: after the request's key was inserted up to
+    /// `end` (live, on its path), its first `prompt_len` tokens (page-aligned,
+    /// `0 < prompt_len < end.len`) are inserted again with `priority` and no hit, so that a node
+    /// (or a grown leaf's registration) ends at `prompt_len`, split off now if none did, and
+    /// records the insert; access times stay as they are. sglang
+    /// `RadixCache._insert_cache(split_prompt=True)`.
     pub(crate) fn split_prompt(&mut self, end: TreePos, prompt_len: usize, priority: i32) {
         debug_assert!(0 < prompt_len && prompt_len < end.len);
         let params = InsertParams {

@@ -5,12 +5,11 @@
 //! followed by its page id. A node therefore costs one vector header plus four bytes per page on
 //! top of its key, and the page id sits next to the tokens a match has just compared.
 //!
-//! A running request's leaf grows in place (sglang `_insert_helper` hangs a new leaf per
-//! registration instead): the leaf keeps where each earlier registration ends and the figures
-//! its node would carry, so that it can be evicted registration by registration, newest first,
-//! or turned into sglang's chain of nodes when a match or insert ends inside it. An earlier
-//! registration's access time is not kept: every access since it was made reached the leaf's
-//! end, so the leaf's own access time is never older than its.
+//! A running request's leaf grows in place: it keeps where each earlier registration ends and
+//! the figures a node of its own would carry, so that it can be evicted registration by
+//! registration, newest first, or turned into a chain of nodes when a match or insert ends
+//! inside it (`docs/design.md`: a running request's leaf grows in place). An earlier
+//! registration's access time is not kept: every access since reached the leaf's end.
 
 use std::fmt;
 use std::ops::{Index, IndexMut};

@@ -3,9 +3,9 @@
 //!
 //! The order is kept across calls: every candidate has an entry in a heap at its current rank;
 //! an entry made outdated by a later access is skipped when it comes up, and the heap is rebuilt
-//! from the candidates once outdated entries make up most of it. Planning an eviction takes the
-//! victims from the heap in order (sglang `RadixCache.evict` rebuilds a heap of every leaf per
-//! call), and changes nothing else: the cache frees them afterwards ([`super::evict`]).
+//! from the candidates once outdated entries make up most of it (sglang `RadixCache.evict`
+//! builds a heap of every leaf per call). Planning an eviction takes the victims from the heap
+//! in order and changes nothing else: the cache frees them afterwards ([`super::evict`]).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
@@ -150,9 +150,9 @@ impl EvictionOrder {
     /// back.
     ///
     /// Parents left childless and unlocked by earlier victims compete at the rank of what they
-    /// inherit from them. A grown leaf gives up its newest registration, as sglang's leaf for it
-    /// would go, and what is left of it competes again with the figures of the registration
-    /// before: it gives up that one too in the same step while it still ranks first.
+    /// inherit from them. A grown leaf gives up its newest registration, and what is left of it
+    /// competes again with the figures of the registration before: it gives up that one too in
+    /// the same step while it still ranks first.
     pub(super) fn plan(
         &mut self,
         arena: &Arena,
