@@ -117,8 +117,9 @@ fn the_ledger_names_every_kind_of_holder() {
     );
 }
 
-/// A page nobody allocated is refused by `insert_allocated`, changing nothing; inserted by
-/// the trusting `insert`, it blocks eviction, which the ledger explains.
+/// A page nobody allocated is refused by an insert checked against the allocator
+/// (`Insert::allocated_in`), changing nothing; inserted by a trusting one, it blocks eviction,
+/// which the ledger explains.
 #[test]
 fn an_insert_of_a_never_allocated_page_is_refused() {
     let mut allocator = PagedAllocator::new(64, 4, false).unwrap();

@@ -24,7 +24,7 @@ fn insert_fresh(cache: &mut RadixCache, alloc: &mut PagedAllocator, key: &[u32])
     let slots = alloc_slots(alloc, key.len());
     let outcome = cache.insert(Insert::new(key, &slots)).unwrap();
     alloc.free_segment(&slots[..outcome.prefix_len], 0).unwrap();
-    check_radix(&cache).unwrap();
+    check_radix(cache).unwrap();
     slots
 }
 

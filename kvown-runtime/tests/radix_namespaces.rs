@@ -94,7 +94,7 @@ fn a_shared_first_page_splits_only_within_its_namespace() {
 }
 
 #[test]
-fn insert_from_in_continues_a_position_of_its_namespace_and_refuses_another() {
+fn an_insert_continues_a_position_of_its_namespace_and_refuses_another() {
     let ps = 4;
     let mut alloc = allocator(ps, 16);
     let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
@@ -132,7 +132,7 @@ fn insert_from_in_continues_a_position_of_its_namespace_and_refuses_another() {
         assert!(
             message.contains(&format!("insert in namespace {}", namespace.0))
                 && message.contains("which is in namespace 1")
-                && message.contains("insert_from_in"),
+                && message.contains("namespace.key"),
             "{message}"
         );
     }

@@ -32,7 +32,7 @@ enum Op {
         lock: bool,
         params: InsertParams,
     },
-    /// A locked holder registers more pages from its position (`insert_from_with` +
+    /// A locked holder registers more pages from its position (an `insert` from it +
     /// `move_lock`).
     Extend {
         holder: usize,
