@@ -319,7 +319,7 @@ impl RadixCache {
 
     /// [`RadixCache::insert`] of the commonest registration, one page more at the end of the
     /// caller's own leaf ([`RadixCache::plan_append`]), planned and applied in one go: the
-    /// batch flow's page registration, without the plumbing of an [`InsertPlan`] (about 80
+    /// batch flow's page registration, without the plumbing of an [`InsertPlan`] (60 to 130
     /// instructions of a registration, W2c in `benches/`). `None`, changing nothing, when the
     /// insert is not that one.
     #[inline(always)]
