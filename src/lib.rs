@@ -380,7 +380,7 @@
 //!     release_kv_cache,
 //! };
 //! use kvown::cache::{KvCache, TreeCache};
-//! use kvown::radix::RadixCache;
+//! use kvown::radix::{RadixCache, RadixConfig};
 //! use kvown::batch::Req;
 //! use kvown::slots::ReqToTokenPool;
 //! use kvown::batch::init_next_round_input;
@@ -389,7 +389,8 @@
 //! let page_size = 16;
 //! let allocator = PagedAllocator::new(4096, page_size, false)?;
 //! let rows = ReqToTokenPool::new(8, 1024)?;
-//! let mut cache = KvCache::new(allocator, rows, TreeCache::Radix(RadixCache::new(page_size)))?;
+//! let tree = RadixCache::new(RadixConfig::new(page_size))?;
+//! let mut cache = KvCache::new(allocator, rows, TreeCache::Radix(tree))?;
 //!
 //! let mut req = Req::new(1, (0..40).collect());
 //! init_next_round_input(&mut req, &mut cache, usize::MAX)?; // match, lock, extend range

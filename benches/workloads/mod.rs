@@ -14,8 +14,11 @@ use kvown::batch::{
 };
 use kvown::batch::{cache_unfinished_req, init_next_round_input};
 use kvown::cache::{KvCache, TableMirror, TreeCache};
+use kvown::check::check_radix;
 use kvown::check::reclaim_leaks;
-use kvown::radix::{CacheEvent, EvictionPolicy, InsertParams, Namespace, RadixCache, TreePos};
+use kvown::radix::{
+    CacheEvent, EvictionPolicy, Insert, InsertParams, RadixCache, RadixConfig, TreePos,
+};
 use kvown::slots::ReqToTokenPool;
 use kvown_cuda::StagedMirror;
 use kvown_cuda::staging::{HostLink, default_slot_words};
@@ -55,7 +58,7 @@ fn prompt(rid: u64, len: usize, capacity: usize) -> Vec<u32> {
 /// The radix prefix cache when `radix`, none otherwise: the W2c / W3c side of a workload.
 fn prefix_cache(radix: bool) -> TreeCache {
     if radix {
-        TreeCache::Radix(RadixCache::new(PAGE_SIZE))
+        TreeCache::Radix(RadixCache::new(RadixConfig::new(PAGE_SIZE)).expect("page size"))
     } else {
         TreeCache::Disabled
     }
@@ -421,7 +424,7 @@ impl<M: TableMirror> DecodeLoop<M> {
     /// Bytes of radix bookkeeping per cached page (W2c), `None` without the cache.
     pub fn radix_bytes_per_cached_page(&self) -> Option<f64> {
         let tree = self.cache.tree().radix()?;
-        let pages = tree.total_size() / PAGE_SIZE;
+        let pages = tree.sizes().total() / PAGE_SIZE;
         Some(tree.bookkeeping_bytes() as f64 / pages.max(1) as f64)
     }
 
@@ -607,7 +610,8 @@ impl EvictionChurn {
         let allocator =
             PagedAllocator::new(Self::POOL_PAGES * PAGE_SIZE, PAGE_SIZE, false).expect("a pool");
         let mut churn = EvictionChurn {
-            tree: RadixCache::with_policy(PAGE_SIZE, policy),
+            tree: RadixCache::new(RadixConfig::new(PAGE_SIZE).with_policy(policy))
+                .expect("page size"),
             allocator,
             cycles: 0,
             key: vec![0; Self::KEY_PAGES * PAGE_SIZE],
@@ -645,7 +649,10 @@ impl EvictionChurn {
         }
         let uncached = self.key.len() - at.len;
         self.tree
-            .evict_shortfall(uncached, &mut self.allocator)
+            .evict(
+                uncached.saturating_sub(self.allocator.available_size()),
+                &mut self.allocator,
+            )
             .expect("evict");
         self.allocated.clear();
         self.allocator
@@ -656,17 +663,15 @@ impl EvictionChurn {
             priority: ((draw >> 16) % 4) as i32,
             chunked: false,
         };
-        let namespace = Namespace::DEFAULT;
+        let insert = Insert::new(&self.key, &self.slots).params(params);
         self.tree
-            .insert_from_with(namespace, at, &self.key, &self.slots, params)
+            .insert(insert.from(at))
             .expect("insert the new page");
         if at != TreePos::ROOT {
             self.tree.dec_lock_ref(at.node).expect("unlock the match");
         }
         for _ in 0..(draw >> 24) % 3 {
-            self.tree
-                .insert_from_with(namespace, TreePos::ROOT, &self.key, &self.slots, params)
-                .expect("a repeated insert");
+            self.tree.insert(insert).expect("a repeated insert");
         }
     }
 
@@ -682,8 +687,8 @@ impl EvictionChurn {
     /// Runs the radix cache's own consistency check, and checks that every page of the pool is
     /// either free or cached.
     pub fn check(&self) -> Result<(), String> {
-        self.tree.check().map_err(|error| error.to_string())?;
-        let held = self.allocator.available_size() + self.tree.total_size();
+        check_radix(&self.tree).map_err(|error| error.to_string())?;
+        let held = self.allocator.available_size() + self.tree.sizes().total();
         if held != Self::POOL_PAGES * PAGE_SIZE {
             return Err(format!(
                 "{held} slots free or cached of {}",

@@ -35,7 +35,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvown::alloc::{KvAllocator, PagedAllocator};
 use kvown::cache::{EvictionDemand, EvictionRules, KvCache, TableMirror, TreeCache};
 use kvown::kv::{KvPool, new_host_pool};
-use kvown::radix::RadixCache;
+use kvown::radix::{RadixCache, RadixConfig};
 use kvown::slots::ReqToTokenPool;
 use kvown_cuda::staging::default_slot_words;
 use kvown_cuda::{Backend, CudaDevice, CudaKvPool, CudaStepLink, StagedMirror};
@@ -142,10 +142,8 @@ fn host_bookkeeping(
     let allocator = PagedAllocator::new(args.pool_tokens, args.page_size, args.disaggregated)
         .map_err(|e| e.to_string())?;
     let table = request_table(args, jobs)?;
-    let tree = TreeCache::Radix(RadixCache::with_policy(
-        args.page_size,
-        args.eviction_policy,
-    ));
+    let config = RadixConfig::new(args.page_size).with_policy(args.eviction_policy);
+    let tree = TreeCache::Radix(RadixCache::new(config).map_err(|e| e.to_string())?);
     Ok((allocator, table, tree))
 }
 

@@ -130,7 +130,7 @@ impl CacheReplay {
 #[cfg(test)]
 mod tests {
     use kvown::alloc::{PagedAllocator, SlotCalls};
-    use kvown::radix::{Namespace, RadixCache};
+    use kvown::radix::{Insert, Namespace, RadixCache, RadixConfig};
 
     use super::*;
 
@@ -139,13 +139,15 @@ mod tests {
     /// `1..=4`, `5..=8` and `9..=12`.
     fn cache_with_two_keys() -> (RadixCache, PagedAllocator, Vec<CacheEvent>, [PageId; 3]) {
         let mut allocator = PagedAllocator::new(64, 4, false).unwrap();
-        let mut tree = RadixCache::new(4);
+        let mut tree = RadixCache::new(RadixConfig::new(4)).unwrap();
         tree.enable_events();
         let mut slots = Vec::new();
         allocator.alloc(12, &mut slots).unwrap();
-        tree.insert(&[1, 2, 3, 4, 5, 6, 7, 8], &slots[..8]).unwrap();
+        tree.insert(Insert::new(&[1, 2, 3, 4, 5, 6, 7, 8], &slots[..8]))
+            .unwrap();
         let branch = [&slots[..4], &slots[8..]].concat();
-        tree.insert(&[1, 2, 3, 4, 9, 10, 11, 12], &branch).unwrap();
+        tree.insert(Insert::new(&[1, 2, 3, 4, 9, 10, 11, 12], &branch))
+            .unwrap();
         let events = tree.take_events();
         let pages = [0, 4, 8].map(|slot| slots[slot] / 4);
         (tree, allocator, events, pages)

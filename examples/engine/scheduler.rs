@@ -285,7 +285,7 @@ impl<'a, M: TableMirror + DeviceCopy> Engine<'a, M> {
             .tree()
             .radix()
             .expect("the engine's cache is a radix cache");
-        let mut cached: Vec<_> = tree.cached_pages().collect();
+        let mut cached: Vec<_> = tree.cached_pages().map(|(_, page)| page).collect();
         let mut named: Vec<_> = snapshot.held().values().copied().collect();
         cached.sort_unstable();
         named.sort_unstable();

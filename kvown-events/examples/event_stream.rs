@@ -21,8 +21,8 @@ use clap::{Parser, ValueEnum};
 use kvown_events::{
     Context, Dialect, EventEncoder, EventPublisher, MEDIUM, NamespaceLabels, PublisherConfig,
 };
-use kvown_runtime::alloc::{PagedAllocator, SlotCalls};
-use kvown_runtime::radix::{CacheEvent, Namespace, RadixCache};
+use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
+use kvown_runtime::radix::{CacheEvent, Insert, Namespace, RadixCache, RadixConfig};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
@@ -147,8 +147,7 @@ fn scripted_run(
         .map(|stem| (0..stem * PAGE).map(|_| rng.gen_range(0..50)).collect())
         .collect();
     let mut alloc = PagedAllocator::new(64 * PAGE, PAGE, false)?;
-    let mut cache = RadixCache::new(PAGE);
-    cache.enable_events();
+    let mut cache = RadixCache::new(RadixConfig::new(PAGE).with_events())?;
     let mut steps_events = Vec::with_capacity(steps);
     for _ in 0..steps {
         match rng.gen_range(0..100) {
@@ -157,10 +156,10 @@ fn scripted_run(
                 let mut key = stems[rng.gen_range(0..stems.len())].clone();
                 let tail = rng.gen_range(1..=4) * PAGE;
                 key.extend((0..tail).map(|_| rng.gen_range(0..50)));
-                cache.evict_shortfall(key.len(), &mut alloc)?;
+                cache.evict(key.len().saturating_sub(alloc.available_size()), &mut alloc)?;
                 let mut slots = Vec::new();
                 alloc.alloc(key.len(), &mut slots)?;
-                let outcome = cache.insert_in(namespace, &key, &slots)?;
+                let outcome = cache.insert(Insert::new(namespace.key(&key), &slots))?;
                 alloc.free(&slots[..outcome.prefix_len])?;
             }
             70..=94 => {

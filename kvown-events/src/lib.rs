@@ -31,10 +31,10 @@
 //! };
 //! use kvown_runtime::alloc::PagedAllocator;
 //! use kvown_runtime::cache::{KvCache, TreeCache};
-//! use kvown_runtime::radix::{Namespace, RadixCache};
+//! use kvown_runtime::radix::{Namespace, RadixCache, RadixConfig};
 //! use kvown_runtime::slots::ReqToTokenPool;
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let tree = TreeCache::Radix(RadixCache::new(16));
+//! let tree = TreeCache::Radix(RadixCache::new(RadixConfig::new(16))?);
 //! let rows = ReqToTokenPool::new(8, 512)?;
 //! let mut cache = KvCache::new(PagedAllocator::new(1024, 16, false)?, rows, tree)?;
 //! let labels = NamespaceLabels::lora_names().with_name(Namespace(1), "sql-adapter")?;

@@ -71,7 +71,7 @@ mod tests {
     use kvown_runtime::alloc::PagedAllocator;
     use kvown_runtime::batch::{cancel_transfer, init_next_round_input};
     use kvown_runtime::cache::{KvCache, TreeCache};
-    use kvown_runtime::radix::RadixCache;
+    use kvown_runtime::radix::{RadixCache, RadixConfig};
     use kvown_runtime::slots::ReqToTokenPool;
 
     use super::*;
@@ -80,7 +80,12 @@ mod tests {
     fn node(pages: usize) -> KvCache<PagedAllocator> {
         let allocator = PagedAllocator::new(pages * 4, 4, true).unwrap();
         let table = ReqToTokenPool::new(2, 64).unwrap();
-        KvCache::new(allocator, table, TreeCache::Radix(RadixCache::new(4))).unwrap()
+        KvCache::new(
+            allocator,
+            table,
+            TreeCache::Radix(RadixCache::new(RadixConfig::new(4)).unwrap()),
+        )
+        .unwrap()
     }
 
     /// Request `rid` of `len` prompt tokens and its first output, matched on `cache`.

@@ -36,7 +36,7 @@
 //!     release_kv_cache,
 //! };
 //! use kvown_runtime::cache::{KvCache, TreeCache};
-//! use kvown_runtime::radix::RadixCache;
+//! use kvown_runtime::radix::{RadixCache, RadixConfig};
 //! use kvown_runtime::batch::Req;
 //! use kvown_runtime::slots::ReqToTokenPool;
 //! use kvown_runtime::batch::init_next_round_input;
@@ -44,7 +44,7 @@
 //! // 64 pages of 4 slots, 8 request rows of up to 128 tokens, a radix prefix cache.
 //! let allocator = PagedAllocator::new(256, 4, false)?;
 //! let rows = ReqToTokenPool::new(8, 128)?;
-//! let mut cache = KvCache::new(allocator, rows, TreeCache::Radix(RadixCache::new(4)))?;
+//! let mut cache = KvCache::new(allocator, rows, TreeCache::Radix(RadixCache::new(RadixConfig::new(4))?))?;
 //!
 //! // Admit and extend a 10-token prompt: nothing cached yet, so all 10 tokens get slots.
 //! let mut req = Req::new(1, (0..10).collect());

@@ -246,7 +246,7 @@ fn retraction_order_and_end_state() {
     let free = cache.available_size();
     let filler = extend(vec![Req::new(99, tokens(5000, free))], &mut cache);
     assert_eq!(cache.available_size(), 0);
-    let tree_total = cache.tree().radix().unwrap().total_size();
+    let tree_total = cache.tree().radix().unwrap().sizes().total();
     // Lengths 8, 8, 4, 4 all open a page (16 needed): retracting rid 2 frees 8 (12 still
     // needed), rid 3 frees 4 more (8 needed, 12 free): two retractions.
     let outcome = retract_decode(&mut batch, &mut cache, None).unwrap();
@@ -254,7 +254,7 @@ fn retraction_order_and_end_state() {
     assert_eq!(order, [2, 3]);
     assert_eq!(order[..], [2, 3, 4, 1][..order.len()]);
     assert!(!batch.is_empty() || outcome.aborted.len() == 1);
-    assert_eq!(cache.tree().radix().unwrap().total_size(), tree_total);
+    assert_eq!(cache.tree().radix().unwrap().sizes().total(), tree_total);
     for req in &outcome.retracted {
         let kv = req.kv();
         assert!(!kv.holds_kv());

@@ -12,13 +12,13 @@ use kvown_runtime::batch::{
 use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::error::KvError;
-use kvown_runtime::radix::{Namespace, RadixCache};
+use kvown_runtime::radix::{Namespace, RadixCache, RadixConfig};
 use kvown_runtime::slots::ReqToTokenPool;
 
 fn cache(pool_tokens: usize, page_size: usize, radix: bool) -> KvCache<PagedAllocator> {
     let allocator = PagedAllocator::new(pool_tokens, page_size, false).unwrap();
     let tree = if radix {
-        TreeCache::Radix(RadixCache::new(page_size))
+        TreeCache::Radix(RadixCache::new(RadixConfig::new(page_size)).unwrap())
     } else {
         TreeCache::Disabled
     };

@@ -32,7 +32,7 @@ use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::Violation;
 use kvown_runtime::check::{ReclaimError, Reclaimed, reclaim_leaks};
 use kvown_runtime::error::KvError;
-use kvown_runtime::radix::{Namespace, RadixCache, RadixError, TreePos};
+use kvown_runtime::radix::{Namespace, RadixCache, RadixConfig, RadixError, TreePos};
 use kvown_runtime::slots::ReqToTokenPool;
 use proptest::prelude::*;
 
@@ -288,7 +288,7 @@ impl ReqState {
 /// keeps.
 fn eviction_state<R: ReuseOrder>(cache: &Cache<R>) -> (PageAllocator<R>, usize, Vec<PageId>) {
     let mut pages: Vec<PageId> = match cache.tree().radix() {
-        Some(tree) => tree.cached_pages().collect(),
+        Some(tree) => tree.cached_pages().map(|(_, page)| page).collect(),
         None => Vec::new(),
     };
     pages.sort_unstable();
@@ -320,12 +320,13 @@ where
 {
     fn new(cfg: Cfg, allocator: PageAllocator<R>) -> Self {
         let tree = if cfg.radix {
-            TreeCache::Radix(RadixCache::new(cfg.page_size))
+            TreeCache::Radix(RadixCache::new(RadixConfig::new(cfg.page_size)).unwrap())
         } else {
             TreeCache::Disabled
         };
         let pool = ReqToTokenPool::new(cfg.rows, WIDTH).unwrap();
-        let other_tree = TreeCache::Radix(RadixCache::new(cfg.page_size));
+        let other_tree =
+            TreeCache::Radix(RadixCache::new(RadixConfig::new(cfg.page_size)).unwrap());
         let other = KvCache::new(allocator.clone(), pool.clone(), other_tree).unwrap();
         let free_faults = Faults::default();
         let allocator = Faulty {
@@ -354,7 +355,10 @@ where
     }
 
     fn tree_total(&self) -> usize {
-        self.cache.tree().radix().map_or(0, RadixCache::total_size)
+        self.cache
+            .tree()
+            .radix()
+            .map_or(0, |tree| tree.sizes().total())
     }
 
     /// Every request of the simulation: running, chunking and waiting.

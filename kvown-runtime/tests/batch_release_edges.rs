@@ -13,7 +13,7 @@ use kvown_runtime::batch::{
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::{ReclaimError, Violation, reclaim_leaks};
 use kvown_runtime::error::KvError;
-use kvown_runtime::radix::RadixCache;
+use kvown_runtime::radix::{Insert, RadixCache, RadixConfig};
 use kvown_runtime::slots::ReqToTokenPool;
 
 use setup::{
@@ -48,12 +48,12 @@ fn release_frees_the_owned_range_minus_the_tree_take() {
     release_kv_cache(&mut reqs[0], &mut cache, true).unwrap();
     // The tree takes [0, 8); the unaligned tail's page (8..12) is freed.
     assert_eq!(cache.available_size() - before, 4);
-    assert_eq!(cache.tree().radix().unwrap().total_size(), 8);
+    assert_eq!(cache.tree().radix().unwrap().sizes().total(), 8);
     let before = cache.available_size();
     release_kv_cache(&mut reqs[1], &mut cache, true).unwrap();
     // Its [0, 8) duplicates the tree: freed with the tail.
     assert_eq!(cache.available_size() - before, 12);
-    assert_eq!(cache.tree().radix().unwrap().total_size(), 8);
+    assert_eq!(cache.tree().radix().unwrap().sizes().total(), 8);
     cache.check(&reqs).unwrap();
 
     // A request with a protected prefix: the tree's [0, 8) is untouched, its lock dropped once.
@@ -279,7 +279,7 @@ fn reclaim_keeps_the_cached_prefix_and_the_live_sharers_lock() {
         8,
         "rid 3 still locks the prefix"
     );
-    assert_eq!(cache.tree().radix().unwrap().total_size(), 8);
+    assert_eq!(cache.tree().radix().unwrap().sizes().total(), 8);
     cache.check(&reqs).unwrap();
     release_all_and_empty_out(reqs, cache);
 }
@@ -381,8 +381,9 @@ fn reclaim_refuses_an_open_free_group_and_changes_nothing() {
 // once).
 #[test]
 fn a_cache_is_refused_a_prefix_cache_that_already_holds_pages() {
-    let mut tree = RadixCache::new(4);
-    tree.insert(&[1, 2, 3, 4], &[4, 5, 6, 7]).unwrap();
+    let mut tree = RadixCache::new(RadixConfig::new(4)).unwrap();
+    tree.insert(Insert::new(&[1, 2, 3, 4], &[4, 5, 6, 7]))
+        .unwrap();
     let allocator = PagedAllocator::new(64, 4, false).unwrap();
     let rows = ReqToTokenPool::new(4, 32).unwrap();
     assert!(matches!(
@@ -445,7 +446,12 @@ fn a_cache_is_refused_an_allocator_or_table_already_in_use() {
 fn a_cache_is_refused_a_prefix_cache_of_another_page_size() {
     let allocator = PagedAllocator::new(64, 4, false).unwrap();
     let rows = ReqToTokenPool::new(4, 32).unwrap();
-    let error = KvCache::new(allocator, rows, TreeCache::Radix(RadixCache::new(2))).unwrap_err();
+    let error = KvCache::new(
+        allocator,
+        rows,
+        TreeCache::Radix(RadixCache::new(RadixConfig::new(2)).unwrap()),
+    )
+    .unwrap_err();
     assert_eq!(
         error,
         KvError::PageSizeMismatch {

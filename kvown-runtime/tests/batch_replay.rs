@@ -57,7 +57,7 @@ use kvown_runtime::batch::{
     retract_decode,
 };
 use kvown_runtime::cache::{EvictionRules, KvCache, TreeCache};
-use kvown_runtime::radix::{EvictionPolicy, RadixCache, TreePos};
+use kvown_runtime::radix::{EvictionPolicy, RadixCache, RadixConfig, TreePos};
 use kvown_runtime::slots::ReqToTokenPool;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -646,7 +646,9 @@ fn ok<T, E: fmt::Display>(what: &str, result: Result<T, E>) -> Result<T, String>
 impl<R: ReuseOrder> World<R> {
     fn new(setup: Setup, allocator: PageAllocator<R>) -> Self {
         let tree = match setup.policy {
-            Some(policy) => TreeCache::Radix(RadixCache::with_policy(setup.page_size, policy)),
+            Some(policy) => TreeCache::Radix(
+                RadixCache::new(RadixConfig::new(setup.page_size).with_policy(policy)).unwrap(),
+            ),
             None => TreeCache::Disabled,
         };
         let rows = ReqToTokenPool::new(ROWS, WIDTH).unwrap();
@@ -1074,7 +1076,7 @@ impl<R: ReuseOrder> World<R> {
             self.sglang.protected(),
         )?;
         if let (Some(tree), Some(model)) = (self.cache.tree().radix(), &self.sglang.tree) {
-            let mut cached: Vec<PageId> = tree.cached_pages().collect();
+            let mut cached: Vec<PageId> = tree.cached_pages().map(|(_, page)| page).collect();
             cached.sort_unstable();
             same("cached pages", cached, model.cached_pages())?;
         }

@@ -76,7 +76,7 @@ fn over_allocation_is_freed_from_the_committed_page_end() {
     release_kv_cache(&mut req, &mut cache, true).unwrap();
     // Tree takes [0, 8); [8, 11) goes with the tree's tail free (page 8..12); the
     // over-allocation [12, 20) is freed separately.
-    assert_eq!(cache.tree().radix().unwrap().total_size(), 8);
+    assert_eq!(cache.tree().radix().unwrap().sizes().total(), 8);
     assert_eq!(cache.available_size() - before, 20 - 8);
     for position in [8, 12, 16] {
         let page = row[position] / page_size as u32;

@@ -23,7 +23,7 @@ use kvown_runtime::kv::{
     KvData, KvDtype, KvLayout, KvPool, KvSlice, KvTransfer, LocalTransfer, TransferId,
     new_host_pool,
 };
-use kvown_runtime::radix::{RadixCache, TreePos};
+use kvown_runtime::radix::{RadixCache, RadixConfig, TreePos};
 use kvown_runtime::slots::ReqToTokenPool;
 
 const LAYERS: usize = 2;
@@ -92,7 +92,7 @@ fn node(pages: usize, page_size: usize) -> KvCache<PagedAllocator> {
     KvCache::new(
         allocator,
         table,
-        TreeCache::Radix(RadixCache::new(page_size)),
+        TreeCache::Radix(RadixCache::new(RadixConfig::new(page_size)).unwrap()),
     )
     .unwrap()
 }

@@ -41,7 +41,10 @@ use std::fmt::{self, Write as _};
 
 use faulty::{Faults, Faulty};
 use kvown_runtime::alloc::{KvAllocator, KvSlot, PageId, PagedAllocator, SlotCalls};
-use kvown_runtime::radix::{EvictionPolicy, InsertParams, Namespace, NodeId, RadixCache, TreePos};
+use kvown_runtime::check::check_radix;
+use kvown_runtime::radix::{
+    EvictionPolicy, Insert, InsertParams, NodeId, RadixCache, RadixConfig, TreePos,
+};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use sglang_radix::Model;
@@ -215,7 +218,7 @@ impl World {
             page_size,
             policy,
             hint,
-            tree: RadixCache::with_policy(page_size, policy),
+            tree: RadixCache::new(RadixConfig::new(page_size).with_policy(policy)).unwrap(),
             alloc: Faulty {
                 inner: PagedAllocator::new(POOL_PAGES * page_size, page_size, false).unwrap(),
                 faults: Faults::default(),
@@ -295,7 +298,7 @@ impl World {
         let pages = self.pages(slots);
         let outcome = self
             .tree
-            .insert_from_with(Namespace::DEFAULT, from, &key, slots, params)
+            .insert(Insert::new(&key, slots).from(from).params(params))
             .unwrap();
         let (prefix_len, model_end) =
             self.model
@@ -500,26 +503,24 @@ impl World {
     }
 
     fn verify(&self) -> Step {
-        self.tree
-            .check()
-            .map_err(|e| format!("kvown's check: {e}"))?;
+        check_radix(&self.tree).map_err(|e| format!("kvown's check: {e}"))?;
         same(
             "evictable_size",
-            self.tree.evictable_size(),
+            self.tree.sizes().evictable,
             self.model.evictable_size,
         )?;
         same(
             "protected_size",
-            self.tree.protected_size(),
+            self.tree.sizes().protected,
             self.model.protected_size,
         )?;
-        let mut cached: Vec<PageId> = self.tree.cached_pages().collect();
+        let mut cached: Vec<PageId> = self.tree.cached_pages().map(|(_, page)| page).collect();
         cached.sort_unstable();
         same("cached pages", cached, self.model.cached_pages())?;
         // Every page is free or the tree's: no request holds a page the tree does not.
         same(
             "available + cached",
-            self.alloc.available_size() + self.tree.total_size(),
+            self.alloc.available_size() + self.tree.sizes().total(),
             self.alloc.capacity(),
         )
     }
@@ -789,11 +790,12 @@ fn an_evicted_nodes_pages_are_freed_in_key_order_one_call_per_node() {
     let (a, b) = (take(&mut alloc, 8), take(&mut alloc, 4));
     alloc.free(&a[..4]).unwrap();
     alloc.free(&b).unwrap();
-    let mut tree = RadixCache::new(4);
+    let mut tree = RadixCache::new(RadixConfig::new(4)).unwrap();
     let v = take(&mut alloc, 8);
-    tree.insert(&(0..8).collect::<Vec<u32>>(), &v).unwrap();
+    tree.insert(Insert::new(&(0..8).collect::<Vec<u32>>(), &v))
+        .unwrap();
     let w = take(&mut alloc, 4);
-    tree.insert(&[9; 4], &w).unwrap();
+    tree.insert(Insert::new(&[9; 4], &w)).unwrap();
     alloc.faults.take_freed_pages();
     assert_eq!(tree.evict(12, &mut alloc), Ok(12));
     assert_eq!(alloc.faults.take_freed_pages(), [vec![3, 1], vec![4]]);

@@ -15,9 +15,10 @@ use kvown_runtime::batch::{
     prepare_for_spec_decode, release_kv_cache,
 };
 use kvown_runtime::cache::{KvCache, TreeCache};
+use kvown_runtime::check::check_radix;
 use kvown_runtime::check::{Holder, PageLedger, Violation};
 use kvown_runtime::error::KvError;
-use kvown_runtime::radix::{Namespace, RadixCache, RadixError, TreePos};
+use kvown_runtime::radix::{Insert, RadixCache, RadixConfig, RadixError, TreePos};
 use kvown_runtime::slots::ReqToTokenPool;
 
 /// Request 1 extends one token into page 1; request 2's raw extend passes request 1's slot as
@@ -109,9 +110,9 @@ fn the_ledger_names_every_kind_of_holder() {
     );
 
     // A plain insert trusts its caller: page 5 was never handed out.
-    let mut tree = RadixCache::new(4);
+    let mut tree = RadixCache::new(RadixConfig::new(4)).unwrap();
     let node = tree
-        .insert(&[1, 2, 3, 4], &[20, 21, 22, 23])
+        .insert(Insert::new(&[1, 2, 3, 4], &[20, 21, 22, 23]))
         .unwrap()
         .last_node;
     let mut ledger = PageLedger::new(&allocator).unwrap();
@@ -126,18 +127,17 @@ fn the_ledger_names_every_kind_of_holder() {
     );
 }
 
-/// A page nobody allocated is refused by `insert_allocated`, changing nothing; inserted by
-/// the trusting `insert`, it blocks eviction, which the ledger explains.
+/// A page nobody allocated is refused by an insert checked against the allocator
+/// (`Insert::allocated_in`), changing nothing; inserted by a trusting one, it blocks eviction,
+/// which the ledger explains.
 #[test]
 fn an_insert_of_a_never_allocated_page_is_refused() {
     let mut allocator = PagedAllocator::new(64, 4, false).unwrap();
-    let mut tree = RadixCache::new(4);
-    let refused = tree.insert_allocated(
-        &allocator,
-        Namespace::DEFAULT,
-        TreePos::ROOT,
-        &[1, 2, 3, 4],
-        &[20, 21, 22, 23],
+    let mut tree = RadixCache::new(RadixConfig::new(4)).unwrap();
+    let refused = tree.insert(
+        Insert::new(&[1, 2, 3, 4], &[20, 21, 22, 23])
+            .from(TreePos::ROOT)
+            .allocated_in(&allocator),
     );
     assert_eq!(
         refused,
@@ -147,7 +147,7 @@ fn an_insert_of_a_never_allocated_page_is_refused() {
             state: Some(PageState::Unused),
         })
     );
-    assert_eq!(tree.total_size(), 0);
+    assert_eq!(tree.sizes().total(), 0);
     assert!(
         refused
             .unwrap_err()
@@ -157,22 +157,21 @@ fn an_insert_of_a_never_allocated_page_is_refused() {
 
     let mut held = Vec::new();
     allocator.alloc(4, &mut held).unwrap();
-    tree.insert_allocated(
-        &allocator,
-        Namespace::DEFAULT,
-        TreePos::ROOT,
-        &[1, 2, 3, 4],
-        &held,
+    tree.insert(
+        Insert::new(&[1, 2, 3, 4], &held)
+            .from(TreePos::ROOT)
+            .allocated_in(&allocator),
     )
     .unwrap();
     // Freed behind the tree's back: no longer allocated.
     allocator.free(&held).unwrap();
-    let refused = tree.insert_allocated(
-        &allocator,
-        Namespace::DEFAULT,
-        TreePos::ROOT,
-        &[1, 2, 3, 4, 5, 6, 7, 8],
-        &[held.clone(), vec![8, 9, 10, 11]].concat(),
+    let refused = tree.insert(
+        Insert::new(
+            &[1, 2, 3, 4, 5, 6, 7, 8],
+            &[held.clone(), vec![8, 9, 10, 11]].concat(),
+        )
+        .from(TreePos::ROOT)
+        .allocated_in(&allocator),
     );
     assert!(
         matches!(
@@ -188,19 +187,22 @@ fn an_insert_of_a_never_allocated_page_is_refused() {
 #[test]
 fn a_stale_node_id_is_refused_though_its_entry_was_reused() {
     let mut allocator = PagedAllocator::new(64, 4, false).unwrap();
-    let mut tree = RadixCache::new(4);
+    let mut tree = RadixCache::new(RadixConfig::new(4)).unwrap();
     let mut slots = Vec::new();
     allocator.alloc(4, &mut slots).unwrap();
-    let stale = tree.insert(&[1, 2, 3, 4], &slots).unwrap().last_node;
+    let stale = tree
+        .insert(Insert::new(&[1, 2, 3, 4], &slots))
+        .unwrap()
+        .last_node;
     tree.evict(4, &mut allocator).unwrap();
     slots.clear();
     allocator.alloc(16, &mut slots).unwrap();
     let reused = tree
-        .insert(&(10..26).collect::<Vec<u32>>(), &slots)
+        .insert(Insert::new(&(10..26).collect::<Vec<u32>>(), &slots))
         .unwrap()
         .last_node;
     assert_ne!(stale, reused);
-    assert_eq!(tree.protected_size(), 0);
+    assert_eq!(tree.sizes().protected, 0);
     for result in [
         tree.inc_lock_ref(stale),
         tree.dec_lock_ref(stale),
@@ -208,9 +210,9 @@ fn a_stale_node_id_is_refused_though_its_entry_was_reused() {
     ] {
         assert_eq!(result, Err(RadixError::UnknownNode { node: stale }));
     }
-    assert_eq!(tree.protected_size(), 0, "no other node was locked");
-    assert_eq!(tree.evictable_size(), 16);
-    tree.check().unwrap();
+    assert_eq!(tree.sizes().protected, 0, "no other node was locked");
+    assert_eq!(tree.sizes().evictable, 16);
+    check_radix(&tree).unwrap();
 }
 
 /// `PagedAllocator::new` rounds a size down to whole pages, as documented; `new_exact`

@@ -289,13 +289,13 @@ struct TreeSnapshot {
 }
 
 fn tree_snapshot(tree: &RadixCache) -> TreeSnapshot {
-    let mut pages: Vec<(NodeId, PageId)> = tree.cached_pages_by_node().collect();
+    let mut pages: Vec<(NodeId, PageId)> = tree.cached_pages().collect();
     pages.sort_unstable();
     TreeSnapshot {
         sizes: (
-            tree.evictable_size(),
-            tree.protected_size(),
-            tree.total_size(),
+            tree.sizes().evictable,
+            tree.sizes().protected,
+            tree.sizes().total(),
         ),
         pages,
     }
@@ -318,7 +318,7 @@ fn census<'a>(
         claim(page, "free".into())?;
     }
     if let Some(tree) = tree {
-        for (node, page) in tree.cached_pages_by_node() {
+        for (node, page) in tree.cached_pages() {
             claim(page, format!("node {node}"))?;
         }
     }

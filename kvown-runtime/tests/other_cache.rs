@@ -14,7 +14,7 @@ use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::Violation;
 use kvown_runtime::error::KvError;
-use kvown_runtime::radix::RadixCache;
+use kvown_runtime::radix::{RadixCache, RadixConfig};
 use kvown_runtime::slots::ReqToTokenPool;
 
 type Cache = KvCache<PagedAllocator>;
@@ -24,7 +24,7 @@ const PAGE_SIZE: usize = 4;
 fn cache() -> Cache {
     let allocator = PagedAllocator::new(128, PAGE_SIZE, false).unwrap();
     let rows = ReqToTokenPool::new(4, 64).unwrap();
-    let tree = TreeCache::Radix(RadixCache::new(PAGE_SIZE));
+    let tree = TreeCache::Radix(RadixCache::new(RadixConfig::new(PAGE_SIZE)).unwrap());
     KvCache::new(allocator, rows, tree).unwrap()
 }
 

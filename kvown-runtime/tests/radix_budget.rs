@@ -5,7 +5,8 @@
 //! page. The time of the same registrations is a benchmark (W2c in `benches/`), not a test.
 
 use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator, SlotCalls};
-use kvown_runtime::radix::{RadixCache, TreePos};
+use kvown_runtime::check::check_radix;
+use kvown_runtime::radix::{Insert, RadixCache, RadixConfig, TreePos};
 
 const REQUESTS: usize = 256;
 const PAGE_SIZE: usize = 16;
@@ -31,7 +32,7 @@ impl Workload {
     fn new(decode_pages: usize) -> Workload {
         let pages = REQUESTS * (PROMPT_PAGES + decode_pages + 1);
         let mut alloc = PagedAllocator::new(pages * PAGE_SIZE, PAGE_SIZE, false).unwrap();
-        let mut cache = RadixCache::new(PAGE_SIZE);
+        let mut cache = RadixCache::new(RadixConfig::new(PAGE_SIZE)).unwrap();
         let mut requests = Vec::with_capacity(REQUESTS);
         for request in 0..REQUESTS as u32 {
             let key: Vec<u32> = (0..(PROMPT_PAGES * PAGE_SIZE) as u32)
@@ -48,7 +49,7 @@ impl Workload {
             cache.path_slots_into(matched, 0, &mut row).unwrap();
             alloc.alloc(key.len() - matched.len, &mut row).unwrap();
             cache.inc_lock_ref(matched.node).unwrap();
-            let outcome = cache.insert_from(matched, &key, &row).unwrap();
+            let outcome = cache.insert(Insert::new(&key, &row).from(matched)).unwrap();
             cache.move_lock(matched.node, outcome.last_node).unwrap();
             let at = TreePos {
                 node: outcome.last_node,
@@ -83,7 +84,7 @@ impl Workload {
             let request = &mut self.requests[index];
             let outcome = self
                 .cache
-                .insert_from(request.at, &request.key, &request.row)
+                .insert(Insert::new(&request.key, &request.row).from(request.at))
                 .unwrap();
             self.cache
                 .move_lock(request.at.node, outcome.last_node)
@@ -96,7 +97,7 @@ impl Workload {
     }
 
     fn bytes_per_page(&self) -> f64 {
-        let pages = self.cache.total_size() / PAGE_SIZE;
+        let pages = self.cache.sizes().total() / PAGE_SIZE;
         self.cache.bookkeeping_bytes() as f64 / pages as f64
     }
 }
@@ -108,10 +109,13 @@ fn bytes_per_cached_page_stay_within_budget() {
     for _ in 0..decode_pages * PAGE_SIZE {
         workload.step();
     }
-    workload.cache.check().unwrap();
+    check_radix(&workload.cache).unwrap();
     let cached_pages = REQUESTS * (PROMPT_PAGES - SHARED_PAGES + decode_pages) + SHARED_PAGES;
-    assert_eq!(workload.cache.total_size(), cached_pages * PAGE_SIZE);
-    assert_eq!(workload.cache.protected_size(), workload.cache.total_size());
+    assert_eq!(workload.cache.sizes().total(), cached_pages * PAGE_SIZE);
+    assert_eq!(
+        workload.cache.sizes().protected,
+        workload.cache.sizes().total()
+    );
     let per_page = workload.bytes_per_page();
     println!("bookkeeping: {per_page:.1} bytes per cached page");
     assert!(per_page <= 64.0, "{per_page:.1} bytes per cached page");

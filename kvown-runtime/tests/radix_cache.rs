@@ -5,7 +5,10 @@
 mod radix_setup;
 
 use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator, SlotCalls};
-use kvown_runtime::radix::{EvictionPolicy, NodeId, RadixCache, RadixError, TreePos};
+use kvown_runtime::check::check_radix;
+use kvown_runtime::radix::{
+    EvictionPolicy, Insert, NodeId, RadixCache, RadixConfig, RadixError, TreePos,
+};
 use radix_setup::{alloc_slots, allocator, key, path_slots};
 
 const PAGE_SIZES: [usize; 4] = [1, 3, 4, 16];
@@ -19,9 +22,9 @@ fn matched_slots(cache: &mut RadixCache, key: &[u32]) -> Vec<KvSlot> {
 /// Inserts `key` with freshly allocated slots, frees the duplicates, returns the slots.
 fn insert_fresh(cache: &mut RadixCache, alloc: &mut PagedAllocator, key: &[u32]) -> Vec<KvSlot> {
     let slots = alloc_slots(alloc, key.len());
-    let outcome = cache.insert(key, &slots).unwrap();
+    let outcome = cache.insert(Insert::new(key, &slots)).unwrap();
     alloc.free_segment(&slots[..outcome.prefix_len], 0).unwrap();
-    cache.check().unwrap();
+    check_radix(cache).unwrap();
     slots
 }
 
@@ -33,10 +36,10 @@ fn locked_leaf(
     pages: usize,
     base: u32,
 ) -> (Vec<u32>, Vec<KvSlot>, TreePos) {
-    let ps = cache.page_size();
+    let ps = cache.config().page_size;
     let k = key(ps, pages, base);
     let row = alloc_slots(alloc, pages * ps);
-    let node = cache.insert(&k, &row).unwrap().last_node;
+    let node = cache.insert(Insert::new(&k, &row)).unwrap().last_node;
     cache.inc_lock_ref(node).unwrap();
     let end = TreePos { node, len: k.len() };
     (k, row, end)
@@ -46,7 +49,7 @@ fn locked_leaf(
 fn match_page_aligns_and_splits() {
     for ps in PAGE_SIZES {
         let mut alloc = allocator(ps, 32);
-        let mut cache = RadixCache::new(ps);
+        let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
         let full = key(ps, 4, 100);
         let slots = insert_fresh(&mut cache, &mut alloc, &full);
 
@@ -56,12 +59,12 @@ fn match_page_aligns_and_splits() {
         let matched = cache.match_prefix(&query);
         assert_eq!(matched.len, 2 * ps, "ps {ps}");
         assert_eq!(path_slots(&cache, matched), slots[..2 * ps]);
-        cache.check().unwrap();
+        check_radix(&cache).unwrap();
 
         // The match split the node: locking its end protects exactly 2 pages.
         cache.inc_lock_ref(matched.node).unwrap();
-        assert_eq!(cache.protected_size(), 2 * ps);
-        assert_eq!(cache.evictable_size(), 2 * ps);
+        assert_eq!(cache.sizes().protected, 2 * ps);
+        assert_eq!(cache.sizes().evictable, 2 * ps);
         cache.dec_lock_ref(matched.node).unwrap();
 
         // A tail shorter than a page never matches.
@@ -69,7 +72,7 @@ fn match_page_aligns_and_splits() {
         assert_eq!(cache.match_prefix(short).len, 3 * ps);
         assert_eq!(cache.match_prefix(&full).len, 4 * ps);
         assert_eq!(cache.match_prefix(&[1; 3]), TreePos::ROOT);
-        cache.check().unwrap();
+        check_radix(&cache).unwrap();
     }
 }
 
@@ -77,14 +80,14 @@ fn match_page_aligns_and_splits() {
 fn locks_move_tokens_only_on_zero_one_transitions() {
     for ps in PAGE_SIZES {
         let mut alloc = allocator(ps, 32);
-        let mut cache = RadixCache::new(ps);
+        let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
         let a = key(ps, 3, 0);
         let mut b = a[..ps].to_vec();
         b.extend(key(ps, 2, 1000));
         insert_fresh(&mut cache, &mut alloc, &a);
         insert_fresh(&mut cache, &mut alloc, &b);
         assert_eq!(
-            (cache.evictable_size(), cache.protected_size()),
+            (cache.sizes().evictable, cache.sizes().protected),
             (5 * ps, 0)
         );
 
@@ -92,32 +95,32 @@ fn locks_move_tokens_only_on_zero_one_transitions() {
         let node_b = cache.match_prefix(&b).node;
         cache.inc_lock_ref(node_a).unwrap();
         assert_eq!(
-            (cache.evictable_size(), cache.protected_size()),
+            (cache.sizes().evictable, cache.sizes().protected),
             (2 * ps, 3 * ps)
         );
         cache.inc_lock_ref(node_a).unwrap();
         assert_eq!(
-            (cache.evictable_size(), cache.protected_size()),
+            (cache.sizes().evictable, cache.sizes().protected),
             (2 * ps, 3 * ps)
         );
         cache.inc_lock_ref(node_b).unwrap();
         assert_eq!(
-            (cache.evictable_size(), cache.protected_size()),
+            (cache.sizes().evictable, cache.sizes().protected),
             (0, 5 * ps)
         );
         cache.dec_lock_ref(node_a).unwrap();
         assert_eq!(
-            (cache.evictable_size(), cache.protected_size()),
+            (cache.sizes().evictable, cache.sizes().protected),
             (0, 5 * ps)
         );
         cache.dec_lock_ref(node_a).unwrap();
         assert_eq!(
-            (cache.evictable_size(), cache.protected_size()),
+            (cache.sizes().evictable, cache.sizes().protected),
             (2 * ps, 3 * ps)
         );
         cache.dec_lock_ref(node_b).unwrap();
         assert_eq!(
-            (cache.evictable_size(), cache.protected_size()),
+            (cache.sizes().evictable, cache.sizes().protected),
             (5 * ps, 0)
         );
         assert!(matches!(
@@ -125,15 +128,15 @@ fn locks_move_tokens_only_on_zero_one_transitions() {
             Err(RadixError::LockUnderflow { .. })
         ));
         assert_eq!(
-            (cache.evictable_size(), cache.protected_size()),
+            (cache.sizes().evictable, cache.sizes().protected),
             (5 * ps, 0)
         );
         // The root is locked forever; locking or unlocking it changes nothing.
         cache.inc_lock_ref(NodeId::ROOT).unwrap();
         cache.dec_lock_ref(NodeId::ROOT).unwrap();
         cache.dec_lock_ref(NodeId::ROOT).unwrap();
-        assert_eq!(cache.total_size(), 5 * ps);
-        cache.check().unwrap();
+        assert_eq!(cache.sizes().total(), 5 * ps);
+        check_radix(&cache).unwrap();
     }
 }
 
@@ -141,7 +144,7 @@ fn locks_move_tokens_only_on_zero_one_transitions() {
 fn unlocking_a_node_locked_only_through_its_descendant_is_refused() {
     for ps in PAGE_SIZES {
         let mut alloc = allocator(ps, 32);
-        let mut cache = RadixCache::new(ps);
+        let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
         let full = key(ps, 2, 0);
         insert_fresh(&mut cache, &mut alloc, &full);
         // Split: the upper node's count holds the leaf's lock, none of its own.
@@ -160,8 +163,8 @@ fn unlocking_a_node_locked_only_through_its_descendant_is_refused() {
         assert_eq!(format!("{cache:?}"), before, "ps {ps}");
         // The leaf's own lock still goes, and with it every lock on the path.
         cache.dec_lock_ref(leaf).unwrap();
-        assert_eq!(cache.evictable_size(), full.len());
-        cache.check().unwrap();
+        assert_eq!(cache.sizes().evictable, full.len());
+        check_radix(&cache).unwrap();
     }
 }
 
@@ -169,7 +172,7 @@ fn unlocking_a_node_locked_only_through_its_descendant_is_refused() {
 fn evict_is_lru_whole_node_and_spares_locked_nodes() {
     for ps in PAGE_SIZES {
         let mut alloc = allocator(ps, 32);
-        let mut cache = RadixCache::new(ps);
+        let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
         let keys = [key(ps, 2, 0), key(ps, 3, 1000), key(ps, 1, 2000)];
         let slots: Vec<_> = keys
             .iter()
@@ -187,15 +190,15 @@ fn evict_is_lru_whole_node_and_spares_locked_nodes() {
         assert!(slots[1].iter().all(|&s| alloc.is_page_free(s / ps as u32)));
         assert_eq!(cache.match_prefix(&keys[1]).len, 0);
         assert_eq!(cache.match_prefix(&keys[0]).len, 2 * ps);
-        cache.check().unwrap();
+        check_radix(&cache).unwrap();
 
         // Asking for more than is evictable evicts what is there and spares the locked node.
         assert_eq!(cache.evict(100 * ps, &mut alloc).unwrap(), 2 * ps);
         assert_eq!(cache.evict(1, &mut alloc).unwrap(), 0);
         assert_eq!(cache.match_prefix(&keys[2]).len, ps);
         assert_eq!(matched_slots(&mut cache, &keys[2]), slots[2]);
-        assert_eq!(cache.total_size(), cache.protected_size());
-        cache.check().unwrap();
+        assert_eq!(cache.sizes().total(), cache.sizes().protected);
+        check_radix(&cache).unwrap();
         alloc.check().unwrap();
     }
 }
@@ -203,10 +206,10 @@ fn evict_is_lru_whole_node_and_spares_locked_nodes() {
 /// Inserts two keys that share their first two pages and differ in the third: a two-page
 /// parent with two one-page leaves. Returns the shared key.
 fn insert_parent_of_two_leaves(cache: &mut RadixCache, alloc: &mut PagedAllocator) -> Vec<u32> {
-    let shared = key(cache.page_size(), 2, 0);
+    let shared = key(cache.config().page_size, 2, 0);
     for tail in [500, 600] {
         let mut k = shared.clone();
-        k.extend(key(cache.page_size(), 1, tail));
+        k.extend(key(cache.config().page_size, 1, tail));
         insert_fresh(cache, alloc, &k);
     }
     shared
@@ -216,14 +219,14 @@ fn insert_parent_of_two_leaves(cache: &mut RadixCache, alloc: &mut PagedAllocato
 fn evicting_children_makes_the_parent_an_evictable_leaf() {
     for ps in PAGE_SIZES {
         let mut alloc = allocator(ps, 32);
-        let mut cache = RadixCache::new(ps);
+        let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
         insert_parent_of_two_leaves(&mut cache, &mut alloc);
-        assert_eq!(cache.total_size(), 4 * ps);
+        assert_eq!(cache.sizes().total(), 4 * ps);
         // Two leaves of one page, then their parent, in a single call.
         assert_eq!(cache.evict(3 * ps, &mut alloc).unwrap(), 4 * ps);
-        assert_eq!(cache.total_size(), 0);
+        assert_eq!(cache.sizes().total(), 0);
         assert_eq!(alloc.available_size(), alloc.capacity());
-        cache.check().unwrap();
+        check_radix(&cache).unwrap();
     }
 }
 
@@ -232,7 +235,7 @@ fn a_parent_left_childless_competes_in_lru_order_within_the_same_eviction() {
     for ps in PAGE_SIZES {
         for parent_touched_last in [false, true] {
             let mut alloc = allocator(ps, 32);
-            let mut cache = RadixCache::new(ps);
+            let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
             // Parent P (two pages) with one-page leaves A and B, then an unrelated two-page U.
             let shared = insert_parent_of_two_leaves(&mut cache, &mut alloc);
             let touch_parent = |cache: &mut RadixCache| cache.match_prefix(&shared);
@@ -254,9 +257,9 @@ fn a_parent_left_childless_competes_in_lru_order_within_the_same_eviction() {
             };
             assert_eq!(cache.match_prefix(kept).len, 2 * ps, "page size {ps}");
             assert_eq!(cache.match_prefix(gone).len, 0, "page size {ps}");
-            assert_eq!(cache.total_size(), 2 * ps);
+            assert_eq!(cache.sizes().total(), 2 * ps);
             assert_eq!(alloc.available_size(), alloc.capacity() - 2 * ps);
-            cache.check().unwrap();
+            check_radix(&cache).unwrap();
         }
     }
 }
@@ -265,7 +268,7 @@ fn a_parent_left_childless_competes_in_lru_order_within_the_same_eviction() {
 fn a_leaf_unlocked_again_without_an_access_is_evicted_once() {
     for ps in PAGE_SIZES {
         let mut alloc = allocator(ps, 32);
-        let mut cache = RadixCache::new(ps);
+        let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
         insert_fresh(&mut cache, &mut alloc, &key(ps, 1, 0));
         let twice = insert_fresh(&mut cache, &mut alloc, &key(ps, 2, 100));
         let end = cache.match_prefix(&key(ps, 2, 100)).node;
@@ -277,40 +280,51 @@ fn a_leaf_unlocked_again_without_an_access_is_evicted_once() {
         assert_eq!(cache.evict(100 * ps, &mut alloc).unwrap(), 3 * ps);
         assert_eq!(alloc.available_size(), alloc.capacity());
         assert!(twice.iter().all(|&s| alloc.is_page_free(s / ps as u32)));
-        assert_eq!(cache.total_size(), 0);
-        cache.check().unwrap();
+        assert_eq!(cache.sizes().total(), 0);
+        check_radix(&cache).unwrap();
         alloc.check().unwrap();
     }
 }
 
+// sglang's `evict_from_tree_cache` evicts what the allocator lacks: `evict(n - available)`.
 #[test]
-fn evict_shortfall_evicts_only_what_is_missing() {
+fn evicting_the_shortfall_evicts_only_what_is_missing() {
     let ps = 4;
     let mut alloc = allocator(ps, 8);
-    let mut cache = RadixCache::new(ps);
+    let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
     insert_fresh(&mut cache, &mut alloc, &key(ps, 2, 0));
     insert_fresh(&mut cache, &mut alloc, &key(ps, 3, 100));
     insert_fresh(&mut cache, &mut alloc, &key(ps, 2, 200));
     assert_eq!(alloc.available_size(), ps);
-    assert_eq!(cache.evict_shortfall(ps, &mut alloc).unwrap(), 0);
+    assert_eq!(
+        cache
+            .evict(ps.saturating_sub(alloc.available_size()), &mut alloc)
+            .unwrap(),
+        0
+    );
     // Two pages short: the LRU node (2 pages) covers it, nothing more goes.
-    assert_eq!(cache.evict_shortfall(3 * ps, &mut alloc).unwrap(), 2 * ps);
-    assert_eq!(cache.total_size(), 5 * ps);
+    assert_eq!(
+        cache
+            .evict((3 * ps).saturating_sub(alloc.available_size()), &mut alloc)
+            .unwrap(),
+        2 * ps
+    );
+    assert_eq!(cache.sizes().total(), 5 * ps);
     let mut wrong = allocator(1, 8);
     assert!(matches!(
         cache.evict(1, &mut wrong),
         Err(RadixError::PageSizeMismatch { .. })
     ));
-    cache.check().unwrap();
+    check_radix(&cache).unwrap();
 }
 
-// `evict_shortfall` fails "as `evict`", which refuses an allocator of another page size
-// whatever it is asked for; it used to return `Ok(0)` for one with room enough.
+// An eviction refuses an allocator of another page size whatever it is asked for, nothing
+// included: a shortfall of 0 (an allocator with room enough) is refused too.
 #[test]
-fn evict_shortfall_refuses_an_allocator_of_another_page_size_even_with_room() {
+fn evict_refuses_an_allocator_of_another_page_size_even_with_room() {
     let ps = 4;
     let mut alloc = allocator(ps, 8);
-    let mut cache = RadixCache::new(ps);
+    let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
     insert_fresh(&mut cache, &mut alloc, &key(ps, 2, 0));
     let mut wrong = allocator(2, 8);
     let mismatch = RadixError::PageSizeMismatch {
@@ -320,21 +334,24 @@ fn evict_shortfall_refuses_an_allocator_of_another_page_size_even_with_room() {
     assert_eq!(cache.evict(0, &mut wrong), Err(mismatch.clone()));
     for num_tokens in [0, 4, wrong.available_size(), wrong.available_size() + 1] {
         assert_eq!(
-            cache.evict_shortfall(num_tokens, &mut wrong),
+            cache.evict(
+                num_tokens.saturating_sub(wrong.available_size()),
+                &mut wrong
+            ),
             Err(mismatch.clone()),
             "{num_tokens} tokens"
         );
     }
-    assert_eq!(cache.total_size(), 2 * ps, "nothing evicted");
+    assert_eq!(cache.sizes().total(), 2 * ps, "nothing evicted");
     assert_eq!(wrong.available_size(), wrong.capacity());
-    cache.check().unwrap();
+    check_radix(&cache).unwrap();
 }
 
 #[test]
 fn insert_reports_prefix_and_duplicates_are_freed_once() {
     for ps in PAGE_SIZES {
         let mut alloc = allocator(ps, 32);
-        let mut cache = RadixCache::new(ps);
+        let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
         let full = key(ps, 4, 0);
         let tree_slots = insert_fresh(&mut cache, &mut alloc, &full);
 
@@ -345,7 +362,7 @@ fn insert_reports_prefix_and_duplicates_are_freed_once() {
         row.extend(alloc_slots(&mut alloc, 4 * ps));
         let mut longer = full.clone();
         longer.extend(key(ps, 1, 900));
-        let outcome = cache.insert(&longer, &row).unwrap();
+        let outcome = cache.insert(Insert::new(&longer, &row)).unwrap();
         assert_eq!(outcome.prefix_len, 4 * ps);
         alloc
             .free_segment(&row[protected..outcome.prefix_len], protected)
@@ -366,13 +383,13 @@ fn insert_reports_prefix_and_duplicates_are_freed_once() {
 
         // Every allocated slot is cached now: free + cached == capacity.
         assert_eq!(
-            alloc.available_size() + cache.total_size(),
+            alloc.available_size() + cache.sizes().total(),
             alloc.capacity()
         );
-        let again = cache.insert(&longer, &expected).unwrap();
+        let again = cache.insert(Insert::new(&longer, &expected)).unwrap();
         assert_eq!(again.prefix_len, 5 * ps);
         assert_eq!(again.last_node, matched.node);
-        cache.check().unwrap();
+        check_radix(&cache).unwrap();
         alloc.check().unwrap();
     }
 }
@@ -381,33 +398,33 @@ fn insert_reports_prefix_and_duplicates_are_freed_once() {
 fn insert_from_extends_the_callers_leaf_in_place() {
     for ps in PAGE_SIZES {
         let mut alloc = allocator(ps, 32);
-        let mut cache = RadixCache::new(ps);
+        let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
         let (mut k, mut row, mut pos) = locked_leaf(&mut cache, &mut alloc, 2, 0);
         let first = pos.node;
         for page in 0..3u32 {
             k.extend(key(ps, 1, 500 + page * 50));
             row.extend(alloc_slots(&mut alloc, ps));
-            let outcome = cache.insert_from(pos, &k, &row).unwrap();
+            let outcome = cache.insert(Insert::new(&k, &row).from(pos)).unwrap();
             assert_eq!(outcome.prefix_len, pos.len);
             assert_eq!(outcome.last_node, first, "extended in place");
             pos.len = k.len();
-            assert_eq!(cache.protected_size(), k.len());
-            cache.check().unwrap();
+            assert_eq!(cache.sizes().protected, k.len());
+            check_radix(&cache).unwrap();
         }
         // A second locker: the next page becomes a child leaf and the lock moves down.
         cache.inc_lock_ref(pos.node).unwrap();
         k.extend(key(ps, 1, 800));
         row.extend(alloc_slots(&mut alloc, ps));
-        let outcome = cache.insert_from(pos, &k, &row).unwrap();
+        let outcome = cache.insert(Insert::new(&k, &row).from(pos)).unwrap();
         assert_ne!(outcome.last_node, pos.node);
-        assert_eq!(cache.evictable_size(), ps);
+        assert_eq!(cache.sizes().evictable, ps);
         cache.move_lock(pos.node, outcome.last_node).unwrap();
-        assert_eq!(cache.protected_size(), k.len());
+        assert_eq!(cache.sizes().protected, k.len());
         assert_eq!(matched_slots(&mut cache, &k), row);
         cache.dec_lock_ref(outcome.last_node).unwrap();
         cache.dec_lock_ref(pos.node).unwrap();
-        assert_eq!(cache.protected_size(), 0);
-        cache.check().unwrap();
+        assert_eq!(cache.sizes().protected, 0);
+        check_radix(&cache).unwrap();
     }
 }
 
@@ -417,7 +434,7 @@ fn insert_from_extends_the_callers_leaf_in_place() {
 fn insert_from_inside_the_callers_leaf_extends_it_in_place() {
     for ps in PAGE_SIZES {
         let mut alloc = allocator(ps, 8);
-        let mut cache = RadixCache::new(ps);
+        let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
         let (mut k, mut row, end) = locked_leaf(&mut cache, &mut alloc, 2, 0);
         let inside = TreePos {
             node: end.node,
@@ -425,12 +442,12 @@ fn insert_from_inside_the_callers_leaf_extends_it_in_place() {
         };
         k.extend(key(ps, 1, 500));
         row.extend(alloc_slots(&mut alloc, ps));
-        let outcome = cache.insert_from(inside, &k, &row).unwrap();
+        let outcome = cache.insert(Insert::new(&k, &row).from(inside)).unwrap();
         assert_eq!(outcome.prefix_len, 2 * ps);
         assert_eq!(outcome.last_node, end.node, "extended in place");
-        assert_eq!(cache.protected_size(), 3 * ps);
+        assert_eq!(cache.sizes().protected, 3 * ps);
         assert_eq!(matched_slots(&mut cache, &k), row);
-        cache.check().unwrap();
+        check_radix(&cache).unwrap();
     }
 }
 
@@ -441,18 +458,24 @@ fn insert_from_inside_the_callers_leaf_extends_it_in_place() {
 fn a_grown_leaf_gives_its_spare_capacity_back_when_unlocked() {
     for ps in PAGE_SIZES {
         let mut alloc = allocator(ps, 32);
-        let mut grown = RadixCache::new(ps);
+        let mut grown = RadixCache::new(RadixConfig::new(ps)).unwrap();
         let (mut k, mut row, TreePos { node, .. }) = locked_leaf(&mut grown, &mut alloc, 1, 0);
         for page in 0..4u32 {
             let at = TreePos { node, len: k.len() };
             k.extend(key(ps, 1, 100 + page * 50));
             row.extend(alloc_slots(&mut alloc, ps));
-            assert_eq!(grown.insert_from(at, &k, &row).unwrap().last_node, node);
+            assert_eq!(
+                grown
+                    .insert(Insert::new(&k, &row).from(at))
+                    .unwrap()
+                    .last_node,
+                node
+            );
         }
         let while_locked = grown.bookkeeping_bytes();
         grown.dec_lock_ref(node).unwrap();
-        let mut at_once = RadixCache::new(ps);
-        at_once.insert(&k, &row).unwrap();
+        let mut at_once = RadixCache::new(RadixConfig::new(ps)).unwrap();
+        at_once.insert(Insert::new(&k, &row)).unwrap();
         let registrations = 4 * 16;
         assert_eq!(
             grown.bookkeeping_bytes(),
@@ -460,7 +483,7 @@ fn a_grown_leaf_gives_its_spare_capacity_back_when_unlocked() {
             "page size {ps}"
         );
         assert!(while_locked > grown.bookkeeping_bytes(), "page size {ps}");
-        grown.check().unwrap();
+        check_radix(&grown).unwrap();
     }
 }
 
@@ -470,7 +493,7 @@ fn a_grown_leaf_gives_its_spare_capacity_back_when_unlocked() {
 fn extending_the_callers_leaf_refuses_bad_arguments_without_changing_anything() {
     let ps = 4;
     let mut alloc = allocator(ps, 32);
-    let mut cache = RadixCache::new(ps);
+    let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
     let (k, row, pos) = locked_leaf(&mut cache, &mut alloc, 2, 0);
     let mut longer = k.clone();
     longer.extend(key(ps, 1, 100));
@@ -480,10 +503,10 @@ fn extending_the_callers_leaf_refuses_bad_arguments_without_changing_anything() 
     broken.swap(2 * ps + 1, 2 * ps + 2);
     let shifted: Vec<KvSlot> = slots.iter().map(|&slot| slot + 1).collect();
     let refused = [
-        cache.insert_from(pos, &longer[..2 * ps + 1], &slots[..2 * ps + 1]),
-        cache.insert_from(pos, &longer, &slots[..2 * ps]),
-        cache.insert_from(pos, &longer, &broken),
-        cache.insert_from(pos, &longer, &shifted),
+        cache.insert(Insert::new(&longer[..2 * ps + 1], &slots[..2 * ps + 1]).from(pos)),
+        cache.insert(Insert::new(&longer, &slots[..2 * ps]).from(pos)),
+        cache.insert(Insert::new(&longer, &broken).from(pos)),
+        cache.insert(Insert::new(&longer, &shifted).from(pos)),
     ];
     assert!(matches!(refused[0], Err(RadixError::UnalignedKey { .. })));
     assert!(matches!(refused[1], Err(RadixError::LengthMismatch { .. })));
@@ -495,26 +518,31 @@ fn extending_the_callers_leaf_refuses_bad_arguments_without_changing_anything() 
         refused[3],
         Err(RadixError::MisalignedPage { position: 8, .. })
     ));
-    assert_eq!(cache.total_size(), k.len());
-    assert_eq!(cache.protected_size(), k.len());
+    assert_eq!(cache.sizes().total(), k.len());
+    assert_eq!(cache.sizes().protected, k.len());
     assert_eq!(cache.match_prefix(&longer).len, k.len());
-    cache.check().unwrap();
+    check_radix(&cache).unwrap();
 
-    let outcome = cache.insert_from(pos, &longer, &slots).unwrap();
+    let outcome = cache
+        .insert(Insert::new(&longer, &slots).from(pos))
+        .unwrap();
     assert_eq!((outcome.prefix_len, outcome.last_node), (k.len(), pos.node));
     assert_eq!(matched_slots(&mut cache, &longer), slots);
-    assert_eq!(cache.protected_size(), longer.len());
-    cache.check().unwrap();
+    assert_eq!(cache.sizes().protected, longer.len());
+    check_radix(&cache).unwrap();
 }
 
 #[test]
 fn insert_from_a_stale_hint_splits_and_branches() {
     let ps = 4;
     let mut alloc = allocator(ps, 32);
-    let mut cache = RadixCache::new(ps);
+    let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
     let base = key(ps, 2, 0);
     let base_slots = alloc_slots(&mut alloc, 2 * ps);
-    let node = cache.insert(&base, &base_slots).unwrap().last_node;
+    let node = cache
+        .insert(Insert::new(&base, &base_slots))
+        .unwrap()
+        .last_node;
     cache.inc_lock_ref(node).unwrap();
     cache.inc_lock_ref(node).unwrap();
     let hint = TreePos {
@@ -528,65 +556,71 @@ fn insert_from_a_stale_hint_splits_and_branches() {
     a.extend(key(ps, 1, 100));
     let mut a_row = base_slots.clone();
     a_row.extend(alloc_slots(&mut alloc, ps));
-    assert_eq!(cache.insert_from(hint, &a, &a_row).unwrap().last_node, node);
+    assert_eq!(
+        cache
+            .insert(Insert::new(&a, &a_row).from(hint))
+            .unwrap()
+            .last_node,
+        node
+    );
     // B locks `node` again; its position now lies inside `node`, and its page differs.
     cache.inc_lock_ref(node).unwrap();
     let mut b = base.clone();
     b.extend(key(ps, 1, 300));
     let mut b_row = base_slots.clone();
     b_row.extend(alloc_slots(&mut alloc, ps));
-    let outcome = cache.insert_from(hint, &b, &b_row).unwrap();
+    let outcome = cache.insert(Insert::new(&b, &b_row).from(hint)).unwrap();
     assert_eq!(outcome.prefix_len, 2 * ps);
     cache.move_lock(node, outcome.last_node).unwrap();
     assert_eq!(matched_slots(&mut cache, &a), a_row);
     assert_eq!(matched_slots(&mut cache, &b), b_row);
     // The old position now lies in the node split off above `node`; reading from it still works.
     assert_eq!(path_slots(&cache, hint), base_slots);
-    cache.check().unwrap();
+    check_radix(&cache).unwrap();
 }
 
 #[test]
 fn insert_refuses_bad_arguments_without_changing_anything() {
     let ps = 4;
     let mut alloc = allocator(ps, 32);
-    let mut cache = RadixCache::new(ps);
+    let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
     let k = key(ps, 2, 0);
     let slots = alloc_slots(&mut alloc, 2 * ps);
     assert!(matches!(
-        cache.insert(&k[..5], &slots[..5]),
+        cache.insert(Insert::new(&k[..5], &slots[..5])),
         Err(RadixError::UnalignedKey { len: 5, .. })
     ));
     assert!(matches!(
-        cache.insert(&k, &slots[..4]),
+        cache.insert(Insert::new(&k, &slots[..4])),
         Err(RadixError::LengthMismatch { .. })
     ));
     let mut broken = slots.clone();
     broken.swap(1, 2);
     assert!(matches!(
-        cache.insert(&k, &broken),
+        cache.insert(Insert::new(&k, &broken)),
         Err(RadixError::BrokenPage { position: 1, .. })
     ));
     let shifted: Vec<_> = slots.iter().map(|s| s + 1).collect();
     assert!(matches!(
-        cache.insert(&k, &shifted),
+        cache.insert(Insert::new(&k, &shifted)),
         Err(RadixError::MisalignedPage { position: 0, .. })
     ));
     // The first bad page is named by its position, here in the key's second page.
     let mut second_broken = slots.clone();
     second_broken.swap(ps + 1, ps + 2);
     assert!(matches!(
-        cache.insert(&k, &second_broken),
+        cache.insert(Insert::new(&k, &second_broken)),
         Err(RadixError::BrokenPage { position: 5, .. })
     ));
     let second_shifted = [&slots[..ps], &shifted[ps..]].concat();
     assert!(matches!(
-        cache.insert(&k, &second_shifted),
+        cache.insert(Insert::new(&k, &second_shifted)),
         Err(RadixError::MisalignedPage { position: 4, .. })
     ));
-    let node = cache.insert(&k, &slots).unwrap().last_node;
+    let node = cache.insert(Insert::new(&k, &slots)).unwrap().last_node;
     let unlocked = TreePos { node, len: k.len() };
     assert!(matches!(
-        cache.insert_from(unlocked, &k, &slots),
+        cache.insert(Insert::new(&k, &slots).from(unlocked)),
         Err(RadixError::HintNotLocked { .. })
     ));
     cache.inc_lock_ref(node).unwrap();
@@ -595,40 +629,43 @@ fn insert_refuses_bad_arguments_without_changing_anything() {
         len: k.len() + ps,
     };
     assert!(matches!(
-        cache.insert_from(beyond, &k, &slots),
+        cache.insert(Insert::new(&k, &slots).from(beyond)),
         Err(RadixError::HintOutOfRange { .. })
     ));
     // The caller's own leaf end (the fast path's case), past the end of a shorter key.
     let own_end = TreePos { node, len: k.len() };
     let short = k.len() - ps;
     assert!(matches!(
-        cache.insert_from(own_end, &k[..short], &slots[..short]),
+        cache.insert(Insert::new(&k[..short], &slots[..short]).from(own_end)),
         Err(RadixError::HintOutOfRange { .. })
     ));
-    assert_eq!(cache.total_size(), k.len());
+    assert_eq!(cache.sizes().total(), k.len());
     cache.dec_lock_ref(node).unwrap();
     cache.evict(1, &mut alloc).unwrap();
     assert!(matches!(
         cache.inc_lock_ref(node),
         Err(RadixError::UnknownNode { .. })
     ));
-    assert_eq!(cache.total_size(), 0);
-    cache.check().unwrap();
+    assert_eq!(cache.sizes().total(), 0);
+    check_radix(&cache).unwrap();
 }
 
 #[test]
 fn a_hint_past_its_node_is_reported_with_the_keys_length() {
     let ps = 4;
     let mut alloc = allocator(ps, 32);
-    let mut cache = RadixCache::new(ps);
+    let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
     let k = key(ps, 3, 0);
     let slots = alloc_slots(&mut alloc, k.len());
-    let node = cache.insert(&k[..ps], &slots[..ps]).unwrap().last_node;
+    let node = cache
+        .insert(Insert::new(&k[..ps], &slots[..ps]))
+        .unwrap()
+        .last_node;
     cache.inc_lock_ref(node).unwrap();
     // The hint lies within the key but past the end of its node.
     let past = TreePos { node, len: 2 * ps };
     assert_eq!(
-        cache.insert_from(past, &k, &slots),
+        cache.insert(Insert::new(&k, &slots).from(past)),
         Err(RadixError::HintOutOfRange {
             node,
             len: 2 * ps,
@@ -637,7 +674,7 @@ fn a_hint_past_its_node_is_reported_with_the_keys_length() {
             page_size: ps,
         })
     );
-    cache.check().unwrap();
+    check_radix(&cache).unwrap();
 }
 
 // The tree cannot know whether the caller allocated a page, but it refuses one it holds already
@@ -646,7 +683,7 @@ fn a_hint_past_its_node_is_reported_with_the_keys_length() {
 fn insert_refuses_a_page_already_cached_or_named_twice_without_changing_anything() {
     for ps in PAGE_SIZES {
         let mut alloc = allocator(ps, 32);
-        let mut cache = RadixCache::new(ps);
+        let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
         let cached = insert_fresh(&mut cache, &mut alloc, &key(ps, 2, 0));
         let cached_page = cached[ps] / ps as u32;
         let other = key(ps, 2, 500);
@@ -655,7 +692,7 @@ fn insert_refuses_a_page_already_cached_or_named_twice_without_changing_anything
         let before = format!("{cache:?}");
         // Through the general insert: a new leaf whose second page is the tree's.
         assert_eq!(
-            cache.insert(&other, &[&fresh[..], &cached[ps..]].concat()),
+            cache.insert(Insert::new(&other, &[&fresh[..], &cached[ps..]].concat())),
             Err(RadixError::PageCached {
                 position: ps,
                 page: cached_page
@@ -663,7 +700,7 @@ fn insert_refuses_a_page_already_cached_or_named_twice_without_changing_anything
             "page size {ps}"
         );
         assert_eq!(
-            cache.insert(&other, &[&fresh[..], &fresh[..]].concat()),
+            cache.insert(Insert::new(&other, &[&fresh[..], &fresh[..]].concat())),
             Err(RadixError::PageRepeated {
                 first: 0,
                 second: ps,
@@ -678,7 +715,7 @@ fn insert_refuses_a_page_already_cached_or_named_twice_without_changing_anything
         let longer = [own.clone(), key(ps, 2, 1000)].concat();
         let one_more = &longer[..2 * ps];
         assert_eq!(
-            cache.insert_from(end, one_more, &[&own_row[..], &cached[..ps]].concat()),
+            cache.insert(Insert::new(one_more, &[&own_row[..], &cached[..ps]].concat()).from(end)),
             Err(RadixError::PageCached {
                 position: ps,
                 page: cached[0] / ps as u32
@@ -686,7 +723,7 @@ fn insert_refuses_a_page_already_cached_or_named_twice_without_changing_anything
             "page size {ps}"
         );
         assert_eq!(
-            cache.insert_from(end, &longer, &[&own_row[..], &fresh, &fresh].concat()),
+            cache.insert(Insert::new(&longer, &[&own_row[..], &fresh, &fresh].concat()).from(end)),
             Err(RadixError::PageRepeated {
                 first: ps,
                 second: 2 * ps,
@@ -695,14 +732,14 @@ fn insert_refuses_a_page_already_cached_or_named_twice_without_changing_anything
             "page size {ps}"
         );
         assert_eq!(format!("{cache:?}"), after_leaf, "page size {ps}");
-        cache.check().unwrap();
+        check_radix(&cache).unwrap();
         // Once evicted, a page may be cached again.
         cache.dec_lock_ref(end.node).unwrap();
         cache.evict(usize::MAX, &mut alloc).unwrap();
-        assert_eq!(cache.total_size(), 0);
-        let outcome = cache.insert(&other, &[&fresh[..], &cached[ps..]].concat());
+        assert_eq!(cache.sizes().total(), 0);
+        let outcome = cache.insert(Insert::new(&other, &[&fresh[..], &cached[ps..]].concat()));
         assert_eq!(outcome.map(|outcome| outcome.prefix_len), Ok(0));
-        cache.check().unwrap();
+        check_radix(&cache).unwrap();
     }
 }
 
@@ -712,13 +749,13 @@ fn insert_refuses_a_page_already_cached_or_named_twice_without_changing_anything
 fn insert_finds_a_repeat_among_pages_out_of_order_and_takes_distinct_ones() {
     for ps in PAGE_SIZES {
         let mut alloc = allocator(ps, 32);
-        let mut cache = RadixCache::new(ps);
+        let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
         let fresh = alloc_slots(&mut alloc, 4 * ps);
         let page = |i: usize| &fresh[i * ps..(i + 1) * ps];
         let k = key(ps, 4, 0);
         let repeated = [page(2), page(0), page(3), page(0)].concat();
         assert_eq!(
-            cache.insert(&k, &repeated),
+            cache.insert(Insert::new(&k, &repeated)),
             Err(RadixError::PageRepeated {
                 first: ps,
                 second: 3 * ps,
@@ -726,12 +763,12 @@ fn insert_finds_a_repeat_among_pages_out_of_order_and_takes_distinct_ones() {
             }),
             "page size {ps}"
         );
-        assert_eq!(cache.total_size(), 0);
-        cache.check().unwrap();
+        assert_eq!(cache.sizes().total(), 0);
+        check_radix(&cache).unwrap();
         let shuffled = [page(2), page(0), page(3), page(1)].concat();
-        cache.insert(&k, &shuffled).unwrap();
+        cache.insert(Insert::new(&k, &shuffled)).unwrap();
         assert_eq!(matched_slots(&mut cache, &k), shuffled);
-        cache.check().unwrap();
+        check_radix(&cache).unwrap();
         assert_eq!(cache.evict(usize::MAX, &mut alloc), Ok(4 * ps));
         assert_eq!(alloc.available_size(), alloc.capacity());
     }
@@ -741,14 +778,17 @@ fn insert_finds_a_repeat_among_pages_out_of_order_and_takes_distinct_ones() {
 fn a_parent_left_as_leaf_is_as_recent_as_its_newest_child() {
     let ps = 4;
     let mut alloc = allocator(ps, 32);
-    let mut cache = RadixCache::new(ps);
+    let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
     let parent = key(ps, 1, 0);
     let other = key(ps, 1, 100);
     let mut child = parent.clone();
     child.extend(key(ps, 1, 200));
     insert_fresh(&mut cache, &mut alloc, &parent);
     let other_slots = alloc_slots(&mut alloc, ps);
-    let other_node = cache.insert(&other, &other_slots).unwrap().last_node;
+    let other_node = cache
+        .insert(Insert::new(&other, &other_slots))
+        .unwrap()
+        .last_node;
     // Stamps only the new leaf; the parent's own stamp stays older than `other`'s.
     insert_fresh(&mut cache, &mut alloc, &child);
     cache.inc_lock_ref(other_node).unwrap();
@@ -764,7 +804,7 @@ fn a_parent_left_as_leaf_is_as_recent_as_its_newest_child() {
     assert_eq!(cache.evict(1, &mut alloc).unwrap(), ps);
     assert_eq!(cache.match_prefix(&parent).len, ps);
     assert_eq!(cache.match_prefix(&other).len, 0);
-    cache.check().unwrap();
+    check_radix(&cache).unwrap();
 }
 
 // `move_lock` between any two nodes, not only down the holder's own path, leaves the counts
@@ -774,7 +814,7 @@ fn a_parent_left_as_leaf_is_as_recent_as_its_newest_child() {
 fn a_lock_moves_across_branches_and_up_as_lock_then_unlock_would() {
     for ps in PAGE_SIZES {
         let mut alloc = allocator(ps, 8);
-        let mut cache = RadixCache::new(ps);
+        let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
         let shared = key(ps, 1, 0);
         let left = [shared.clone(), key(ps, 1, 100)].concat();
         let right = [shared.clone(), key(ps, 1, 200)].concat();
@@ -789,13 +829,13 @@ fn a_lock_moves_across_branches_and_up_as_lock_then_unlock_would() {
 
         cache.inc_lock_ref(left_leaf).unwrap();
         assert_eq!(
-            (cache.protected_size(), cache.evictable_size()),
+            (cache.sizes().protected, cache.sizes().evictable),
             (2 * ps, ps)
         );
         cache.move_lock(left_leaf, right_leaf).unwrap();
         // The shared page stays protected, the left page is evictable again.
         assert_eq!(
-            (cache.protected_size(), cache.evictable_size()),
+            (cache.sizes().protected, cache.sizes().evictable),
             (2 * ps, ps)
         );
         assert_eq!(
@@ -804,16 +844,16 @@ fn a_lock_moves_across_branches_and_up_as_lock_then_unlock_would() {
         );
         cache.move_lock(right_leaf, parent).unwrap();
         assert_eq!(
-            (cache.protected_size(), cache.evictable_size()),
+            (cache.sizes().protected, cache.sizes().evictable),
             (ps, 2 * ps)
         );
-        cache.check().unwrap();
+        check_radix(&cache).unwrap();
         cache.dec_lock_ref(parent).unwrap();
         assert_eq!(
-            (cache.protected_size(), cache.evictable_size()),
+            (cache.sizes().protected, cache.sizes().evictable),
             (0, 3 * ps)
         );
-        cache.check().unwrap();
+        check_radix(&cache).unwrap();
     }
 }
 
@@ -821,7 +861,7 @@ fn a_lock_moves_across_branches_and_up_as_lock_then_unlock_would() {
 fn path_slots_into_copies_any_range_and_refuses_a_start_past_the_end_or_a_wrong_length() {
     let ps = 4;
     let mut alloc = allocator(ps, 8);
-    let mut cache = RadixCache::new(ps);
+    let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
     let k = key(ps, 3, 0);
     let row = insert_fresh(&mut cache, &mut alloc, &k);
     // Split the key over two nodes, so that the copy walks up from one to the other.
@@ -864,8 +904,7 @@ fn path_slots_into_copies_any_range_and_refuses_a_start_past_the_end_or_a_wrong_
 }
 
 // The tree takes any page of `u32` slots, the last one (ending at 2^32, past every pool) too:
-// reading its slots back must not step past `u32::MAX` (a debug panic; `cached_slots` gave
-// nothing for it in release builds).
+// reading its slots back must not step past `u32::MAX` (a debug panic).
 #[test]
 fn the_slots_of_the_last_page_of_the_u32_range_read_back_without_overflow() {
     let last = u32::MAX;
@@ -873,8 +912,8 @@ fn the_slots_of_the_last_page_of_the_u32_range_read_back_without_overflow() {
     for page_size in [256, 1 << 16] {
         let slots: Vec<KvSlot> = (last - (page_size as u32 - 1)..=last).collect();
         let k = key(page_size, 1, 0);
-        let mut cache = RadixCache::new(page_size);
-        let outcome = cache.insert(&k, &slots).unwrap();
+        let mut cache = RadixCache::new(RadixConfig::new(page_size)).unwrap();
+        let outcome = cache.insert(Insert::new(&k, &slots)).unwrap();
         let at = TreePos {
             node: outcome.last_node,
             len: page_size,
@@ -883,28 +922,34 @@ fn the_slots_of_the_last_page_of_the_u32_range_read_back_without_overflow() {
         let mut tail = vec![0; 1];
         cache.path_slots_into(at, page_size - 1, &mut tail).unwrap();
         assert_eq!(tail, [last]);
-        assert_eq!(cache.cached_slots().collect::<Vec<_>>(), slots);
-        cache.check().unwrap();
+        let pages: Vec<_> = cache.cached_pages().map(|(_, page)| page).collect();
+        assert_eq!(pages, [last / page_size as u32]);
+        check_radix(&cache).unwrap();
     }
 }
 
 #[test]
-fn a_page_size_of_zero_is_a_typed_error_from_the_fallible_constructors() {
+fn a_page_size_of_zero_or_past_any_allocators_is_a_typed_error() {
     assert_eq!(
-        RadixCache::try_new(0).unwrap_err(),
+        RadixCache::new(RadixConfig::new(0)).unwrap_err(),
         RadixError::ZeroPageSize
     );
     assert_eq!(
-        RadixCache::try_with_policy(0, EvictionPolicy::Lfu).unwrap_err(),
+        RadixCache::new(RadixConfig::new(0).with_policy(EvictionPolicy::Lfu)).unwrap_err(),
         RadixError::ZeroPageSize
     );
-    let cache = RadixCache::try_with_policy(4, EvictionPolicy::Lfu).unwrap();
+    let cache = RadixCache::new(RadixConfig::new(4).with_policy(EvictionPolicy::Lfu)).unwrap();
     assert_eq!(
-        (cache.page_size(), cache.policy()),
+        (cache.config().page_size, cache.config().policy),
         (4, EvictionPolicy::Lfu)
     );
-    assert_eq!(cache.total_size(), 0);
-    let panic = std::panic::catch_unwind(|| RadixCache::new(0)).unwrap_err();
-    let message = panic.downcast_ref::<String>().expect("a formatted message");
-    assert_eq!(*message, RadixError::ZeroPageSize.to_string());
+    assert_eq!(cache.sizes().total(), 0);
+    let max = u32::MAX as usize / 2;
+    assert_eq!(
+        RadixCache::new(RadixConfig::new(max + 1)).unwrap_err(),
+        RadixError::PageSizeTooLarge {
+            page_size: max + 1,
+            max
+        }
+    );
 }

@@ -16,13 +16,16 @@ use kvown_runtime::batch::{
 };
 use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};
 use kvown_runtime::cache::{KvCache, TreeCache};
-use kvown_runtime::radix::{CacheEvent, Namespace, PageHash, RadixCache, StoredPage, TreePos};
+use kvown_runtime::check::check_radix;
+use kvown_runtime::radix::{
+    CacheEvent, Insert, Namespace, PageHash, RadixCache, RadixConfig, StoredPage, TreePos,
+};
 use kvown_runtime::slots::ReqToTokenPool;
 use radix_setup::{alloc_slots, allocator, key, path_slots};
 
 /// A cache with events on and its stream's opening `Cleared` taken.
 fn cache_with_events(page_size: usize) -> RadixCache {
-    let mut cache = RadixCache::new(page_size);
+    let mut cache = RadixCache::new(RadixConfig::new(page_size)).unwrap();
     cache.enable_events();
     assert_eq!(cache.take_events(), [CacheEvent::Cleared]);
     cache
@@ -69,11 +72,11 @@ fn page_hashes_equal_values_computed_by_hand() {
 fn events_are_off_by_default_and_cost_nothing_then() {
     let ps = 4;
     let mut alloc = allocator(ps, 16);
-    let mut cache = RadixCache::new(ps);
-    assert!(!cache.events_enabled());
+    let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
+    assert!(!cache.config().events);
     let bytes = cache.bookkeeping_bytes();
     let slots = alloc_slots(&mut alloc, 8);
-    cache.insert(&key(ps, 2, 0), &slots).unwrap();
+    cache.insert(Insert::new(&key(ps, 2, 0), &slots)).unwrap();
     cache.evict(8, &mut alloc).unwrap();
     assert_eq!(cache.take_events(), []);
     assert!(cache.bookkeeping_bytes() >= bytes);
@@ -86,7 +89,7 @@ fn a_new_leaf_stores_its_pages_chained_from_the_root_and_from_its_parent() {
     let mut cache = cache_with_events(ps);
     let prompt = key(ps, 2, 0);
     let slots = alloc_slots(&mut alloc, 8);
-    cache.insert(&prompt, &slots).unwrap();
+    cache.insert(Insert::new(&prompt, &slots)).unwrap();
     let events = cache.take_events();
     let hashes: Vec<PageHash> = PageHash::of_pages(Namespace::DEFAULT, &prompt, ps).collect();
     assert_eq!(
@@ -115,7 +118,7 @@ fn a_new_leaf_stores_its_pages_chained_from_the_root_and_from_its_parent() {
     other.extend([90, 91, 92, 93]);
     let mut other_slots = slots[..4].to_vec();
     other_slots.extend(alloc_slots(&mut alloc, 4));
-    let outcome = cache.insert(&other, &other_slots).unwrap();
+    let outcome = cache.insert(Insert::new(&other, &other_slots)).unwrap();
     assert_eq!(outcome.prefix_len, 4);
     let events = cache.take_events();
     assert_eq!(events.len(), 1);
@@ -131,7 +134,7 @@ fn a_new_leaf_stores_its_pages_chained_from_the_root_and_from_its_parent() {
             vec![90, 91, 92, 93]
         )]
     );
-    cache.check().unwrap();
+    check_radix(&cache).unwrap();
 }
 
 #[test]
@@ -141,14 +144,16 @@ fn a_split_by_a_match_and_a_cached_insert_queue_nothing() {
     let mut cache = cache_with_events(ps);
     let prompt = key(ps, 3, 0);
     let slots = alloc_slots(&mut alloc, 6);
-    cache.insert(&prompt, &slots).unwrap();
+    cache.insert(Insert::new(&prompt, &slots)).unwrap();
     cache.take_events();
     // The match ends inside the node: it splits, and the pages stay where they were.
     let at = cache.match_prefix(&prompt[..2]);
     assert_eq!(path_slots(&cache, at), slots[..2]);
-    cache.insert(&prompt[..4], &slots[..4]).unwrap();
+    cache
+        .insert(Insert::new(&prompt[..4], &slots[..4]))
+        .unwrap();
     assert_eq!(cache.take_events(), []);
-    cache.check().unwrap();
+    check_radix(&cache).unwrap();
 }
 
 #[test]
@@ -158,7 +163,7 @@ fn extending_an_own_leaf_in_place_stores_only_the_new_pages() {
     let mut cache = cache_with_events(ps);
     let mut prompt = key(ps, 1, 0);
     let mut slots = alloc_slots(&mut alloc, 4);
-    let outcome = cache.insert(&prompt, &slots).unwrap();
+    let outcome = cache.insert(Insert::new(&prompt, &slots)).unwrap();
     cache.inc_lock_ref(outcome.last_node).unwrap();
     cache.take_events();
     prompt.extend(key(ps, 2, 100));
@@ -167,7 +172,7 @@ fn extending_an_own_leaf_in_place_stores_only_the_new_pages() {
         node: outcome.last_node,
         len: 4,
     };
-    let extended = cache.insert_from(at, &prompt, &slots).unwrap();
+    let extended = cache.insert(Insert::new(&prompt, &slots).from(at)).unwrap();
     assert_eq!(extended.last_node, outcome.last_node, "extended in place");
     let events = cache.take_events();
     assert_eq!(events.len(), 1);
@@ -185,7 +190,7 @@ fn extending_an_own_leaf_in_place_stores_only_the_new_pages() {
         })
         .into();
     assert_eq!(stored(&events[0]), expected);
-    cache.check().unwrap();
+    check_radix(&cache).unwrap();
 }
 
 #[test]
@@ -196,10 +201,10 @@ fn an_eviction_removes_descendants_before_ancestors_in_one_event() {
     let mut replay = Replay::default();
     // [0 1] then two leaves below it: [0 1 2 3] and [0 1 5].
     let slots = alloc_slots(&mut alloc, 4);
-    cache.insert(&[0, 1, 2, 3], &slots).unwrap();
+    cache.insert(Insert::new(&[0, 1, 2, 3], &slots)).unwrap();
     let mut branch = slots[..2].to_vec();
     branch.extend(alloc_slots(&mut alloc, 1));
-    cache.insert(&[0, 1, 5], &branch).unwrap();
+    cache.insert(Insert::new(&[0, 1, 5], &branch)).unwrap();
     replay.apply(cache.take_events());
     assert_eq!(replay.pages.len(), 5);
     cache.evict(usize::MAX, &mut alloc).unwrap();
@@ -224,14 +229,14 @@ fn an_eviction_removes_descendants_before_ancestors_in_one_event() {
     // Two evictions in a row (nothing in between) are still one event each time they are
     // taken apart; back to back they merge.
     let slots = alloc_slots(&mut alloc, 2);
-    cache.insert(&[7], &slots[..1]).unwrap();
-    cache.insert(&[8], &slots[1..]).unwrap();
+    cache.insert(Insert::new(&[7], &slots[..1])).unwrap();
+    cache.insert(Insert::new(&[8], &slots[1..])).unwrap();
     cache.take_events();
     cache.evict(1, &mut alloc).unwrap();
     cache.evict(1, &mut alloc).unwrap();
     let events = cache.take_events();
     assert_eq!(events.len(), 1, "{events:?}");
-    cache.check().unwrap();
+    check_radix(&cache).unwrap();
 }
 
 /// A leaf grown in place is evicted registration by registration: each eviction removes only
@@ -244,7 +249,7 @@ fn a_grown_leaf_is_removed_one_registration_at_a_time() {
     let mut replay = Replay::default();
     let mut prompt = key(ps, 1, 0);
     let mut slots = alloc_slots(&mut alloc, 4);
-    let first = cache.insert(&prompt, &slots).unwrap();
+    let first = cache.insert(Insert::new(&prompt, &slots)).unwrap();
     cache.inc_lock_ref(first.last_node).unwrap();
     for registration in 1..3u32 {
         let at = TreePos {
@@ -253,7 +258,7 @@ fn a_grown_leaf_is_removed_one_registration_at_a_time() {
         };
         prompt.extend(key(ps, 1, 100 * registration));
         slots.extend(alloc_slots(&mut alloc, 4));
-        let outcome = cache.insert_from(at, &prompt, &slots).unwrap();
+        let outcome = cache.insert(Insert::new(&prompt, &slots).from(at)).unwrap();
         assert_eq!(outcome.last_node, first.last_node, "grown in place");
     }
     cache.dec_lock_ref(first.last_node).unwrap();
@@ -271,7 +276,7 @@ fn a_grown_leaf_is_removed_one_registration_at_a_time() {
         );
         replay.apply(events);
         assert_eq!(replay.pages.len(), left);
-        cache.check().unwrap();
+        check_radix(&cache).unwrap();
     }
 }
 
@@ -281,7 +286,7 @@ fn a_refused_eviction_queues_nothing() {
     let mut alloc = allocator(ps, 16);
     let mut cache = cache_with_events(ps);
     let slots = alloc_slots(&mut alloc, 8);
-    cache.insert(&key(ps, 2, 0), &slots).unwrap();
+    cache.insert(Insert::new(&key(ps, 2, 0), &slots)).unwrap();
     cache.take_events();
     // An allocator that does not hold the pages refuses their free.
     let mut other = allocator(ps, 16);
@@ -298,7 +303,9 @@ fn the_same_tokens_in_two_namespaces_hash_apart() {
     let mut replay = Replay::default();
     for namespace in [Namespace(1), Namespace(2)] {
         let slots = alloc_slots(&mut alloc, 4);
-        cache.insert_in(namespace, &prompt, &slots).unwrap();
+        cache
+            .insert(Insert::new(namespace.key(&prompt), &slots))
+            .unwrap();
     }
     let events = cache.take_events();
     let [first, second] = &events[..] else {
@@ -314,16 +321,18 @@ fn the_same_tokens_in_two_namespaces_hash_apart() {
 fn enabling_on_a_filled_cache_clears_then_stores_every_page_parents_first() {
     let ps = 2;
     let mut alloc = allocator(ps, 32);
-    let mut cache = RadixCache::new(ps);
+    let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
     let slots = alloc_slots(&mut alloc, 6);
-    cache.insert(&[1, 1, 2, 2, 3, 3], &slots).unwrap();
+    cache
+        .insert(Insert::new(&[1, 1, 2, 2, 3, 3], &slots))
+        .unwrap();
     let mut branch = slots[..2].to_vec();
     branch.extend(alloc_slots(&mut alloc, 2));
-    cache
-        .insert_in(Namespace::DEFAULT, &[1, 1, 9, 9], &branch)
-        .unwrap();
+    cache.insert(Insert::new(&[1, 1, 9, 9], &branch)).unwrap();
     let adapter = alloc_slots(&mut alloc, 2);
-    cache.insert_in(Namespace(3), &[1, 1], &adapter).unwrap();
+    cache
+        .insert(Insert::new(Namespace(3).key(&[1, 1]), &adapter))
+        .unwrap();
     cache.enable_events();
     let events = cache.take_events();
     assert_eq!(events[0], CacheEvent::Cleared);
@@ -352,21 +361,21 @@ fn enabling_on_a_filled_cache_clears_then_stores_every_page_parents_first() {
     assert_eq!(events[0], CacheEvent::Cleared);
     let mut restarted = Replay::default();
     restarted.apply(events);
-    assert_eq!(restarted.pages.len(), cache.total_size() / ps);
-    cache.check().unwrap();
+    assert_eq!(restarted.pages.len(), cache.sizes().total() / ps);
+    check_radix(&cache).unwrap();
 }
 
 #[test]
 fn bookkeeping_counts_the_hashes_and_the_queued_events() {
     let ps = 4;
     let mut alloc = allocator(ps, 64);
-    let mut cache = RadixCache::new(ps);
+    let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
     let off = cache.bookkeeping_bytes();
     cache.enable_events();
     let on = cache.bookkeeping_bytes();
     assert!(on > off, "the log and its first event: {on} > {off}");
     let slots = alloc_slots(&mut alloc, 64);
-    cache.insert(&key(ps, 16, 0), &slots).unwrap();
+    cache.insert(Insert::new(&key(ps, 16, 0), &slots)).unwrap();
     let queued = cache.bookkeeping_bytes();
     // At least the 16 queued pages' tokens and records, and a hash per page id up to the last.
     let floor = 16 * (ps * 4 + size_of::<StoredPage>()) + 16 * size_of::<PageHash>();
@@ -378,7 +387,7 @@ fn bookkeeping_counts_the_hashes_and_the_queued_events() {
 /// A radix `KvCache` with events on.
 fn kv_cache_with_events(page_size: usize) -> KvCache<PagedAllocator> {
     let allocator = PagedAllocator::new(256, page_size, false).unwrap();
-    let tree = TreeCache::Radix(RadixCache::new(page_size));
+    let tree = TreeCache::Radix(RadixCache::new(RadixConfig::new(page_size)).unwrap());
     let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 256).unwrap(), tree).unwrap();
     assert!(cache.enable_cache_events());
     cache

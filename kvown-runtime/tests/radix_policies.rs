@@ -3,12 +3,15 @@
 //! (a request's priority; a hit when a finished request is inserted, none when a running one
 //! registers its pages).
 
-use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator, SlotCalls};
+use kvown_runtime::alloc::{KvAllocator, KvSlot, PageId, PagedAllocator, SlotCalls};
 use kvown_runtime::batch::Req;
 use kvown_runtime::batch::{ScheduleBatch, alloc_for_extend, prepare_for_extend, release_kv_cache};
 use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};
 use kvown_runtime::cache::{KvCache, TreeCache};
-use kvown_runtime::radix::{EvictionPolicy, InsertParams, Namespace, RadixCache, TreePos};
+use kvown_runtime::check::check_radix;
+use kvown_runtime::radix::{
+    EvictionPolicy, Insert, InsertParams, RadixCache, RadixConfig, TreePos,
+};
 use kvown_runtime::slots::ReqToTokenPool;
 
 /// A page-size-1 cache with a policy, and keys inserted under names.
@@ -22,7 +25,7 @@ struct Scene {
 impl Scene {
     fn new(policy: EvictionPolicy) -> Scene {
         Scene {
-            tree: RadixCache::with_policy(1, policy),
+            tree: RadixCache::new(RadixConfig::new(1).with_policy(policy)).unwrap(),
             alloc: PagedAllocator::new(64, 1, false).unwrap(),
             names: Vec::new(),
         }
@@ -35,7 +38,7 @@ impl Scene {
         self.alloc.alloc(key.len(), &mut slots).unwrap();
         let outcome = self
             .tree
-            .insert_from_with(Namespace::DEFAULT, TreePos::ROOT, key, &slots, params)
+            .insert(Insert::new(key, &slots).from(TreePos::ROOT).params(params))
             .unwrap();
         self.alloc
             .free_segment(&slots[..outcome.prefix_len], 0)
@@ -43,16 +46,17 @@ impl Scene {
         if outcome.prefix_len < key.len() {
             self.names.push((name, slots[key.len() - 1]));
         }
-        self.tree.check().unwrap();
+        check_radix(&self.tree).unwrap();
         slots
     }
 
     /// The named keys still cached (read without touching access times).
     fn cached(&self) -> Vec<&'static str> {
-        let held: Vec<KvSlot> = self.tree.cached_slots().collect();
+        let page_size = self.tree.config().page_size as KvSlot;
+        let held: Vec<PageId> = self.tree.cached_pages().map(|(_, page)| page).collect();
         self.names
             .iter()
-            .filter(|(_, slot)| held.contains(slot))
+            .filter(|(_, slot)| held.contains(&(slot / page_size)))
             .map(|&(name, _)| name)
             .collect()
     }
@@ -61,7 +65,7 @@ impl Scene {
     fn eviction_order(&mut self) -> Vec<&'static str> {
         let mut order = Vec::new();
         while self.tree.evict(1, &mut self.alloc).unwrap() > 0 {
-            self.tree.check().unwrap();
+            check_radix(&self.tree).unwrap();
             let left = self.cached();
             order.extend(self.cached_before(&left));
         }
@@ -100,7 +104,7 @@ fn each_policy_evicts_in_its_own_order() {
     ];
     for (policy, order) in expected {
         let mut scene = Scene::new(policy);
-        assert_eq!(scene.tree.policy(), policy);
+        assert_eq!(scene.tree.config().policy, policy);
         scene.insert("a", &[1, 1], params(5, false));
         scene.insert("b", &[2, 2], params(-1, true));
         scene.insert("c", &[3, 3], params(0, false));
@@ -153,7 +157,7 @@ fn a_parent_left_childless_competes_with_the_hits_of_its_evicted_children() {
     // In one call the plan ranks p by what it will inherit: three tokens leave p.
     let mut scene = lfu_family();
     assert_eq!(scene.tree.evict(3, &mut scene.alloc).unwrap(), 3);
-    scene.tree.check().unwrap();
+    check_radix(&scene.tree).unwrap();
     assert_eq!(scene.cached(), ["p"]);
 }
 
@@ -210,7 +214,7 @@ fn a_split_makes_a_new_upper_part_at_the_priority_of_the_node_it_cuts() {
         scene.names.push(("upper", long[0]));
         scene.insert("mid", &[9], params(1, false));
         assert_eq!(scene.tree.match_prefix(&[1, 2]).len, 2);
-        scene.tree.check().unwrap();
+        check_radix(&scene.tree).unwrap();
         assert_eq!(scene.eviction_order(), order, "{policy}");
     }
 }
@@ -218,7 +222,7 @@ fn a_split_makes_a_new_upper_part_at_the_priority_of_the_node_it_cuts() {
 /// A cache of page size 4 with `policy`, rows for four requests.
 fn kv_cache(policy: EvictionPolicy) -> KvCache<PagedAllocator> {
     let allocator = PagedAllocator::new(256, 4, false).unwrap();
-    let tree = TreeCache::Radix(RadixCache::with_policy(4, policy));
+    let tree = TreeCache::Radix(RadixCache::new(RadixConfig::new(4).with_policy(policy)).unwrap());
     KvCache::new(allocator, ReqToTokenPool::new(4, 64).unwrap(), tree).unwrap()
 }
 
@@ -283,10 +287,10 @@ fn an_insert_that_splits_a_node_stamps_its_lower_half() {
     let mut slots = Vec::new();
     allocator.alloc(5, &mut slots).unwrap();
     assert_eq!(slots, [1, 2, 3, 4, 5]);
-    let mut tree = RadixCache::with_policy(1, EvictionPolicy::Lru);
-    tree.insert(&[1, 2], &slots[0..2]).unwrap();
-    tree.insert(&[3], &slots[2..3]).unwrap();
-    let outcome = tree.insert(&[1, 3], &slots[3..5]).unwrap();
+    let mut tree = RadixCache::new(RadixConfig::new(1).with_policy(EvictionPolicy::Lru)).unwrap();
+    tree.insert(Insert::new(&[1, 2], &slots[0..2])).unwrap();
+    tree.insert(Insert::new(&[3], &slots[2..3])).unwrap();
+    let outcome = tree.insert(Insert::new(&[1, 3], &slots[3..5])).unwrap();
     assert_eq!(
         outcome.prefix_len, 1,
         "[1] was cached: slot 4 is the caller's duplicate"

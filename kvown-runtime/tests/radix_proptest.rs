@@ -14,7 +14,10 @@ use cache_events::Replay;
 use kvown_runtime::alloc::{KvAllocator, KvSlot, PageId, PagedAllocator, SlotCalls};
 use std::collections::{HashMap, HashSet};
 
-use kvown_runtime::radix::{EvictionPolicy, InsertParams, Namespace, RadixCache, TreePos};
+use kvown_runtime::check::check_radix;
+use kvown_runtime::radix::{
+    EvictionPolicy, Insert, InsertParams, Namespace, RadixCache, RadixConfig, TreePos,
+};
 use proptest::prelude::*;
 
 const PAGES: usize = 48;
@@ -29,7 +32,7 @@ enum Op {
         lock: bool,
         params: InsertParams,
     },
-    /// A locked holder registers more pages from its position (`insert_from_with` +
+    /// A locked holder registers more pages from its position (an `insert` from it +
     /// `move_lock`).
     Extend {
         holder: usize,
@@ -97,7 +100,7 @@ struct World {
 impl World {
     /// A world whose cache evicts by `policy` and has events on from the start when `events`.
     fn new(page_size: usize, policy: EvictionPolicy, events: bool) -> World {
-        let mut cache = RadixCache::with_policy(page_size, policy);
+        let mut cache = RadixCache::new(RadixConfig::new(page_size).with_policy(policy)).unwrap();
         if events {
             cache.enable_events();
         }
@@ -114,7 +117,7 @@ impl World {
     /// Drops from the model the pages no longer cached (after an eviction, before their ids
     /// can be handed out again).
     fn forget_evicted(&mut self) {
-        let cached: HashSet<PageId> = self.cache.cached_pages().collect();
+        let cached: HashSet<PageId> = self.cache.cached_pages().map(|(_, page)| page).collect();
         self.model.retain(|_, page| cached.contains(page));
     }
 
@@ -157,7 +160,12 @@ impl World {
 
     /// Allocates `len` slots, evicting the shortfall first; `None` when memory stays short.
     fn alloc(&mut self, len: usize) -> Option<Vec<KvSlot>> {
-        self.cache.evict_shortfall(len, &mut self.alloc).unwrap();
+        self.cache
+            .evict(
+                len.saturating_sub(self.alloc.available_size()),
+                &mut self.alloc,
+            )
+            .unwrap();
         self.forget_evicted();
         let mut out = Vec::new();
         self.alloc.alloc(len, &mut out).ok()?;
@@ -180,7 +188,11 @@ impl World {
                 let cached = self.modelled_prefix(namespace, &key);
                 let outcome = self
                     .cache
-                    .insert_from_with(namespace, TreePos::ROOT, &key, &slots, params)
+                    .insert(
+                        Insert::new(namespace.key(&key), &slots)
+                            .from(TreePos::ROOT)
+                            .params(params),
+                    )
                     .unwrap();
                 assert_eq!(
                     outcome.prefix_len,
@@ -216,7 +228,11 @@ impl World {
                 let cached = self.modelled_prefix(namespace, &key);
                 let outcome = self
                     .cache
-                    .insert_from_with(namespace, at, &key, &row, params)
+                    .insert(
+                        Insert::new(namespace.key(&key), &row)
+                            .from(at)
+                            .params(params),
+                    )
                     .unwrap();
                 assert_eq!(
                     outcome.prefix_len,
@@ -248,7 +264,7 @@ impl World {
             } => {
                 let namespace = Namespace(namespace);
                 let key = self.key(&tokens);
-                let at = self.cache.match_prefix_in(namespace, &key);
+                let at = self.cache.match_prefix(namespace.key(&key));
                 // The longest prefix this namespace caches, on the pages it cached it on.
                 let mut slots = vec![0; at.len];
                 self.cache.path_slots_into(at, 0, &mut slots).unwrap();
@@ -266,14 +282,14 @@ impl World {
                 }
             }
             Op::Evict { pages } => {
-                let protected = self.cache.protected_size();
-                let evictable = self.cache.evictable_size();
+                let protected = self.cache.sizes().protected;
+                let evictable = self.cache.sizes().evictable;
                 let asked = pages * self.page_size;
                 let evicted = self.cache.evict(asked, &mut self.alloc).unwrap();
                 self.forget_evicted();
                 assert!(evicted >= asked.min(evictable));
-                assert_eq!(self.cache.protected_size(), protected);
-                assert_eq!(self.cache.evictable_size(), evictable - evicted);
+                assert_eq!(self.cache.sizes().protected, protected);
+                assert_eq!(self.cache.sizes().evictable, evictable - evicted);
             }
             Op::EnableEvents => {
                 self.cache.enable_events();
@@ -307,7 +323,7 @@ impl World {
 
     /// The cached pages, sorted.
     fn cached_pages(&self) -> Vec<PageId> {
-        let mut pages: Vec<PageId> = self.cache.cached_pages().collect();
+        let mut pages: Vec<PageId> = self.cache.cached_pages().map(|(_, page)| page).collect();
         pages.sort_unstable();
         pages
     }
@@ -325,7 +341,7 @@ impl World {
     }
 
     fn verify(&mut self) {
-        self.cache.check().unwrap();
+        check_radix(&self.cache).unwrap();
         // The events since the last step, replayed: exactly the cached pages, each at its
         // (namespace, prefix) with its page id; none while events are off.
         let events = self.cache.take_events();
@@ -339,20 +355,24 @@ impl World {
         self.alloc.check().unwrap();
         let cache = &self.cache;
         assert_eq!(
-            cache.evictable_size() + cache.protected_size(),
-            cache.total_size()
+            cache.sizes().evictable + cache.sizes().protected,
+            cache.sizes().total()
         );
         // Every allocated slot is cached: free + cached == capacity, and no cached page is free.
         assert_eq!(
-            self.alloc.available_size() + cache.total_size(),
+            self.alloc.available_size() + cache.sizes().total(),
             self.alloc.capacity()
         );
         assert!(
             cache
                 .cached_pages()
-                .all(|page| !self.alloc.is_page_free(page))
+                .all(|(_, page)| !self.alloc.is_page_free(page))
         );
-        assert_eq!(cache.cached_slots().count(), cache.total_size());
+        let page_size = cache.config().page_size;
+        assert_eq!(
+            cache.cached_pages().count() * page_size,
+            cache.sizes().total()
+        );
         // Each holder's locked prefix is still cached, on the pages its namespace cached it on.
         for holder in &self.holders {
             let mut row = vec![0; holder.at.len];
@@ -360,7 +380,7 @@ impl World {
             let modelled = self.modelled_prefix(holder.namespace, &holder.key);
             assert_eq!(self.pages_of(&row), modelled[..row.len() / self.page_size]);
         }
-        assert_eq!(self.model.len(), cache.total_size() / self.page_size);
+        assert_eq!(self.model.len(), cache.sizes().total() / self.page_size);
     }
 }
 
@@ -383,8 +403,8 @@ proptest! {
             world.cache.dec_lock_ref(holder.at.node).unwrap();
             world.verify();
         }
-        prop_assert_eq!(world.cache.protected_size(), 0);
-        let total = world.cache.total_size();
+        prop_assert_eq!(world.cache.sizes().protected, 0);
+        let total = world.cache.sizes().total();
         prop_assert_eq!(world.cache.evict(usize::MAX, &mut world.alloc).unwrap(), total);
         world.forget_evicted();
         prop_assert_eq!(world.alloc.available_size(), world.alloc.capacity());

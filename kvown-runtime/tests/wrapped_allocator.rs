@@ -25,7 +25,7 @@ use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::{Holder, Violation};
 use kvown_runtime::check::{ReclaimError, reclaim_leaks};
 use kvown_runtime::error::KvError;
-use kvown_runtime::radix::{RadixCache, RadixError};
+use kvown_runtime::radix::{RadixCache, RadixConfig, RadixError};
 use kvown_runtime::slots::ReqToTokenPool;
 
 /// The allocator of these tests.
@@ -67,7 +67,10 @@ fn faulty_cache_with(pool_tokens: usize, tree: TreeCache) -> (KvCache<FaultyAllo
 
 /// [`faulty_cache`] of 64 slots with a radix prefix cache.
 fn faulty_radix_cache() -> (KvCache<FaultyAllocator>, Faults) {
-    faulty_cache_with(64, TreeCache::Radix(RadixCache::new(4)))
+    faulty_cache_with(
+        64,
+        TreeCache::Radix(RadixCache::new(RadixConfig::new(4)).unwrap()),
+    )
 }
 
 /// Matches and extends `reqs` in one batch.
@@ -122,14 +125,14 @@ struct CacheState {
 impl CacheState {
     fn of(cache: &KvCache<FaultyAllocator>) -> CacheState {
         let tree = cache.tree().radix().expect("a radix cache");
-        let mut cached_pages: Vec<PageId> = tree.cached_pages().collect();
+        let mut cached_pages: Vec<PageId> = tree.cached_pages().map(|(_, page)| page).collect();
         cached_pages.sort_unstable();
         CacheState {
             allocator: cache.allocator().inner.clone(),
             tree_sizes: (
-                tree.total_size(),
-                tree.evictable_size(),
-                tree.protected_size(),
+                tree.sizes().total(),
+                tree.sizes().evictable,
+                tree.sizes().protected,
             ),
             cached_pages,
         }
@@ -241,7 +244,10 @@ fn a_refused_extend_allocation_leaves_the_row_pool_as_it_was() {
 // cache stays consistent, and a retry finds the room already made.
 #[test]
 fn an_extend_refused_by_the_allocator_after_the_eviction_leaves_the_entries_evicted() {
-    let (mut cache, faults) = faulty_cache_with(16, TreeCache::Radix(RadixCache::new(4)));
+    let (mut cache, faults) = faulty_cache_with(
+        16,
+        TreeCache::Radix(RadixCache::new(RadixConfig::new(4)).unwrap()),
+    );
     let mut cached = extend_eight_token_requests(1, &mut cache).into_reqs();
     release_kv_cache(&mut cached[0], &mut cache, true).unwrap();
     assert_eq!(
@@ -430,7 +436,7 @@ fn a_refused_free_of_registered_duplicates_leaves_the_request_and_the_tree_as_th
         |req: &Req| cache.req_to_token().row(req.held_row().unwrap()).unwrap()[..8].to_vec();
     assert_eq!(row_of(&reqs[1]), row_of(&reqs[0]));
     assert_eq!(reqs[1].kv().cache_protected_len(), 12);
-    assert_eq!(cache.tree().radix().unwrap().total_size(), 12);
+    assert_eq!(cache.tree().radix().unwrap().sizes().total(), 12);
     cache.check(&reqs).unwrap();
 
     faults.set_frees_left(None);
@@ -452,7 +458,7 @@ fn a_refused_release_with_insertion_leaves_the_request_and_the_tree_as_they_were
     faults.set_frees_left(Some(1));
     release_kv_cache(&mut reqs[1], &mut cache, true).unwrap();
     assert!(!reqs[1].kv().holds_kv());
-    assert_eq!(cache.tree().radix().unwrap().total_size(), 12);
+    assert_eq!(cache.tree().radix().unwrap().sizes().total(), 12);
     cache.check(&reqs).unwrap();
 
     faults.set_frees_left(None);
@@ -467,7 +473,7 @@ fn three_cached_prompts() -> (KvCache<FaultyAllocator>, Faults, Vec<Req>) {
     for req in &mut reqs {
         release_kv_cache(req, &mut cache, true).unwrap();
     }
-    assert_eq!(cache.tree().radix().unwrap().total_size(), 24);
+    assert_eq!(cache.tree().radix().unwrap().sizes().total(), 24);
     (cache, faults, reqs)
 }
 

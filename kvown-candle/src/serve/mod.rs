@@ -20,7 +20,7 @@ use kvown_runtime::alloc::{KvAllocator, PagedAllocator, ceil_align};
 use kvown_runtime::batch::{Req, ScheduleBatch};
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::kv::KvDtype;
-use kvown_runtime::radix::{CacheEvent, EvictionPolicy, RadixCache};
+use kvown_runtime::radix::{CacheEvent, EvictionPolicy, RadixCache, RadixConfig};
 use kvown_runtime::slots::ReqToTokenPool;
 
 use crate::error::{RequestError, ServeError};
@@ -275,7 +275,10 @@ impl Node {
         let table = ReqToTokenPool::new(rows, config.max_context)
             .map_err(|error| ServeError::Config(error.to_string()))?;
         let tree = match config.prefix_cache {
-            Some(policy) => TreeCache::Radix(RadixCache::with_policy(config.page_size, policy)),
+            Some(policy) => TreeCache::Radix(
+                RadixCache::new(RadixConfig::new(config.page_size).with_policy(policy))
+                    .map_err(|error| ServeError::Config(error.to_string()))?,
+            ),
             None => TreeCache::Disabled,
         };
         let mut cache = KvCache::new(allocator, table, tree)?;

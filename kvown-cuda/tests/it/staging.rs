@@ -29,7 +29,7 @@ use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};
 use kvown_runtime::cache::{ExtendRow, KvCache, TableMirror, TreeCache};
 use kvown_runtime::check::reclaim_leaks;
 use kvown_runtime::error::KvError;
-use kvown_runtime::radix::{RadixCache, TreePos};
+use kvown_runtime::radix::{RadixCache, RadixConfig, TreePos};
 use kvown_runtime::slots::ReqToTokenPool;
 
 use super::emulator::{EmulatedLink, Pace};
@@ -162,7 +162,7 @@ impl<R: ReuseOrder, L: ReadBack> Sim<R, L> {
         let table = ReqToTokenPool::new(ROWS, WIDTH).unwrap();
         let mirror = StagedMirror::new(link, &table, host.capacity()).unwrap();
         let tree = if cfg.radix {
-            TreeCache::Radix(RadixCache::new(cfg.page_size))
+            TreeCache::Radix(RadixCache::new(RadixConfig::new(cfg.page_size)).unwrap())
         } else {
             TreeCache::Disabled
         };

@@ -13,7 +13,7 @@ use kvown_runtime::batch::{
 use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::error::KvError;
-use kvown_runtime::radix::{CacheEvent, Namespace, RadixCache, TreePos};
+use kvown_runtime::radix::{CacheEvent, Namespace, RadixCache, RadixConfig, TreePos};
 use kvown_runtime::slots::ReqToTokenPool;
 
 /// What a prompt's admission found in the prefix cache.
@@ -49,7 +49,8 @@ impl Replica {
     ) -> Replica {
         let allocator = PagedAllocator::new(pool_tokens, page_size, false).expect("pool");
         let rows = ReqToTokenPool::new(max_running + 1, max_context).expect("rows");
-        let tree = TreeCache::Radix(RadixCache::new(page_size));
+        let tree = RadixCache::new(RadixConfig::new(page_size)).expect("page size");
+        let tree = TreeCache::Radix(tree);
         let mut cache = KvCache::new(allocator, rows, tree).expect("cache");
         assert!(cache.enable_cache_events());
         Replica {
@@ -68,7 +69,11 @@ impl Replica {
 
     /// Pages the prefix cache holds.
     pub fn cached_pages(&self) -> usize {
-        self.cache.tree().radix().map_or(0, RadixCache::total_size) / self.cache.page_size()
+        self.cache
+            .tree()
+            .radix()
+            .map_or(0, |tree| tree.sizes().total())
+            / self.cache.page_size()
     }
 
     /// The events since the last call.

@@ -15,7 +15,7 @@ use kvown_events::{
 };
 use kvown_fleet::indexer::FleetIndexer;
 use kvown_runtime::alloc::{PagedAllocator, SlotCalls};
-use kvown_runtime::radix::{CacheEvent, Namespace, PageHash, RadixCache};
+use kvown_runtime::radix::{CacheEvent, Insert, Namespace, PageHash, RadixCache, RadixConfig};
 
 const PAGE: usize = 4;
 const LIMIT: Duration = Duration::from_secs(5);
@@ -60,14 +60,14 @@ fn spawn_replica(
     config: PublisherConfig,
     dialect: Dialect,
 ) -> (mpsc::Sender<Vec<u32>>, String, Option<String>) {
-    let mut cache = RadixCache::new(PAGE);
+    let mut cache = RadixCache::new(RadixConfig::new(PAGE)).unwrap();
     cache.enable_events();
     cache.take_events();
     let mut alloc = PagedAllocator::new(1024, PAGE, false).unwrap();
     spawn_publisher(context, config, dialect, move |publisher, key: Vec<u32>| {
         let mut slots = Vec::new();
         alloc.alloc(key.len(), &mut slots).unwrap();
-        cache.insert(&key, &slots).unwrap();
+        cache.insert(Insert::new(&key, &slots)).unwrap();
         publisher
             .publish_events(0.0, &cache.take_events())
             .unwrap()
@@ -219,14 +219,14 @@ fn the_publisher_thread_numbers_batches_as_they_are_handed_over_and_sends_them_a
         "",
     )
     .unwrap();
-    let mut cache = RadixCache::new(PAGE);
+    let mut cache = RadixCache::new(RadixConfig::new(PAGE)).unwrap();
     cache.enable_events();
     let mut alloc = PagedAllocator::new(1024, PAGE, false).unwrap();
     let mut seqs = Vec::new();
     for first in [0, 100, 200, 300, 400, 500] {
         let mut slots = Vec::new();
         alloc.alloc(PAGE, &mut slots).unwrap();
-        cache.insert(&key(first, 1), &slots).unwrap();
+        cache.insert(Insert::new(&key(first, 1), &slots)).unwrap();
         seqs.extend(publisher.publish(cache.take_events()).unwrap());
     }
     assert_eq!(publisher.publish(Vec::new()).unwrap(), None);

@@ -7,13 +7,13 @@ use dynamo_kv_router::zmq_wire::{RawKvEvent, decode_event_batch};
 use kvown_events::{BlockEvent, Dialect, EventBatch, EventEncoder, NamespaceField};
 use kvown_fleet::indexer::{FleetIndexer, dynamo_labels};
 use kvown_runtime::alloc::{PagedAllocator, SlotCalls};
-use kvown_runtime::radix::{CacheEvent, Namespace, PageHash, RadixCache};
+use kvown_runtime::radix::{CacheEvent, Insert, Namespace, PageHash, RadixCache, RadixConfig};
 
 const PAGE: usize = 4;
 
 /// A cache of pages of 4 with events on, its opening `Cleared` taken, and its allocator.
 fn cache() -> (RadixCache, PagedAllocator) {
-    let mut cache = RadixCache::new(PAGE);
+    let mut cache = RadixCache::new(RadixConfig::new(PAGE)).unwrap();
     cache.enable_events();
     assert_eq!(cache.take_events(), [CacheEvent::Cleared]);
     (cache, PagedAllocator::new(256, PAGE, false).unwrap())
@@ -22,7 +22,9 @@ fn cache() -> (RadixCache, PagedAllocator) {
 fn insert(cache: &mut RadixCache, alloc: &mut PagedAllocator, namespace: Namespace, key: &[u32]) {
     let mut slots = Vec::new();
     alloc.alloc(key.len(), &mut slots).unwrap();
-    cache.insert_in(namespace, key, &slots).unwrap();
+    cache
+        .insert(Insert::new(namespace.key(key), &slots))
+        .unwrap();
 }
 
 fn encoded(encoder: &EventEncoder, events: &[CacheEvent]) -> Vec<u8> {
@@ -158,9 +160,11 @@ fn removals_and_clears_reach_the_router_and_empty_it_in_every_dialect() {
         let prompt: Vec<u32> = (1..=14).collect();
         let mut slots = Vec::new();
         alloc.alloc(12, &mut slots).unwrap();
-        cache.insert(&prompt[..8], &slots[..8]).unwrap();
+        cache
+            .insert(Insert::new(&prompt[..8], &slots[..8]))
+            .unwrap();
         // A longer prompt later: its third page is a leaf of its own, evicted first.
-        cache.insert(&prompt[..12], &slots).unwrap();
+        cache.insert(Insert::new(&prompt[..12], &slots)).unwrap();
         let events = cache.take_events();
         index.apply_batch(0, &encoded(&encoder, &events)).unwrap();
         // The same tokens on the other replica: the same block ids, one shared tree path.
@@ -185,7 +189,7 @@ fn removals_and_clears_reach_the_router_and_empty_it_in_every_dialect() {
         index.apply_batch(0, &encoded(&encoder, &removed)).unwrap();
         assert_eq!(scores(&index), [2, 3]);
         // Restarting replica 1's stream: cleared, then its pages stored again.
-        let mut other = RadixCache::new(PAGE);
+        let mut other = RadixCache::new(RadixConfig::new(PAGE)).unwrap();
         other.enable_events();
         let restarted = other.take_events();
         assert_eq!(restarted, [CacheEvent::Cleared]);

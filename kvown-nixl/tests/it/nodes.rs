@@ -13,7 +13,7 @@ use kvown_runtime::batch::{
 };
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::kv::{KvData, KvDtype, KvLayout, KvPool, KvSlice};
-use kvown_runtime::radix::{RadixCache, TreePos};
+use kvown_runtime::radix::{RadixCache, RadixConfig, TreePos};
 use kvown_runtime::slots::ReqToTokenPool;
 
 /// Layers of the toy model.
@@ -112,7 +112,7 @@ impl Node {
         let pool = RegisteredPool::new(&agent, layout, KvDtype::F32)?;
         let allocator = PagedAllocator::new(slots, PAGE_SIZE, true).expect("allocator");
         let table = ReqToTokenPool::new(ROWS, WIDTH).expect("table");
-        let tree = TreeCache::Radix(RadixCache::new(PAGE_SIZE));
+        let tree = TreeCache::Radix(RadixCache::new(RadixConfig::new(PAGE_SIZE)).unwrap());
         let cache = KvCache::new(allocator, table, tree).expect("cache");
         Ok(Node { agent, cache, pool })
     }

@@ -31,7 +31,7 @@ pub fn init_next_round_input<A: KvAllocator, M: TableMirror>(
         let max_prefix = req.fill_ids().len() - 1;
         let matched = match &mut cache.tree {
             TreeCache::Radix(tree) => {
-                let pos = tree.match_prefix_in(req.namespace(), &req.fill_ids()[..max_prefix]);
+                let pos = tree.match_prefix(req.namespace().key(&req.fill_ids()[..max_prefix]));
                 // First, as it alone can fail (changing nothing) on a lock that is not the
                 // request's own; a split made by the match changes no prefix.
                 tree.move_lock(req.last_node.node, pos.node)?;

@@ -6,12 +6,12 @@
 
 use kvown_macros::owner;
 
+use crate::alloc::KvSlot;
 use crate::alloc::{KvAllocator, SlotCalls, ceil_align};
 use crate::batch::Req;
 use crate::cache::{KvCache, TableMirror, TreeCache};
 use crate::error::KvError;
-use crate::radix::{InsertParams, RadixCache, TreePos};
-use crate::slots::{ReqRow, ReqToTokenPool};
+use crate::radix::{Insert, InsertOutcome, RadixCache, TreePos};
 
 /// Between two chunks of a chunked prefill: insert the request's committed whole pages into
 /// the prefix cache, free its duplicates, point its row at the tree's slots, move its lock to
@@ -40,26 +40,44 @@ pub fn cache_unfinished_req<A: KvAllocator, M: TableMirror>(
         ..
     } = cache;
     if let TreeCache::Radix(tree) = tree {
-        let protected = req.kv().cache_protected_len();
         // A decode step commits a position before its token is known (sglang's overlap
         // schedule), so `committed` may exceed the tokens: only those with a token are keyed.
         let token_count = committed.min(req.fill_ids().len());
         let key_len = tree.layout().floor_align(token_count);
-        let key = &req.fill_ids()[..key_len];
-        let new_slots = &req_to_token.row(row)?[protected..key_len];
-        let params = req.insert_params(true);
-        let new_end =
-            match tree.append_own_page(req.last_node, &key[protected..], new_slots, params) {
-                // One page more of the request's own leaf: the commonest case, and the lock stays.
-                Some(appended) => {
-                    appended?;
-                    TreePos {
-                        node: req.last_node.node,
-                        len: key_len,
-                    }
+        let key = req.namespace().key(&req.fill_ids()[..key_len]);
+        let slots = &req_to_token.row(row)?[..key_len];
+        let insert = Insert::new(key, slots)
+            .from(req.last_node)
+            .params(req.insert_params(true));
+        let new_end = match tree.insert_own_page(&insert) {
+            // One page more of the request's own leaf, the commonest case: the lock stays.
+            Some(appended) => TreePos {
+                node: appended?.last_node,
+                len: key_len,
+            },
+            None => {
+                let outcome = insert_unfinished(tree, allocator, req, insert, slots)?;
+                let new_end = TreePos {
+                    node: outcome.last_node,
+                    len: key_len,
+                };
+                let protected = req.kv().cache_protected_len();
+                if outcome.prefix_len > protected {
+                    // Point the row at the tree's slots where they replaced its duplicates.
+                    let cached = TreePos {
+                        node: new_end.node,
+                        len: outcome.prefix_len,
+                    };
+                    let rewritten = &mut req_to_token.row_mut(row)?[protected..outcome.prefix_len];
+                    tree.path_slots_into(cached, protected, rewritten)?;
+                    mirror.row_written(row, protected, rewritten);
                 }
-                None => insert_unfinished(tree, allocator, mirror, req_to_token, req, row, key)?,
-            };
+                if new_end.node != req.last_node.node {
+                    tree.move_lock(req.last_node.node, new_end.node)?;
+                }
+                new_end
+            }
+        };
         if !req.prompt_split_made {
             req.prompt_split_made = split_prompt(tree, req, committed, new_end);
         }
@@ -69,24 +87,22 @@ pub fn cache_unfinished_req<A: KvAllocator, M: TableMirror>(
     Ok(())
 }
 
-/// `cache_unfinished_req` in general: plans the insert of `key` (the request's committed whole
-/// pages) with the slots of its `row`, frees its duplicates, applies the insert, points the row
-/// at the tree's slots where they replaced its own and moves its lock to the inserted end,
-/// which it returns. Nothing changes when it fails.
-fn insert_unfinished<A: KvAllocator, M: TableMirror>(
+/// `cache_unfinished_req`'s insert in general: checks that the request's lock may move, plans
+/// `insert` (the request's committed whole pages with their `slots`, from the request's row),
+/// frees its duplicates and applies the plan. The caller points the row at the tree's slots
+/// where they replaced the duplicates and moves the lock. Nothing changes when it fails.
+#[inline(never)]
+fn insert_unfinished<A: KvAllocator>(
     tree: &mut RadixCache,
     allocator: &mut A,
-    mirror: &mut M,
-    req_to_token: &mut ReqToTokenPool,
     req: &Req,
-    row: ReqRow,
-    key: &[u32],
-) -> Result<TreePos, KvError> {
+    insert: Insert<'_>,
+    slots: &[KvSlot],
+) -> Result<InsertOutcome, KvError> {
     let protected = req.kv().cache_protected_len();
-    let slots = &req_to_token.row(row)?[..key.len()];
     // The lock moved at the end must be the request's own: checked before anything changes.
     tree.ensure_unlockable(req.last_node.node)?;
-    let plan = tree.plan_insert(req.namespace(), req.last_node, key, slots)?;
+    let plan = tree.plan_insert(insert)?;
     let duplicated = plan.prefix_len();
     if duplicated > protected {
         // Another request cached `[protected, duplicated)` first: ours are duplicates, freed
@@ -94,23 +110,7 @@ fn insert_unfinished<A: KvAllocator, M: TableMirror>(
         allocator.free_segment(&slots[protected..duplicated], protected)?;
     }
     // Past `duplicated` the tree takes this request's own slots.
-    let outcome = tree.apply_insert(plan, key, slots, req.insert_params(true));
-    if duplicated > protected {
-        // Point the row at the tree's slots.
-        let cached = TreePos {
-            node: outcome.last_node,
-            len: duplicated,
-        };
-        let rewritten = &mut req_to_token.row_mut(row)?[protected..duplicated];
-        tree.path_slots_into(cached, protected, rewritten)?;
-        mirror.row_written(row, protected, rewritten);
-    }
-    let new_end = TreePos {
-        node: outcome.last_node,
-        len: key.len(),
-    };
-    tree.move_lock(req.last_node.node, new_end.node)?;
-    Ok(new_end)
+    Ok(plan.apply())
 }
 
 /// sglang `_insert_cache`'s prompt split, after the insert of a request's key of `up_to`
@@ -124,11 +124,7 @@ fn split_prompt(tree: &mut RadixCache, req: &Req, up_to: usize, end: TreePos) ->
         .floor_align(up_to.min(req.origin_input_ids().len()));
     let applies = 0 < prompt_len && prompt_len < end.len;
     if applies {
-        let params = InsertParams {
-            priority: req.priority().saturating_add(1),
-            chunked: true,
-        };
-        tree.split_prompt(end, prompt_len, params);
+        tree.split_prompt(end, prompt_len, req.priority().saturating_add(1));
     }
     applies
 }
@@ -162,19 +158,22 @@ pub(crate) fn cache_finished_req<A: KvAllocator, M: TableMirror>(
         TreeCache::Radix(tree) => {
             let token_count = committed.min(req.fill_ids().len());
             let key_len = tree.layout().floor_align(token_count);
-            let key = &req.fill_ids()[..key_len];
+            let key = req.namespace().key(&req.fill_ids()[..key_len]);
             // Everything that can fail comes before the tree changes: the request's lock is
             // checked to be its own and the insert planned (read-only), then the one free, then
             // the insert and the unlock.
             tree.ensure_unlockable(req.last_node.node)?;
             let plan = if is_insert {
-                Some(tree.plan_insert(req.namespace(), req.last_node, key, &slots[..key_len])?)
+                let insert = Insert::new(key, &slots[..key_len])
+                    .from(req.last_node)
+                    .params(req.insert_params(false));
+                Some(tree.plan_insert(insert)?)
             } else {
                 None
             };
             // sglang's calls: with the insert, the duplicates (`_insert_cache`), then the
             // unkeyed tail (`free_kv_row`); without, `[protected, committed)` as one range.
-            match plan {
+            match &plan {
                 Some(plan) => allocator.free_segments(&[
                     (&slots[protected..plan.prefix_len()], protected),
                     (&slots[key_len..], key_len),
@@ -183,10 +182,8 @@ pub(crate) fn cache_finished_req<A: KvAllocator, M: TableMirror>(
                 None => allocator.free_segments(&[(&slots[protected..], protected), over])?,
             }
             if let Some(plan) = plan {
-                let outcome =
-                    tree.apply_insert(plan, key, &slots[..key_len], req.insert_params(false));
                 let end = TreePos {
-                    node: outcome.last_node,
+                    node: plan.apply().last_node,
                     len: key_len,
                 };
                 split_prompt(tree, req, committed, end);
@@ -208,7 +205,8 @@ mod tests {
         ReqKvInfo, ScheduleBatch, alloc_for_extend, init_next_round_input, prepare_for_extend,
         release_kv_cache,
     };
-    use crate::radix::NodeId;
+    use crate::radix::{NodeId, RadixConfig};
+    use crate::slots::ReqToTokenPool;
 
     type Cache = KvCache<PagedAllocator>;
 
@@ -232,8 +230,8 @@ mod tests {
     fn lock_lost(extend_first: bool) -> (Cache, Req, Req, NodeId) {
         let allocator = PagedAllocator::new(256, 4, false).unwrap();
         let rows = ReqToTokenPool::new(8, 64).unwrap();
-        let mut cache =
-            KvCache::new(allocator, rows, TreeCache::Radix(RadixCache::new(4))).unwrap();
+        let tree = RadixCache::new(RadixConfig::new(4)).unwrap();
+        let mut cache = KvCache::new(allocator, rows, TreeCache::Radix(tree)).unwrap();
         let mut first = admit(&mut cache, 9, (0..16).chain([99]).collect(), true);
         release_kv_cache(&mut first, &mut cache, true).unwrap();
         let first = admit(&mut cache, 1, (0..8).chain(50..58).collect(), extend_first);
@@ -255,8 +253,8 @@ mod tests {
         let tree = cache.tree.radix().expect("a radix cache");
         (
             cache.available_size(),
-            tree.total_size(),
-            tree.protected_size(),
+            tree.sizes().total(),
+            tree.sizes().protected,
             req.last_node,
             req.prefix_indices.clone(),
             req.kv().clone(),

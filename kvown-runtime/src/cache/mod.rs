@@ -31,7 +31,7 @@ impl TreeCache {
     /// Tokens the cache could free by eviction now.
     pub fn evictable_size(&self) -> usize {
         match self {
-            TreeCache::Radix(tree) => tree.evictable_size(),
+            TreeCache::Radix(tree) => tree.sizes().evictable,
             TreeCache::Disabled => 0,
         }
     }
@@ -39,7 +39,7 @@ impl TreeCache {
     /// Cached tokens locked by running requests.
     pub fn protected_size(&self) -> usize {
         match self {
-            TreeCache::Radix(tree) => tree.protected_size(),
+            TreeCache::Radix(tree) => tree.sizes().protected,
             TreeCache::Disabled => 0,
         }
     }
@@ -155,16 +155,16 @@ impl<A: KvAllocator, M: TableMirror> KvCache<A, M> {
         mirror: M,
     ) -> Result<Self, KvError> {
         if let TreeCache::Radix(radix) = &tree {
-            if radix.page_size() != allocator.page_size() {
+            let cache = radix.config().page_size;
+            if cache != allocator.page_size() {
                 return Err(KvError::PageSizeMismatch {
                     allocator: allocator.page_size(),
-                    cache: radix.page_size(),
+                    cache,
                 });
             }
-            if radix.total_size() > 0 {
-                return Err(KvError::PrefixCacheNotEmpty {
-                    cached: radix.total_size(),
-                });
+            let cached = radix.sizes().total();
+            if cached > 0 {
+                return Err(KvError::PrefixCacheNotEmpty { cached });
             }
         }
         let free = allocator.available_size();
@@ -297,7 +297,11 @@ impl<A: KvAllocator, M: TableMirror> KvCache<A, M> {
             return Err(self.free_group_refusal(num_tokens));
         }
         match &mut self.tree {
-            TreeCache::Radix(tree) => Ok(tree.evict_shortfall(num_tokens, &mut self.allocator)?),
+            TreeCache::Radix(tree) => {
+                // sglang `evict_from_tree_cache`: only what the allocator lacks.
+                let shortfall = num_tokens.saturating_sub(self.allocator.available_size());
+                Ok(tree.evict(shortfall, &mut self.allocator)?)
+            }
             TreeCache::Disabled => Ok(0),
         }
     }

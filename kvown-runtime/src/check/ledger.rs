@@ -40,7 +40,7 @@ impl PageHolders {
 
     /// Claims every page of the prefix cache for the node that holds it.
     pub(crate) fn claim_tree(&mut self, tree: &RadixCache) -> Result<(), Violation> {
-        for (node, page) in tree.cached_pages_by_node() {
+        for (node, page) in tree.cached_pages() {
             self.claim(page as usize, Holder::Tree(node))?;
         }
         Ok(())
@@ -181,7 +181,7 @@ impl<'a, R: ReuseOrder> PageLedger<'a, R> {
     /// # Errors
     /// What the tree's check finds, or a page held twice or out of range.
     pub fn claim_tree(&mut self, tree: &RadixCache) -> Result<(), Violation> {
-        tree.check()?;
+        super::check_radix(tree)?;
         self.holders.claim_tree(tree)
     }
 

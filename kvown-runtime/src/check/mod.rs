@@ -8,14 +8,16 @@ use crate::alloc::{
 use crate::batch::Req;
 use crate::cache::KvCache;
 use crate::ids::CacheId;
-pub use crate::radix::PrefixPart;
-use crate::radix::{LockMismatch, Namespace, NodeId, RadixError, TreePos};
+use crate::radix::{Namespace, NodeId, RadixError, TreePos};
 use crate::slots::{ReqRow, ReqToTokenPool};
 
 mod ledger;
+mod radix;
 mod reclaim;
 use ledger::PageHolders;
 pub use ledger::PageLedger;
+use radix::LockMismatch;
+pub use radix::{PrefixPart, check_radix};
 pub use reclaim::{ReclaimError, Reclaimed, reclaim_leaks};
 
 /// Who holds a page.
@@ -370,7 +372,8 @@ impl<A: AsPageAllocator, M> KvCache<A, M> {
             });
         }
         if let Some(tree) = self.tree.radix()
-            && let Err(mismatch) = tree.check_lock_holders(census.lock_holders.iter().copied())
+            && let Err(mismatch) =
+                radix::check_lock_holders(tree, census.lock_holders.iter().copied())
         {
             return Err(mismatch.into());
         }
@@ -401,9 +404,9 @@ impl<A: AsPageAllocator, M> KvCache<A, M> {
         holders.claim_free(allocator)?;
         let mut cached = 0;
         if let Some(tree) = self.tree.radix() {
-            tree.check()?;
+            check_radix(tree)?;
             holders.claim_tree(tree)?;
-            cached = tree.total_size();
+            cached = tree.sizes().total();
         }
 
         let width = self.req_to_token.max_context_len();
@@ -525,7 +528,7 @@ impl<A, M> KvCache<A, M> {
         let Some(tree) = self.tree.radix() else {
             return Ok(());
         };
-        if let Some(locked) = tree.namespace_of(req.last_node().node)
+        if let Some(locked) = radix::namespace_of(tree, req.last_node().node)
             && locked != req.namespace()
         {
             return Err(Violation::NamespaceMismatch {
@@ -534,7 +537,7 @@ impl<A, M> KvCache<A, M> {
                 locked,
             });
         }
-        match tree.path_difference(req.last_node(), req.fill_ids(), slots) {
+        match radix::path_difference(tree, req.last_node(), req.fill_ids(), slots) {
             Ok(Some((position, part))) => Err(Violation::PrefixMismatch {
                 rid: req.rid(),
                 position,
@@ -636,7 +639,7 @@ mod tests {
     use crate::batch::{ScheduleBatch, alloc_for_extend, prepare_for_extend, release_kv_cache};
     use crate::cache::{KvCache, TreeCache};
     use crate::check::{ReclaimError, reclaim_leaks};
-    use crate::radix::{Namespace, RadixCache};
+    use crate::radix::{Namespace, RadixCache, RadixConfig};
     use crate::slots::ReqToTokenPool;
 
     type Cache = KvCache<PagedAllocator>;
@@ -645,7 +648,7 @@ mod tests {
     fn cache_with_paths(prompts: [[u32; 8]; 2]) -> Cache {
         let allocator = PagedAllocator::new(64, 4, false).unwrap();
         let rows = ReqToTokenPool::new(4, 32).unwrap();
-        let tree = TreeCache::Radix(RadixCache::new(4));
+        let tree = TreeCache::Radix(RadixCache::new(RadixConfig::new(4)).unwrap());
         let mut cache = KvCache::new(allocator, rows, tree).unwrap();
         for (rid, prompt) in (1..).zip(prompts) {
             let mut req = admitted(&mut cache, rid, prompt.into_iter().chain([99]).collect());

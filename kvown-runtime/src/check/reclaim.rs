@@ -149,8 +149,7 @@ pub fn reclaim_leaks<'a, A: AsPageAllocator + KvAllocator, M>(
     let pages = census.unclaimed_pages(allocator);
     census.check_accounting(allocator, pages.len() * allocator.page_size())?;
     let locks = match cache.tree.radix() {
-        Some(tree) => tree
-            .leaked_locks(census.lock_holders.iter().copied())
+        Some(tree) => super::radix::leaked_locks(tree, census.lock_holders.iter().copied())
             .map_err(Violation::from)?,
         None => Vec::new(),
     };

@@ -26,7 +26,7 @@ fn child_key(parent: NodeId, namespace: Namespace, first_page: &[u32]) -> u64 {
         .fold(u64::from(namespace.0), |hash, &token| {
             (hash.rotate_left(5) ^ u64::from(token)).wrapping_mul(0x517c_c1b7_2722_0a95)
         });
-    (u64::from(parent.raw_index()) << 32) | (page_hash >> 32)
+    ((parent.index() as u64) << 32) | (page_hash >> 32)
 }
 
 impl ChildIndex {
@@ -138,7 +138,8 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::radix::RadixCache;
+    use crate::check::check_radix;
+    use crate::radix::{Insert, RadixCache, RadixConfig};
 
     /// Two two-token first pages whose child keys under the root collide: a birthday search
     /// over the 32-bit page hash (a few hundred thousand pages of scrambled tokens).
@@ -180,47 +181,50 @@ mod tests {
             alloc.alloc(tokens, &mut out).unwrap();
             out
         };
-        let mut cache = RadixCache::new(1);
+        let mut cache = RadixCache::new(RadixConfig::new(1)).unwrap();
         let key = [0, 7, 7];
         let a_slots = slots(&mut alloc, 3);
-        cache.insert_in(a, &key, &a_slots).unwrap();
+        cache.insert(Insert::new(a.key(&key), &a_slots)).unwrap();
         assert_eq!(
-            cache.match_prefix_in(b, &key),
+            cache.match_prefix(b.key(&key)),
             TreePos::ROOT,
             "{b} caches nothing"
         );
         let b_slots = slots(&mut alloc, 3);
-        assert_eq!(cache.insert_in(b, &key, &b_slots).unwrap().prefix_len, 0);
+        let outcome = cache.insert(Insert::new(b.key(&key), &b_slots)).unwrap();
+        assert_eq!(outcome.prefix_len, 0);
         assert_eq!(cache.children.heads.len(), 1, "one chain of two children");
-        cache.check().unwrap();
+        check_radix(&cache).unwrap();
         // Splitting each copy relinks it in the chain; the other stays whole.
         let b_split = slots(&mut alloc, 1);
-        assert_eq!(
-            cache.insert_in(b, &key[..1], &b_split).unwrap().prefix_len,
-            1
-        );
+        let outcome = cache
+            .insert(Insert::new(b.key(&key[..1]), &b_split))
+            .unwrap();
+        assert_eq!(outcome.prefix_len, 1);
         alloc.free_segment(&b_split, 0).unwrap();
         let a_more = slots(&mut alloc, 3);
-        let outcome = cache.insert_in(a, &[0, 9, 9], &a_more).unwrap();
+        let outcome = cache
+            .insert(Insert::new(a.key(&[0, 9, 9]), &a_more))
+            .unwrap();
         assert_eq!(outcome.prefix_len, 1);
         alloc.free_segment(&a_more[..1], 0).unwrap();
-        cache.check().unwrap();
+        check_radix(&cache).unwrap();
         for (namespace, own) in [(a, &a_slots), (b, &b_slots)] {
-            let hit = cache.match_prefix_in(namespace, &key);
+            let hit = cache.match_prefix(namespace.key(&key));
             assert_eq!(hit.len, 3, "{namespace}");
             let mut read = vec![0; 3];
             cache.path_slots_into(hit, 0, &mut read).unwrap();
             assert_eq!(&read, own, "{namespace} reads its own KV");
         }
         // a's `[7, 7]` leaf is now the least recently used: evicting it leaves b's.
-        assert_eq!(cache.match_prefix_in(a, &[0, 9, 9]).len, 3);
+        assert_eq!(cache.match_prefix(a.key(&[0, 9, 9])).len, 3);
         assert_eq!(cache.evict(2, &mut alloc).unwrap(), 2);
-        cache.check().unwrap();
-        assert_eq!(cache.match_prefix_in(a, &key).len, 1);
-        assert_eq!(cache.match_prefix_in(b, &key).len, 3);
+        check_radix(&cache).unwrap();
+        assert_eq!(cache.match_prefix(a.key(&key)).len, 1);
+        assert_eq!(cache.match_prefix(b.key(&key)).len, 3);
         cache.evict(usize::MAX, &mut alloc).unwrap();
         assert_eq!(alloc.available_size(), alloc.capacity());
-        cache.check().unwrap();
+        check_radix(&cache).unwrap();
     }
 
     // Children whose keys collide share a chain: splitting the chain's head, then its other
@@ -229,21 +233,21 @@ mod tests {
     fn colliding_children_are_chained_and_survive_splits() {
         let (a, b) = colliding_pages();
         assert_ne!(a, b);
-        let mut cache = RadixCache::new(2);
+        let mut cache = RadixCache::new(RadixConfig::new(2)).unwrap();
         let (a_key, b_key) = ([a[0], a[1], 7, 7], [b[0], b[1], 7, 7]);
-        cache.insert(&a_key, &[2, 3, 4, 5]).unwrap();
-        cache.insert(&b_key, &[6, 7, 8, 9]).unwrap();
+        cache.insert(Insert::new(&a_key, &[2, 3, 4, 5])).unwrap();
+        cache.insert(Insert::new(&b_key, &[6, 7, 8, 9])).unwrap();
         assert_eq!(cache.children.heads.len(), 1, "one chain of two children");
-        cache.check().unwrap();
+        check_radix(&cache).unwrap();
         for (first, slots) in [(b, [10, 11]), (a, [12, 13])] {
             // A key ending inside the node splits it: unlinked, then linked again as two.
-            let outcome = cache.insert(&first, &slots).unwrap();
+            let outcome = cache.insert(Insert::new(&first, &slots)).unwrap();
             assert_eq!(outcome.prefix_len, 2);
-            cache.check().unwrap();
+            check_radix(&cache).unwrap();
         }
         for key in [a_key, b_key] {
             assert_eq!(cache.match_prefix(&key).len, 4, "{key:?}");
         }
-        assert_eq!(cache.total_size(), 8);
+        assert_eq!(cache.sizes().total(), 8);
     }
 }

@@ -101,8 +101,8 @@ pub enum RadixError {
         /// The handle passed.
         node: NodeId,
     },
-    /// [`RadixCache::insert_allocated`](super::RadixCache::insert_allocated) was given a page
-    /// the allocator does not hold as allocated.
+    /// An insert checked against an allocator ([`Insert::allocated_in`](super::Insert::allocated_in))
+    /// was given a page the allocator does not hold as allocated.
     #[error(
         "the page at key position {position} (page {page}) is {} in the allocator, not \
          allocated: insert only pages the allocator handed out and nobody freed",
@@ -141,7 +141,7 @@ pub enum RadixError {
     /// An insert continued from a node of another namespace than its own.
     #[error(
         "insert in {namespace} from node {node}, which is in {node_namespace}: continue a \
-         namespace's prefix with insert_from_in in that namespace"
+         namespace's prefix with a key of that namespace (namespace.key(..))"
     )]
     NamespaceMismatch {
         /// The node the insert continued from.
@@ -197,13 +197,13 @@ pub enum RadixError {
         allocator: usize,
     },
     /// The allocator refused to free the pages of a node an eviction chose. Eviction frees node
-    /// by node, as sglang does: the nodes freed before the refused one are evicted (`evicted`
+    /// by node (sglang `RadixCache.evict`): the nodes freed before the refused one are evicted (`evicted`
     /// tokens, often none), the others stay cached.
     #[error(
         "eviction refused: the allocator did not free the pages of a node among the {tokens} \
          tokens chosen; {evicted} tokens were evicted before it, the rest stay cached: \
          {source}. A page the tree holds but the allocator does not was inserted without being \
-         allocated (insert_allocated refuses such a page; PageLedger names its node)"
+         allocated (an insert with allocated_in refuses such a page; PageLedger names its node)"
     )]
     Free {
         /// Tokens the eviction chose.
@@ -213,7 +213,7 @@ pub enum RadixError {
         /// The allocator's reason.
         source: AllocError,
     },
-    /// [`super::RadixCache::check`] found bookkeeping that disagrees with the tree.
+    /// [`check_radix`](crate::check::check_radix) found bookkeeping that disagrees with the tree.
     #[error("radix invariant broken at node {node}: {what}: expected {expected}, found {found}")]
     Inconsistent {
         /// The node where the disagreement was found.

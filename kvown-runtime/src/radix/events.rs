@@ -16,7 +16,7 @@
 use std::ops::Range;
 
 use super::node::NodeId;
-use super::{Namespace, RadixCache, RadixError};
+use super::{Namespace, RadixCache};
 use crate::ids::{KvSlot, PageId};
 
 /// FNV-1a's 64-bit offset basis.
@@ -246,11 +246,6 @@ impl RadixCache {
         self.events = Some(log);
     }
 
-    /// Whether cache events are on ([`RadixCache::enable_events`]).
-    pub fn events_enabled(&self) -> bool {
-        self.events.is_some()
-    }
-
     /// Takes the events queued since the last call, oldest first; none when events are off.
     /// The queue grows until it is drained: bounding its memory is the caller's job, by
     /// draining regularly (or restarting the stream, [`RadixCache::enable_events`]). Its bytes
@@ -346,49 +341,27 @@ impl RadixCache {
         }
     }
 
-    /// With events on, checks that every cached page's recorded hash is its path's (each node
-    /// against its parent's last page, parents first); nothing to check with events off.
-    pub(super) fn check_event_hashes(&self) -> Result<(), RadixError> {
-        let Some(log) = &self.events else {
-            return Ok(());
-        };
-        let layout = self.layout;
-        for id in self.nodes_parents_first() {
-            let node = &self.arena[id];
-            let mut hash = self
-                .last_page_hash(log, node.parent)
-                .unwrap_or_else(|| PageHash::seed(node.namespace));
-            for page in 0..node.num_pages(layout) {
-                hash = hash.chain(node.page_tokens(page, layout));
-                let recorded = log.hashes.get(node.page_id(page, layout) as usize);
-                if recorded != Some(&hash) {
-                    // Hashes shown as `usize` (whole on 64-bit targets); 0 for none recorded.
-                    return Err(RadixError::Inconsistent {
-                        node: id,
-                        what: "page hash recorded for events",
-                        expected: hash.0 as usize,
-                        found: recorded.map_or(0, |recorded| recorded.0 as usize),
-                    });
-                }
-            }
-        }
-        Ok(())
+    /// With events on, the hash recorded for each page id (stale for a page the tree no
+    /// longer holds); `None` with events off.
+    pub(super) fn event_hashes(&self) -> Option<&[PageHash]> {
+        Some(&self.events.as_ref()?.hashes)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::{InsertParams, TreePos};
+    use super::super::{Insert, RadixConfig, TreePos};
     use super::*;
+    use crate::check::check_radix;
+    use crate::radix::RadixError;
 
     /// A cache with events on holding one locked page at slots `4..4 + page_size`, its events
     /// taken, and the position of its end.
     fn with_locked_page(page_size: usize) -> (RadixCache, TreePos) {
-        let mut cache = RadixCache::new(page_size);
-        cache.enable_events();
+        let mut cache = RadixCache::new(RadixConfig::new(page_size).with_events()).unwrap();
         let key: Vec<u32> = (0..page_size as u32).collect();
         let slots: Vec<u32> = (page_size as u32..2 * page_size as u32).collect();
-        let outcome = cache.insert(&key, &slots).unwrap();
+        let outcome = cache.insert(Insert::new(&key, &slots)).unwrap();
         cache.inc_lock_ref(outcome.last_node).unwrap();
         cache.take_events();
         let end = TreePos {
@@ -398,26 +371,28 @@ mod tests {
         (cache, end)
     }
 
+    // The insert that extends an own leaf without a walk queues what the walk's queues.
     #[test]
-    fn appending_an_own_page_queues_what_the_general_insert_queues() {
+    fn extending_an_own_leaf_without_a_walk_queues_what_the_walk_queues() {
         for page_size in [1, 4] {
             let (mut fast, mut at) = with_locked_page(page_size);
-            let (mut general, _) = with_locked_page(page_size);
+            let (mut walked, _) = with_locked_page(page_size);
             let mut key: Vec<u32> = (0..page_size as u32).collect();
             let mut slots: Vec<u32> = (page_size as u32..2 * page_size as u32).collect();
             for page in 2..5 {
                 let first = (page * page_size) as u32;
                 key.extend((0..page_size as u32).map(|offset| 50 + first + offset));
                 slots.extend((0..page_size as u32).map(|offset| first + offset));
-                let new_page = at.len..key.len();
-                let params = InsertParams::default();
-                fast.append_own_page(at, &key[new_page.clone()], &slots[new_page], params)
-                    .expect("one page more of an own leaf")
-                    .unwrap();
-                general.insert_from(at, &key, &slots).unwrap();
+                let insert = Insert::new(&key, &slots);
+                fast.insert(insert.from(at)).unwrap();
+                let earlier = TreePos {
+                    len: at.len - page_size,
+                    ..at
+                };
+                walked.insert(insert.from(earlier)).unwrap();
                 at.len = key.len();
                 let events = fast.take_events();
-                assert_eq!(events, general.take_events());
+                assert_eq!(events, walked.take_events());
                 let [
                     CacheEvent::Stored {
                         parent_hash, pages, ..
@@ -430,7 +405,7 @@ mod tests {
                     PageHash::of_pages(Namespace::DEFAULT, &key, page_size).collect();
                 assert_eq!(*parent_hash, Some(hashes[page - 2]));
                 assert_eq!(pages[0].hash, hashes[page - 1]);
-                fast.check().unwrap();
+                check_radix(&fast).unwrap();
             }
         }
     }
@@ -438,10 +413,10 @@ mod tests {
     #[test]
     fn the_check_finds_a_wrong_recorded_hash() {
         let (mut cache, at) = with_locked_page(4);
-        cache.check().unwrap();
+        check_radix(&cache).unwrap();
         let log = cache.events.as_mut().unwrap();
         log.hashes[1].0 ^= 1;
-        let error = cache.check().unwrap_err();
+        let error = check_radix(&cache).unwrap_err();
         assert!(
             matches!(error, RadixError::Inconsistent { node, what: "page hash recorded for events", .. } if node == at.node),
             "{error}"

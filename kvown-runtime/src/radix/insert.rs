@@ -1,38 +1,201 @@
-//! Inserting page-aligned keys with their slots.
+//! Inserting page-aligned keys with their slots: an [`Insert`] describes the insert,
+//! [`RadixCache::plan_insert`] checks it and finds where the key leaves the tree without changing
+//! anything, and [`InsertPlan::apply`] carries it out; [`RadixCache::insert`] does both.
+
+use std::fmt;
 
 use super::layout::KeyLayout;
 use super::node::{Node, NodeId};
 use super::policy::NodeStats;
-use super::{InsertOutcome, InsertParams, Namespace, RadixCache, RadixError, TreePos};
-use crate::alloc::{AsPageAllocator, KvSlot};
+use super::{InsertOutcome, InsertParams, Key, RadixCache, RadixError, TreePos};
+use crate::alloc::{AsPageAllocator, KvSlot, PageAllocator, PageState, ReuseOrder};
+use crate::ids::PageId;
 
-/// Where an insert leaves the tree and what it does there, found by
-/// [`RadixCache::plan_insert`] without changing anything and carried out by
-/// [`RadixCache::apply_insert`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One insert: a page-aligned [`Key`] with its `slots` (one per token, whole pages), and how it
+/// is made. Built with [`Insert::new`] and the methods that change one part each:
+///
+/// * [`Insert::from`]: a position the caller got from a match or insert of the same key and
+///   has locked, up to which the key is trusted to be cached (default [`TreePos::ROOT`]: the
+///   whole key is walked);
+/// * [`Insert::params`]: how the insert counts for eviction (default: priority 0, a hit);
+/// * [`Insert::allocated_in`]: the allocator every page the insert hands over must be
+///   allocated in (default: the caller is trusted).
+///
+/// ```
+/// use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+/// use kvown_runtime::radix::{Insert, InsertParams, Namespace, RadixCache, RadixConfig, TreePos};
+///
+/// let mut allocator = PagedAllocator::new(64, 4, false)?;
+/// let mut tree = RadixCache::new(RadixConfig::new(4))?;
+/// let key = [1, 2, 3, 4, 5, 6, 7, 8];
+/// let mut row = Vec::new();
+/// allocator.alloc(8, &mut row)?;
+/// // A request in namespace 2 registers its first page, locks it, then its second page.
+/// let first = tree.insert(Insert::new(Namespace(2).key(&key[..4]), &row[..4]))?;
+/// tree.inc_lock_ref(first.last_node)?;
+/// let at = TreePos { node: first.last_node, len: 4 };
+/// let registration = InsertParams { priority: 5, chunked: true };
+/// let second = Insert::new(Namespace(2).key(&key), &row)
+///     .from(at)
+///     .params(registration)
+///     .allocated_in(&allocator);
+/// let outcome = tree.insert(second)?;
+/// assert_eq!((outcome.prefix_len, outcome.last_node), (4, first.last_node)); // grown in place
+/// assert_eq!(tree.sizes().protected, 8);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Insert<'a> {
+    key: Key<'a>,
+    slots: &'a [KvSlot],
+    from: TreePos,
+    params: InsertParams,
+    allocator: Option<&'a dyn PageStates>,
+}
+
+impl<'a> Insert<'a> {
+    /// An insert of `key` with `slots` from the root, recording the default [`InsertParams`],
+    /// trusting the caller that the pages it hands over are allocated.
+    #[inline(always)]
+    pub fn new(key: impl Into<Key<'a>>, slots: &'a [KvSlot]) -> Insert<'a> {
+        Insert {
+            key: key.into(),
+            slots,
+            from: TreePos::ROOT,
+            params: InsertParams::default(),
+            allocator: None,
+        }
+    }
+
+    /// This insert trusting that `key[..at.len]` is already cached on the path through
+    /// `at.node`: a position of the key's namespace (or [`TreePos::ROOT`], every namespace's)
+    /// that the caller got from a match or insert of the same key and whose node it has
+    /// locked. Only `key[at.len..]` and `slots[at.len..]` are read.
+    #[inline(always)]
+    pub fn from(mut self, at: TreePos) -> Insert<'a> {
+        self.from = at;
+        self
+    }
+
+    /// This insert recording `params` for eviction: the insert's priority, and whether it is a
+    /// hit (not `chunked`). The batch flow records the request's priority
+    /// ([`crate::batch::Req::with_priority`]), a hit when a finished request is inserted and
+    /// none when a running one registers its pages.
+    #[inline(always)]
+    pub fn params(mut self, params: InsertParams) -> Insert<'a> {
+        self.params = params;
+        self
+    }
+
+    /// This insert refusing, with [`RadixError::PageNotAllocated`] and changing nothing, a page
+    /// of `slots[from.len..]` (the pages the tree takes, and the duplicates the caller frees)
+    /// that `allocator` does not hold as allocated. A page inserted without being allocated
+    /// would be handed out again by the allocator, and its eviction refused for as long as it
+    /// is the next victim. Without it the insert trusts the caller;
+    /// [`PageLedger`](crate::check::PageLedger) and
+    /// [`KvCache::check`](crate::cache::KvCache::check) find such a page afterwards.
+    ///
+    /// ```
+    /// use kvown_runtime::alloc::PagedAllocator;
+    /// use kvown_runtime::radix::{Insert, RadixCache, RadixConfig, RadixError};
+    ///
+    /// let allocator = PagedAllocator::new(64, 4, false)?;
+    /// let mut tree = RadixCache::new(RadixConfig::new(4))?;
+    /// // Page 2 (slots 8..12) was never handed out.
+    /// let insert = Insert::new(&[1, 2, 3, 4], &[8, 9, 10, 11]).allocated_in(&allocator);
+    /// let refused = tree.insert(insert);
+    /// assert!(matches!(refused, Err(RadixError::PageNotAllocated { page: 2, .. })));
+    /// assert_eq!(tree.sizes().total(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn allocated_in<A: AsPageAllocator>(mut self, allocator: &'a A) -> Insert<'a> {
+        self.allocator = Some(allocator.page_allocator());
+        self
+    }
+}
+
+/// What an insert asks of the allocator named by [`Insert::allocated_in`].
+trait PageStates: fmt::Debug {
+    /// The state of `page`, or `None` beyond the last page.
+    fn page_state(&self, page: PageId) -> Option<PageState>;
+}
+
+impl<R: ReuseOrder> PageStates for PageAllocator<R> {
+    fn page_state(&self, page: PageId) -> Option<PageState> {
+        PageAllocator::page_state(self, page)
+    }
+}
+
+/// An insert checked and planned by [`RadixCache::plan_insert`]: how much of the key is cached
+/// already, and what [`InsertPlan::apply`] will do. It holds the cache, so nothing changes the
+/// tree between the plan and its application; the caller may meanwhile free its duplicates
+/// through the allocator, so that a refused free leaves everything as it was.
 #[must_use = "a plan changes nothing until it is applied"]
-pub(crate) struct InsertPlan {
+pub struct InsertPlan<'a> {
+    cache: &'a mut RadixCache,
+    key: Key<'a>,
+    slots: &'a [KvSlot],
+    params: InsertParams,
     /// Tokens of the key already cached: the outcome's `prefix_len`.
     prefix_len: usize,
     /// The node the step acts on.
     node: NodeId,
-    /// The key space of the insert (of a new leaf).
-    namespace: Namespace,
     step: InsertStep,
 }
 
-impl InsertPlan {
-    /// Tokens of the key already cached ([`InsertOutcome::prefix_len`]).
-    pub(crate) fn prefix_len(self) -> usize {
-        self.prefix_len
+impl fmt::Debug for InsertPlan<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InsertPlan")
+            .field("key", &self.key)
+            .field("params", &self.params)
+            .field("prefix_len", &self.prefix_len)
+            .field("node", &self.node)
+            .field("step", &self.step)
+            .finish_non_exhaustive()
     }
 }
+
+impl InsertPlan<'_> {
+    /// Tokens of the key already cached ([`InsertOutcome::prefix_len`]): the caller's slots for
+    /// `[protected, prefix_len)` are duplicates, to free before or after applying.
+    #[inline(always)]
+    pub fn prefix_len(&self) -> usize {
+        self.prefix_len
+    }
+
+    /// Carries out the insert: the tree takes the slots of `[prefix_len, key.len())`, a node
+    /// ends exactly at `key.len()` ([`InsertOutcome::last_node`], stamped as accessed, with the
+    /// insert's [`InsertParams`] recorded). It cannot fail.
+    #[inline(always)]
+    pub fn apply(self) -> InsertOutcome {
+        let InsertPlan {
+            cache,
+            key,
+            slots,
+            params,
+            prefix_len,
+            node,
+            step,
+        } = self;
+        if step == InsertStep::AppendPage {
+            cache.apply_append(key.tokens, slots, params, prefix_len, node)
+        } else {
+            cache.apply_insert(key, slots, params, prefix_len, node, step)
+        }
+    }
+}
+
+/// What a plan found: the cached length, the node its step acts on, and the step.
+type Planned = (usize, NodeId, InsertStep);
 
 /// What an insert does where the key leaves the tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum InsertStep {
     /// The whole key is cached and ends where `node` ends.
     Cached,
+    /// `node` ends at `prefix_len`, is a leaf and holds only the caller's lock, and the key
+    /// has one page more: it is appended to the leaf.
+    AppendPage,
     /// `node` ends at `prefix_len`, is a leaf and holds only the caller's lock: the suffix is
     /// appended to it.
     ExtendLeaf,
@@ -45,34 +208,8 @@ enum InsertStep {
 }
 
 impl RadixCache {
-    /// Inserts `key` (page-aligned) with `slots` (one per key token, whole pages) from the root,
-    /// in [`Namespace::DEFAULT`]: [`RadixCache::insert_in`] with it, the same as
-    /// [`RadixCache::insert_from`] with [`TreePos::ROOT`].
-    ///
-    /// Cost: O(key length + nodes on the path).
-    pub fn insert(&mut self, key: &[u32], slots: &[KvSlot]) -> Result<InsertOutcome, RadixError> {
-        self.insert_in(Namespace::DEFAULT, key, slots)
-    }
-
-    /// Inserts `key` with `slots` from the root in `namespace`, sharing nodes only with keys of
-    /// that namespace: [`RadixCache::insert_from_in`] with [`TreePos::ROOT`].
-    ///
-    /// Cost: O(key length + nodes on the path).
-    pub fn insert_in(
-        &mut self,
-        namespace: Namespace,
-        key: &[u32],
-        slots: &[KvSlot],
-    ) -> Result<InsertOutcome, RadixError> {
-        self.insert_from_in(namespace, TreePos::ROOT, key, slots)
-    }
-
-    /// Inserts `key` with `slots`, trusting that `key[..from.len]` is already cached on the path
-    /// through `from` (a position this caller got from a match or insert of the same key and
-    /// whose node it has locked). Only `key[from.len..]` and `slots[from.len..]` are read. In
-    /// [`Namespace::DEFAULT`]: [`RadixCache::insert_from_in`] with it. A position of another
-    /// namespace is refused when it names a node, but the empty one, [`TreePos::ROOT`], is every
-    /// namespace's: continue a match of [`RadixCache::match_prefix_in`] with `insert_from_in`.
+    /// Inserts the key `insert` describes with its slots, and returns how much of it was cached
+    /// already and where it ends: [`RadixCache::plan_insert`], then [`InsertPlan::apply`].
     ///
     /// The uncached suffix becomes a new unlocked leaf, or, when the key leaves the tree at the
     /// end of `from.node` and that node is a leaf whose only lock is the caller's, is appended
@@ -81,161 +218,178 @@ impl RadixCache {
     /// [`InsertOutcome::last_node`] and stamped as accessed. The tree takes the slots of
     /// `[prefix_len, key.len())`; the caller frees its duplicates.
     ///
-    /// The pages it takes must be the caller's to give: allocated and not yet the tree's (the
-    /// batch flow passes a request's own pages). The tree refuses a page it already holds or
-    /// one the slots name twice; whether the caller allocated a page it cannot know:
-    /// [`RadixCache::insert_allocated`] asks the allocator.
-    ///
-    /// Cost: O(key.len() - from.len + nodes on the path below `from`) plus at most one split;
-    /// extending the caller's own leaf by one page is O(page size), amortized.
+    /// Cost: O(key length - `from.len` + nodes on the path below `from`) plus at most one
+    /// split; extending the caller's own leaf by one page is O(page size), amortized.
     ///
     /// # Errors
-    /// Refuses (changing nothing but, perhaps, the page index's capacity, counted by
-    /// [`RadixCache::bookkeeping_bytes`]) unaligned or overlong keys, `slots` of another length or not
-    /// in whole pages, an unknown or unlocked `from.node`, a `from.len` off its path, and new
-    /// pages that are cached already ([`RadixError::PageCached`]) or named twice
-    /// ([`RadixError::PageRepeated`]), and a `from.node` of another namespace
-    /// ([`RadixError::NamespaceMismatch`]).
+    /// As [`RadixCache::plan_insert`]; nothing changes.
     #[inline]
-    pub fn insert_from(
-        &mut self,
-        from: TreePos,
-        key: &[u32],
-        slots: &[KvSlot],
-    ) -> Result<InsertOutcome, RadixError> {
-        self.insert_from_in(Namespace::DEFAULT, from, key, slots)
+    pub fn insert(&mut self, insert: Insert<'_>) -> Result<InsertOutcome, RadixError> {
+        Ok(self.plan_insert(insert)?.apply())
     }
 
-    /// [`RadixCache::insert_from`] in `namespace`: `from` is a position of that namespace (the
-    /// result of [`RadixCache::match_prefix_in`] or of an insert in it, or [`TreePos::ROOT`]),
-    /// and the key shares nodes only with keys of that namespace.
-    ///
-    /// # Errors
-    /// As [`RadixCache::insert_from`]; [`RadixError::NamespaceMismatch`] when `from.node` is a
-    /// node of another namespace.
-    #[inline]
-    pub fn insert_from_in(
-        &mut self,
-        namespace: Namespace,
-        from: TreePos,
-        key: &[u32],
-        slots: &[KvSlot],
-    ) -> Result<InsertOutcome, RadixError> {
-        self.insert_from_with(namespace, from, key, slots, InsertParams::default())
-    }
-
-    /// [`RadixCache::insert_from_in`] recording `params` for eviction: the insert's priority,
-    /// and whether it is a hit (not `chunked`). The other inserts record the default, priority
-    /// 0 and a hit; the batch flow records the request's priority
-    /// ([`crate::batch::Req::with_priority`]), a hit when a finished request is inserted and
-    /// none when a running one registers its pages.
-    ///
-    /// # Errors
-    /// As [`RadixCache::insert_from_in`].
-    #[inline]
-    pub fn insert_from_with(
-        &mut self,
-        namespace: Namespace,
-        from: TreePos,
-        key: &[u32],
-        slots: &[KvSlot],
-        params: InsertParams,
-    ) -> Result<InsertOutcome, RadixError> {
-        let plan = self.plan_insert(namespace, from, key, slots)?;
-        Ok(self.apply_insert(plan, key, slots, params))
-    }
-
-    /// [`RadixCache::insert_from_in`] for pages that must come from `allocator`: every page of
-    /// `slots[from.len..]` (the pages the tree takes, and the duplicates the caller frees) must
-    /// be held as allocated there, or the insert is refused with
-    /// [`RadixError::PageNotAllocated`], changing nothing. A page inserted without being
-    /// allocated would be handed out again by the allocator, and its eviction refused for as
-    /// long as it is the next victim. The plain inserts cannot see the allocator and trust the
-    /// caller; [`PageLedger`](crate::check::PageLedger) and
-    /// [`KvCache::check`](crate::cache::KvCache::check) find such a page afterwards.
+    /// Checks `insert` and finds where its key leaves the tree and how much of it is cached
+    /// ([`InsertPlan::prefix_len`]), changing nothing but, perhaps, the page index's capacity
+    /// (counted by [`RadixCache::bookkeeping_bytes`]). A caller that must free its duplicates
+    /// before the tree takes its slots plans, frees, then applies.
     ///
     /// ```
     /// use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
-    /// use kvown_runtime::radix::{Namespace, RadixCache, RadixError, TreePos};
+    /// use kvown_runtime::radix::{Insert, RadixCache, RadixConfig};
     ///
-    /// let allocator = PagedAllocator::new(64, 4, false)?;
-    /// let mut tree = RadixCache::new(4);
-    /// // Page 2 (slots 8..12) was never handed out.
-    /// let refused = tree.insert_allocated(&allocator, Namespace::DEFAULT, TreePos::ROOT, &[1, 2, 3, 4], &[8, 9, 10, 11]);
-    /// assert!(matches!(refused, Err(RadixError::PageNotAllocated { page: 2, .. })));
-    /// assert_eq!(tree.total_size(), 0);
+    /// let mut allocator = PagedAllocator::new(64, 4, false)?;
+    /// let mut tree = RadixCache::new(RadixConfig::new(4))?;
+    /// let key = [1, 2, 3, 4, 5, 6, 7, 8];
+    /// let (mut first, mut second) = (Vec::new(), Vec::new());
+    /// allocator.alloc(4, &mut first)?;
+    /// tree.insert(Insert::new(&key[..4], &first))?;
+    /// // A second request computed the same first page: its copy is a duplicate.
+    /// allocator.alloc(8, &mut second)?;
+    /// let plan = tree.plan_insert(Insert::new(&key, &second))?;
+    /// allocator.free_segment(&second[..plan.prefix_len()], 0)?; // may fail: the tree is as it was
+    /// let outcome = plan.apply();
+    /// assert_eq!(outcome.prefix_len, 4);
+    /// assert_eq!(tree.sizes().total(), 8);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
     /// # Errors
-    /// As [`RadixCache::insert_from_in`], and [`RadixError::PageNotAllocated`].
-    pub fn insert_allocated<A: AsPageAllocator>(
-        &mut self,
-        allocator: &A,
-        namespace: Namespace,
-        from: TreePos,
-        key: &[u32],
-        slots: &[KvSlot],
-    ) -> Result<InsertOutcome, RadixError> {
-        let allocator = allocator.page_allocator();
-        let page_size = self.layout.page_size();
-        if let Some(taken) = slots.get(from.len..) {
-            for (index, page_slots) in taken.chunks(page_size).enumerate() {
-                let page = self.layout.page_of(page_slots[0]);
-                if !allocator.is_page_allocated(page) {
-                    return Err(RadixError::PageNotAllocated {
-                        position: from.len + index * page_size,
-                        page,
-                        state: allocator.page_state(page),
-                    });
-                }
-            }
-        }
-        self.insert_from_in(namespace, from, key, slots)
+    /// Refuses unaligned or overlong keys ([`RadixError::UnalignedKey`],
+    /// [`RadixError::KeyTooLong`]), `slots` of another length or not in whole pages, an
+    /// unknown or unlocked `from.node`, a `from.len` off its path, a `from.node` of another
+    /// namespace ([`RadixError::NamespaceMismatch`]), new pages that are cached already
+    /// ([`RadixError::PageCached`]) or named twice ([`RadixError::PageRepeated`]), and, with
+    /// [`Insert::allocated_in`], pages not allocated there ([`RadixError::PageNotAllocated`]).
+    #[inline(always)]
+    pub fn plan_insert<'a>(&'a mut self, insert: Insert<'a>) -> Result<InsertPlan<'a>, RadixError> {
+        let (prefix_len, node, step) = match self.plan_append(&insert) {
+            Some(planned) => planned?,
+            None => self.plan_general(&insert)?,
+        };
+        Ok(InsertPlan {
+            cache: self,
+            key: insert.key,
+            slots: insert.slots,
+            params: insert.params,
+            prefix_len,
+            node,
+            step,
+        })
     }
 
-    /// The checks and the walk of [`RadixCache::insert_from`], changing nothing (the page
-    /// index may grow its capacity): where the key leaves the tree and how much of it is cached
-    /// ([`InsertPlan::prefix_len`]). A caller that must free its duplicates before the tree
-    /// takes its slots (so that a refused free leaves everything as it was) plans, frees, then
-    /// applies the plan with the same `key` and `slots`, changing the tree in between in no way.
-    /// The key goes in `namespace`, which must be that of `from.node` unless it is the root
-    /// ([`RadixError::NamespaceMismatch`]).
+    /// [`RadixCache::plan_insert`] for the commonest insert, a running request registering the
+    /// page it filled: one page more at the end of a leaf whose only lock is the caller's, no
+    /// allocator to ask. Checked without a walk; `None` when the insert is not that one (or is
+    /// refused for its namespace: the general plan names the refusal).
     #[inline(always)]
-    pub(crate) fn plan_insert(
-        &mut self,
-        namespace: Namespace,
-        from: TreePos,
-        key: &[u32],
-        slots: &[KvSlot],
-    ) -> Result<InsertPlan, RadixError> {
-        if let Some(held) = self.namespace_of(from.node)
-            && held != namespace
-        {
-            return Err(RadixError::NamespaceMismatch {
-                node: from.node,
-                node_namespace: held,
-                namespace,
-            });
+    fn plan_append(&self, insert: &Insert<'_>) -> Option<Result<Planned, RadixError>> {
+        let Insert {
+            key,
+            slots,
+            from,
+            allocator,
+            ..
+        } = *insert;
+        let layout = self.layout;
+        let page_size = layout.page_size();
+        // `from.len` ends a node, so it is page-aligned, and so is the key.
+        let one_page = key.tokens.len() == from.len + page_size && slots.len() == key.tokens.len();
+        let fits = key.tokens.len() <= u32::MAX as usize;
+        if allocator.is_some() || !(one_page && fits && self.is_own_leaf_end(from)) {
+            return None;
         }
-        let plan = if from.len < key.len() && self.is_own_leaf_end(from) {
-            // The common case of registering pages as they fill: no walk, and the hint is
-            // known to be good.
-            self.validate_key(key, slots)?;
+        if self.arena[from.node].namespace != key.namespace {
+            return None;
+        }
+        let new = &slots[from.len..];
+        if page_size > 1
+            && let Err(error) = validate_pages(new, from.len, layout)
+        {
+            return Some(Err(error));
+        }
+        let page = layout.page_of(new[0]);
+        if self.pages.contains(page) {
+            return Some(Err(RadixError::PageCached {
+                position: from.len,
+                page,
+            }));
+        }
+        Some(Ok((from.len, from.node, InsertStep::AppendPage)))
+    }
+
+    /// [`RadixCache::insert`] of the commonest registration, one page more at the end of the
+    /// caller's own leaf ([`RadixCache::plan_append`]), planned and applied in one go: the
+    /// batch flow's page registration, without the plumbing of an [`InsertPlan`] (60 to 130
+    /// instructions of a registration, W2c in `benches/`). `None`, changing nothing, when the
+    /// insert is not that one.
+    #[inline(always)]
+    pub(crate) fn insert_own_page(
+        &mut self,
+        insert: &Insert<'_>,
+    ) -> Option<Result<InsertOutcome, RadixError>> {
+        let planned = self.plan_append(insert)?;
+        Some(planned.map(|(pos, node, _)| {
+            self.apply_append(insert.key.tokens, insert.slots, insert.params, pos, node)
+        }))
+    }
+
+    /// [`RadixCache::plan_insert`] in general: the allocated check, then the caller's own leaf
+    /// extended without a walk, or a walk down from `from`.
+    #[inline(always)]
+    fn plan_general(&mut self, insert: &Insert<'_>) -> Result<Planned, RadixError> {
+        let Insert {
+            key, slots, from, ..
+        } = *insert;
+        if let Some(allocator) = insert.allocator {
+            self.ensure_allocated(allocator, from.len, slots)?;
+        }
+        if from.len < key.tokens.len() && self.is_own_leaf_end(from) {
+            // Registering pages as they fill: no walk, and the hint is known to be good.
+            let held = self.arena[from.node].namespace;
+            if held != key.namespace {
+                return Err(RadixError::NamespaceMismatch {
+                    node: from.node,
+                    node_namespace: held,
+                    namespace: key.namespace,
+                });
+            }
+            self.validate_key(key.tokens, slots)?;
+            let new = &slots[from.len..];
             if self.layout.page_size() > 1 {
-                validate_pages(&slots[from.len..], from.len, self.layout)?;
+                validate_pages(new, from.len, self.layout)?;
             }
-            InsertPlan {
-                prefix_len: from.len,
-                node: from.node,
-                namespace,
-                step: InsertStep::ExtendLeaf,
-            }
-        } else {
-            self.plan_walk(namespace, from, key, slots)?
+            self.validate_new_pages(new, from.len)?;
+            return Ok((from.len, from.node, InsertStep::ExtendLeaf));
+        }
+        let (prefix_len, node, step) = self.plan_walk(key, from, slots)?;
+        self.validate_new_pages(&slots[prefix_len..], prefix_len)?;
+        Ok((prefix_len, node, step))
+    }
+
+    /// Refuses, with [`RadixError::PageNotAllocated`], a page of `slots[start..]` that
+    /// `allocator` does not hold as allocated.
+    fn ensure_allocated(
+        &self,
+        allocator: &dyn PageStates,
+        start: usize,
+        slots: &[KvSlot],
+    ) -> Result<(), RadixError> {
+        let page_size = self.layout.page_size();
+        let Some(taken) = slots.get(start..) else {
+            return Ok(());
         };
-        self.validate_new_pages(&slots[plan.prefix_len..], plan.prefix_len)?;
-        Ok(plan)
+        for (index, page_slots) in taken.chunks(page_size).enumerate() {
+            let page = self.layout.page_of(page_slots[0]);
+            let state = allocator.page_state(page);
+            if state != Some(PageState::Held) {
+                return Err(RadixError::PageNotAllocated {
+                    position: start + index * page_size,
+                    page,
+                    state,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Checks that the pages `slots` (whole pages from key position `start`) would hand the
@@ -286,15 +440,25 @@ impl RadixCache {
     }
 
     /// [`RadixCache::plan_insert`] in general: checks the arguments, then walks down from
-    /// `from` comparing pages to the node where the key leaves the tree or ends.
+    /// `from` comparing pages to the node where the key leaves the tree or ends; returns the
+    /// cached length, the node the step acts on, and the step.
     #[inline(never)]
     fn plan_walk(
         &self,
-        namespace: Namespace,
+        key: Key<'_>,
         from: TreePos,
-        key: &[u32],
         slots: &[KvSlot],
-    ) -> Result<InsertPlan, RadixError> {
+    ) -> Result<Planned, RadixError> {
+        if let Some(held) = self.namespace_of(from.node)
+            && held != key.namespace
+        {
+            return Err(RadixError::NamespaceMismatch {
+                node: from.node,
+                node_namespace: held,
+                namespace: key.namespace,
+            });
+        }
+        let (namespace, key) = (key.namespace, key.tokens);
         let layout = self.layout;
         let page_size = layout.page_size();
         let mut node = self.validate_insert(from, key, slots)?;
@@ -337,35 +501,49 @@ impl RadixCache {
                 None => break InsertStep::AddLeaf,
             }
         };
-        Ok(InsertPlan {
-            prefix_len: pos,
-            node,
-            namespace,
-            step,
-        })
+        Ok((pos, node, step))
     }
 
-    /// Carries out `plan`, made by [`RadixCache::plan_insert`] for this `key` and `slots` with
-    /// no change to the tree since, and records `params` at the node where the key ends: it
-    /// cannot fail.
+    /// Carries out a plan of [`RadixCache::plan_append`]: appends the page of `key[pos..]` to
+    /// the leaf `node`, which ends at `pos`, and records `params` there.
     #[inline(always)]
-    pub(crate) fn apply_insert(
+    fn apply_append(
         &mut self,
-        plan: InsertPlan,
         key: &[u32],
         slots: &[KvSlot],
         params: InsertParams,
+        pos: usize,
+        node: NodeId,
     ) -> InsertOutcome {
-        let InsertPlan {
+        let now = self.order.tick();
+        self.open_registration(node, now);
+        self.append_page(node, &key[pos..], &slots[pos..]);
+        self.record_insert(node, params);
+        self.stamp(node, now);
+        InsertOutcome {
             prefix_len: pos,
-            mut node,
-            namespace,
-            step,
-        } = plan;
-        let mut now = self.tick();
+            last_node: node,
+        }
+    }
+
+    /// Carries out a plan of [`RadixCache::plan_general`] with no change to the tree since:
+    /// `step` at `node`, the key cached up to `pos`; records `params` at the node where the key
+    /// ends.
+    #[inline(always)]
+    fn apply_insert(
+        &mut self,
+        key: Key<'_>,
+        slots: &[KvSlot],
+        params: InsertParams,
+        pos: usize,
+        mut node: NodeId,
+        step: InsertStep,
+    ) -> InsertOutcome {
+        let (namespace, key) = (key.namespace, key.tokens);
+        let mut now = self.order.tick();
         match step {
             InsertStep::Cached => {}
-            InsertStep::ExtendLeaf => {
+            InsertStep::ExtendLeaf | InsertStep::AppendPage => {
                 self.open_registration(node, now);
                 self.extend_leaf(node, &key[pos..], &slots[pos..]);
             }
@@ -378,7 +556,7 @@ impl RadixCache {
                     // the split or the insert then creates is newer (`TreeNode.__init__` reads
                     // the clock again).
                     self.stamp(cut.lower, now);
-                    now = self.tick();
+                    now = self.order.tick();
                 }
                 node = cut.upper;
                 if pos < key.len() {
@@ -395,92 +573,14 @@ impl RadixCache {
     }
 
     /// Whether `from` is the end of a live leaf whose only lock is the caller's: the case that
-    /// [`RadixCache::insert_from`] extends in place, and the common one when a request
-    /// registers its pages as they fill.
-    #[inline]
+    /// an insert extends in place without a walk, and the common one when a request registers
+    /// its pages as they fill.
+    #[inline(always)]
     fn is_own_leaf_end(&self, from: TreePos) -> bool {
         from.node != NodeId::ROOT && self.arena.is_live(from.node) && {
             let entry = &self.arena[from.node];
             entry.child_count == 0 && entry.lock_ref == 1 && entry.end(self.layout) == from.len
         }
-    }
-
-    /// [`RadixCache::insert_from_with`] for the commonest registration, one page more of the
-    /// caller's own leaf: when `from` ends a leaf whose only lock is the caller's and `tokens`
-    /// / `slots` are one page, checks the page (its slots the run of a page-aligned first slot),
-    /// appends it to the leaf and stamps the leaf; the leaf then ends at `from.len` plus a page.
-    /// `None`, changing nothing, when the case does not apply (the caller inserts in general).
-    /// The outcome is the general insert's, without its plan, walk and lock move.
-    #[inline(always)]
-    pub(crate) fn append_own_page(
-        &mut self,
-        from: TreePos,
-        tokens: &[u32],
-        slots: &[KvSlot],
-        params: InsertParams,
-    ) -> Option<Result<(), RadixError>> {
-        let layout = self.layout;
-        let page_size = layout.page_size();
-        let one_page = tokens.len() == page_size && slots.len() == page_size;
-        // Positions count in `u32` (a node's depth); a key reaching past that goes the general
-        // way, which refuses it.
-        let fits = from.len + page_size <= u32::MAX as usize;
-        if !(one_page && fits && self.is_own_leaf_end(from)) {
-            return None;
-        }
-        if let Err(error) = validate_pages(slots, from.len, layout) {
-            return Some(Err(error));
-        }
-        let page = layout.page_of(slots[0]);
-        if !self.pages.insert(page) {
-            return Some(Err(RadixError::PageCached {
-                position: from.len,
-                page,
-            }));
-        }
-        self.record_extended(from.node, tokens, slots);
-        let now = self.tick();
-        self.open_registration(from.node, now);
-        let data = &mut self.arena[from.node].data;
-        reserve_growth(data, layout.words_per_page());
-        append_page(data, tokens, slots[0], layout);
-        self.add_tokens(from.node, page_size);
-        self.record_insert(from.node, params);
-        self.stamp(from.node, now);
-        Some(Ok(()))
-    }
-
-    /// The prompt split of a request's registration (sglang `_insert_cache` with
-    /// `split_prompt`): after the request's key was inserted up to `end` (live, on its path),
-    /// its first `prompt_len` tokens (page-aligned, `0 < prompt_len < end.len`) are inserted
-    /// again with `params` (the request's priority plus one, no hit). So a node ends at
-    /// `prompt_len` (a grown leaf's registration may: sglang's node for it), split off at the
-    /// time of this call if none did, and records `params`. Access times are left as they are:
-    /// sglang's `checkpoint` stamps the whole key's path again right after, so the prompt's
-    /// nodes are no newer than the key's end.
-    pub(crate) fn split_prompt(&mut self, end: TreePos, prompt_len: usize, params: InsertParams) {
-        debug_assert!(0 < prompt_len && prompt_len < end.len);
-        let layout = self.layout;
-        let mut node = end.node;
-        while self.arena[node].start() >= prompt_len {
-            node = self.arena[node].parent;
-        }
-        if prompt_len < self.arena[node].end(layout) {
-            let end_page = layout.whole_pages(prompt_len - self.arena[node].start());
-            let registration = self
-                .arena
-                .registrations(node)
-                .and_then(|registrations| registrations.ending_at(end_page));
-            if let Some(index) = registration {
-                if self.policy.reads_insert_figures() {
-                    self.arena.registrations_mut(node).record(index, params);
-                }
-                return;
-            }
-            let now = self.tick();
-            node = self.cut(node, prompt_len, now).upper;
-        }
-        self.record_insert(node, params);
     }
 
     /// Checks an insert's arguments; returns the node on whose key `from.len` lies.
@@ -513,6 +613,7 @@ impl RadixCache {
 
     /// Checks what an insert's key and slots must be wherever it starts: whole pages, no longer
     /// than a `u32` position can count, one slot per token.
+    #[inline(always)]
     fn validate_key(&self, key: &[u32], slots: &[KvSlot]) -> Result<(), RadixError> {
         let layout = self.layout;
         let page_size = layout.page_size();
@@ -542,7 +643,7 @@ impl RadixCache {
     fn add_leaf(
         &mut self,
         parent: NodeId,
-        namespace: Namespace,
+        namespace: super::Namespace,
         pos: usize,
         key: &[u32],
         slots: &[KvSlot],
@@ -559,14 +660,15 @@ impl RadixCache {
         );
         self.children.link(&mut self.arena, layout, leaf);
         self.arena[parent].child_count += 1;
-        self.refresh_leaf_status(parent);
-        self.refresh_leaf_status(leaf);
+        self.refresh_candidate(parent);
+        self.refresh_candidate(leaf);
         self.add_tokens(leaf, key.len() - pos);
         leaf
     }
 
     /// Appends `suffix` (whole pages) with its slots to the leaf `node`, which ends where the
     /// suffix starts.
+    #[inline(always)]
     fn extend_leaf(&mut self, node: NodeId, suffix: &[u32], slots: &[KvSlot]) {
         let layout = self.layout;
         self.record_extended(node, suffix, slots);
@@ -577,13 +679,18 @@ impl RadixCache {
         self.add_tokens(node, suffix.len());
     }
 
-    /// Records an insert of `params` that ended at `node`, when the policy reads what it
-    /// records.
+    /// Appends one page, `tokens` with its `slots`, to the leaf `node`, which ends where the
+    /// page starts: [`RadixCache::extend_leaf`] for one page.
     #[inline(always)]
-    fn record_insert(&mut self, node: NodeId, params: InsertParams) {
-        if self.policy.reads_insert_figures() {
-            self.arena.stats_mut(node).record(params);
-        }
+    fn append_page(&mut self, node: NodeId, tokens: &[u32], slots: &[KvSlot]) {
+        let layout = self.layout;
+        self.record_extended(node, tokens, slots);
+        let data = &mut self.arena[node].data;
+        reserve_growth(data, layout.words_per_page());
+        append_page(data, tokens, slots[0], layout);
+        let fresh = self.pages.insert(layout.page_of(slots[0]));
+        debug_assert!(fresh, "plan_insert refuses a page the tree holds");
+        self.add_tokens(node, layout.page_size());
     }
 
     /// Records the pages of `slots` (whole pages that [`RadixCache::plan_insert`] found new)
@@ -683,16 +790,20 @@ fn first_broken_page(slots: &[KvSlot], start: usize, page_size: usize) -> RadixE
 
 #[cfg(test)]
 mod tests {
-    use super::super::{EvictionPolicy, InsertParams, Namespace, RadixCache, RadixError, TreePos};
+    use super::super::{
+        EvictionPolicy, Insert, InsertParams, RadixCache, RadixConfig, RadixError, TreePos,
+    };
+    use crate::check::check_radix;
 
     /// A cache holding one locked two-page prompt, and the position of its end; LFU, whose
     /// order reads every figure an insert records.
     fn with_locked_prompt(page_size: usize) -> (RadixCache, TreePos) {
-        let mut cache = RadixCache::with_policy(page_size, EvictionPolicy::Lfu);
+        let config = RadixConfig::new(page_size).with_policy(EvictionPolicy::Lfu);
+        let mut cache = RadixCache::new(config).unwrap();
         let len = 2 * page_size;
         let key: Vec<u32> = (0..len as u32).collect();
         let slots: Vec<u32> = (page_size as u32..(page_size + len) as u32).collect();
-        let outcome = cache.insert(&key, &slots).unwrap();
+        let outcome = cache.insert(Insert::new(&key, &slots)).unwrap();
         cache.inc_lock_ref(outcome.last_node).unwrap();
         let end = TreePos {
             node: outcome.last_node,
@@ -701,11 +812,13 @@ mod tests {
         (cache, end)
     }
 
+    // The plan of one page more at the end of the caller's own leaf skips the walk; a position
+    // a page earlier on the same leaf walks to the same step. Both leave the same tree.
     #[test]
-    fn appending_an_own_page_equals_the_general_insert() {
+    fn extending_an_own_leaf_without_a_walk_equals_the_walk() {
         for page_size in [1, 4, 16] {
             let (mut fast, mut at) = with_locked_prompt(page_size);
-            let (mut general, _) = with_locked_prompt(page_size);
+            let (mut walked, _) = with_locked_prompt(page_size);
             let mut key: Vec<u32> = (0..at.len as u32).collect();
             let mut slots: Vec<u32> = (page_size as u32..(page_size + at.len) as u32).collect();
             for round in 0..5 {
@@ -717,73 +830,48 @@ mod tests {
                 let first = (page * page_size) as u32;
                 key.extend((0..page_size as u32).map(|offset| 1000 + first + offset));
                 slots.extend((0..page_size as u32).map(|offset| first + offset));
-                let new_page = at.len..key.len();
-                fast.append_own_page(at, &key[new_page.clone()], &slots[new_page], params)
-                    .expect("one page more of an own leaf")
-                    .unwrap();
-                let outcome = general
-                    .insert_from_with(Namespace::DEFAULT, at, &key, &slots, params)
-                    .unwrap();
-                general.move_lock(at.node, outcome.last_node).unwrap();
+                let insert = Insert::new(&key, &slots).params(params);
+                let outcome = fast.insert(insert.from(at)).unwrap();
                 assert_eq!(outcome.last_node, at.node, "page size {page_size}");
+                let earlier = TreePos {
+                    len: at.len - page_size,
+                    ..at
+                };
+                assert_eq!(walked.insert(insert.from(earlier)).unwrap(), outcome);
                 at.len = key.len();
                 // The node table and the eviction figures beside it, the order included.
-                assert_eq!(format!("{fast:?}"), format!("{general:?}"));
-                assert_eq!(fast.bookkeeping_bytes(), general.bookkeeping_bytes());
-                fast.check().unwrap();
+                assert_eq!(format!("{fast:?}"), format!("{walked:?}"));
+                assert_eq!(fast.bookkeeping_bytes(), walked.bookkeeping_bytes());
+                check_radix(&fast).unwrap();
             }
         }
     }
 
     #[test]
-    fn appending_declines_what_is_not_one_page_of_an_own_leaf() {
+    fn one_page_more_of_an_own_leaf_that_is_broken_or_cached_is_refused() {
         let page_size = 4;
         let (mut cache, at) = with_locked_prompt(page_size);
         let before = format!("{cache:?}");
-        let page: Vec<u32> = (100..104).collect();
-        let slots: Vec<u32> = (12..16).collect();
-        // Two pages, half a page, a position inside the leaf, the root.
-        let two: Vec<u32> = (100..108).collect();
-        let two_slots: Vec<u32> = (12..20).collect();
-        let inside = TreePos {
-            len: page_size,
-            ..at
-        };
-        let declined = |cache: &mut RadixCache, from: TreePos, tokens: &[u32], slots: &[u32]| {
-            cache
-                .append_own_page(from, tokens, slots, InsertParams::default())
-                .is_none()
-        };
-        assert!(declined(&mut cache, at, &two, &two_slots));
-        assert!(declined(&mut cache, at, &page[..2], &slots[..2]));
-        assert!(declined(&mut cache, at, &page, &two_slots));
-        assert!(declined(&mut cache, at, &two, &slots));
-        assert!(declined(&mut cache, inside, &page, &slots));
-        assert!(declined(&mut cache, TreePos::ROOT, &page, &slots));
-        // A second lock on the leaf: it is no longer the caller's alone.
-        cache.inc_lock_ref(at.node).unwrap();
-        assert!(declined(&mut cache, at, &page, &slots));
-        cache.dec_lock_ref(at.node).unwrap();
-        assert_eq!(format!("{cache:?}"), before);
-        // One page of the own leaf whose slots are not a page: refused, nothing changed.
-        let broken = [12, 13, 15, 14];
+        let key: Vec<u32> = (0..8).chain(100..104).collect();
+        // Slots of the prompt, then a page whose slots are not a run.
+        let broken: Vec<u32> = (4..12).chain([12, 13, 15, 14]).collect();
         assert_eq!(
-            cache.append_own_page(at, &page, &broken, InsertParams::default()),
-            Some(Err(RadixError::BrokenPage {
+            cache.insert(Insert::new(&key, &broken).from(at)),
+            Err(RadixError::BrokenPage {
                 position: 2 * page_size + 2,
                 found: 15,
                 expected: 14,
-            }))
+            })
         );
         assert_eq!(format!("{cache:?}"), before);
-        // One page of the own leaf that the tree holds already (the leaf's first): refused.
-        let cached: Vec<u32> = (4..8).collect();
+        // A page the tree holds already (the leaf's first).
+        let cached: Vec<u32> = (4..12).chain(4..8).collect();
         assert_eq!(
-            cache.append_own_page(at, &page, &cached, InsertParams::default()),
-            Some(Err(RadixError::PageCached {
+            cache.insert(Insert::new(&key, &cached).from(at)),
+            Err(RadixError::PageCached {
                 position: 2 * page_size,
                 page: 1,
-            }))
+            })
         );
         assert_eq!(format!("{cache:?}"), before);
     }

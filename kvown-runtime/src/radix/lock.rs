@@ -5,9 +5,6 @@
 //! may release. Its tokens count as protected while `lock_ref > 0` and as evictable otherwise;
 //! they move only when `lock_ref` crosses between 0 and 1. The root holds one lock forever.
 
-use std::cmp::Reverse;
-
-use super::check::LockMismatch;
 use super::node::NodeId;
 use super::{RadixCache, RadixError};
 
@@ -68,6 +65,7 @@ impl RadixCache {
 
     /// Refuses a `node` that is unknown or holds no lock of its own: the checks of
     /// [`RadixCache::dec_lock_ref`], changing nothing.
+    #[inline]
     pub(crate) fn ensure_unlockable(&self, node: NodeId) -> Result<(), RadixError> {
         self.ensure_live(node)?;
         if self.arena[node].own_locks == 0 {
@@ -76,49 +74,8 @@ impl RadixCache {
         Ok(())
     }
 
-    /// The locks none of `holders` (one lock each, on the node given) accounts for, as
-    /// `(node, count)`: `count` locks were taken on `node` itself, deepest nodes first. These
-    /// are the locks of requests dropped before their release.
-    ///
-    /// # Errors
-    /// The deepest node holding fewer locks than `holders` account for; a holder then claims a
-    /// lock the tree never gave.
-    pub(crate) fn leaked_locks(
-        &self,
-        holders: impl IntoIterator<Item = NodeId>,
-    ) -> Result<Vec<(NodeId, usize)>, LockMismatch> {
-        let held = self.held_locks(holders);
-        let mut nodes: Vec<NodeId> = self
-            .arena
-            .live()
-            .map(|(id, _)| id)
-            .filter(|&id| id != NodeId::ROOT)
-            .collect();
-        // Descendants first: a node ends strictly deeper than its parent.
-        nodes.sort_unstable_by_key(|&id| Reverse(self.arena[id].end(self.layout)));
-        // Locks found leaked at or below each node: a node's count includes its descendants'.
-        let mut leaked_below = vec![0usize; self.arena.entries()];
-        let mut leaked = Vec::new();
-        for node in nodes {
-            let entry = &self.arena[node];
-            let locks = entry.lock_ref as usize;
-            let held_here = held[node.index()];
-            let Some(here) = locks.checked_sub(held_here + leaked_below[node.index()]) else {
-                return Err(LockMismatch {
-                    node,
-                    locks,
-                    held: held_here,
-                });
-            };
-            if here > 0 {
-                leaked.push((node, here));
-            }
-            leaked_below[entry.parent.index()] += leaked_below[node.index()] + here;
-        }
-        Ok(leaked)
-    }
-
-    /// Releases locks found by [`RadixCache::leaked_locks`]: `count` path locks on each node.
+    /// Releases leaked locks, as the checker found them ([`crate::check::reclaim_leaks`]):
+    /// `count` locks taken on each `node` itself, with their paths.
     pub(crate) fn release_leaked_locks(&mut self, leaked: &[(NodeId, usize)]) {
         for &(node, count) in leaked {
             for _ in 0..count {
@@ -155,12 +112,12 @@ impl RadixCache {
             }
             if entry.lock_ref == 0 {
                 let tokens = entry.len(self.layout);
-                self.evictable_size -= tokens;
-                self.protected_size += tokens;
+                self.sizes.evictable -= tokens;
+                self.sizes.protected += tokens;
             }
             entry.lock_ref += 1;
             let parent = entry.parent;
-            self.refresh_leaf_status(node);
+            self.refresh_candidate(node);
             node = parent;
         }
         Ok(())
@@ -175,13 +132,12 @@ impl RadixCache {
             let parent = entry.parent;
             if entry.lock_ref == 0 {
                 let tokens = entry.len(self.layout);
-                self.protected_size -= tokens;
-                self.evictable_size += tokens;
+                self.sizes.protected -= tokens;
+                self.sizes.evictable += tokens;
                 // Only a locked node is extended in place: its spare capacity goes back.
-                entry.data.shrink_to_fit();
-                self.arena.registrations_mut(node).shrink_to_fit();
+                self.arena.shrink_to_fit(node);
             }
-            self.refresh_leaf_status(node);
+            self.refresh_candidate(node);
             node = parent;
         }
     }
@@ -205,7 +161,7 @@ impl RadixCache {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{RadixCache, RadixError};
+    use super::super::{Insert, RadixCache, RadixConfig, RadixError};
     use crate::alloc::{PagedAllocator, SlotCalls};
 
     /// A node whose count reached `u32::MAX` (2^32 - 1 `inc_lock_ref` calls, set directly here)
@@ -213,18 +169,21 @@ mod tests {
     #[test]
     fn a_lock_at_the_counters_limit_is_refused_and_changes_nothing() {
         let mut allocator = PagedAllocator::new(64, 4, false).unwrap();
-        let mut cache = RadixCache::new(4);
+        let mut cache = RadixCache::new(RadixConfig::new(4)).unwrap();
         let mut slots = Vec::new();
         allocator.alloc(8, &mut slots).unwrap();
-        let top = cache.insert(&[1, 2, 3, 4], &slots[..4]).unwrap().last_node;
+        let top = cache
+            .insert(Insert::new(&[1, 2, 3, 4], &slots[..4]))
+            .unwrap()
+            .last_node;
         let below = cache
-            .insert(&[1, 2, 3, 4, 5, 6, 7, 8], &slots)
+            .insert(Insert::new(&[1, 2, 3, 4, 5, 6, 7, 8], &slots))
             .unwrap()
             .last_node;
         cache.inc_lock_ref(top).unwrap();
         cache.arena[top].lock_ref = u32::MAX;
         cache.arena[top].own_locks = u32::MAX;
-        let (evictable, protected) = (cache.evictable_size(), cache.protected_size());
+        let sizes = cache.sizes();
         for node in [top, below] {
             assert_eq!(
                 cache.inc_lock_ref(node),
@@ -236,16 +195,16 @@ mod tests {
         }
         let message = cache.inc_lock_ref(top).unwrap_err().to_string();
         assert!(message.contains("dec_lock_ref"), "{message}");
-        assert_eq!(
-            (cache.evictable_size(), cache.protected_size()),
-            (evictable, protected)
-        );
+        assert_eq!(cache.sizes(), sizes);
         // Moving a lock onto the path is refused the same way, the lock staying where it was.
         let mut other_slots = Vec::new();
         allocator.alloc(4, &mut other_slots).unwrap();
-        let other = cache.insert(&[9, 9, 9, 9], &other_slots).unwrap().last_node;
+        let other = cache
+            .insert(Insert::new(&[9, 9, 9, 9], &other_slots))
+            .unwrap()
+            .last_node;
         cache.inc_lock_ref(other).unwrap();
-        let (evictable, protected) = (cache.evictable_size(), cache.protected_size());
+        let sizes = cache.sizes();
         assert!(matches!(
             cache.move_lock(other, below),
             Err(RadixError::LockLimit { node, .. }) if node == top
@@ -253,10 +212,7 @@ mod tests {
         assert_eq!(cache.arena[other].own_locks, 1);
         assert_eq!(cache.arena[top].lock_ref, u32::MAX);
         assert_eq!(cache.arena[below].lock_ref, 0);
-        assert_eq!(
-            (cache.evictable_size(), cache.protected_size()),
-            (evictable, protected)
-        );
+        assert_eq!(cache.sizes(), sizes);
         // Releasing one makes room for one.
         cache.dec_lock_ref(top).unwrap();
         cache.inc_lock_ref(below).unwrap();

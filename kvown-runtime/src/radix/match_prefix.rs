@@ -1,30 +1,37 @@
 //! Prefix matching and reading the slots of a matched path.
 
 use super::node::NodeId;
-use super::{Namespace, RadixCache, RadixError, TreePos};
-use crate::alloc::{KvSlot, floor_align};
+use super::{Key, RadixCache, RadixError, TreePos};
+use crate::alloc::KvSlot;
 
 impl RadixCache {
-    /// Longest cached prefix of `key` in whole pages (a tail shorter than a page never matches),
-    /// in [`Namespace::DEFAULT`]: [`RadixCache::match_prefix_in`] with it.
-    pub fn match_prefix(&mut self, key: &[u32]) -> TreePos {
-        self.match_prefix_in(Namespace::DEFAULT, key)
-    }
-
     /// Longest prefix of `key` in whole pages (a tail shorter than a page never matches) cached
-    /// in `namespace`; what other namespaces cache is never matched.
+    /// in the key's namespace; what other namespaces cache is never matched. A plain token
+    /// slice is a key of [`Namespace::DEFAULT`](super::Namespace::DEFAULT);
+    /// `namespace.key(&tokens)` names another.
     ///
     /// Splits the node where the match ends, so the returned node ends exactly at the returned
     /// length; stamps the access time of every node on the path. Does not lock: call
     /// [`RadixCache::inc_lock_ref`] on the returned node before the next eviction. An empty match
     /// returns [`TreePos::ROOT`].
     ///
+    /// ```
+    /// use kvown_runtime::radix::{Insert, Namespace, RadixCache, RadixConfig};
+    ///
+    /// let mut tree = RadixCache::new(RadixConfig::new(2))?;
+    /// tree.insert(Insert::new(&[1, 2, 3, 4], &[2, 3, 4, 5]))?;
+    /// assert_eq!(tree.match_prefix(&[1, 2, 3, 9]).len, 2);
+    /// assert_eq!(tree.match_prefix(Namespace(1).key(&[1, 2, 3, 4])).len, 0);
+    /// # Ok::<(), kvown_runtime::radix::RadixError>(())
+    /// ```
+    ///
     /// Cost: O(matched tokens + nodes on the path) plus one split.
-    pub fn match_prefix_in(&mut self, namespace: Namespace, key: &[u32]) -> TreePos {
+    pub fn match_prefix<'k>(&mut self, key: impl Into<Key<'k>>) -> TreePos {
+        let Key { namespace, tokens } = key.into();
         let layout = self.layout;
         let page_size = layout.page_size();
-        let key = &key[..floor_align(key.len(), page_size)];
-        let now = self.tick();
+        let key = &tokens[..layout.floor_align(tokens.len())];
+        let now = self.order.tick();
         let mut node = NodeId::ROOT;
         let mut pos = 0;
         while pos < key.len() {
@@ -39,7 +46,7 @@ impl RadixCache {
             };
             let pages = self.common_pages(child, 0, &key[pos..]);
             if pages < self.arena[child].num_pages(layout)
-                && self.arena.registrations(child).is_some()
+                && self.arena.registration_count(child) > 0
             {
                 // The match ends inside a leaf grown in place: walk sglang's nodes instead.
                 self.materialize(child);

@@ -6,52 +6,65 @@
 //! `cache_unfinished_req`, and the release's `cache_finished_req`) are built on these
 //! primitives:
 //!
-//! * [`RadixCache::match_prefix`] finds the longest cached whole-page prefix, splitting the node
-//!   where the match ends, and returns a [`TreePos`]; [`RadixCache::path_slots_into`] copies the
-//!   matched slots into a request's row without allocating.
-//! * Keys live in [`Namespace`]s ([`RadixCache::match_prefix_in`], [`RadixCache::insert_in`]):
-//!   the same tokens in two namespaces (two LoRA adapters, two cache salts) are two entries,
-//!   and a match never crosses from one to the other.
-//! * [`RadixCache::insert`] / [`RadixCache::insert_from`] add a page-aligned key and return how
-//!   much of it was already cached. **The caller frees its duplicates**: the slots it passed for
-//!   positions `[cache_protected_len, prefix_len)` are not taken by the tree (the tree keeps its
-//!   own), and must be freed by the caller exactly once, e.g. with
-//!   `free_segment(&row[protected..prefix_len], protected)`. Slots at `[prefix_len, key.len())`
-//!   now belong to the tree.
+//! * [`RadixCache::new`] builds an empty cache from a [`RadixConfig`] (page size, eviction
+//!   policy, events).
+//! * [`RadixCache::match_prefix`] finds the longest cached whole-page prefix of a [`Key`],
+//!   splitting the node where the match ends, and returns a [`TreePos`];
+//!   [`RadixCache::path_slots_into`] copies the matched slots into a request's row without
+//!   allocating.
+//! * Keys live in [`Namespace`]s (`namespace.key(&tokens)`): the same tokens in two namespaces
+//!   (two LoRA adapters, two cache salts) are two entries, and a match never crosses from one
+//!   to the other. A plain token slice is a key of [`Namespace::DEFAULT`].
+//! * [`RadixCache::insert`] adds a page-aligned key described by an [`Insert`] and returns how
+//!   much of it was already cached; [`RadixCache::plan_insert`] checks and plans the same
+//!   insert without changing anything, and [`InsertPlan::apply`] carries it out. **The caller
+//!   frees its duplicates**: the slots it passed for positions `[cache_protected_len,
+//!   prefix_len)` are not taken by the tree (the tree keeps its own), and must be freed by the
+//!   caller exactly once, e.g. with `free_segment(&row[protected..prefix_len], protected)`.
+//!   Slots at `[prefix_len, key.len())` now belong to the tree.
 //! * [`RadixCache::inc_lock_ref`] / [`RadixCache::dec_lock_ref`] / [`RadixCache::move_lock`] pin
 //!   a node and its path; tokens move between evictable and protected only on 0↔1 transitions.
 //! * [`RadixCache::evict`] frees unlocked leaves through the allocator, one allocator call per
 //!   node, in the order of the cache's [`EvictionPolicy`] (least recently used first by
-//!   default); [`RadixCache::evict_shortfall`] evicts what the allocator lacks (sglang's
-//!   `evict_to_free_tokens` evicts `num_tokens - available_size()`).
+//!   default).
 //! * [`RadixCache::enable_events`] turns on a stream of [`CacheEvent`]s (pages stored and
 //!   removed, named by a chained [`PageHash`]) for a router; [`RadixCache::take_events`]
 //!   drains it. Off by default.
+//! * [`check_radix`](crate::check::check_radix) recomputes the bookkeeping from the nodes.
 //!
 //! ```
 //! use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
-//! use kvown_runtime::radix::RadixCache;
+//! use kvown_runtime::radix::{Insert, RadixCache, RadixConfig};
 //!
-//! let mut allocator = PagedAllocator::new(64, 4, false).unwrap();
-//! let mut tree = RadixCache::new(4);
+//! let mut allocator = PagedAllocator::new(64, 4, false)?;
+//! let mut tree = RadixCache::new(RadixConfig::new(4))?;
 //! let mut slots = Vec::new();
-//! allocator.alloc(8, &mut slots).unwrap(); // two pages for an 8-token prompt
+//! allocator.alloc(8, &mut slots)?; // two pages for an 8-token prompt
 //! let prompt = [10, 11, 12, 13, 14, 15, 16, 17];
-//! let inserted = tree.insert(&prompt, &slots).unwrap();
+//! let inserted = tree.insert(Insert::new(&prompt, &slots))?;
 //! assert_eq!(inserted.prefix_len, 0); // nothing was cached before
 //!
 //! // A request sharing the first page (and half of the second) matches one whole page.
 //! let hit = tree.match_prefix(&[10, 11, 12, 13, 14, 15, 99]);
 //! assert_eq!(hit.len, 4);
 //! let mut prefix = vec![0; hit.len];
-//! tree.path_slots_into(hit, 0, &mut prefix).unwrap();
+//! tree.path_slots_into(hit, 0, &mut prefix)?;
 //! assert_eq!(prefix, slots[..4]);
 //!
 //! // Unlocked entries are evictable; eviction frees their pages through the allocator.
-//! assert_eq!(tree.evictable_size(), 8);
-//! tree.evict(8, &mut allocator).unwrap();
+//! assert_eq!(tree.sizes().evictable, 8);
+//! tree.evict(8, &mut allocator)?;
 //! assert_eq!(allocator.available_size(), allocator.capacity());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! The parts: `node.rs` (the arena of nodes, each with its eviction figures and a grown leaf's
+//! registrations), `children.rs` (the child index), `page_index.rs` (the pages the tree holds),
+//! `order.rs` (the eviction order: candidates, policy, clock, plans); this file holds the cache's
+//! state and what every operation shares (splitting a node, turning registrations into nodes,
+//! counting tokens, stamping), then one file per operation: `match_prefix.rs`,
+//! `insert.rs`, `lock.rs`, `evict.rs`, `events.rs`; `view.rs` is the read-only view the
+//! checker in [`crate::check`] reads.
 //!
 //! Storage: an arena of 72-byte nodes indexed by [`NodeId`] (an entry and its generation, so
 //! a handle kept past its node's eviction is refused), with 48 bytes of eviction figures (16 of
@@ -60,16 +73,11 @@
 //! with their page ids (4 bytes per page); one hash map indexes children by (parent,
 //! namespace, first page). See [`RadixCache::bookkeeping_bytes`].
 //!
-//! Access times are kept lazily: an insert stamps the node where it ends and the lower half of
-//! a node it splits (a match stamps the nodes it passes), and a node takes the newer of its own
-//! and a removed child's time; hits and priorities are recorded where an insert ends and
-//! passed on the same way. Since only leaves are evicted, the leaf order equals sglang's, which
-//! stamps the whole path. A running request's leaf grows in place where sglang adds a node per
-//! registration; it keeps where each registration ends and what its node would carry, and is
-//! evicted registration by registration, newest first, as sglang's nodes would be.
-//! `tests/eviction_replay.rs` replays random sequences against a model of sglang's rules.
+//! Access times, hits and priorities are recorded where a match or insert ends and passed to
+//! the parent when a leaf is removed; a running request's leaf grows in place, registration by
+//! registration. Both rank the leaves as sglang's tree would (`docs/design.md`), which
+//! `tests/eviction_replay.rs` checks against a model of its rules.
 
-mod check;
 mod children;
 mod error;
 mod events;
@@ -79,35 +87,25 @@ mod layout;
 mod lock;
 mod match_prefix;
 mod node;
+mod order;
 mod page_index;
 mod policy;
-mod registrations;
+mod view;
 
-pub(crate) use check::LockMismatch;
-pub use check::PrefixPart;
 pub use error::RadixError;
 pub use events::{CacheEvent, PageHash, StoredPage};
+pub use insert::{Insert, InsertPlan};
 pub use node::NodeId;
 pub use policy::{EvictionPolicy, InsertParams, SLRU_PROTECTED_HITS, UnknownEvictionPolicy};
-
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+pub(crate) use view::TreeView;
 
 use crate::ids::{KvSlot, PageId};
 use children::ChildIndex;
 use events::EventLog;
-use evict::EvictionScratch;
 pub(crate) use layout::KeyLayout;
-use node::{Arena, NOT_EVICTABLE, Node};
+use node::{Arena, Node};
+use order::EvictionOrder;
 use page_index::PageIndex;
-use policy::Rank;
-
-/// Outdated entries of the eviction order tolerated beyond twice the candidates before a
-/// rebuild.
-const ORDER_SLACK: usize = 64;
-
-/// An entry of the eviction order: a candidate's rank when it was listed, and the candidate.
-type OrderEntry = Reverse<(Rank, NodeId)>;
 
 /// A position on a path of the tree: the first `len` tokens of some key end inside or at the end
 /// of `node`. Returned by matches and inserts, where `node` ends exactly at `len`.
@@ -137,32 +135,67 @@ impl TreePos {
 ///
 /// ```
 /// use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
-/// use kvown_runtime::radix::{Namespace, RadixCache, TreePos};
+/// use kvown_runtime::radix::{Insert, Namespace, RadixCache, RadixConfig, TreePos};
 ///
-/// let mut allocator = PagedAllocator::new(64, 4, false).unwrap();
-/// let mut tree = RadixCache::new(4);
+/// let mut allocator = PagedAllocator::new(64, 4, false)?;
+/// let mut tree = RadixCache::new(RadixConfig::new(4))?;
 /// let (base, adapter) = (Namespace::DEFAULT, Namespace(7));
 /// let prompt = [10, 11, 12, 13, 14, 15, 16, 17];
 /// let mut slots = Vec::new();
-/// allocator.alloc(8, &mut slots).unwrap();
-/// tree.insert_in(adapter, &prompt, &slots).unwrap();
+/// allocator.alloc(8, &mut slots)?;
+/// tree.insert(Insert::new(adapter.key(&prompt), &slots))?;
 ///
 /// // The adapter's requests reuse its KV; the base model's do not see it.
-/// assert_eq!(tree.match_prefix_in(adapter, &prompt).len, 8);
-/// assert_eq!(tree.match_prefix_in(base, &prompt), TreePos::ROOT);
+/// assert_eq!(tree.match_prefix(adapter.key(&prompt)).len, 8);
+/// assert_eq!(tree.match_prefix(base.key(&prompt)), TreePos::ROOT);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Namespace(pub u32);
 
 impl Namespace {
-    /// The namespace of requests that do not choose one ([`crate::batch::Req::new`]) and of
-    /// [`RadixCache::match_prefix`] and [`RadixCache::insert`].
+    /// The namespace of requests that do not choose one ([`crate::batch::Req::new`]) and of a
+    /// [`Key`] made from a plain token slice.
     pub const DEFAULT: Namespace = Namespace(0);
+
+    /// The key of `tokens` in this namespace.
+    ///
+    /// ```
+    /// use kvown_runtime::radix::{Key, Namespace};
+    ///
+    /// let key = Namespace(3).key(&[1, 2, 3, 4]);
+    /// assert_eq!((key.namespace, key.tokens), (Namespace(3), &[1, 2, 3, 4][..]));
+    /// assert_eq!(Key::from(&[1, 2]).namespace, Namespace::DEFAULT);
+    /// ```
+    pub fn key(self, tokens: &[u32]) -> Key<'_> {
+        Key {
+            namespace: self,
+            tokens,
+        }
+    }
 }
 
 impl std::fmt::Display for Namespace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "namespace {}", self.0)
+    }
+}
+
+/// Token ids in a [`Namespace`]: what a match looks up and an insert adds. Anything that is a
+/// slice of token ids (`&[u32]`, `&[u32; N]`, `&Vec<u32>`) converts into a key of
+/// [`Namespace::DEFAULT`]; [`Namespace::key`] makes one in another namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key<'a> {
+    /// The key space the tokens are cached in.
+    pub namespace: Namespace,
+    /// The token ids.
+    pub tokens: &'a [u32],
+}
+
+impl<'a, T: AsRef<[u32]> + ?Sized> From<&'a T> for Key<'a> {
+    #[inline(always)]
+    fn from(tokens: &'a T) -> Key<'a> {
+        Namespace::DEFAULT.key(tokens.as_ref())
     }
 }
 
@@ -176,27 +209,92 @@ pub struct InsertOutcome {
     pub last_node: NodeId,
 }
 
+/// How to build a [`RadixCache`]: its page size, its eviction policy, and whether its events are
+/// on. [`RadixCache::config`] gives back the one a cache was built with (with its events as
+/// they are now).
+///
+/// ```
+/// use kvown_runtime::radix::{EvictionPolicy, RadixCache, RadixConfig, RadixError};
+///
+/// let config = RadixConfig::new(16).with_policy(EvictionPolicy::Lfu);
+/// let tree = RadixCache::new(config)?;
+/// assert_eq!(tree.config(), config);
+/// assert_eq!(RadixCache::new(RadixConfig::new(0)).unwrap_err(), RadixError::ZeroPageSize);
+/// # Ok::<(), RadixError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RadixConfig {
+    /// Slots per page (1 for the token allocator): the allocator's page size. Every cached
+    /// length is a multiple of it.
+    pub page_size: usize,
+    /// The order in which evictions take unlocked leaves.
+    pub policy: EvictionPolicy,
+    /// Whether cache events are on ([`RadixCache::enable_events`]).
+    pub events: bool,
+}
+
+impl RadixConfig {
+    /// Pages of `page_size` slots, least recently used leaves evicted first
+    /// ([`EvictionPolicy::Lru`]), events off.
+    pub fn new(page_size: usize) -> RadixConfig {
+        RadixConfig {
+            page_size,
+            policy: EvictionPolicy::Lru,
+            events: false,
+        }
+    }
+
+    /// This configuration with evictions following `policy`.
+    pub fn with_policy(self, policy: EvictionPolicy) -> RadixConfig {
+        RadixConfig { policy, ..self }
+    }
+
+    /// This configuration with cache events on from the start.
+    pub fn with_events(self) -> RadixConfig {
+        RadixConfig {
+            events: true,
+            ..self
+        }
+    }
+}
+
+/// The cache's token counters (sglang's `evictable_size()` and `protected_size()`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RadixSizes {
+    /// Cached tokens in unlocked nodes: what [`RadixCache::evict`] can free.
+    pub evictable: usize,
+    /// Cached tokens in locked nodes.
+    pub protected: usize,
+}
+
+impl RadixSizes {
+    /// Cached tokens: `evictable + protected` (sglang's `total_size()`).
+    pub fn total(self) -> usize {
+        self.evictable + self.protected
+    }
+}
+
+/// Where [`RadixCache::cut`] made a node end.
+#[derive(Debug, Clone, Copy)]
+struct Cut {
+    /// The node that now ends at the position.
+    upper: NodeId,
+    /// The node that starts there, on the path of the node that was cut.
+    lower: NodeId,
+    /// Whether the position was inside a node (sglang's split) rather than where one of the
+    /// leaf's registrations ended (where sglang had a node boundary already).
+    split: bool,
+}
+
 /// The radix prefix cache of one KV pool. All lengths are in tokens.
 #[derive(Debug)]
 pub struct RadixCache {
     layout: KeyLayout,
     arena: Arena,
     children: ChildIndex,
-    /// Unlocked non-root nodes without children: the eviction candidates.
-    evictable_leaves: Vec<NodeId>,
-    /// Which candidate an eviction takes first.
-    policy: EvictionPolicy,
-    /// The candidates in eviction order, kept across calls: every evictable leaf has an entry
-    /// with its current rank; outdated entries are skipped when popped and dropped by a rebuild
-    /// once they outnumber the candidates.
-    order: BinaryHeap<OrderEntry>,
-    evictable_size: usize,
-    protected_size: usize,
-    total_size: usize,
-    /// Logical clock for access times; ticks once per match or insert.
-    clock: u64,
-    /// Reused buffers of eviction plans (boxed, so that the cache itself stays small).
-    eviction: Box<EvictionScratch>,
+    /// The candidates of eviction in the policy's order, and the clock.
+    order: EvictionOrder,
+    sizes: RadixSizes,
     /// Every page the nodes hold, so that an insert can refuse one it would cache twice.
     pages: PageIndex,
     /// Cache events, when on ([`RadixCache::enable_events`]).
@@ -204,55 +302,31 @@ pub struct RadixCache {
 }
 
 impl RadixCache {
-    /// An empty cache for pages of `page_size` slots (1 for the token allocator) that evicts
-    /// least recently used leaves first ([`EvictionPolicy::Lru`]).
-    ///
-    /// # Panics
-    /// If `page_size` is 0 or above `u32::MAX / 2`; [`RadixCache::try_new`] refuses it with a
-    /// typed error instead.
-    pub fn new(page_size: usize) -> RadixCache {
-        RadixCache::with_policy(page_size, EvictionPolicy::Lru)
-    }
-
-    /// [`RadixCache::new`] for a page size that comes from outside: a page size of 0 is
-    /// [`RadixError::ZeroPageSize`], one larger than any allocator's (`u32::MAX / 2`)
-    /// [`RadixError::PageSizeTooLarge`].
-    pub fn try_new(page_size: usize) -> Result<RadixCache, RadixError> {
-        RadixCache::try_with_policy(page_size, EvictionPolicy::Lru)
-    }
-
-    /// An empty cache for pages of `page_size` slots whose evictions follow `policy`.
+    /// An empty cache as `config` says.
     ///
     /// ```
     /// use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
-    /// use kvown_runtime::radix::{EvictionPolicy, RadixCache};
+    /// use kvown_runtime::radix::{EvictionPolicy, Insert, RadixCache, RadixConfig};
     ///
-    /// let mut allocator = PagedAllocator::new(64, 4, false).unwrap();
-    /// let mut tree = RadixCache::with_policy(4, EvictionPolicy::Mru);
+    /// let mut allocator = PagedAllocator::new(64, 4, false)?;
+    /// let config = RadixConfig::new(4).with_policy(EvictionPolicy::Mru);
+    /// let mut tree = RadixCache::new(config)?;
     /// let mut slots = Vec::new();
-    /// allocator.alloc(8, &mut slots).unwrap();
-    /// tree.insert(&[1, 1, 1, 1], &slots[..4]).unwrap();
-    /// tree.insert(&[2, 2, 2, 2], &slots[4..]).unwrap();
-    /// tree.evict(4, &mut allocator).unwrap();
+    /// allocator.alloc(8, &mut slots)?;
+    /// tree.insert(Insert::new(&[1, 1, 1, 1], &slots[..4]))?;
+    /// tree.insert(Insert::new(&[2, 2, 2, 2], &slots[4..]))?;
+    /// tree.evict(4, &mut allocator)?;
     /// // The most recently used entry went first.
     /// assert_eq!(tree.match_prefix(&[1, 1, 1, 1]).len, 4);
     /// assert_eq!(tree.match_prefix(&[2, 2, 2, 2]).len, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
-    /// # Panics
-    /// If `page_size` is 0 or above `u32::MAX / 2`; [`RadixCache::try_with_policy`] refuses it
-    /// with a typed error instead.
-    pub fn with_policy(page_size: usize, policy: EvictionPolicy) -> RadixCache {
-        RadixCache::try_with_policy(page_size, policy).unwrap_or_else(|error| panic!("{error}"))
-    }
-
-    /// [`RadixCache::with_policy`] for a page size that comes from outside: a page size of 0 is
-    /// [`RadixError::ZeroPageSize`], one larger than any allocator's (`u32::MAX / 2`)
-    /// [`RadixError::PageSizeTooLarge`].
-    pub fn try_with_policy(
-        page_size: usize,
-        policy: EvictionPolicy,
-    ) -> Result<RadixCache, RadixError> {
+    /// # Errors
+    /// A page size of 0 is [`RadixError::ZeroPageSize`], one larger than any allocator's
+    /// (`u32::MAX / 2`) [`RadixError::PageSizeTooLarge`].
+    pub fn new(config: RadixConfig) -> Result<RadixCache, RadixError> {
+        let page_size = config.page_size;
         if page_size == 0 {
             return Err(RadixError::ZeroPageSize);
         }
@@ -261,82 +335,72 @@ impl RadixCache {
         if page_size > max {
             return Err(RadixError::PageSizeTooLarge { page_size, max });
         }
-        Ok(RadixCache {
+        let mut cache = RadixCache {
             layout: KeyLayout::new(page_size),
             arena: Arena::new(),
             children: ChildIndex::default(),
-            evictable_leaves: Vec::new(),
-            policy,
-            order: BinaryHeap::new(),
-            evictable_size: 0,
-            protected_size: 0,
-            total_size: 0,
-            clock: 0,
-            eviction: Box::default(),
+            order: EvictionOrder::new(config.policy),
+            sizes: RadixSizes::default(),
             pages: PageIndex::default(),
             events: None,
-        })
+        };
+        if config.events {
+            cache.enable_events();
+        }
+        Ok(cache)
     }
 
-    /// Slots per page; every cached length is a multiple of it.
-    pub fn page_size(&self) -> usize {
-        self.layout.page_size()
+    /// The configuration the cache was built with, its events as they are now.
+    pub fn config(&self) -> RadixConfig {
+        RadixConfig {
+            page_size: self.layout.page_size(),
+            policy: self.order.policy(),
+            events: self.events.is_some(),
+        }
     }
 
-    /// The page arithmetic of this cache's keys.
-    pub(crate) fn layout(&self) -> KeyLayout {
-        self.layout
+    /// The token counters: cached tokens in unlocked and in locked nodes.
+    #[inline]
+    pub fn sizes(&self) -> RadixSizes {
+        self.sizes
     }
 
-    /// The order in which evictions take unlocked leaves.
-    pub fn policy(&self) -> EvictionPolicy {
-        self.policy
-    }
-
-    /// Cached tokens in unlocked nodes (what [`RadixCache::evict`] can free).
-    pub fn evictable_size(&self) -> usize {
-        self.evictable_size
-    }
-
-    /// Cached tokens in locked nodes.
-    pub fn protected_size(&self) -> usize {
-        self.protected_size
-    }
-
-    /// Cached tokens; always `evictable_size() + protected_size()`.
-    pub fn total_size(&self) -> usize {
-        self.total_size
-    }
-
-    /// Every page the tree holds, each once (for ps = 1 a page id is the slot).
-    pub fn cached_pages(&self) -> impl Iterator<Item = PageId> + '_ {
-        let layout = self.layout;
-        self.arena
-            .live()
-            .flat_map(move |(_, node)| node.page_ids(layout))
-    }
-
-    /// Every page the tree holds, each once, with the node that holds it.
-    pub fn cached_pages_by_node(&self) -> impl Iterator<Item = (NodeId, PageId)> + '_ {
+    /// Every page the tree holds, each once, with the node that holds it (for a page size of 1
+    /// a page id is the slot; page `p` holds slots `p * page_size..(p + 1) * page_size`).
+    ///
+    /// ```
+    /// use kvown_runtime::radix::{Insert, RadixCache, RadixConfig};
+    ///
+    /// let mut tree = RadixCache::new(RadixConfig::new(2))?;
+    /// let leaf = tree.insert(Insert::new(&[7, 7, 8, 8], &[4, 5, 2, 3]))?.last_node;
+    /// let pages: Vec<_> = tree.cached_pages().collect();
+    /// assert_eq!(pages, [(leaf, 2), (leaf, 1)]);
+    /// # Ok::<(), kvown_runtime::radix::RadixError>(())
+    /// ```
+    pub fn cached_pages(&self) -> impl Iterator<Item = (NodeId, PageId)> + '_ {
         let layout = self.layout;
         self.arena
             .live()
             .flat_map(move |(id, node)| node.page_ids(layout).map(move |page| (id, page)))
     }
 
-    /// Every slot the tree holds, each once.
-    pub fn cached_slots(&self) -> impl Iterator<Item = KvSlot> + '_ {
-        let page_size = self.layout.page_size() as u32;
-        self.cached_pages()
-            // Inclusive: the last page of the `u32` range ends at 2^32.
-            .flat_map(move |page| page * page_size..=page * page_size + (page_size - 1))
-    }
-
     /// Heap and inline bytes of the cache's bookkeeping, token ids of the keys excluded: node
     /// table, page ids and spare vector capacity, grown leaves' registrations, child index,
-    /// leaf set, buffers, and the page
-    /// index (one bit per page id up to the largest the tree has held); with events on, the
-    /// queued events and the page hashes (8 bytes per page id up to the largest held).
+    /// eviction order and its buffers, and the page index (one bit per page id up to the
+    /// largest the tree has held); with events on, the queued events and the page hashes (8
+    /// bytes per page id up to the largest held).
+    ///
+    /// ```
+    /// use kvown_runtime::radix::{Insert, RadixCache, RadixConfig};
+    ///
+    /// let mut tree = RadixCache::new(RadixConfig::new(16))?;
+    /// let empty = tree.bookkeeping_bytes();
+    /// let key: Vec<u32> = (0..64).collect();
+    /// let slots: Vec<u32> = (16..80).collect();
+    /// tree.insert(Insert::new(&key, &slots))?;
+    /// assert!(tree.bookkeeping_bytes() > empty);
+    /// # Ok::<(), kvown_runtime::radix::RadixError>(())
+    /// ```
     pub fn bookkeeping_bytes(&self) -> usize {
         let key_bytes: usize = self
             .arena
@@ -352,19 +416,18 @@ impl RadixCache {
             + self.arena.table_bytes()
             + (node_data_bytes - key_bytes)
             + self.children.heap_bytes()
-            + self.evictable_leaves.capacity() * size_of::<NodeId>()
-            + self.order.capacity() * size_of::<OrderEntry>()
-            + self.eviction.heap_bytes()
+            + self.order.heap_bytes()
             + self.pages.heap_bytes()
             + self.events.as_ref().map_or(0, |events| events.heap_bytes())
     }
 
-    /// Advances the logical clock and returns the new time.
-    fn tick(&mut self) -> u64 {
-        self.clock += 1;
-        self.clock
+    /// The page arithmetic of this cache's keys.
+    #[inline(always)]
+    pub(crate) fn layout(&self) -> KeyLayout {
+        self.layout
     }
 
+    #[inline]
     fn ensure_live(&self, node: NodeId) -> Result<(), RadixError> {
         if self.arena.is_live(node) {
             Ok(())
@@ -376,77 +439,38 @@ impl RadixCache {
     /// Counts `tokens` new tokens of `node` as evictable or protected by its lock state.
     fn add_tokens(&mut self, node: NodeId, tokens: usize) {
         if self.arena[node].lock_ref == 0 {
-            self.evictable_size += tokens;
+            self.sizes.evictable += tokens;
         } else {
-            self.protected_size += tokens;
+            self.sizes.protected += tokens;
         }
-        self.total_size += tokens;
     }
 
-    /// Puts `node` in or takes it out of the evictable-leaf set to match its state.
-    fn refresh_leaf_status(&mut self, node: NodeId) {
+    /// Makes `node` an eviction candidate or not, to match its state: an unlocked non-root
+    /// node without children.
+    fn refresh_candidate(&mut self, node: NodeId) {
         let entry = &self.arena[node];
-        let evictable = node != NodeId::ROOT && entry.lock_ref == 0 && entry.child_count == 0;
-        self.list_evictable(node, evictable);
+        let candidate = node != NodeId::ROOT && entry.lock_ref == 0 && entry.child_count == 0;
+        self.order.set_candidate(&mut self.arena, node, candidate);
     }
 
-    /// Sets `node`'s access time, keeping the eviction order current when it is a candidate.
+    /// Sets `node`'s access time, keeping the eviction order current.
+    #[inline]
     fn stamp(&mut self, node: NodeId, now: u64) {
-        self.arena[node].last_access = now;
-        if self.arena[node].leaf_pos != NOT_EVICTABLE {
-            self.push_order(node);
-        }
+        self.order.stamp(&mut self.arena, node, now);
     }
 
-    /// The eviction rank of `node` as it stands.
-    fn rank(&self, node: NodeId) -> Rank {
-        self.policy
-            .rank(self.arena[node].last_access, self.arena.stats(node))
-    }
-
-    /// Records candidate `node` at its current rank; rebuilds the order from the candidates
-    /// when outdated entries make up most of it (amortized O(log n)).
-    fn push_order(&mut self, node: NodeId) {
-        self.order.push(Reverse((self.rank(node), node)));
-        if self.order.len() > 2 * self.evictable_leaves.len() + ORDER_SLACK {
-            let mut entries = std::mem::take(&mut self.order).into_vec();
-            entries.clear();
-            entries.extend(
-                self.evictable_leaves
-                    .iter()
-                    .map(|&leaf| Reverse((self.rank(leaf), leaf))),
-            );
-            self.order = BinaryHeap::from(entries);
-        }
-    }
-
-    /// Whether an entry of the eviction order at `rank` still describes candidate `node`.
-    fn is_current_entry(&self, rank: Rank, node: NodeId) -> bool {
-        self.arena.is_live(node)
-            && self.arena[node].leaf_pos != NOT_EVICTABLE
-            && self.rank(node) == rank
-    }
-
-    /// Makes `node`'s membership in the evictable-leaf set equal `listed`, in O(1).
-    fn list_evictable(&mut self, node: NodeId, listed: bool) {
-        let pos = self.arena[node].leaf_pos;
-        if listed && pos == NOT_EVICTABLE {
-            self.arena[node].leaf_pos = self.evictable_leaves.len() as u32;
-            self.evictable_leaves.push(node);
-            self.push_order(node);
-        } else if !listed && pos != NOT_EVICTABLE {
-            let pos = pos as usize;
-            self.evictable_leaves.swap_remove(pos);
-            if let Some(&moved) = self.evictable_leaves.get(pos) {
-                self.arena[moved].leaf_pos = pos as u32;
-            }
-            self.arena[node].leaf_pos = NOT_EVICTABLE;
+    /// Records an insert of `params` that ended at `node`, when the policy reads what it
+    /// records.
+    #[inline(always)]
+    fn record_insert(&mut self, node: NodeId, params: InsertParams) {
+        if self.order.policy().reads_insert_figures() {
+            self.arena.stats_mut(node).record(params);
         }
     }
 
     /// The namespace of the live non-root `node`; `None` for the root (shared by all) and for
     /// a handle that names no node.
-    pub(crate) fn namespace_of(&self, node: NodeId) -> Option<Namespace> {
+    fn namespace_of(&self, node: NodeId) -> Option<Namespace> {
         (node != NodeId::ROOT && self.arena.is_live(node)).then(|| self.arena[node].namespace)
     }
 
@@ -461,13 +485,94 @@ impl RadixCache {
             .count()
     }
 
+    /// Makes a node end at `pos` (page-aligned, strictly inside `node`'s key), as sglang's
+    /// split at time `now`: `node`'s registrations become nodes, then the one holding `pos` is
+    /// split unless it starts there.
+    fn cut(&mut self, node: NodeId, pos: usize, now: u64) -> Cut {
+        self.materialize(node);
+        let mut lower = node;
+        while self.arena[lower].start() > pos {
+            lower = self.arena[lower].parent;
+        }
+        if self.arena[lower].start() == pos {
+            let upper = self.arena[lower].parent;
+            return Cut {
+                upper,
+                lower,
+                split: false,
+            };
+        }
+        let upper = self.split(lower, pos, now);
+        Cut {
+            upper,
+            lower,
+            split: true,
+        }
+    }
+
+    /// Turns the earlier registrations of `node` into nodes above it, each with its figures
+    /// (and the leaf's access time, never older than its own), as sglang's tree holds them.
+    /// `node` keeps its handle, locks and children with its newest registration's pages.
+    fn materialize(&mut self, node: NodeId) {
+        let start = self.arena[node].start();
+        let page_size = self.layout.page_size();
+        let mut lower = node;
+        for (end_page, stats) in self.arena.take_registrations(node) {
+            let upper = self.split(lower, start + end_page * page_size, stats.created);
+            *self.arena.stats_mut(upper) = stats;
+            lower = upper;
+        }
+    }
+
+    /// Starts a new registration at the end of the leaf `node`, about to grow in place at
+    /// `now` ([`Arena::open_registration`]); turns its earlier registrations into
+    /// nodes first when they cannot keep another.
+    #[inline]
+    fn open_registration(&mut self, node: NodeId, now: u64) {
+        if !self.arena.open_registration(node, self.layout, now) {
+            self.materialize(node);
+            let opened = self.arena.open_registration(node, self.layout, now);
+            debug_assert!(opened, "a leaf without registrations takes one");
+        }
+    }
+
+    /// The prompt split of a request's registration: after the request's key was inserted up to
+    /// `end` (live, on its path), its first `prompt_len` tokens (page-aligned,
+    /// `0 < prompt_len < end.len`) are inserted again with `priority` and no hit, so that a node
+    /// (or a grown leaf's registration) ends at `prompt_len`, split off now if none did, and
+    /// records the insert; access times stay as they are. sglang
+    /// `RadixCache._insert_cache(split_prompt=True)`.
+    pub(crate) fn split_prompt(&mut self, end: TreePos, prompt_len: usize, priority: i32) {
+        debug_assert!(0 < prompt_len && prompt_len < end.len);
+        let params = InsertParams {
+            priority,
+            chunked: true,
+        };
+        let layout = self.layout;
+        let mut node = end.node;
+        while self.arena[node].start() >= prompt_len {
+            node = self.arena[node].parent;
+        }
+        if prompt_len < self.arena[node].end(layout) {
+            let end_page = layout.whole_pages(prompt_len - self.arena[node].start());
+            let record = self.order.policy().reads_insert_figures().then_some(params);
+            if self.arena.record_at_registration(node, end_page, record) {
+                return;
+            }
+            let now = self.order.tick();
+            node = self.cut(node, prompt_len, now).upper;
+        }
+        self.record_insert(node, params);
+    }
+
     /// Splits `node` at path position `pos` (strictly inside its key, page-aligned) at time
     /// `now`. The new upper node takes the key before `pos` and is returned, created `now`
-    /// ([`policy::NodeStats::split_upper`]); `node` keeps its handle, children, lock count,
-    /// leaf status and figures with the key from `pos`. Counters do not change.
+    /// ([`policy::NodeStats::split_upper`]); `node` keeps its handle, children, lock
+    /// count, candidacy and figures with the key from `pos`. Counters do not change.
     fn split(&mut self, node: NodeId, pos: usize, now: u64) -> NodeId {
-        debug_assert!(
-            self.arena.registrations(node).is_none(),
+        debug_assert_eq!(
+            self.arena.registration_count(node),
+            0,
             "a grown leaf is cut, not split"
         );
         let layout = self.layout;
@@ -491,7 +596,7 @@ impl RadixCache {
         self.children.link(&mut self.arena, layout, upper);
         let entry = &mut self.arena[node];
         entry.parent = upper;
-        entry.depth = pos as u32;
+        entry.set_start(pos);
         self.children.link(&mut self.arena, layout, node);
         upper
     }

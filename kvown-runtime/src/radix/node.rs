@@ -1,16 +1,22 @@
-//! Tree nodes and the arena that owns them.
+//! Tree nodes, the arena that owns them, and the figures eviction reads of each: its own, and
+//! the registrations of a leaf grown in place.
 //!
 //! A node's key and value live in one `Vec<u32>`, page by page: the page's `page_size` token ids
 //! followed by its page id. A node therefore costs one vector header plus four bytes per page on
 //! top of its key, and the page id sits next to the tokens a match has just compared.
+//!
+//! A running request's leaf grows in place: it keeps where each earlier registration ends and
+//! the figures a node of its own would carry, so that it can be evicted registration by
+//! registration, newest first, or turned into a chain of nodes when a match or insert ends
+//! inside it (`docs/design.md`: a running request's leaf grows in place). An earlier
+//! registration's access time is not kept: every access since reached the leaf's end.
 
 use std::fmt;
 use std::ops::{Index, IndexMut};
 
 use super::Namespace;
 use super::layout::KeyLayout;
-use super::policy::NodeStats;
-use super::registrations::Registrations;
+use super::policy::{InsertParams, NodeStats};
 use crate::ids::PageId;
 
 /// Handle of one tree node. Stays valid until that node is evicted; a locked node is never
@@ -47,15 +53,10 @@ impl NodeId {
         generation: 0,
     };
 
+    /// The arena entry of the handle: tables of per-node figures are indexed by it.
     #[inline(always)]
-    pub(super) fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         self.index as usize
-    }
-
-    /// The entry index as stored in the child index's keys.
-    #[inline(always)]
-    pub(super) fn raw_index(self) -> u32 {
-        self.index
     }
 }
 
@@ -81,7 +82,7 @@ pub(super) struct Node {
     /// `NodeId::NONE` for the root and for free arena entries.
     pub(super) parent: NodeId,
     /// Tokens on the path before this node's key (the key's start position).
-    pub(super) depth: u32,
+    depth: u32,
     /// Locks held on this node or any descendant (the root holds one forever).
     pub(super) lock_ref: u32,
     /// The locks of `lock_ref` taken on this node itself: only these can be released here.
@@ -113,12 +114,13 @@ impl Node {
         }
     }
 
-    /// A fresh node holding `data`, neither linked nor locked.
+    /// A fresh node holding `data`, starting at path position `start`, neither linked nor
+    /// locked.
     pub(super) fn new(
         data: Vec<u32>,
         parent: NodeId,
         namespace: Namespace,
-        depth: usize,
+        start: usize,
         last_access: u64,
     ) -> Node {
         Node {
@@ -126,7 +128,7 @@ impl Node {
             last_access,
             parent,
             namespace,
-            depth: depth as u32,
+            depth: start as u32,
             ..Node::empty()
         }
     }
@@ -147,6 +149,11 @@ impl Node {
     #[inline(always)]
     pub(super) fn start(&self) -> usize {
         self.depth as usize
+    }
+
+    /// Moves the start of the key to path position `start` (the node's upper part was split off).
+    pub(super) fn set_start(&mut self, start: usize) {
+        self.depth = start as u32;
     }
 
     /// Position just past the key on its path.
@@ -172,6 +179,70 @@ impl Node {
         self.data
             .chunks_exact(layout.words_per_page())
             .map(move |page| page[page_size])
+    }
+}
+
+/// An earlier registration inside a grown leaf: where it ends, and its own node's figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Registration {
+    /// Pages of the leaf up to this registration's end.
+    end_page: u32,
+    /// Its creation time, in ticks after the leaf's first registration's.
+    created_after_first: u32,
+    /// Hits recorded at its end while it ended the leaf ([`NodeStats::hits`]).
+    hits: u32,
+    /// Highest priority recorded at its end ([`NodeStats::priority`]).
+    priority: i32,
+}
+
+/// The earlier registrations of one grown leaf, oldest first (the newest one is the leaf's own
+/// figures).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Registrations {
+    /// Creation time of the leaf's first registration.
+    first_created: u64,
+    list: Vec<Registration>,
+}
+
+impl Registrations {
+    /// Whether a registration created at `created` can be kept beside these (creation times
+    /// are kept as 32-bit offsets from the first).
+    fn fits(&self, created: u64) -> bool {
+        self.list.is_empty() || created - self.first_created <= u64::from(u32::MAX)
+    }
+
+    /// Keeps a registration ending at `end_page` with `stats`, whose creation time must
+    /// [`Registrations::fits`] these.
+    #[inline]
+    fn push(&mut self, end_page: usize, stats: &NodeStats) {
+        if self.list.is_empty() {
+            self.first_created = stats.created;
+        }
+        self.list.push(Registration {
+            end_page: end_page as u32,
+            created_after_first: (stats.created - self.first_created) as u32,
+            hits: stats.hits,
+            priority: stats.priority,
+        });
+    }
+
+    /// Where the earlier registration `index` (oldest first) ends, and its figures.
+    fn get(&self, index: usize) -> (usize, NodeStats) {
+        let registration = &self.list[index];
+        let stats = NodeStats {
+            created: self.first_created + u64::from(registration.created_after_first),
+            hits: registration.hits,
+            priority: registration.priority,
+        };
+        (registration.end_page as usize, stats)
+    }
+
+    /// Forgets the newest earlier registration; the memory of the last goes with it.
+    fn pop(&mut self) {
+        self.list.pop();
+        if self.list.is_empty() {
+            self.list = Vec::new();
+        }
     }
 }
 
@@ -267,24 +338,98 @@ impl Arena {
         &mut self.figures[id.index()].stats
     }
 
-    /// The eviction figures of `id` and its earlier registrations, to change together.
+    /// Earlier registrations of `id`: 0 unless it is a leaf grown in place.
     #[inline(always)]
-    pub(super) fn figures_mut(&mut self, id: NodeId) -> (&mut NodeStats, &mut Registrations) {
-        let figures = &mut self.figures[id.index()];
-        (&mut figures.stats, &mut figures.registrations)
+    pub(super) fn registration_count(&self, id: NodeId) -> usize {
+        self.figures[id.index()].registrations.list.len()
     }
 
-    /// The earlier registrations of `id`, when it is a leaf grown in place.
-    #[inline(always)]
-    pub(super) fn registrations(&self, id: NodeId) -> Option<&Registrations> {
+    /// Where earlier registration `index` of `id` ends (in pages of the leaf) and the figures
+    /// its node would carry.
+    pub(super) fn registration(&self, id: NodeId, index: usize) -> (usize, NodeStats) {
+        self.figures[id.index()].registrations.get(index)
+    }
+
+    /// Where registration `index` of `id` ends, in pages, counting its earlier registrations
+    /// oldest first from 0 and the newest (what the leaf's own figures describe) as the last,
+    /// number [`Arena::registration_count`].
+    pub(super) fn registration_end(&self, id: NodeId, index: usize, layout: KeyLayout) -> usize {
         let registrations = &self.figures[id.index()].registrations;
-        (!registrations.is_empty()).then_some(registrations)
+        match registrations.list.get(index) {
+            Some(registration) => registration.end_page as usize,
+            None => self[id].num_pages(layout),
+        }
     }
 
-    /// The earlier registrations of `id` (none unless it is a leaf grown in place), to change.
-    #[inline(always)]
-    pub(super) fn registrations_mut(&mut self, id: NodeId) -> &mut Registrations {
-        &mut self.figures[id.index()].registrations
+    /// Starts a new registration at the end of the leaf `id`, about to grow in place at `now`:
+    /// what it holds becomes an earlier registration with the leaf's figures, and the leaf's
+    /// figures become the new registration's (created `now`, nothing recorded). `false`,
+    /// changing nothing, when the earlier registrations cannot keep it (creation times past 32
+    /// bits of the first's): turn them into nodes first.
+    #[inline]
+    pub(super) fn open_registration(&mut self, id: NodeId, layout: KeyLayout, now: u64) -> bool {
+        let end_page = self.nodes[id.index()].num_pages(layout);
+        let figures = &mut self.figures[id.index()];
+        if !figures.registrations.fits(figures.stats.created) {
+            return false;
+        }
+        figures.registrations.push(end_page, &figures.stats);
+        figures.stats = NodeStats::new(now);
+        true
+    }
+
+    /// Forgets all but the first `kept` earlier registrations of `id`: its figures absorb the
+    /// removed ones' and become the figures of registration `kept` (sglang deletes the leaves of
+    /// the newest registrations one by one, each parent absorbing its child). The caller
+    /// removes the pages past where registration `kept` ends.
+    pub(super) fn drop_registrations(&mut self, id: NodeId, kept: usize) {
+        let figures = &mut self.figures[id.index()];
+        while figures.registrations.list.len() > kept {
+            let newest = figures.registrations.list.len() - 1;
+            let (_, mut own) = figures.registrations.get(newest);
+            own.absorb(&figures.stats);
+            figures.stats = own;
+            figures.registrations.pop();
+        }
+    }
+
+    /// Takes the earlier registrations of `id` away, newest first, as where each ends and its
+    /// figures: the caller turns them into nodes.
+    pub(super) fn take_registrations(
+        &mut self,
+        id: NodeId,
+    ) -> impl Iterator<Item = (usize, NodeStats)> + use<> {
+        let registrations = std::mem::take(&mut self.figures[id.index()].registrations);
+        (0..registrations.list.len())
+            .rev()
+            .map(move |index| registrations.get(index))
+    }
+
+    /// Whether an earlier registration of `id` ends `end_page` pages into it; if so, records an
+    /// insert of `params` there as its node would ([`NodeStats::record`]) when `params` is
+    /// given.
+    pub(super) fn record_at_registration(
+        &mut self,
+        id: NodeId,
+        end_page: usize,
+        params: Option<InsertParams>,
+    ) -> bool {
+        let list = &mut self.figures[id.index()].registrations.list;
+        let Ok(index) = list.binary_search_by_key(&end_page, |r| r.end_page as usize) else {
+            return false;
+        };
+        if let Some(params) = params {
+            let registration = &mut list[index];
+            registration.hits = registration.hits.saturating_add(u32::from(!params.chunked));
+            registration.priority = registration.priority.max(params.priority);
+        }
+        true
+    }
+
+    /// Gives back the spare capacity of `id`'s key and registrations (it stopped growing).
+    pub(super) fn shrink_to_fit(&mut self, id: NodeId) {
+        self.nodes[id.index()].data.shrink_to_fit();
+        self.figures[id.index()].registrations.list.shrink_to_fit();
     }
 
     /// Whether `id` names a node in the tree (the root included): its entry holds a node, of
@@ -311,18 +456,13 @@ impl Arena {
             .filter(|&(id, node)| id == NodeId::ROOT || node.parent != NodeId::NONE)
     }
 
-    /// Arena entries, live or free.
-    pub(super) fn entries(&self) -> usize {
-        self.nodes.len()
-    }
-
     /// Heap bytes of the arena's own tables, nodes, their figures and registrations, and
     /// generations (keys excluded).
     pub(super) fn table_bytes(&self) -> usize {
         let registrations: usize = self
             .figures
             .iter()
-            .map(|figures| figures.registrations.heap_bytes())
+            .map(|figures| figures.registrations.list.capacity() * size_of::<Registration>())
             .sum();
         self.nodes.capacity() * size_of::<Node>()
             + self.figures.capacity() * size_of::<Figures>()
@@ -352,7 +492,12 @@ const _: () = assert!(size_of::<Figures>() == 48);
 
 #[cfg(test)]
 mod tests {
+    use super::super::{
+        EvictionPolicy, Insert, InsertParams, RadixCache, RadixConfig, RadixError, TreePos,
+    };
     use super::*;
+    use crate::alloc::{PagedAllocator, SlotCalls};
+    use crate::check::check_radix;
 
     #[test]
     fn released_entries_are_all_reused_before_the_arena_grows() {
@@ -389,6 +534,145 @@ mod tests {
                 "a handle to the evicted node stays stale"
             );
         }
-        assert_eq!(arena.entries(), 4, "the root and three entries");
+        assert_eq!(arena.nodes.len(), 4, "the root and three entries");
+    }
+
+    /// A cache of page size 1 under `policy` holding `[1]`, locked and grown in place by
+    /// registrations of `[2]` and `[3]` (as a decoding request registers its pages), with slots
+    /// equal to the tokens.
+    fn grown(policy: EvictionPolicy) -> (RadixCache, TreePos) {
+        let mut cache = RadixCache::new(RadixConfig::new(1).with_policy(policy)).unwrap();
+        let first = cache.insert(Insert::new(&[1], &[1])).unwrap();
+        cache.inc_lock_ref(first.last_node).unwrap();
+        let mut at = TreePos {
+            node: first.last_node,
+            len: 1,
+        };
+        let registration = InsertParams {
+            priority: 0,
+            chunked: true,
+        };
+        for len in [2, 3] {
+            let key: Vec<u32> = (1..=len).collect();
+            let insert = Insert::new(&key, &key).from(at).params(registration);
+            let outcome = cache.insert(insert).unwrap();
+            assert_eq!(outcome.last_node, at.node, "grown in place");
+            at.len = len as usize;
+        }
+        (cache, at)
+    }
+
+    fn allocator() -> PagedAllocator {
+        let mut allocator = PagedAllocator::new(16, 1, false).unwrap();
+        let mut slots = Vec::new();
+        // Hand out slots 1..=12 (the tree's among them), as the cache's owner would have.
+        allocator.alloc(12, &mut slots).unwrap();
+        allocator
+    }
+
+    #[test]
+    fn a_grown_leaf_is_evicted_newest_registration_first_and_no_more_than_asked() {
+        let (mut cache, at) = grown(EvictionPolicy::Lru);
+        cache.dec_lock_ref(at.node).unwrap();
+        let mut allocator = allocator();
+        assert_eq!(cache.evict(1, &mut allocator).unwrap(), 1);
+        assert_eq!(cache.sizes().total(), 2);
+        assert_eq!(cache.match_prefix(&[1, 2, 3]).len, 2, "[3] went first");
+        check_radix(&cache).unwrap();
+        assert_eq!(cache.evict(2, &mut allocator).unwrap(), 2);
+        assert_eq!(cache.sizes().total(), 0);
+        check_radix(&cache).unwrap();
+    }
+
+    /// The slots the cache holds, in no particular order.
+    fn cached_slots(cache: &RadixCache) -> Vec<u32> {
+        cache.cached_pages().map(|(_, page)| page).collect()
+    }
+
+    #[test]
+    fn under_fifo_each_registration_competes_at_its_own_creation_time() {
+        let (mut cache, at) = grown(EvictionPolicy::Fifo);
+        // [9] is cached after the leaf's registrations. The leaf competes as its newest
+        // registration, [3], created before [9]; then as [2], then as [1]; [9] goes last.
+        cache.insert(Insert::new(&[9], &[9])).unwrap();
+        cache.dec_lock_ref(at.node).unwrap();
+        let mut allocator = allocator();
+        let mut order = Vec::new();
+        for _ in 0..4 {
+            let before = cached_slots(&cache);
+            assert_eq!(cache.evict(1, &mut allocator).unwrap(), 1);
+            let after = cached_slots(&cache);
+            order.extend(before.into_iter().filter(|slot| !after.contains(slot)));
+            check_radix(&cache).unwrap();
+        }
+        assert_eq!(order, [3, 2, 1, 9]);
+    }
+
+    #[test]
+    fn a_match_ending_inside_a_grown_leaf_sees_its_registrations_as_nodes() {
+        let (mut cache, at) = grown(EvictionPolicy::Lru);
+        let nodes_before = cache.arena.live().count();
+        // Ends where the first registration ([1, 2]) ends: sglang's node boundary, no split.
+        let hit = cache.match_prefix(&[1, 2, 7]);
+        assert_eq!(hit.len, 2);
+        assert_eq!(
+            cache.arena.live().count(),
+            nodes_before + 2,
+            "[1], [2] above [3]"
+        );
+        assert_eq!(cache.arena.registration_count(at.node), 0);
+        assert_eq!(
+            cache.arena[at.node].start(),
+            2,
+            "the leaf keeps its newest pages"
+        );
+        check_radix(&cache).unwrap();
+        // The locked leaf and its new ancestors are still protected, and nothing is evictable.
+        assert_eq!(cache.sizes().protected, 3);
+        assert_eq!(cache.sizes().evictable, 0);
+    }
+
+    #[test]
+    fn the_check_finds_registrations_out_of_order_or_past_the_leaf() {
+        let broken = |wreck: fn(&mut Vec<Registration>)| {
+            let (mut cache, at) = grown(EvictionPolicy::Lru);
+            check_radix(&cache).unwrap();
+            wreck(&mut cache.arena.figures[at.node.index()].registrations.list);
+            match check_radix(&cache) {
+                Err(RadixError::Inconsistent { what, .. }) => what,
+                other => panic!("the check passed a broken leaf: {other:?}"),
+            }
+        };
+        assert_eq!(broken(|r| r.swap(0, 1)), "registration ends out of order");
+        assert_eq!(
+            broken(|r| r[1].created_after_first = 0),
+            "registration created out of order"
+        );
+        assert_eq!(
+            broken(|r| r[1].end_page = 3),
+            "registration ends past the leaf's newest"
+        );
+        assert_eq!(
+            broken(|r| r[1].created_after_first = 7),
+            "registration created after the leaf's newest"
+        );
+    }
+
+    #[test]
+    fn a_refused_free_leaves_a_grown_leaf_as_it_was() {
+        let (mut cache, at) = grown(EvictionPolicy::Lru);
+        cache.dec_lock_ref(at.node).unwrap();
+        let registrations =
+            |cache: &RadixCache| cache.arena.figures[at.node.index()].registrations.clone();
+        let before = (registrations(&cache), cache.sizes());
+        // Slots 1..=3 were never handed out by this allocator: the free is refused.
+        let mut fresh = PagedAllocator::new(16, 1, false).unwrap();
+        assert!(cache.evict(2, &mut fresh).is_err());
+        assert_eq!((registrations(&cache), cache.sizes()), before);
+        check_radix(&cache).unwrap();
+        // The leaf is still evicted newest registration first.
+        let mut allocator = allocator();
+        assert_eq!(cache.evict(1, &mut allocator).unwrap(), 1);
+        assert_eq!(cache.match_prefix(&[1, 2, 3]).len, 2);
     }
 }

@@ -132,10 +132,10 @@ pub(super) type Rank = (u64, u64);
 /// What the policies read of a node besides its access time (kept beside the node table, so
 /// that the nodes stay 72 bytes).
 ///
-/// sglang bumps the hits and raises the priority of every node on an insert's path. Here an
-/// insert records them at the node where it ends, and a removed leaf passes its own on to its
-/// parent ([`NodeStats::absorb`]), so that a leaf, the only node ever evicted, carries the hits
-/// and the priority of every insert through it: the same figures as sglang's.
+/// An insert records them at the node where it ends, and a removed leaf passes its own on to
+/// its parent ([`NodeStats::absorb`]), so that a leaf, the only node ever evicted, carries the
+/// hits and the priority of every insert through it (`docs/design.md`: eviction figures per
+/// node, not per path).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct NodeStats {
     /// Logical time at which the node was made: an insert's new leaf, or the upper part of a
@@ -187,7 +187,8 @@ impl NodeStats {
 }
 
 /// How an insert counts for eviction (sglang `InsertParams`' `priority` and `chunked`). The
-/// default, priority 0 and not chunked, is what [`super::RadixCache::insert`] records.
+/// default, priority 0 and not chunked, is what an [`Insert`](super::Insert) records unless
+/// given others ([`Insert::params`](super::Insert::params)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct InsertParams {
     /// Raised into the nodes of the key's path (each keeps the highest it has seen);

@@ -10,7 +10,7 @@ use kvown_runtime::batch::{
     release_kv_cache,
 };
 use kvown_runtime::cache::{KvCache, TreeCache};
-use kvown_runtime::radix::RadixCache;
+use kvown_runtime::radix::{RadixCache, RadixConfig};
 use kvown_runtime::slots::ReqToTokenPool;
 
 pub type Cache = KvCache<PagedAllocator>;
@@ -29,7 +29,7 @@ pub fn cache_with(
 ) -> Cache {
     let allocator = PagedAllocator::new(pool_tokens, page_size, false).unwrap();
     let tree = if radix {
-        TreeCache::Radix(RadixCache::new(page_size))
+        TreeCache::Radix(RadixCache::new(RadixConfig::new(page_size)).unwrap())
     } else {
         TreeCache::Disabled
     };
@@ -96,7 +96,7 @@ pub fn state(cache: &Cache) -> (PagedAllocator, ReqToTokenPool, usize, usize, us
         cache.req_to_token().clone(),
         tree.evictable_size(),
         tree.protected_size(),
-        tree.radix().map_or(0, RadixCache::total_size),
+        tree.radix().map_or(0, |radix| radix.sizes().total()),
     )
 }
 
@@ -148,7 +148,7 @@ pub fn cache_with_eight_tokens_cached() -> (Cache, Vec<u32>) {
     let mut first = extend_prompts(&mut cache, &[(1, prompt[..8].to_vec())]);
     release_kv_cache(&mut first[0], &mut cache, true).unwrap();
     cache.check(std::iter::empty()).unwrap();
-    assert_eq!(cache.tree().radix().unwrap().total_size(), 8);
+    assert_eq!(cache.tree().radix().unwrap().sizes().total(), 8);
     (cache, prompt)
 }
 

@@ -11,7 +11,7 @@ use kvown_runtime::batch::{
 use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::reclaim_leaks;
-use kvown_runtime::radix::{RadixCache, TreePos};
+use kvown_runtime::radix::{RadixCache, RadixConfig, TreePos};
 use kvown_runtime::slots::{ReqRow, ReqToTokenPool};
 
 use super::{CACHE_PAGES, Op, ROWS, TreeSnapshot, WIDTH, census, tree_snapshot};
@@ -41,7 +41,12 @@ struct CacheSnapshot {
 fn new_cache(page_size: usize) -> KvCache<PagedAllocator> {
     let alloc = PagedAllocator::new(CACHE_PAGES * page_size, page_size, false).unwrap();
     let rows = ReqToTokenPool::new(ROWS, WIDTH).unwrap();
-    KvCache::new(alloc, rows, TreeCache::Radix(RadixCache::new(page_size))).unwrap()
+    KvCache::new(
+        alloc,
+        rows,
+        TreeCache::Radix(RadixCache::new(RadixConfig::new(page_size)).unwrap()),
+    )
+    .unwrap()
 }
 
 impl CacheWorld {

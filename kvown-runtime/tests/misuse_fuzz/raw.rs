@@ -8,8 +8,9 @@ use kvown_runtime::alloc::{
     SlotCalls, TokenAllocator,
 };
 use kvown_runtime::batch::Req;
+use kvown_runtime::check::check_radix;
 use kvown_runtime::check::{Holder, PageLedger};
-use kvown_runtime::radix::{Namespace, NodeId, RadixCache, TreePos};
+use kvown_runtime::radix::{Insert, NodeId, RadixCache, RadixConfig, TreePos};
 use kvown_runtime::slots::{ReqRow, ReqToTokenPool};
 
 use super::{CAUGHT, Op, RAW_PAGES, ROWS, TreeSnapshot, census, tree_snapshot};
@@ -48,7 +49,7 @@ impl RawWorld {
             page_size,
             alloc: PagedAllocator::new(RAW_PAGES * page_size, page_size, false).unwrap(),
             reqs: Vec::new(),
-            tree: RadixCache::new(page_size),
+            tree: RadixCache::new(RadixConfig::new(page_size)).unwrap(),
             nodes: vec![(NodeId::ROOT, Vec::new())],
             locks: Vec::new(),
             keys: Vec::new(),
@@ -108,7 +109,7 @@ impl RawWorld {
             return;
         }
         self.alloc.check().unwrap();
-        self.tree.check().unwrap();
+        check_radix(&self.tree).unwrap();
         let clean = self
             .verdicts()
             .unwrap_or_else(|error| panic!("{op:?}: {error}"));
@@ -394,15 +395,13 @@ impl RawWorld {
                     }
                 };
                 let result = if checked {
-                    self.tree.insert_allocated(
-                        &self.alloc,
-                        Namespace::DEFAULT,
-                        TreePos::ROOT,
-                        &key,
-                        &slots[..whole],
+                    self.tree.insert(
+                        Insert::new(&key, &slots[..whole])
+                            .from(TreePos::ROOT)
+                            .allocated_in(&self.alloc),
                     )
                 } else {
-                    self.tree.insert(&key, &slots[..whole])
+                    self.tree.insert(Insert::new(&key, &slots[..whole]))
                 };
                 let Ok(outcome) = result else {
                     return self.finish(before, false, false, op);
@@ -422,15 +421,13 @@ impl RawWorld {
                 self.next_token += page_size as u32;
                 let key: Vec<u32> = (start..start + page_size as u32).collect();
                 let result = if checked {
-                    self.tree.insert_allocated(
-                        &self.alloc,
-                        Namespace::DEFAULT,
-                        TreePos::ROOT,
-                        &key,
-                        &slots,
+                    self.tree.insert(
+                        Insert::new(&key, &slots)
+                            .from(TreePos::ROOT)
+                            .allocated_in(&self.alloc),
                     )
                 } else {
-                    self.tree.insert(&key, &slots)
+                    self.tree.insert(Insert::new(&key, &slots))
                 };
                 if let Ok(outcome) = &result {
                     self.nodes.push((outcome.last_node, key));
@@ -541,7 +538,7 @@ fn construct(which: u8, a: usize, b: usize) {
             }
         }
         3 => assert_eq!(
-            RadixCache::try_new(a).is_ok(),
+            RadixCache::new(RadixConfig::new(a)).is_ok(),
             a != 0 && a <= KvSlot::MAX as usize / 2
         ),
         4 => {

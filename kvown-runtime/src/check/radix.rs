@@ -1,0 +1,470 @@
+//! The radix cache's checker: every counter and index of a [`RadixCache`] recomputed from its
+//! nodes, the path a request's lock holds compared with the request, and the locks its holders
+//! account for. It reads the tree through its read-only view ([`TreeView`]).
+
+use std::cmp::Reverse;
+use std::collections::HashSet;
+
+use crate::ids::{KvSlot, PageId};
+use crate::radix::{Namespace, NodeId, PageHash, RadixCache, RadixError, TreePos, TreeView};
+
+/// Which part of a request's protected prefix differs from the path its lock holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefixPart {
+    /// The request's token.
+    Token,
+    /// The request's slot: in its row, or among the matched slots it has yet to write there.
+    Slot,
+}
+
+impl std::fmt::Display for PrefixPart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PrefixPart::Token => "token",
+            PrefixPart::Slot => "slot",
+        })
+    }
+}
+
+/// One more than the largest [`NodeId::index`] of a live node: the length of a table of
+/// per-node figures.
+fn entries(view: TreeView<'_>) -> usize {
+    view.nodes()
+        .map(|node| node.id().index() + 1)
+        .max()
+        .unwrap_or(1)
+}
+
+/// Returns an [`RadixError::Inconsistent`] at `node` unless `expected == found`.
+fn expect_eq(
+    node: NodeId,
+    what: &'static str,
+    expected: usize,
+    found: usize,
+) -> Result<(), RadixError> {
+    if expected == found {
+        Ok(())
+    } else {
+        Err(RadixError::Inconsistent {
+            node,
+            what,
+            expected,
+            found,
+        })
+    }
+}
+
+/// Recomputes the bookkeeping of `tree` from its nodes and compares: the evictable and protected
+/// token counters; child counts and the child index (each child found under its parent by its
+/// namespace and first page, nothing else indexed; a node's namespace its parent's below the
+/// root); positions (each key starts where its parent's ends, whole pages only); lock counts
+/// (root 1, every other its own locks plus the sum of its children's); the eviction candidates
+/// (exactly the unlocked leaves) and the eviction order (an entry at each candidate's rank); a
+/// grown leaf's registrations in order inside it; no page cached twice, and the page index
+/// holding exactly the cached pages; with events on, each cached page's recorded hash that of
+/// its path.
+///
+/// ```
+/// use kvown_runtime::check::check_radix;
+/// use kvown_runtime::radix::{Insert, RadixCache, RadixConfig};
+///
+/// let mut tree = RadixCache::new(RadixConfig::new(2))?;
+/// tree.insert(Insert::new(&[1, 2, 3, 4], &[2, 3, 4, 5]))?;
+/// tree.match_prefix(&[1, 2]); // splits the node
+/// check_radix(&tree)?;
+/// # Ok::<(), kvown_runtime::radix::RadixError>(())
+/// ```
+///
+/// Cost: O(cached pages + nodes); meant for tests and debug builds.
+///
+/// # Errors
+/// [`RadixError::Inconsistent`] naming the first node and invariant found broken.
+pub fn check_radix(tree: &RadixCache) -> Result<(), RadixError> {
+    let view = tree.view();
+    let stride = view.page_size() + 1;
+    let root = view.node(NodeId::ROOT).expect("the root is live");
+    expect_eq(NodeId::ROOT, "root lock count", 1, root.locks().0)?;
+    expect_eq(NodeId::ROOT, "root key length", 0, root.words())?;
+    let mut child_counts = vec![0usize; entries(view)];
+    let mut child_locks = vec![0usize; entries(view)];
+    let indexed: HashSet<PageId> = view.indexed_pages().collect();
+    let mut pages = HashSet::new();
+    let ranked = view.ranked();
+    let (mut evictable, mut protected, mut live, mut candidates) = (0, 0, 0, 0);
+    for node in view.nodes().filter(|node| node.id() != NodeId::ROOT) {
+        let id = node.id();
+        live += 1;
+        let parent = view.node(node.parent());
+        expect_eq(id, "parent is live", 1, usize::from(parent.is_some()))?;
+        let parent = parent.expect("checked live");
+        expect_eq(id, "key is non-empty", 1, usize::from(node.words() != 0))?;
+        expect_eq(id, "key is whole pages", 0, node.words() % stride)?;
+        expect_eq(id, "key start", parent.span().end, node.span().start)?;
+        if parent.id() != NodeId::ROOT {
+            expect_eq(
+                id,
+                "namespace is the parent's",
+                1,
+                usize::from(node.namespace() == parent.namespace()),
+            )?;
+        }
+        let (first_page, _) = node.pages().next().expect("checked non-empty");
+        let found = view.child(parent.id(), node.namespace(), first_page);
+        expect_eq(
+            id,
+            "child index entry",
+            id.index(),
+            found.map_or(usize::MAX, NodeId::index),
+        )?;
+        if let Some(wrong) = registration_inconsistency(node.registrations()) {
+            expect_eq(id, wrong, 1, 0)?;
+        }
+        let (lock_ref, _) = node.locks();
+        child_counts[parent.id().index()] += 1;
+        child_locks[parent.id().index()] += lock_ref;
+        if lock_ref == 0 {
+            evictable += node.span().len();
+        } else {
+            protected += node.span().len();
+        }
+        for (_, page) in node.pages() {
+            expect_eq(id, "page cached once", 1, usize::from(pages.insert(page)))?;
+            expect_eq(id, "page indexed", 1, usize::from(indexed.contains(&page)))?;
+        }
+    }
+    for node in view.nodes() {
+        let id = node.id();
+        let (lock_ref, own_locks) = node.locks();
+        expect_eq(
+            id,
+            "child count",
+            child_counts[id.index()],
+            node.child_count(),
+        )?;
+        if id != NodeId::ROOT {
+            expect_eq(
+                id,
+                "lock count is own locks plus children's",
+                own_locks + child_locks[id.index()],
+                lock_ref,
+            )?;
+        }
+        let candidate = id != NodeId::ROOT && lock_ref == 0 && node.child_count() == 0;
+        candidates += usize::from(candidate);
+        if candidate {
+            expect_eq(
+                id,
+                "eviction-order entry at the leaf's rank",
+                1,
+                usize::from(ranked.contains(&id)),
+            )?;
+        }
+        expect_eq(
+            id,
+            "evictable-leaf set membership",
+            usize::from(candidate),
+            usize::from(node.is_candidate()),
+        )?;
+    }
+    let root = NodeId::ROOT;
+    expect_eq(root, "indexed children", live, view.indexed_children())?;
+    expect_eq(
+        root,
+        "evictable-leaf set size",
+        candidates,
+        view.candidates(),
+    )?;
+    expect_eq(root, "indexed pages", pages.len(), indexed.len())?;
+    check_event_hashes(view)?;
+    let sizes = tree.sizes();
+    expect_eq(root, "evictable tokens", evictable, sizes.evictable)?;
+    expect_eq(root, "protected tokens", protected, sizes.protected)
+}
+
+/// What is wrong with a node's `registrations` (oldest first, the node's own last: where each
+/// ends and when it was created): each must end after and be created after the one before.
+fn registration_inconsistency(
+    registrations: impl Iterator<Item = (usize, u64)>,
+) -> Option<&'static str> {
+    let mut registrations = registrations.peekable();
+    let (mut end, mut created) = (0, None);
+    while let Some((registration_end, registration_created)) = registrations.next() {
+        let own = registrations.peek().is_none();
+        if registration_end <= end {
+            return Some(if own {
+                "registration ends past the leaf's newest"
+            } else {
+                "registration ends out of order"
+            });
+        }
+        if created >= Some(registration_created) {
+            return Some(if own {
+                "registration created after the leaf's newest"
+            } else {
+                "registration created out of order"
+            });
+        }
+        (end, created) = (registration_end, Some(registration_created));
+    }
+    None
+}
+
+/// The namespace of the live non-root `node` of `tree`; `None` for the root (shared by all)
+/// and for a handle that names no node.
+pub(crate) fn namespace_of(tree: &RadixCache, node: NodeId) -> Option<Namespace> {
+    let node = tree
+        .view()
+        .node(node)
+        .filter(|node| node.id() != NodeId::ROOT)?;
+    Some(node.namespace())
+}
+
+/// With events on, checks that every cached page's recorded hash is its path's (each node
+/// against its parent's last page, parents first); nothing to check with events off.
+fn check_event_hashes(view: TreeView<'_>) -> Result<(), RadixError> {
+    let Some(hashes) = view.event_hashes() else {
+        return Ok(());
+    };
+    let recorded = |page: PageId| hashes.get(page as usize).copied();
+    // A node starts where its parent ends: by start position, parents come first.
+    let mut nodes: Vec<_> = view
+        .nodes()
+        .filter(|node| node.id() != NodeId::ROOT)
+        .collect();
+    nodes.sort_unstable_by_key(|node| (node.span().start, node.id()));
+    for node in nodes {
+        let parent = view.node(node.parent()).expect("checked live");
+        let mut hash = match parent.pages().last() {
+            Some((_, page)) => recorded(page).unwrap_or(PageHash(0)),
+            None => PageHash::seed(node.namespace()),
+        };
+        for (tokens, page) in node.pages() {
+            hash = hash.chain(tokens);
+            let recorded = recorded(page);
+            if recorded != Some(hash) {
+                // Hashes shown as `usize` (whole on 64-bit targets); 0 for none recorded.
+                return Err(RadixError::Inconsistent {
+                    node: node.id(),
+                    what: "page hash recorded for events",
+                    expected: hash.0 as usize,
+                    found: recorded.map_or(0, |recorded| recorded.0 as usize),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The first position of the path `[0, at.len)` of `tree` at which `tokens` or `slots` differ
+/// from the tree's (the token where both do; a side that ends early differs where it ends), or
+/// `None` when both agree with it. Fails when `at` is not a live position.
+///
+/// Cost: O(at.len + nodes on the path); for the cache-level checker.
+pub(crate) fn path_difference(
+    tree: &RadixCache,
+    at: TreePos,
+    tokens: &[u32],
+    slots: &[KvSlot],
+) -> Result<Option<(usize, PrefixPart)>, RadixError> {
+    let view = tree.view();
+    let page_size = view.page_size();
+    // The path's nodes with the part of each key on it, root side first.
+    let mut path = Vec::new();
+    let (mut node, mut end) = (view.node_at(at)?, at.len);
+    while end > 0 {
+        let start = node.span().start;
+        path.push((node, start, end));
+        end = start;
+        node = view
+            .node(node.parent())
+            .expect("a live node's parent is live");
+    }
+    for &(node, start, end) in path.iter().rev() {
+        for (page, (page_tokens, page_id)) in
+            node.pages().take((end - start) / page_size).enumerate()
+        {
+            let first_slot = page_id as usize * page_size;
+            let first = start + page * page_size;
+            for (offset, &token) in page_tokens.iter().enumerate() {
+                let position = first + offset;
+                if tokens.get(position) != Some(&token) {
+                    return Ok(Some((position, PrefixPart::Token)));
+                }
+                if slots.get(position).map(|&slot| slot as usize) != Some(first_slot + offset) {
+                    return Ok(Some((position, PrefixPart::Slot)));
+                }
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// A node whose lock count differs from the locks the given holders account for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LockMismatch {
+    /// The deepest such node.
+    pub(crate) node: NodeId,
+    /// Its lock count.
+    pub(crate) locks: usize,
+    /// The holders' locks on it and below it.
+    pub(crate) held: usize,
+}
+
+/// Checks that the lock counts of `tree` are exactly the locks of `holders` (one lock each, on
+/// the node given, the root ignored): every non-root node's count equals the holders at it or
+/// below it. Returns the deepest node where they differ.
+///
+/// Cost: O(nodes + holders × depth); for the cache-level checker.
+pub(crate) fn check_lock_holders(
+    tree: &RadixCache,
+    holders: impl IntoIterator<Item = NodeId>,
+) -> Result<(), LockMismatch> {
+    let view = tree.view();
+    let held = held_locks(view, holders);
+    let mismatch = view
+        .nodes()
+        .filter(|node| node.id() != NodeId::ROOT && node.locks().0 != held[node.id().index()])
+        .max_by_key(|node| node.span().start);
+    match mismatch {
+        None => Ok(()),
+        Some(node) => Err(LockMismatch {
+            node: node.id(),
+            locks: node.locks().0,
+            held: held[node.id().index()],
+        }),
+    }
+}
+
+/// The locks of `tree` none of `holders` (one lock each, on the node given) accounts for, as
+/// `(node, count)`: `count` locks were taken on `node` itself, deepest nodes first. These are
+/// the locks of requests dropped before their release.
+///
+/// # Errors
+/// The deepest node holding fewer locks than `holders` account for; a holder then claims a
+/// lock the tree never gave.
+pub(crate) fn leaked_locks(
+    tree: &RadixCache,
+    holders: impl IntoIterator<Item = NodeId>,
+) -> Result<Vec<(NodeId, usize)>, LockMismatch> {
+    let view = tree.view();
+    let held = held_locks(view, holders);
+    let mut nodes: Vec<_> = view
+        .nodes()
+        .filter(|node| node.id() != NodeId::ROOT)
+        .collect();
+    // Descendants first: a node ends strictly deeper than its parent.
+    nodes.sort_unstable_by_key(|node| Reverse(node.span().end));
+    // Locks found leaked at or below each node: a node's count includes its descendants'.
+    let mut leaked_below = vec![0usize; entries(view)];
+    let mut leaked = Vec::new();
+    for node in nodes {
+        let index = node.id().index();
+        let locks = node.locks().0;
+        let held_here = held[index];
+        let Some(here) = locks.checked_sub(held_here + leaked_below[index]) else {
+            return Err(LockMismatch {
+                node: node.id(),
+                locks,
+                held: held_here,
+            });
+        };
+        if here > 0 {
+            leaked.push((node.id(), here));
+        }
+        leaked_below[node.parent().index()] += leaked_below[index] + here;
+    }
+    Ok(leaked)
+}
+
+/// The locks `holders` (one each, on the node given) account for on every node, indexed by
+/// arena entry: the holders at the node or below it. Unknown holders count nowhere.
+fn held_locks(view: TreeView<'_>, holders: impl IntoIterator<Item = NodeId>) -> Vec<usize> {
+    let mut held = vec![0usize; entries(view)];
+    for holder in holders {
+        let mut node = holder;
+        while node != NodeId::ROOT {
+            let Some(live) = view.node(node) else {
+                break;
+            };
+            held[node.index()] += 1;
+            node = live.parent();
+        }
+    }
+    held
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::radix::{Insert, RadixConfig};
+
+    #[test]
+    fn leaked_locks_are_found_where_they_were_taken_and_released_exactly() {
+        // Page size 2: `[0, 1 | 2, 3]`, then `[0, 1 | 9, 9]` splits it into a shared node
+        // (page 1) with two leaves, the first locked by its holder. Besides the holder's lock
+        // on the leaf: a second lock on the leaf and two on the shared node above it, none of
+        // them accounted for.
+        let mut cache = RadixCache::new(RadixConfig::new(2)).unwrap();
+        let locked = cache
+            .insert(Insert::new(&[0, 1, 2, 3], &[2, 3, 4, 5]))
+            .unwrap()
+            .last_node;
+        cache
+            .insert(Insert::new(&[0, 1, 9, 9], &[2, 3, 6, 7]))
+            .unwrap();
+        cache.inc_lock_ref(locked).unwrap();
+        let shared = cache.match_prefix(&[0, 1]).node;
+        cache.inc_lock_ref(locked).unwrap();
+        cache.inc_lock_ref(shared).unwrap();
+        cache.inc_lock_ref(shared).unwrap();
+        let leaked = leaked_locks(&cache, [locked]).unwrap();
+        assert_eq!(leaked, vec![(locked, 1), (shared, 2)], "deepest first");
+
+        cache.release_leaked_locks(&leaked);
+        check_radix(&cache).unwrap();
+        check_lock_holders(&cache, [locked]).unwrap();
+        assert_eq!(leaked_locks(&cache, [locked]).unwrap(), vec![]);
+        assert_eq!(cache.sizes().protected, 4, "the holder's path stays locked");
+
+        // Holders claiming more locks than the tree gave: the deepest short node is named.
+        assert_eq!(
+            leaked_locks(&cache, [locked, locked]),
+            Err(LockMismatch {
+                node: locked,
+                locks: 1,
+                held: 2,
+            })
+        );
+        // Without holders every lock is leaked, and releasing them all unlocks the tree.
+        let all = leaked_locks(&cache, []).unwrap();
+        assert_eq!(all, vec![(locked, 1)]);
+        cache.release_leaked_locks(&all);
+        check_radix(&cache).unwrap();
+        assert_eq!(cache.sizes().protected, 0);
+    }
+
+    #[test]
+    fn registrations_out_of_order_are_named() {
+        let check = |registrations: &[(usize, u64)]| {
+            registration_inconsistency(registrations.iter().copied())
+        };
+        assert_eq!(check(&[(3, 9)]), None, "a node that never grew");
+        assert_eq!(check(&[(1, 2), (2, 5), (3, 9)]), None);
+        assert_eq!(
+            check(&[(2, 2), (1, 5), (3, 9)]),
+            Some("registration ends out of order")
+        );
+        assert_eq!(
+            check(&[(1, 2), (2, 2), (3, 9)]),
+            Some("registration created out of order")
+        );
+        assert_eq!(
+            check(&[(1, 2), (3, 5), (3, 9)]),
+            Some("registration ends past the leaf's newest")
+        );
+        assert_eq!(
+            check(&[(1, 2), (2, 9), (3, 9)]),
+            Some("registration created after the leaf's newest")
+        );
+    }
+}
