@@ -31,7 +31,7 @@ impl RadixCache {
     /// allocator reuses the last victim's pages first. sglang `RadixCache.evict`.
     ///
     /// ```
-    /// use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+    /// use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
     /// use kvown_runtime::radix::{Insert, RadixCache, RadixConfig};
     ///
     /// let mut allocator = PagedAllocator::new(16, 4, false)?;
