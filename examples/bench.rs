@@ -20,6 +20,7 @@ use serde::Serialize;
 use guarded::{
     guarded_batch, guarded_vs_plain_checksums, guarded_write_loop, plain_batch, plain_write_loop,
 };
+use kvown::cache::TableMirror;
 use kvown::radix::EvictionPolicy;
 use reference::{BareChurn, DenseDecode};
 use workloads::{DecodeLoop, EvictionChurn, ExtendBatch, Phase, PhaseTimes, PoolChurn, WideDecode};
@@ -296,12 +297,9 @@ fn alternated(
 /// Decode steps per stage_decode_1024 measurement.
 const WIDE_STEPS: u64 = 256;
 
-/// stage_decode_1024's side on allocator `A`, warmed up: a measurement of `WIDE_STEPS` decode
-/// steps in us per step ([`WideDecode::time_steps`]).
-fn wide_decode_timer<A>(mut decode: WideDecode<A>) -> impl FnMut() -> f64
-where
-    A: kvown::alloc::KvAllocator + kvown::alloc::AsPageAllocator,
-{
+/// stage_decode_1024's side with table mirror `M`, warmed up: a measurement of `WIDE_STEPS`
+/// decode steps in us per step ([`WideDecode::time_steps`]).
+fn wide_decode_timer<M: TableMirror>(mut decode: WideDecode<M>) -> impl FnMut() -> f64 {
     let mut measure =
         move || decode.time_steps(WIDE_STEPS).as_nanos() as f64 / 1e3 / WIDE_STEPS as f64;
     measure();
@@ -405,10 +403,7 @@ fn eviction_timer(policy: EvictionPolicy) -> impl FnMut() -> f64 {
 }
 
 /// Panics unless the invariant checker passes on `decode`'s state after its run.
-fn assert_checked<A>(name: &str, decode: &DecodeLoop<A>)
-where
-    A: kvown::alloc::KvAllocator + kvown::alloc::AsPageAllocator,
-{
+fn assert_checked<M: TableMirror>(name: &str, decode: &DecodeLoop<M>) {
     if let Err(violation) = decode.check() {
         panic!("{name}: invariant violated after the run: {violation}");
     }

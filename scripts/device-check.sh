@@ -122,13 +122,13 @@ main() {
             cargo build --release --example engine || return 1
         examples="$CARGO_TARGET_DIR/release/examples"
         sanitized=""
-        nvrtc_test() { cargo test --release -p kvown-cuda --test nvrtc_compile -- --nocapture; }
+        nvrtc_test() { cargo test --release -p kvown-cuda --test it -- --nocapture nvrtc_compile::; }
         gpu_tests() { cargo test --release -p kvown-cuda -- --nocapture --test-threads=1 gpu_; }
     elif [ -d device-bundle ]; then
         echo "no cargo: running device-bundle/ (built from $(cat device-bundle/COMMIT))"
         examples=device-bundle/examples
-        sanitized="device-bundle/tests/differential --test-threads=1 gpu_"
-        nvrtc_test() { limit 60 device-bundle/tests/nvrtc_compile --nocapture; }
+        sanitized="device-bundle/tests/it --test-threads=1 gpu_"
+        nvrtc_test() { limit 60 device-bundle/tests/it --nocapture nvrtc_compile::; }
         gpu_tests() {
             local test rc=0
             for test in device-bundle/tests/*; do

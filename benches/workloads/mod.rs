@@ -6,37 +6,37 @@
 
 use std::time::{Duration, Instant};
 
-use kvown::alloc::{AsPageAllocator, KvAllocator, KvSlot, Lifo, PagedAllocator};
+use kvown::alloc::{FreeOrder, KvAllocator, KvSlot, PagedAllocator, SlotCalls};
 use kvown::batch::Req;
 use kvown::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, prepare_for_decode, prepare_for_extend,
     release_kv_cache,
 };
 use kvown::batch::{cache_unfinished_req, init_next_round_input};
-use kvown::cache::{KvCache, TreeCache};
+use kvown::cache::{KvCache, TableMirror, TreeCache};
 use kvown::check::check_radix;
 use kvown::check::reclaim_leaks;
 use kvown::radix::{
     CacheEvent, EvictionPolicy, Insert, InsertParams, RadixCache, RadixConfig, TreePos,
 };
 use kvown::slots::ReqToTokenPool;
-use kvown_cuda::StagedAllocator;
+use kvown_cuda::StagedMirror;
 use kvown_cuda::staging::{HostLink, default_slot_words};
 
-/// The allocator of the CUDA path with its device left out: the host allocator staging every
-/// call's packet into a ring of host memory that ships nothing ([`HostLink`]). Its cost over
-/// [`PagedAllocator`] is what the CUDA path adds to the host step, apart from the driver calls.
-pub type HostStaged = StagedAllocator<Lifo, HostLink>;
+/// The table mirror of the CUDA path with its device left out: each step's packet staged into
+/// a ring of host memory that ships nothing ([`HostLink`]). Its cost over no mirror is what the
+/// CUDA path adds to the host step, apart from the driver calls.
+pub type HostStaged = StagedMirror<HostLink>;
 
 /// Ring slots of [`HostStaged`], as the engine's CUDA backend uses.
 const STAGING_DEPTH: usize = 4;
 
-/// `allocator` staged for `table` into a ring of host memory.
-pub fn host_staged(allocator: PagedAllocator, table: &ReqToTokenPool) -> HostStaged {
+/// A mirror of `table`, for `allocator`'s pool, staged into a ring of host memory.
+pub fn host_staged(allocator: &PagedAllocator, table: &ReqToTokenPool) -> HostStaged {
     let rows = table.size() + 1;
     let slot_words = default_slot_words(allocator.capacity(), rows, 0);
     let link = HostLink::new(STAGING_DEPTH, slot_words, (rows, table.max_context_len()));
-    StagedAllocator::new(allocator, link, table).expect("the ring fits the table")
+    StagedMirror::new(link, table, allocator.capacity()).expect("the ring fits the table")
 }
 
 /// Slots per page in every workload.
@@ -112,7 +112,7 @@ impl PoolChurn {
             .expect("the pool has room");
         for page in self.out.iter().rev() {
             self.allocator
-                .free_page_ids(std::slice::from_ref(page))
+                .free_page_ids(std::slice::from_ref(page), FreeOrder::Given)
                 .expect("the page is held");
         }
     }
@@ -230,8 +230,8 @@ impl PhaseClock for PhaseTimes {
 /// `alloc_for_decode`). With the radix cache (W2c) every full page is registered as it fills
 /// (`cache_unfinished_req` when `kv_committed_len % 16 == 0`, and after each extend), and
 /// finished requests are inserted on release; eviction makes room when the pool is short.
-pub struct DecodeLoop<A = PagedAllocator> {
-    cache: KvCache<A>,
+pub struct DecodeLoop<M = ()> {
+    cache: KvCache<PagedAllocator, M>,
     running: Option<ScheduleBatch>,
     next_rid: u64,
     radix: bool,
@@ -242,7 +242,7 @@ pub struct DecodeLoop<A = PagedAllocator> {
 impl DecodeLoop {
     /// The loop with the prefix cache on (`radix`, W2c) or off (W2), all requests admitted.
     pub fn new(radix: bool) -> Self {
-        DecodeLoop::with_allocator(radix, |allocator, _| allocator)
+        DecodeLoop::with_mirror(radix, |_, _| ())
     }
 
     /// W2e: W2c with the prefix cache's events on from the start (the queue is drained by
@@ -260,14 +260,14 @@ impl DecodeLoop {
 }
 
 impl DecodeLoop<HostStaged> {
-    /// W2_staged / W2c_staged: W2 / W2c on the CUDA path's allocator, its device left out
+    /// W2_staged / W2c_staged: W2 / W2c with the CUDA path's table mirror, its device left out
     /// ([`HostStaged`]).
     pub fn staged(radix: bool) -> Self {
-        DecodeLoop::with_allocator(radix, host_staged)
+        DecodeLoop::with_mirror(radix, host_staged)
     }
 }
 
-impl<A: KvAllocator + AsPageAllocator> DecodeLoop<A> {
+impl<M: TableMirror> DecodeLoop<M> {
     /// Requests running at every step.
     pub const RUNNING: usize = 256;
     /// Length at which a request finishes.
@@ -276,18 +276,16 @@ impl<A: KvAllocator + AsPageAllocator> DecodeLoop<A> {
     pub const REPLACEMENT_LEN: usize = 512;
 
     /// The loop with the prefix cache on (`radix`, W2c) or off (W2), all requests admitted,
-    /// over the allocator `make` builds from the pool and the table.
-    fn with_allocator(
-        radix: bool,
-        make: impl FnOnce(PagedAllocator, &ReqToTokenPool) -> A,
-    ) -> Self {
+    /// with the table mirror `make` builds for the pool and the table.
+    fn with_mirror(radix: bool, make: impl FnOnce(&PagedAllocator, &ReqToTokenPool) -> M) -> Self {
         let pool_tokens = Self::RUNNING * (Self::FINISH_LEN + PAGE_SIZE);
         let allocator = PagedAllocator::new(pool_tokens, PAGE_SIZE, false).expect("a valid pool");
         let rows =
             ReqToTokenPool::new(Self::RUNNING, Self::FINISH_LEN).expect("a valid request table");
-        let allocator = make(allocator, &rows);
+        let mirror = make(&allocator, &rows);
+        let tree = prefix_cache(radix);
         let mut workload = DecodeLoop {
-            cache: KvCache::new(allocator, rows, prefix_cache(radix)).expect("page sizes agree"),
+            cache: KvCache::with_mirror(allocator, rows, tree, mirror).expect("page sizes agree"),
             running: Some(ScheduleBatch::new(Vec::new())),
             next_rid: Self::RUNNING as u64,
             radix,
@@ -382,11 +380,11 @@ impl<A: KvAllocator + AsPageAllocator> DecodeLoop<A> {
         } else {
             let mut finished = running.take_if(done);
             clock.end(Phase::TakeFinished);
-            self.cache.free_group_begin().expect("no open group");
+            let mut group = self.cache.free_group().expect("no open group");
             for req in &mut finished {
-                release_kv_cache(req, &mut self.cache, true).expect("release");
+                release_kv_cache(req, &mut group, true).expect("release");
             }
-            self.cache.free_group_end().expect("the group is open");
+            group.commit();
             clock.end(Phase::Release);
             let replacements = finished
                 .iter()
@@ -449,12 +447,12 @@ impl<A: KvAllocator + AsPageAllocator> DecodeLoop<A> {
 }
 
 /// stage_decode_1024: decode steps of 1,024 requests at page 16 (`prepare_for_decode` +
-/// `alloc_for_decode`, a token appended to each request first, as W2 does), on the host
-/// allocator or on [`HostStaged`]. Every request starts at 1,024 tokens, so one step in 16
+/// `alloc_for_decode`, a token appended to each request first, as W2 does), with no table
+/// mirror or with [`HostStaged`]. Every request starts at 1,024 tokens, so one step in 16
 /// opens a page for all of them; [`WideDecode::recycle`] releases them all and admits fresh
 /// ones when the rows are about to fill.
-pub struct WideDecode<A = PagedAllocator> {
-    cache: KvCache<A>,
+pub struct WideDecode<M = ()> {
+    cache: KvCache<PagedAllocator, M>,
     running: Option<ScheduleBatch>,
     next_rid: u64,
 }
@@ -462,18 +460,18 @@ pub struct WideDecode<A = PagedAllocator> {
 impl WideDecode {
     /// On the host allocator.
     pub fn new() -> Self {
-        WideDecode::with_allocator(|allocator, _| allocator)
+        WideDecode::with_mirror(|_, _| ())
     }
 }
 
 impl WideDecode<HostStaged> {
-    /// On the CUDA path's allocator, its device left out.
+    /// With the CUDA path's table mirror, its device left out.
     pub fn staged() -> Self {
-        WideDecode::with_allocator(host_staged)
+        WideDecode::with_mirror(host_staged)
     }
 }
 
-impl<A: KvAllocator + AsPageAllocator> WideDecode<A> {
+impl<M: TableMirror> WideDecode<M> {
     /// Requests decoding at every step.
     pub const REQUESTS: usize = 1024;
     /// Prompt length of every request.
@@ -481,13 +479,14 @@ impl<A: KvAllocator + AsPageAllocator> WideDecode<A> {
     /// Positions per row.
     pub const WIDTH: usize = 2048;
 
-    fn with_allocator(make: impl FnOnce(PagedAllocator, &ReqToTokenPool) -> A) -> Self {
+    fn with_mirror(make: impl FnOnce(&PagedAllocator, &ReqToTokenPool) -> M) -> Self {
         let pool_tokens = Self::REQUESTS * (Self::WIDTH + PAGE_SIZE);
         let allocator = PagedAllocator::new(pool_tokens, PAGE_SIZE, false).expect("a valid pool");
         let rows = ReqToTokenPool::new(Self::REQUESTS, Self::WIDTH).expect("a valid table");
-        let allocator = make(allocator, &rows);
+        let mirror = make(&allocator, &rows);
+        let tree = TreeCache::Disabled;
         let mut workload = WideDecode {
-            cache: KvCache::new(allocator, rows, TreeCache::Disabled).expect("page sizes agree"),
+            cache: KvCache::with_mirror(allocator, rows, tree, mirror).expect("page sizes agree"),
             running: None,
             next_rid: 0,
         };
@@ -796,12 +795,12 @@ impl ExtendBatch {
     /// Releases a batch from [`ExtendBatch::extend`] (not measured); with the prefix cache the
     /// requests are inserted, and their pages stay cached.
     pub fn release(&mut self, batch: ScheduleBatch) {
-        self.cache.free_group_begin().expect("no open group");
+        let mut group = self.cache.free_group().expect("no open group");
         let (reqs, out_buffer) = batch.into_parts();
         self.out_buffer = out_buffer;
         for mut req in reqs {
-            release_kv_cache(&mut req, &mut self.cache, self.radix).expect("release");
+            release_kv_cache(&mut req, &mut group, self.radix).expect("release");
         }
-        self.cache.free_group_end().expect("the group is open");
+        group.commit();
     }
 }

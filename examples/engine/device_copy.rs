@@ -1,12 +1,11 @@
-//! The engine's checks on a device: with the allocator staged on CUDA, every check also copies
-//! the held rows of the device table back and compares them with the host's.
+//! The engine's checks on a device: with the table mirrored on CUDA, every check also copies the
+//! held rows of the device table back and compares them with the host's.
 
-use kvown::alloc::{PageAllocator, ReuseOrder};
 use kvown::slots::{ReqRow, ReqToTokenPool};
-use kvown_cuda::StagedAllocator;
+use kvown_cuda::StagedMirror;
 use kvown_cuda::staging::ReadBack;
 
-/// An allocator whose state may have a device copy to compare with the host.
+/// A cache's table mirror, which may be a device copy to compare with the host.
 pub trait DeviceCopy {
     /// Compares the device copy, if there is one, with the host: `row[..len]` of each
     /// `(row, len)` in `rows`.
@@ -17,8 +16,8 @@ pub trait DeviceCopy {
     ) -> Result<(), String>;
 }
 
-/// The host allocator alone: nothing to compare.
-impl<R: ReuseOrder> DeviceCopy for PageAllocator<R> {
+/// No mirror: nothing to compare.
+impl DeviceCopy for () {
     fn verify_device(
         &self,
         _table: &ReqToTokenPool,
@@ -28,7 +27,7 @@ impl<R: ReuseOrder> DeviceCopy for PageAllocator<R> {
     }
 }
 
-impl<R: ReuseOrder, L: ReadBack> DeviceCopy for StagedAllocator<R, L> {
+impl<L: ReadBack> DeviceCopy for StagedMirror<L> {
     fn verify_device(
         &self,
         table: &ReqToTokenPool,

@@ -9,9 +9,10 @@
 //! for the workload flags.
 //!
 //! On CUDA (`--backend cuda`, or `auto` where a GPU works) the K/V pool is on the device and the
-//! allocator is a `StagedAllocator`: the host allocator runs the batch flow, and each call ships
-//! its `out_cache_loc` and request-to-token writes to the device table through a pinned staging
-//! ring (one copy and one scatter kernel; a decode step replays a captured CUDA graph). The
+//! cache's table mirror is a `StagedMirror`: the host allocator runs the batch flow, and each
+//! step ships its `out_cache_loc` and request-to-token writes to the device table through a
+//! pinned staging ring (one copy and one scatter kernel; a decode step replays a captured CUDA
+//! graph). The
 //! checks (at the end, and every step with `--check`) then also copy the held rows of the device
 //! table back and compare them with the host's. On the host nothing changes.
 
@@ -31,13 +32,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kvown::alloc::{AsPageAllocator, KvAllocator, PagedAllocator};
-use kvown::cache::{EvictionDemand, EvictionRules, KvCache, TreeCache};
+use kvown::alloc::{KvAllocator, PagedAllocator};
+use kvown::cache::{EvictionDemand, EvictionRules, KvCache, TableMirror, TreeCache};
 use kvown::kv::{KvPool, new_host_pool};
 use kvown::radix::{RadixCache, RadixConfig};
 use kvown::slots::ReqToTokenPool;
 use kvown_cuda::staging::default_slot_words;
-use kvown_cuda::{Backend, CudaDevice, CudaKvPool, CudaStepLink, StagedAllocator};
+use kvown_cuda::{Backend, CudaDevice, CudaKvPool, CudaStepLink, StagedMirror};
 
 use cli::{Args, BackendChoice};
 use device_copy::DeviceCopy;
@@ -146,14 +147,17 @@ fn host_bookkeeping(
     Ok((allocator, table, tree))
 }
 
-/// The cache over `allocator`, `table` and `tree`, evicting as `--eviction-demand` says.
-fn new_cache<A: KvAllocator>(
+/// The cache over `allocator`, `table` and `tree`, with `mirror` following its table, evicting
+/// as `--eviction-demand` says.
+fn new_cache<M: TableMirror>(
     args: &Args,
-    allocator: A,
+    allocator: PagedAllocator,
     table: ReqToTokenPool,
     tree: TreeCache,
-) -> Result<KvCache<A>, String> {
-    let mut cache = KvCache::new(allocator, table, tree).map_err(|e| e.to_string())?;
+    mirror: M,
+) -> Result<KvCache<PagedAllocator, M>, String> {
+    let mut cache =
+        KvCache::with_mirror(allocator, table, tree, mirror).map_err(|e| e.to_string())?;
     let demand = match args.eviction_demand {
         cli::EvictionDemand::Sglang => EvictionDemand::Sglang,
         cli::EvictionDemand::Shortfall => EvictionDemand::Shortfall,
@@ -173,7 +177,7 @@ fn run(args: &Args) -> Result<Summary, String> {
     let (allocator, table, tree) = host_bookkeeping(args, &jobs)?;
     match device {
         None => {
-            let cache = new_cache(args, allocator, table, tree)?;
+            let cache = new_cache(args, allocator, table, tree, ())?;
             if args.transfer_over_nixl() {
                 let link = NixlLink::start(&args.flags, layout)?;
                 let pool = link.decode_pool();
@@ -185,9 +189,9 @@ fn run(args: &Args) -> Result<Summary, String> {
             serve(args, cache, pool, jobs, backend, None)
         }
         Some(device) => {
-            let staged = staged_on_cuda(&device, allocator, &table)
+            let mirror = staged_on_cuda(&device, &allocator, &table)
                 .map_err(|e| format!("staging ring on {backend}: {e}"))?;
-            let cache = new_cache(args, staged, table, tree)?;
+            let cache = new_cache(args, allocator, table, tree, mirror)?;
             let pool = CudaKvPool::new(device, layout, kv_data::DTYPE)
                 .map_err(|e| format!("KV pool on {backend}: {e}"))?;
             serve(args, cache, Box::new(pool), jobs, backend, None)
@@ -198,13 +202,14 @@ fn run(args: &Args) -> Result<Summary, String> {
 /// Packets in flight before the host waits for the device.
 const STAGING_DEPTH: usize = 4;
 
-/// The host allocator staged on `device`: a device table of `table`'s shape, a pinned ring, and
-/// the decode step's copy and scatter captured as a CUDA graph for a batch of every row.
+/// `table` mirrored on `device`: a device table of its shape, a pinned ring sized for
+/// `allocator`'s pool, and the decode step's copy and scatter captured as a CUDA graph for a
+/// batch of every row.
 fn staged_on_cuda(
     device: &Arc<CudaDevice>,
-    allocator: PagedAllocator,
+    allocator: &PagedAllocator,
     table: &ReqToTokenPool,
-) -> Result<StagedAllocator<kvown::alloc::Lifo, CudaStepLink>, String> {
+) -> Result<StagedMirror<CudaStepLink>, String> {
     let rows = table.size() + 1;
     let slot_words = default_slot_words(allocator.capacity(), rows, rows);
     let mut link = CudaStepLink::new(
@@ -217,15 +222,16 @@ fn staged_on_cuda(
     .map_err(|e| e.to_string())?;
     link.capture_decode_graphs(rows)
         .map_err(|e| format!("capturing the decode graphs: {e}"))?;
-    StagedAllocator::new(allocator, link, table).map_err(|e| e.to_string())
+    StagedMirror::new(link, table, allocator.capacity()).map_err(|e| e.to_string())
 }
 
-/// Runs the workload over `cache` (host allocator or device stager) and `pool` to the end;
+/// Runs the workload over `cache` (its table on the host, or mirrored on a device) and `pool` to
+/// the end;
 /// with `--disaggregated`, through `link` (`--transfer nixl`'s, already started) or a local
 /// prefill node made here.
-fn serve<A: KvAllocator + AsPageAllocator + DeviceCopy>(
+fn serve<M: TableMirror + DeviceCopy>(
     args: &Args,
-    cache: KvCache<A>,
+    cache: KvCache<PagedAllocator, M>,
     pool: Box<dyn KvPool>,
     jobs: Vec<workload::Job>,
     backend: String,

@@ -129,7 +129,7 @@ impl CacheReplay {
 
 #[cfg(test)]
 mod tests {
-    use kvown::alloc::{KvAllocator, PagedAllocator};
+    use kvown::alloc::{PagedAllocator, SlotCalls};
     use kvown::radix::{Insert, Namespace, RadixCache, RadixConfig};
 
     use super::*;

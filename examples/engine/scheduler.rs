@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use kvown::alloc::{AsPageAllocator, KvAllocator, KvSlot, ceil_align};
+use kvown::alloc::{KvAllocator, KvSlot, PagedAllocator, ceil_align};
 use kvown::batch::Req;
 use kvown::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, alloc_for_spec_decode, check_decode_mem,
@@ -14,7 +14,7 @@ use kvown::batch::{
     reset_for_retract, retract_decode,
 };
 use kvown::batch::{cache_unfinished_req, init_next_round_input};
-use kvown::cache::KvCache;
+use kvown::cache::{KvCache, TableMirror};
 use kvown::radix::{Namespace, TreePos};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -71,11 +71,11 @@ pub struct Stats {
     pub cache_events: Option<EventCounts>,
 }
 
-/// The engine: waiting queue, the chunked request, the running batch and the KV state, over
-/// allocator `A` (the host allocator, or its device stager).
-pub struct Engine<'a, A> {
+/// The engine: waiting queue, the chunked request, the running batch and the KV state, with its
+/// table followed by mirror `M` (none, or its device copy).
+pub struct Engine<'a, M> {
     args: &'a Args,
-    cache: KvCache<A>,
+    cache: KvCache<PagedAllocator, M>,
     kv: KvStore,
     rng: SmallRng,
     arrivals: VecDeque<Job>,
@@ -104,9 +104,14 @@ pub fn timed<T>(ns: &mut u64, call: impl FnOnce() -> T) -> T {
     out
 }
 
-impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
+impl<'a, M: TableMirror + DeviceCopy> Engine<'a, M> {
     /// An engine over `cache` and `kv` for the workload `jobs`.
-    pub fn new(args: &'a Args, mut cache: KvCache<A>, kv: KvStore, jobs: Vec<Job>) -> Self {
+    pub fn new(
+        args: &'a Args,
+        mut cache: KvCache<PagedAllocator, M>,
+        kv: KvStore,
+        jobs: Vec<Job>,
+    ) -> Self {
         let replay = args.cache_events.then(|| {
             assert!(
                 cache.enable_cache_events(),
@@ -214,7 +219,7 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
             .held_reqs()
             .filter_map(|req| Some((req.kv().req_pool_idx()?, req.kv().kv_allocated_len())));
         self.cache
-            .allocator()
+            .mirror()
             .verify_device(self.cache.req_to_token(), rows)
             .map_err(at_step)
     }
@@ -729,11 +734,12 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
         }
         let cache = &mut self.cache;
         timed(&mut self.step_ns, || {
-            cache.free_group_begin()?;
+            let mut group = cache.free_group()?;
             for req in &mut finished {
-                release_kv_cache(req, cache, true)?;
+                release_kv_cache(req, &mut group, true)?;
             }
-            cache.free_group_end()
+            group.commit();
+            Ok::<_, kvown::error::KvError>(())
         })
         .map_err(|e| format!("release: {e}"))?;
         self.stats.finished += finished.len() as u64;
@@ -777,7 +783,9 @@ impl<'a, A: KvAllocator + AsPageAllocator + DeviceCopy> Engine<'a, A> {
 }
 
 /// Evicts all the prefix cache of `cache` holds (the end of a run, every request released).
-pub fn evict_everything<A: KvAllocator>(cache: &mut KvCache<A>) -> Result<(), String> {
+pub fn evict_everything<M: TableMirror>(
+    cache: &mut KvCache<PagedAllocator, M>,
+) -> Result<(), String> {
     let capacity = cache.allocator().capacity();
     cache
         .evict_shortfall(capacity)
@@ -787,7 +795,7 @@ pub fn evict_everything<A: KvAllocator>(cache: &mut KvCache<A>) -> Result<(), St
 
 /// Fails, naming what is missing, unless every slot and request row of `cache` is free: after
 /// every request's release and the final eviction, anything else is a leak.
-pub fn check_whole<A: KvAllocator>(cache: &KvCache<A>) -> Result<(), String> {
+pub fn check_whole<M: TableMirror>(cache: &KvCache<PagedAllocator, M>) -> Result<(), String> {
     let (free, capacity) = (cache.available_size(), cache.allocator().capacity());
     let rows = cache.req_to_token();
     if free != capacity || rows.available_size() != rows.size() {
@@ -803,14 +811,13 @@ pub fn check_whole<A: KvAllocator>(cache: &KvCache<A>) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use kvown::alloc::PagedAllocator;
     use kvown::kv::new_host_pool;
 
     use super::*;
     use crate::{host_bookkeeping, kv_data, workload};
 
     /// An engine on the host over the workload `args` describe.
-    fn host_engine(args: &Args) -> Engine<'_, PagedAllocator> {
+    fn host_engine(args: &Args) -> Engine<'_, ()> {
         let jobs = workload::generate(args);
         let (allocator, table, tree) = host_bookkeeping(args, &jobs).expect("bookkeeping");
         let cache = KvCache::new(allocator, table, tree).expect("a cache");
@@ -842,7 +849,7 @@ mod tests {
         Args::from_flags(&[&workload[..], flags].concat())
     }
 
-    fn ratio(engine: &Engine<'_, PagedAllocator>) -> f64 {
+    fn ratio(engine: &Engine<'_, ()>) -> f64 {
         engine
             .new_token_ratio
             .as_ref()

@@ -1,5 +1,5 @@
 //! Times each GPU step with CUDA events (median of many runs, non-zero inputs) and prints one
-//! table: the batch flow's decode step for 1,024 requests at page 16 on the staged allocator
+//! table: the batch flow's decode step for 1,024 requests at page 16 on the staged mirror
 //! (`prepare_for_decode` + `alloc_for_decode`, the packet's copy and `scatter_step`), opening a
 //! page and mid-page, shipped by a CUDA graph and by a plain copy + launch; an extend of 1,024 x
 //! 1,000 tokens; store_kv (with its bandwidth next to a measured device-to-device copy); and
@@ -16,8 +16,8 @@ use std::time::Instant;
 use clap::Parser;
 use cudarc::driver::{CudaSlice, CudaStream, sys::CUevent_flags};
 use kvown_cuda::staging::default_slot_words;
-use kvown_cuda::{CudaDevice, CudaKvPool, CudaStepLink, StagedAllocator};
-use kvown_runtime::alloc::{KvAllocator, Lifo, PagedAllocator};
+use kvown_cuda::{CudaDevice, CudaKvPool, CudaStepLink, StagedMirror};
+use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
 use kvown_runtime::batch::Req;
 use kvown_runtime::batch::{
     ScheduleBatch, alloc_for_decode, alloc_for_extend, prepare_for_decode, prepare_for_extend,
@@ -79,9 +79,9 @@ fn time<T>(
     })
 }
 
-/// The staged allocator on `device` for `REQUESTS` requests of up to `WIDTH` tokens, in a
+/// The staged mirror on `device` for `REQUESTS` requests of up to `WIDTH` tokens, in a
 /// cache without a prefix cache; with `graph`, decode steps replay captured graphs.
-type StagedCache = KvCache<StagedAllocator<Lifo, CudaStepLink>>;
+type StagedCache = KvCache<PagedAllocator, StagedMirror<CudaStepLink>>;
 
 /// Positions per request row.
 const WIDTH: usize = 2048;
@@ -95,8 +95,13 @@ fn staged_cache(device: &Arc<CudaDevice>, graph: bool) -> Result<StagedCache, Er
     if graph {
         link.capture_decode_graphs(rows)?;
     }
-    let staged = StagedAllocator::new(host, link, &table)?;
-    Ok(KvCache::new(staged, table, TreeCache::Disabled)?)
+    let mirror = StagedMirror::new(link, &table, host.capacity())?;
+    Ok(KvCache::with_mirror(
+        host,
+        table,
+        TreeCache::Disabled,
+        mirror,
+    )?)
 }
 
 /// `REQUESTS` new requests with prompts of `len` tokens, extended.
@@ -115,7 +120,7 @@ fn decode_steps(
     cache: &mut StagedCache,
     mut batch: ScheduleBatch,
 ) -> Result<(Timing, Timing), Error> {
-    let stream = cache.allocator().ring().link().stream().clone();
+    let stream = cache.mirror().ring().link().stream().clone();
     let context = stream.context();
     let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
     let (start, end) = (context.new_event(flags)?, context.new_event(flags)?);
@@ -282,7 +287,7 @@ fn main() -> Result<(), Error> {
         "page-locked, write-combined".into(),
     );
 
-    // The staged allocator: 1,024 requests with 1,024-token prompts, then decode steps. One
+    // The staged mirror: 1,024 requests with 1,024-token prompts, then decode steps. One
     // step in 16 opens a page for every request; the rest write mid-page.
     for graph in [true, false] {
         let mut cache = staged_cache(&device, graph)?;
@@ -301,7 +306,7 @@ fn main() -> Result<(), Error> {
         );
     }
     let mut cache = staged_cache(&device, false)?;
-    let extend_stream = cache.allocator().ring().link().stream().clone();
+    let extend_stream = cache.mirror().ring().link().stream().clone();
     let cache = std::cell::RefCell::new(&mut cache);
     let extend = time(
         &extend_stream,

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use kvown_runtime::kv::{KvDtype, KvLayout, KvPool, KvPoolError, new_host_pool};
 
-use crate::detect::{CudaDevice, Unavailable};
+use crate::detect::CudaDevice;
+use crate::error::Unavailable;
 use crate::kv::CudaKvPool;
 
 /// The backend chosen for this process, with the reason for the choice.

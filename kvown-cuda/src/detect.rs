@@ -5,53 +5,13 @@
 //! second net (a symbol missing from an old driver also panics). NVRTC is checked separately:
 //! a host can have a driver and no NVRTC.
 
-use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaStream, DriverError, sys as driver_sys};
 
+use crate::error::{Unavailable, panic_message};
 use crate::kernels::{Kernels, arch_for, nvrtc_available};
-
-/// Why the CUDA backend cannot be used on this machine.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Unavailable {
-    /// No CUDA driver library (`libcuda.so.1`) could be loaded.
-    #[error("no CUDA driver library (libcuda.so.1) could be loaded")]
-    NoDriverLibrary,
-    /// The driver library loaded but `cuInit` or a device query failed.
-    #[error("the CUDA driver failed to initialise: {detail}")]
-    DriverInit {
-        /// The driver error or panic message.
-        detail: String,
-    },
-    /// The driver works and reports zero devices.
-    #[error("the CUDA driver reports no device")]
-    NoDevice,
-    /// Creating (retaining) the primary context of device 0 failed.
-    #[error("creating a CUDA context on device 0 failed: {detail}")]
-    ContextCreation {
-        /// The driver error or panic message.
-        detail: String,
-    },
-    /// No NVRTC library (`libnvrtc.so.12`) could be loaded, so the kernels cannot be compiled.
-    #[error("no NVRTC library (libnvrtc.so.12) could be loaded (run scripts/install-nvrtc.sh)")]
-    NoNvrtc,
-    /// NVRTC rejected a kernel source for the device's architecture.
-    #[error("compiling the kernels for {arch} failed: {detail}")]
-    KernelCompile {
-        /// Target architecture, e.g. `sm_90`.
-        arch: String,
-        /// The compile error with NVRTC's log.
-        detail: String,
-    },
-    /// The driver would not load the compiled PTX or a kernel in it.
-    #[error("loading the compiled kernels failed: {detail}")]
-    ModuleLoad {
-        /// The driver error.
-        detail: String,
-    },
-}
 
 /// The CUDA device 0 of this process: context, stream, and the kernels compiled for its
 /// architecture. Obtained through [`CudaDevice::get`], which detects and compiles once.
@@ -66,17 +26,6 @@ pub struct CudaDevice {
 }
 
 static DEVICE: OnceLock<Result<Arc<CudaDevice>, Unavailable>> = OnceLock::new();
-
-/// The text of a caught panic payload.
-pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
-    if let Some(text) = payload.downcast_ref::<&str>() {
-        (*text).to_owned()
-    } else if let Some(text) = payload.downcast_ref::<String>() {
-        text.clone()
-    } else {
-        "non-string panic payload".to_owned()
-    }
-}
 
 /// Runs a driver call, turning both its `Err` and a panic into a message.
 fn guarded<T>(call: impl FnOnce() -> Result<T, DriverError>) -> Result<T, String> {
@@ -162,15 +111,9 @@ impl CudaDevice {
 mod tests {
     use super::*;
 
-    /// A driver call that panics is reported with its message, whatever the payload's type.
+    /// A driver call that panics is reported with its message.
     #[test]
-    fn panic_messages_of_every_payload_type() {
-        let text: Box<dyn Any + Send> = Box::new("no symbol");
-        assert_eq!(panic_message(text.as_ref()), "no symbol");
-        let owned: Box<dyn Any + Send> = Box::new(String::from("bad handle"));
-        assert_eq!(panic_message(owned.as_ref()), "bad handle");
-        let other: Box<dyn Any + Send> = Box::new(7_u32);
-        assert_eq!(panic_message(other.as_ref()), "non-string panic payload");
+    fn a_panicking_driver_call_is_reported_with_its_message() {
         assert_eq!(
             guarded(|| -> Result<(), DriverError> { panic!("driver gone") }),
             Err("panicked: driver gone".to_owned())

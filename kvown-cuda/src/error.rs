@@ -1,4 +1,7 @@
-//! Errors of device calls, and of building and verifying a staged allocator.
+//! Errors of device calls, of building and verifying a staged mirror, and why the device is
+//! unavailable.
+
+use std::any::Any;
 
 use cudarc::driver::DriverError;
 use kvown_runtime::alloc::KvSlot;
@@ -20,8 +23,8 @@ pub enum CudaError {
     Driver(#[from] DriverError),
 }
 
-/// Why a [`StagedAllocator`](crate::StagedAllocator) cannot be built, or why
-/// [`StagedAllocator::verify`](crate::StagedAllocator::verify) found the device apart from the
+/// Why a [`StagedMirror`](crate::StagedMirror) cannot be built, or why
+/// [`StagedMirror::verify`](crate::StagedMirror::verify) found the device apart from the
 /// host.
 #[derive(Debug, thiserror::Error)]
 pub enum StagingError {
@@ -93,9 +96,71 @@ pub enum StagingError {
     },
 }
 
+/// Why the CUDA backend cannot be used on this machine.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unavailable {
+    /// No CUDA driver library (`libcuda.so.1`) could be loaded.
+    #[error("no CUDA driver library (libcuda.so.1) could be loaded")]
+    NoDriverLibrary,
+    /// The driver library loaded but `cuInit` or a device query failed.
+    #[error("the CUDA driver failed to initialise: {detail}")]
+    DriverInit {
+        /// The driver error or panic message.
+        detail: String,
+    },
+    /// The driver works and reports zero devices.
+    #[error("the CUDA driver reports no device")]
+    NoDevice,
+    /// Creating (retaining) the primary context of device 0 failed.
+    #[error("creating a CUDA context on device 0 failed: {detail}")]
+    ContextCreation {
+        /// The driver error or panic message.
+        detail: String,
+    },
+    /// No NVRTC library (`libnvrtc.so.12`) could be loaded, so the kernels cannot be compiled.
+    #[error("no NVRTC library (libnvrtc.so.12) could be loaded (run scripts/install-nvrtc.sh)")]
+    NoNvrtc,
+    /// NVRTC rejected a kernel source for the device's architecture.
+    #[error("compiling the kernels for {arch} failed: {detail}")]
+    KernelCompile {
+        /// Target architecture, e.g. `sm_90`.
+        arch: String,
+        /// The compile error with NVRTC's log.
+        detail: String,
+    },
+    /// The driver would not load the compiled PTX or a kernel in it.
+    #[error("loading the compiled kernels failed: {detail}")]
+    ModuleLoad {
+        /// The driver error.
+        detail: String,
+    },
+}
+
+/// The text of a caught panic payload.
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A caught panic is reported with its message, whatever the payload's type.
+    #[test]
+    fn panic_messages_of_every_payload_type() {
+        let text: Box<dyn Any + Send> = Box::new("no symbol");
+        assert_eq!(panic_message(text.as_ref()), "no symbol");
+        let owned: Box<dyn Any + Send> = Box::new(String::from("bad handle"));
+        assert_eq!(panic_message(owned.as_ref()), "bad handle");
+        let other: Box<dyn Any + Send> = Box::new(7_u32);
+        assert_eq!(panic_message(other.as_ref()), "non-string panic payload");
+    }
 
     /// Messages read as one sentence: no runs of spaces left by a string continued onto the
     /// next line without a `\`.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::{Ptx, result as nvrtc, sys as nvrtc_sys};
 
-use crate::detect::{Unavailable, panic_message};
+use crate::error::{Unavailable, panic_message};
 
 /// One `.cu` file: its name, its text, and the `extern "C"` kernels it must define.
 #[derive(Debug, Clone, Copy)]

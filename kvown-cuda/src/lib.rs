@@ -1,12 +1,12 @@
 //! kvown CUDA backend: the KV data pool ([`CudaKvPool`]) on an NVIDIA GPU, and each step's
-//! allocation results shipped to it ([`StagedAllocator`]), through `cudarc` with dynamic
+//! allocation results shipped to it ([`StagedMirror`]), through `cudarc` with dynamic
 //! loading, so the crate builds and its CPU-side tests run on machines with no CUDA at all.
 //!
-//! * [`StagedAllocator`] is the runtime's `KvAllocator` for a device: the host allocator makes
-//!   every decision, and each batch-flow call ships its `out_cache_loc` and its
-//!   request-to-token writes to the device as one packet through a pinned staging ring: one
-//!   copy and one scatter kernel ([`staging`]). The device keeps no free list and replays
-//!   nothing.
+//! * [`StagedMirror`] is the device's copy of a `KvCache`'s request-to-token table, the
+//!   cache's `TableMirror`: the host allocator makes every decision, and each batch-flow step
+//!   ships its `out_cache_loc` and its table writes to the device as one packet through a
+//!   pinned staging ring: one copy and one scatter kernel ([`staging`]). The device keeps no
+//!   free list and replays nothing.
 //! * [`Backend::auto`] picks CUDA when a device, a driver and NVRTC work, and the host pool
 //!   otherwise, and says which and why. Detection never panics ([`CudaDevice::get`]).
 //! * Kernels are CUDA C in `src/kernels/*.cu`, embedded with `include_str!` and compiled at run
@@ -32,9 +32,9 @@
 //! # Verification status
 //!
 //! Without a GPU: the crate builds, every kernel source compiles with NVRTC 12.9 to PTX for
-//! `sm_80` and `sm_90` (`tests/nvrtc_compile.rs`); the `scatter.cu` and `kv.cu` kernels compiled
+//! `sm_80` and `sm_90` (`tests/it/nvrtc_compile.rs`); the `scatter.cu` and `kv.cu` kernels compiled
 //! as host C++ reproduce the host table and the host pool exactly under the runtime's batch
-//! flow and random pools (`tests/staging/`, `tests/differential.rs`). On a GPU,
+//! flow and random pools (`tests/it/staging.rs`, `tests/it/kv_pool.rs`). On a GPU,
 //! `scripts/device-check.sh` runs the same tests on the device, the engine on CUDA and the
 //! timings; the crate's README records its last results.
 #![warn(missing_docs)]
@@ -48,8 +48,8 @@ mod kv_plan;
 pub mod staging;
 
 pub use backend::Backend;
-pub use detect::{CudaDevice, Unavailable};
-pub use error::{CudaError, StagingError};
+pub use detect::CudaDevice;
+pub use error::{CudaError, StagingError, Unavailable};
 pub use kv::{CudaKvPool, kv_bytes, kv_data_from_bytes};
 pub use kv_plan::{KvPlanner, PageCopy, ROW_BLOCK_MAX, RowLaunch, RowShape};
-pub use staging::{CudaStepLink, HostLink, StagedAllocator};
+pub use staging::{CudaStepLink, HostLink, StagedMirror};

@@ -21,7 +21,7 @@ use clap::{Parser, ValueEnum};
 use kvown_events::{
     Context, Dialect, EventEncoder, EventPublisher, MEDIUM, NamespaceLabels, PublisherConfig,
 };
-use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
 use kvown_runtime::radix::{CacheEvent, Insert, Namespace, RadixCache, RadixConfig};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};

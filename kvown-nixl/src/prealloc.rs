@@ -3,7 +3,7 @@
 
 use kvown_runtime::alloc::KvAllocator;
 use kvown_runtime::batch::{Req, TransferTicket, prealloc_for_transfer, release_kv_cache};
-use kvown_runtime::cache::KvCache;
+use kvown_runtime::cache::{KvCache, TableMirror};
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::TreePos;
 
@@ -36,7 +36,10 @@ pub enum Prealloc {
 /// more slots than the allocator has in all (`OutOfMemory`, `FreeGroupOpen`) or rows are short
 /// (`OutOfRows`); anything else rejects. A refused request gives back the prefix lock its match
 /// took, so a waiting request pins no cache entry.
-pub fn prealloc_or_wait<A: KvAllocator>(req: Req, cache: &mut KvCache<A>) -> Prealloc {
+pub fn prealloc_or_wait<A: KvAllocator, M: TableMirror>(
+    req: Req,
+    cache: &mut KvCache<A, M>,
+) -> Prealloc {
     let failure = match prealloc_for_transfer(req, cache) {
         Ok(ticket) => return Prealloc::Ready(ticket),
         Err(failure) => *failure,

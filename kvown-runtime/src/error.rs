@@ -30,11 +30,11 @@ pub enum KvError {
     },
     /// Room for `requested` slots must come from frees (evicting the prefix cache, or a
     /// retraction's releases), but a free group is open: what it frees stays deferred, and
-    /// unavailable, until the group ends.
+    /// unavailable, until the group commits.
     #[error(
         "cannot make room inside a free group: requested {requested} slots, {available} free \
-         and {evictable} evictable, but frees stay deferred until free_group_end; end the free \
-         group first"
+         and {evictable} evictable, but frees stay deferred until the group commits; commit \
+         the free group (drop its guard) first"
     )]
     FreeGroupOpen {
         /// Slots the call needs in new pages.

@@ -2,7 +2,9 @@
 //! with invalid requests mixed in: a batch fails exactly when one of its requests is invalid
 //! (by the test's own reading of the table) or the pool is short; a success follows the decode
 //! rule and writes each new slot into its row; a failure leaves the table, the allocator and
-//! `out` exactly as they were.
+//! `out` exactly as they were. And the batch flow's decode (`alloc_for_decode`, whose allocator
+//! trusts the rows `prepare_for_decode` checked and writes them in its pass) against it: the
+//! same slots, rows and allocator state, step after step.
 
 mod common;
 #[path = "common/held_rows.rs"]
@@ -10,8 +12,13 @@ mod held_rows;
 
 use held_rows::held_rows;
 use kvown_runtime::alloc::{
-    AllocError, DecodeRow, ExtendShape, KvAllocator, PagedAllocator, TokenAllocator,
+    AllocError, AsPageAllocator, DecodeRow, ExtendShape, KvAllocator, PagedAllocator, SlotCalls,
+    TokenAllocator,
 };
+use kvown_runtime::batch::{
+    Req, ScheduleBatch, alloc_for_decode, alloc_for_extend, prepare_for_decode, prepare_for_extend,
+};
+use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::slots::{ReqRow, ReqToTokenPool};
 use proptest::prelude::*;
 
@@ -136,6 +143,127 @@ proptest! {
     #[test]
     fn decode_by_rows_follows_the_rule_page_size_16((pages, need_sort, lens, steps) in scenario(16)) {
         run(PagedAllocator::new(pages * 16, 16, need_sort).unwrap(), 66, lens, steps)?;
+    }
+}
+
+/// Extends a request of each length in `lens` (in a table of `width` positions), then runs each
+/// batch of `batches` (an order of some of the requests) through `prepare_for_decode` /
+/// `alloc_for_decode` and, on copies of the allocator and the table from before the step,
+/// through `alloc_decode_table`: both succeed or both fail, with the same slots, table and
+/// allocator.
+fn batch_flow_matches_rows<A>(
+    allocator: A,
+    width: usize,
+    lens: &[usize],
+    batches: &[Vec<usize>],
+) -> Result<(), TestCaseError>
+where
+    A: KvAllocator + AsPageAllocator + Clone + PartialEq + std::fmt::Debug,
+{
+    let table = ReqToTokenPool::new(lens.len(), width).unwrap();
+    let mut cache = KvCache::new(allocator, table, TreeCache::Disabled).unwrap();
+    let reqs = lens
+        .iter()
+        .enumerate()
+        .map(|(rid, &len)| Req::new(rid as u64, vec![7; len]))
+        .collect();
+    let batch = alloc_for_extend(prepare_for_extend(ScheduleBatch::new(reqs)), &mut cache);
+    let mut reqs: Vec<Option<Req>> = match batch {
+        Ok(batch) => batch.into_reqs().into_iter().map(Some).collect(),
+        Err(_) => return Ok(()),
+    };
+    for order in batches {
+        // Requests whose row is full sit the step out.
+        let fits = |req: &Option<Req>| {
+            req.as_ref()
+                .is_some_and(|req| req.kv().kv_allocated_len() + 1 < width)
+        };
+        let picked: Vec<Req> = order
+            .iter()
+            .filter_map(|&i| fits(&reqs[i]).then(|| reqs[i].take()).flatten())
+            .collect();
+        let rows: Vec<DecodeRow> = picked
+            .iter()
+            .map(|req| DecodeRow {
+                row: req.held_row().unwrap(),
+                len: req.kv().kv_allocated_len(),
+            })
+            .collect();
+        let before = (cache.allocator().clone(), cache.req_to_token().clone());
+        let (mut by_rows, mut table) = before.clone();
+        let mut out = Vec::new();
+        let rows_result = by_rows.alloc_decode_table(rows.iter().copied(), &mut table, &mut out);
+        let mut batch = ScheduleBatch::new(picked);
+        for req in batch.reqs_mut() {
+            req.push_output(7);
+        }
+        let prepared = prepare_for_decode(batch, &cache)
+            .map_err(|(_, error)| error)
+            .unwrap();
+        let picked = match alloc_for_decode(prepared, &mut cache) {
+            Ok(batch) => {
+                prop_assert!(rows_result.is_ok(), "{:?}", rows_result);
+                prop_assert_eq!(batch.out_cache_loc(), &out[..]);
+                batch.into_reqs()
+            }
+            Err(failure) => {
+                prop_assert!(rows_result.is_err(), "{}", failure.error);
+                prop_assert_eq!((&by_rows, &table), (&before.0, &before.1));
+                failure.batch.cancel().into_reqs()
+            }
+        };
+        prop_assert_eq!(cache.allocator(), &by_rows);
+        prop_assert_eq!(cache.req_to_token(), &table);
+        for req in picked {
+            let index = req.rid() as usize;
+            reqs[index] = Some(req);
+        }
+        cache.check(reqs.iter().flatten()).unwrap();
+    }
+    Ok(())
+}
+
+/// Pool pages, `need_sort`, six requests' prompt lengths (`1..width`), and the batches (each
+/// an order of some of them).
+fn flow_scenario(
+    width: usize,
+) -> impl Strategy<Value = (usize, bool, Vec<usize>, Vec<Vec<usize>>)> {
+    let order = Just((0..HELD_ROWS).collect::<Vec<_>>())
+        .prop_shuffle()
+        .prop_flat_map(|rows| (0..=HELD_ROWS).prop_map(move |n| rows[..n].to_vec()));
+    (
+        3usize..24,
+        any::<bool>(),
+        prop::collection::vec(1..width, HELD_ROWS),
+        prop::collection::vec(order, 1..12),
+    )
+}
+
+proptest! {
+    #![proptest_config(common::proptest_config())]
+
+    #[test]
+    fn the_batch_flows_decode_matches_decode_by_rows_page_size_1(
+        (pages, need_sort, lens, batches) in flow_scenario(6)
+    ) {
+        let allocator = TokenAllocator::new(pages, need_sort).unwrap();
+        batch_flow_matches_rows(allocator, 6, &lens, &batches)?;
+    }
+
+    #[test]
+    fn the_batch_flows_decode_matches_decode_by_rows_page_size_3(
+        (pages, need_sort, lens, batches) in flow_scenario(14)
+    ) {
+        let allocator = PagedAllocator::new(pages * 3, 3, need_sort).unwrap();
+        batch_flow_matches_rows(allocator, 14, &lens, &batches)?;
+    }
+
+    #[test]
+    fn the_batch_flows_decode_matches_decode_by_rows_page_size_16(
+        (pages, need_sort, lens, batches) in flow_scenario(66)
+    ) {
+        let allocator = PagedAllocator::new(pages * 16, 16, need_sort).unwrap();
+        batch_flow_matches_rows(allocator, 66, &lens, &batches)?;
     }
 }
 

@@ -3,16 +3,33 @@
 //! allocator's shapes, many-page requests, mixed decode batches and bad shapes.
 
 use kvown_runtime::alloc::{
-    AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PagedAllocator,
+    AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PagedAllocator, SlotCalls,
 };
 
 /// A paged allocator with every page held except `free`, which is its free list in that order.
-fn with_free_list(num_pages: usize, page_size: usize, free: &[PageId]) -> PagedAllocator {
+/// The page of each slot of `partial` is handed out up to that slot (a request's partial last
+/// page, continued from there); every other held page is handed out whole.
+fn with_free_list(
+    num_pages: usize,
+    page_size: usize,
+    free: &[PageId],
+    partial: &[KvSlot],
+) -> PagedAllocator {
     let mut allocator = PagedAllocator::new(num_pages * page_size, page_size, false).unwrap();
     let mut all = Vec::new();
     allocator.alloc(num_pages * page_size, &mut all).unwrap();
     for &page in free.iter().rev() {
         allocator.free(&[page * page_size as KvSlot]).unwrap();
+    }
+    // The partial pages go back to the head, and one request each takes them again, up to
+    // their last slot.
+    for &last in partial.iter().rev() {
+        allocator.free(&[last]).unwrap();
+    }
+    for &last in partial {
+        let filled = last as usize % page_size + 1;
+        let slots = extend(&mut allocator, &[shape(0, filled, None)]);
+        assert_eq!(slots.last(), Some(&last));
     }
     assert_eq!(allocator.free_pages().collect::<Vec<_>>(), free);
     allocator
@@ -36,7 +53,7 @@ fn extend(allocator: &mut PagedAllocator, reqs: &[ExtendShape]) -> Vec<KvSlot> {
 
 #[test]
 fn worked_example_of_spec_4_5() {
-    let mut allocator = with_free_list(10, 4, &[7, 3, 9, 5, 10]);
+    let mut allocator = with_free_list(10, 4, &[7, 3, 9, 5, 10], &[9]);
     let out = extend(&mut allocator, &[shape(6, 13, Some(9)), shape(0, 5, None)]);
     assert_eq!(out[..7], [10, 11, 28, 29, 30, 31, 12]);
     assert_eq!(out[7..], [36, 37, 38, 39, 20]);
@@ -46,7 +63,7 @@ fn worked_example_of_spec_4_5() {
 
 #[test]
 fn prefix_zero_takes_only_new_pages() {
-    let mut allocator = with_free_list(8, 4, &[6, 2, 8]);
+    let mut allocator = with_free_list(8, 4, &[6, 2, 8], &[]);
     assert_eq!(
         extend(&mut allocator, &[shape(0, 6, None)]),
         [24, 25, 26, 27, 8, 9]
@@ -56,7 +73,7 @@ fn prefix_zero_takes_only_new_pages() {
 
 #[test]
 fn page_aligned_prefix_has_no_part_one() {
-    let mut allocator = with_free_list(8, 4, &[6, 2, 8]);
+    let mut allocator = with_free_list(8, 4, &[6, 2, 8], &[]);
     assert_eq!(
         extend(&mut allocator, &[shape(4, 9, Some(7))]),
         [24, 25, 26, 27, 8]
@@ -66,14 +83,14 @@ fn page_aligned_prefix_has_no_part_one() {
 
 #[test]
 fn prefix_and_seq_in_one_page_use_only_part_one() {
-    let mut allocator = with_free_list(8, 4, &[6, 2, 8]);
+    let mut allocator = with_free_list(8, 4, &[6, 2, 8], &[16]);
     assert_eq!(extend(&mut allocator, &[shape(5, 7, Some(16))]), [17, 18]);
     assert_eq!(allocator.free_pages().collect::<Vec<_>>(), [6, 2, 8]);
 }
 
 #[test]
 fn page_aligned_seq_has_no_part_three() {
-    let mut allocator = with_free_list(8, 4, &[6, 2, 8]);
+    let mut allocator = with_free_list(8, 4, &[6, 2, 8], &[13]);
     assert_eq!(
         extend(&mut allocator, &[shape(2, 8, Some(13))]),
         [14, 15, 24, 25, 26, 27]
@@ -83,7 +100,7 @@ fn page_aligned_seq_has_no_part_three() {
 
 #[test]
 fn empty_extend_writes_nothing_and_takes_nothing() {
-    let mut allocator = with_free_list(8, 4, &[6, 2, 8]);
+    let mut allocator = with_free_list(8, 4, &[6, 2, 8], &[16]);
     let before = allocator.clone();
     assert!(extend(&mut allocator, &[shape(5, 5, Some(16)), shape(0, 0, None)]).is_empty());
     assert_eq!(allocator, before);
@@ -91,7 +108,7 @@ fn empty_extend_writes_nothing_and_takes_nothing() {
 
 #[test]
 fn many_shapes_use_prefix_sum_offsets_and_request_order() {
-    let mut allocator = with_free_list(12, 4, &[11, 4, 9, 2, 7, 12, 5]);
+    let mut allocator = with_free_list(12, 4, &[11, 4, 9, 2, 7, 12, 5], &[14, 25, 32]);
     let reqs = [
         shape(3, 4, Some(14)),
         shape(0, 9, None),
@@ -133,7 +150,7 @@ fn a_request_needing_many_pages_is_filled_completely() {
 
 #[test]
 fn extend_out_of_memory_changes_nothing() {
-    let mut allocator = with_free_list(8, 4, &[6, 2]);
+    let mut allocator = with_free_list(8, 4, &[6, 2], &[4]);
     let before = allocator.clone();
     let mut out = vec![7];
     assert_eq!(
@@ -149,7 +166,7 @@ fn extend_out_of_memory_changes_nothing() {
 
 #[test]
 fn bad_extend_shapes_are_typed_and_change_nothing() {
-    let mut allocator = with_free_list(8, 4, &[6, 2]);
+    let mut allocator = with_free_list(8, 4, &[6, 2], &[]);
     let before = allocator.clone();
     let cases = [
         (
@@ -215,7 +232,7 @@ fn decode(seq_len: usize, last_loc: KvSlot) -> DecodeShape {
 
 #[test]
 fn decode_opens_a_page_only_when_seq_mod_page_size_is_one() {
-    let mut allocator = with_free_list(8, 4, &[6, 2, 8]);
+    let mut allocator = with_free_list(8, 4, &[6, 2, 8], &[12, 30]);
     let mut out = Vec::new();
     allocator
         .alloc_decode(&[decode(10, 12), decode(13, 19), decode(8, 30)], &mut out)
@@ -227,7 +244,7 @@ fn decode_opens_a_page_only_when_seq_mod_page_size_is_one() {
 
 #[test]
 fn decode_gives_page_crossers_consecutive_free_pages_in_batch_order() {
-    let mut allocator = with_free_list(8, 4, &[6, 2, 8]);
+    let mut allocator = with_free_list(8, 4, &[6, 2, 8], &[13, 4]);
     let mut out = vec![0];
     allocator
         .alloc_decode(
@@ -241,7 +258,7 @@ fn decode_gives_page_crossers_consecutive_free_pages_in_batch_order() {
 
 #[test]
 fn failing_decode_is_typed_and_changes_nothing() {
-    let mut allocator = with_free_list(8, 4, &[6]);
+    let mut allocator = with_free_list(8, 4, &[6], &[]);
     let before = allocator.clone();
     let cases = [
         (

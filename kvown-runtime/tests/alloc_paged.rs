@@ -5,7 +5,8 @@
 use std::collections::BTreeSet;
 
 use kvown_runtime::alloc::{
-    AllocError, ExtendShape, KvAllocator, KvSlot, PageId, PageState, PagedAllocator,
+    AllocError, ExtendShape, FreeOrder, KvAllocator, KvSlot, PageId, PageState, PagedAllocator,
+    SlotCalls,
 };
 
 fn paged(num_pages: usize, page_size: usize) -> PagedAllocator {
@@ -154,7 +155,9 @@ fn free_page_ids_prepends_pages_in_the_order_given_like_free_segment() {
     let mut by_pages = paged(6, 4);
     alloc(&mut by_pages, 24);
     let mut by_segment = by_pages.clone();
-    by_pages.free_page_ids(&[5, 2, 4, 2]).unwrap();
+    by_pages
+        .free_page_ids(&[5, 2, 4, 2], FreeOrder::Given)
+        .unwrap();
     let row: Vec<KvSlot> = [5u32, 2, 4].iter().flat_map(|&p| slots_of(p, 4)).collect();
     by_segment.free_segment(&row, 0).unwrap();
     assert_eq!(free_list(&by_pages), [5, 2, 4]);
@@ -166,7 +169,7 @@ fn free_page_ids_prepends_pages_in_the_order_given_like_free_segment() {
 fn free_page_ids_rejects_bad_pages_with_typed_errors_and_changes_nothing() {
     let mut allocator = paged(4, 4);
     alloc(&mut allocator, 8);
-    allocator.free_page_ids(&[1]).unwrap();
+    allocator.free_page_ids(&[1], FreeOrder::Given).unwrap();
     let before = allocator.clone();
     for (pages, error) in [
         (
@@ -193,7 +196,11 @@ fn free_page_ids_rejects_bad_pages_with_typed_errors_and_changes_nothing() {
         ),
         (&[2, 3][..], AllocError::NotAllocated { slot: 12, page: 3 }),
     ] {
-        assert_eq!(allocator.free_page_ids(pages), Err(error), "{pages:?}");
+        assert_eq!(
+            allocator.free_page_ids(pages, FreeOrder::Given),
+            Err(error),
+            "{pages:?}"
+        );
         assert_eq!(allocator, before, "{pages:?} changed the allocator");
     }
     assert!(allocator.is_page_allocated(2));
@@ -207,11 +214,11 @@ fn free_page_ids_rejects_bad_pages_with_typed_errors_and_changes_nothing() {
 fn free_page_ids_inside_a_group_is_deferred() {
     let mut allocator = paged(4, 4);
     alloc(&mut allocator, 16);
-    allocator.free_group_begin().unwrap();
-    allocator.free_page_ids(&[3, 1]).unwrap();
-    assert_eq!(allocator.deferred_pages(), [3, 1]);
-    assert_eq!(allocator.available_size(), 0);
-    allocator.free_group_end().unwrap();
+    let mut group = allocator.free_group().unwrap();
+    group.free_page_ids(&[3, 1], FreeOrder::Given).unwrap();
+    assert_eq!(group.deferred_pages(), [3, 1]);
+    assert_eq!(group.available_size(), 0);
+    group.commit();
     // In the order given, as outside a group (only `free`'s pages are sorted).
     assert_eq!(free_list(&allocator), [3, 1]);
 }
@@ -224,17 +231,15 @@ fn a_group_end_puts_segment_pages_in_call_order_before_the_sorted_free_pages() {
     let mut allocator = paged(8, 4);
     let row = alloc(&mut allocator, 32);
     let page = |p: PageId| row[(p as usize - 1) * 4..p as usize * 4].to_vec();
-    allocator.free_group_begin().unwrap();
-    allocator.free(&[page(7), page(2)].concat()).unwrap();
-    allocator
-        .free_segment(&[page(5), page(3)].concat(), 0)
-        .unwrap();
-    allocator.free(&page(4)).unwrap();
-    allocator
+    let mut group = allocator.free_group().unwrap();
+    group.free(&[page(7), page(2)].concat()).unwrap();
+    group.free_segment(&[page(5), page(3)].concat(), 0).unwrap();
+    group.free(&page(4)).unwrap();
+    group
         .free_segments(&[(&page(8), 0), (&page(1), 0)])
         .unwrap();
-    assert_eq!(allocator.deferred_pages(), [5, 3, 8, 1, 7, 2, 4]);
-    allocator.free_group_end().unwrap();
+    assert_eq!(group.deferred_pages(), [5, 3, 8, 1, 7, 2, 4]);
+    group.commit();
     assert_eq!(free_list(&allocator), [5, 3, 8, 1, 2, 4, 7]);
     allocator.check().unwrap();
 }
@@ -310,29 +315,29 @@ fn invalid_frees_are_typed_and_change_nothing() {
 fn group_defers_every_free_until_end_and_applies_them_at_once() {
     let mut allocator = paged(6, 4);
     alloc(&mut allocator, 24);
-    allocator.free_group_begin().unwrap();
+    let mut group = allocator.free_group().unwrap();
     let mut source: Vec<KvSlot> = slots_of(5, 4);
-    allocator.free(&source).unwrap();
+    group.free(&source).unwrap();
     source.fill(8);
-    allocator.free_segment(&slots_of(2, 4), 0).unwrap();
-    assert_eq!(allocator.available_size(), 0);
-    assert_eq!(allocator.deferred_count(), 2);
-    assert!(!allocator.is_page_free(5));
-    assert_eq!(allocator.page_state(5), Some(PageState::Deferred));
+    group.free_segment(&slots_of(2, 4), 0).unwrap();
+    assert_eq!(group.available_size(), 0);
+    assert_eq!(group.deferred_count(), 2);
+    assert!(!group.is_page_free(5));
+    assert_eq!(group.page_state(5), Some(PageState::Deferred));
     assert!(matches!(
-        allocator.alloc(4, &mut Vec::new()),
+        group.alloc(4, &mut Vec::new()),
         Err(AllocError::OutOfMemory { .. })
     ));
     assert_eq!(
-        allocator.free(&[22]),
+        group.free(&[22]),
         Err(AllocError::DoubleFree {
             slot: 22,
             page: 5,
             state: PageState::Deferred
         })
     );
-    allocator.check().unwrap();
-    allocator.free_group_end().unwrap();
+    group.check().unwrap();
+    group.commit();
     assert_eq!(free_list(&allocator), [2, 5]);
     assert_eq!(allocator.available_size(), 8);
     assert_eq!(allocator.deferred_count(), 0);
@@ -343,28 +348,29 @@ fn group_defers_every_free_until_end_and_applies_them_at_once() {
 fn nested_begin_is_an_error_that_keeps_the_open_group() {
     let mut allocator = paged(4, 4);
     alloc(&mut allocator, 8);
-    allocator.free_group_begin().unwrap();
-    allocator.free(&[4]).unwrap();
+    let mut group = allocator.free_group().unwrap();
+    group.free(&[4]).unwrap();
     assert_eq!(
-        allocator.free_group_begin(),
+        group.free_group().map(drop),
         Err(AllocError::NestedFreeGroup { deferred_pages: 1 })
     );
-    assert!(allocator.in_free_group());
-    assert_eq!(allocator.deferred_pages(), [1]);
-    allocator.free_group_end().unwrap();
+    assert!(group.in_free_group());
+    assert_eq!(group.deferred_pages(), [1]);
+    group.commit();
     assert_eq!(free_list(&allocator), [1, 3, 4]);
 }
 
 #[test]
-fn end_with_nothing_deferred_is_a_no_op_and_end_without_begin_is_an_error() {
+// An end without a begin, or a second end, cannot be written: the guard commits once.
+fn a_group_with_nothing_deferred_commits_to_no_change() {
     let mut allocator = paged(4, 4);
     alloc(&mut allocator, 8);
     let before = allocator.clone();
-    allocator.free_group_begin().unwrap();
-    allocator.free(&[]).unwrap();
-    allocator.free_group_end().unwrap();
+    let mut group = allocator.free_group().unwrap();
+    group.free(&[]).unwrap();
+    group.commit();
     assert_eq!(allocator, before);
-    assert_eq!(allocator.free_group_end(), Err(AllocError::NotInFreeGroup));
+    drop(allocator.free_group().unwrap());
     assert_eq!(allocator, before);
 }
 
@@ -372,13 +378,13 @@ fn end_with_nothing_deferred_is_a_no_op_and_end_without_begin_is_an_error() {
 fn failed_free_inside_a_group_keeps_earlier_deferrals() {
     let mut allocator = paged(4, 4);
     alloc(&mut allocator, 12);
-    allocator.free_group_begin().unwrap();
-    allocator.free(&[4]).unwrap();
-    let before = allocator.clone();
-    assert!(allocator.free(&[8, 16]).is_err());
-    assert_eq!(allocator, before);
-    assert_eq!(allocator.deferred_pages(), [1]);
-    assert!(allocator.is_page_allocated(2));
+    let mut group = allocator.free_group().unwrap();
+    group.free(&[4]).unwrap();
+    let before = group.clone();
+    assert!(group.free(&[8, 16]).is_err());
+    assert_eq!(*group, before);
+    assert_eq!(group.deferred_pages(), [1]);
+    assert!(group.is_page_allocated(2));
 }
 
 #[test]
@@ -413,7 +419,7 @@ fn a_pool_ends_where_a_u32_can_still_mark_the_end_of_its_last_page() {
     let first = last * page_size as KvSlot;
     assert_eq!(u64::from(first) + page_size as u64, (1 << 32) - (1 << 16));
     // The top page through every path that computes a run's end.
-    allocator.free_page_ids(&[last]).unwrap();
+    allocator.free_page_ids(&[last], FreeOrder::Given).unwrap();
     let mut out = Vec::new();
     allocator.alloc(page_size, &mut out).unwrap();
     assert_eq!(
@@ -426,8 +432,17 @@ fn a_pool_ends_where_a_u32_can_still_mark_the_end_of_its_last_page() {
         seq_len: page_size,
         last_loc: Some(first),
     };
-    allocator.free_page_ids(&[last]).unwrap();
-    allocator.alloc_page_ids(1, &mut Vec::new()).unwrap();
+    allocator.free_page_ids(&[last], FreeOrder::Given).unwrap();
+    let first_token = ExtendShape {
+        prefix_len: 0,
+        seq_len: 1,
+        last_loc: None,
+    };
+    let mut started = Vec::new();
+    allocator
+        .alloc_extend(&[first_token], &mut started)
+        .unwrap();
+    assert_eq!(started, [first]);
     allocator.alloc_extend(&[shape], &mut rest).unwrap();
     assert_eq!(rest, out[1..], "fills the partial page up to its end");
     allocator.check().unwrap();
@@ -459,4 +474,35 @@ fn zero_page_size_is_rejected() {
         PagedAllocator::new(16, 0, false),
         Err(AllocError::ZeroPageSize)
     );
+}
+
+/// Segments of whole pages of 16, 32 and 64 slots are checked a page at a time at a length known
+/// at compile time: a slot outside its page is still named, at its offset, and the free refused
+/// with nothing changed.
+#[test]
+fn a_misplaced_slot_in_a_whole_page_of_a_common_size_is_named() {
+    for page_size in [16, 32, 64] {
+        let mut allocator = paged(4, page_size);
+        let row = alloc(&mut allocator, 3 * page_size);
+        let before = allocator.clone();
+        // A slot other than its page's first moved to the next page: the first names the page.
+        for position in [1, page_size + 5, 3 * page_size - 1] {
+            let mut segment = row.clone();
+            segment[position] = row[(position + page_size) % row.len()];
+            let error = allocator.free_segment(&segment, 0).unwrap_err();
+            let expected_page = row[position - position % page_size] as usize / page_size;
+            assert_eq!(
+                error,
+                AllocError::SegmentNotPaged {
+                    offset: position,
+                    slot: segment[position],
+                    expected_page,
+                },
+                "page size {page_size}, position {position}"
+            );
+            assert_eq!(allocator, before);
+        }
+        allocator.free_segment(&row, 0).unwrap();
+        allocator.check().unwrap();
+    }
 }

@@ -10,7 +10,8 @@ mod common;
 use std::collections::BTreeSet;
 
 use kvown_runtime::alloc::{
-    AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageAllocator, PageId, ReuseOrder,
+    AllocError, DecodeShape, ExtendShape, FreeOrder, KvAllocator, KvSlot, PageAllocator, PageId,
+    ReuseOrder, SlotCalls,
 };
 use kvown_runtime::alloc::{PagedAllocator, TokenAllocator};
 use proptest::prelude::*;
@@ -149,13 +150,39 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
         in_group: false,
         deferred: 0,
     };
-    for op in ops {
+    run_ops(&mut allocator, &mut model, &mut ops.into_iter())?;
+    for slots in model.rows.iter().chain(&model.raw) {
+        allocator.free(slots).unwrap();
+    }
+    prop_assert_eq!(allocator.available_size(), allocator.capacity());
+    let mut all: Vec<PageId> = allocator
+        .free_pages()
+        .chain(allocator.released_pages())
+        .collect();
+    all.sort_unstable();
+    prop_assert_eq!(all, (1..=num_pages as PageId).collect::<Vec<_>>());
+    allocator
+        .check()
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    Ok(())
+}
+
+/// Runs `ops` until an `End` closes the group this call runs in (or they run out), checking the
+/// allocator against the model after each.
+fn run_ops<R: ReuseOrder>(
+    allocator: &mut PageAllocator<R>,
+    model: &mut Model,
+    ops: &mut impl Iterator<Item = Op>,
+) -> Result<(), TestCaseError> {
+    let page_size = allocator.page_size();
+    let num_pages = allocator.num_pages();
+    while let Some(op) = ops.next() {
         let before = allocator.clone();
         let available_pages = allocator.available_size() / page_size;
         match op {
             Op::Alloc(pages) => {
                 let mut out = Vec::new();
-                let free = next_free(&allocator, pages, pages);
+                let free = next_free(allocator, pages, pages);
                 match allocator.alloc(pages * page_size, &mut out) {
                     Ok(()) => {
                         prop_assert_eq!(&out, &page_slots(&free[..pages], page_size));
@@ -163,13 +190,13 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
                     }
                     Err(e) => {
                         prop_assert!(pages > available_pages, "{e}");
-                        prop_assert_eq!(&allocator, &refused(&before));
+                        prop_assert_eq!(&*allocator, &refused(&before));
                     }
                 }
             }
             Op::AllocPages(pages) => {
                 let mut out = vec![0];
-                let free = next_free(&allocator, pages, pages);
+                let free = next_free(allocator, pages, pages);
                 match allocator.alloc_page_ids(pages, &mut out) {
                     Ok(()) => {
                         prop_assert_eq!(&out[1..], &free[..pages]);
@@ -181,7 +208,7 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
                             "{e}"
                         );
                         prop_assert_eq!(&out, &vec![0]);
-                        prop_assert_eq!(&allocator, &refused(&before));
+                        prop_assert_eq!(&*allocator, &refused(&before));
                     }
                 }
             }
@@ -214,7 +241,7 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
                     true => tokens / page_size + reqs.len() + 1,
                     false => needed,
                 };
-                let free = next_free(&allocator, needed, estimate);
+                let free = next_free(allocator, needed, estimate);
                 let mut out = vec![0];
                 match allocator.alloc_extend(&reqs, &mut out) {
                     Ok(()) => {
@@ -243,7 +270,7 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
                             "{e}"
                         );
                         prop_assert_eq!(&out, &vec![0]);
-                        prop_assert_eq!(&allocator, &refused(&before));
+                        prop_assert_eq!(&*allocator, &refused(&before));
                     }
                 }
             }
@@ -266,7 +293,7 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
                     .filter(|r| (r.seq_len - 1) % page_size == 0)
                     .count();
                 // sglang's `alloc_decode` merges when the batch exceeds the free list.
-                let free = next_free(&allocator, needed, reqs.len());
+                let free = next_free(allocator, needed, reqs.len());
                 let mut out = Vec::new();
                 match allocator.alloc_decode(&reqs, &mut out) {
                     Ok(()) => {
@@ -283,7 +310,7 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
                     }
                     Err(e) => {
                         prop_assert!(needed > available_pages, "{e}");
-                        prop_assert_eq!(&allocator, &refused(&before));
+                        prop_assert_eq!(&*allocator, &refused(&before));
                     }
                 }
             }
@@ -303,7 +330,7 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
                     .chunks(page_size)
                     .map(|page| page[0] / page_size as KvSlot)
                     .collect();
-                allocator.free_page_ids(&pages).unwrap();
+                allocator.free_page_ids(&pages, FreeOrder::Given).unwrap();
                 model.freed(pages.len());
             }
             Op::FreeRawPageByPage(pick) if pick < model.raw.len() => {
@@ -311,8 +338,8 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
                 let raw = model.raw.swap_remove(pick);
                 for page in raw.chunks(page_size).rev() {
                     let page = page[0] / page_size as KvSlot;
-                    allocator.free_page_ids(&[page]).unwrap();
-                    let again = allocator.free_page_ids(&[page]);
+                    allocator.free_page_ids(&[page], FreeOrder::Given).unwrap();
+                    let again = allocator.free_page_ids(&[page], FreeOrder::Given);
                     prop_assert!(
                         matches!(again, Err(AllocError::DoubleFree { .. })),
                         "{again:?}"
@@ -343,26 +370,26 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
                 }
                 model.freed(model.pages(&row).len());
             }
-            Op::Begin => {
-                let result = allocator.free_group_begin();
-                if model.in_group {
-                    prop_assert_eq!(
-                        result,
-                        Err(AllocError::NestedFreeGroup {
-                            deferred_pages: model.deferred
-                        })
-                    );
-                } else {
-                    prop_assert_eq!(result, Ok(()));
-                }
-                model.in_group = true;
+            Op::Begin if model.in_group => {
+                prop_assert_eq!(
+                    allocator.free_group().map(drop),
+                    Err(AllocError::NestedFreeGroup {
+                        deferred_pages: model.deferred
+                    })
+                );
             }
-            Op::End => {
-                let result = allocator.free_group_end();
-                prop_assert_eq!(result.is_ok(), model.in_group);
+            // The ops up to the next `End` (or the last op) run inside the group.
+            Op::Begin => {
+                let mut group = allocator.free_group().unwrap();
+                model.in_group = true;
+                run_ops(&mut group, model, ops)?;
+                group.commit();
                 model.in_group = false;
                 model.deferred = 0;
             }
+            Op::End if model.in_group => return Ok(()),
+            // An end without a group cannot be written.
+            Op::End => {}
             Op::FreeRow(_)
             | Op::FreeRaw(_)
             | Op::FreeRawPages(_)
@@ -381,22 +408,6 @@ fn run<R: ReuseOrder>(mut allocator: PageAllocator<R>, ops: Vec<Op>) -> Result<(
             num_pages
         );
     }
-    if model.in_group {
-        allocator.free_group_end().unwrap();
-    }
-    for slots in model.rows.iter().chain(&model.raw) {
-        allocator.free(slots).unwrap();
-    }
-    prop_assert_eq!(allocator.available_size(), allocator.capacity());
-    let mut all: Vec<PageId> = allocator
-        .free_pages()
-        .chain(allocator.released_pages())
-        .collect();
-    all.sort_unstable();
-    prop_assert_eq!(all, (1..=num_pages as PageId).collect::<Vec<_>>());
-    allocator
-        .check()
-        .map_err(|e| TestCaseError::fail(e.to_string()))?;
     Ok(())
 }
 

@@ -3,10 +3,12 @@
 //! out twice, or two requests writing one page). Such a batch is refused with
 //! [`AllocError::SharedPartialPage`], naming the page and both requests, and changes nothing.
 //! Requests whose prefix ends at a page boundary open new pages, so they may share a last page.
+//! Across calls the fill marks keep a page's continuation to the request holding its last
+//! slot: one that continues from an earlier slot is refused (`AllocError::LastLocNotLatest`).
 
 use kvown_runtime::alloc::{
     AllocError, DecodeRow, DecodeShape, ExtendShape, KvAllocator, KvSlot, PagedAllocator,
-    TokenAllocator,
+    SlotCalls, TokenAllocator,
 };
 use kvown_runtime::slots::ReqToTokenPool;
 
@@ -31,11 +33,15 @@ fn shared(request: usize, last_loc: KvSlot, page: u32, first: usize) -> AllocErr
     }
 }
 
-/// Page size `page_size`, pages 1 and 2 held.
+/// Page size `page_size`: page 1 handed out up to its second slot (a request's partial last
+/// page), page 2 whole.
 fn two_pages_held(page_size: usize, need_sort: bool) -> PagedAllocator {
     let mut allocator = PagedAllocator::new(16 * page_size, page_size, need_sort).unwrap();
     let mut out = Vec::new();
-    allocator.alloc(2 * page_size, &mut out).unwrap();
+    allocator
+        .alloc_extend(&[shape(0, 2, None)], &mut out)
+        .unwrap();
+    allocator.alloc(page_size, &mut out).unwrap();
     allocator
 }
 
@@ -150,7 +156,9 @@ fn other_errors_after_a_marked_page_change_nothing() {
         },
     );
     let mut full = PagedAllocator::new(8, 4, false).unwrap();
-    full.alloc(8, &mut Vec::new()).unwrap();
+    full.alloc_extend(&[shape(0, 2, None)], &mut Vec::new())
+        .unwrap();
+    full.alloc(4, &mut Vec::new()).unwrap();
     decode_refused(
         &mut full,
         &[decode(3, 5), decode(5, 11)],
@@ -161,36 +169,89 @@ fn other_errors_after_a_marked_page_change_nothing() {
     );
 }
 
-/// Requests whose stored tokens end at a page boundary open new pages: they may share a last
-/// page with each other and with one request continuing it, in either order.
+/// Requests whose stored tokens end at a page boundary open new pages: they may share a full
+/// last page with each other, in one batch or across calls, and with a request continuing its
+/// own partial page; no request continues the full page.
 #[test]
 fn requests_at_a_page_boundary_may_share_a_last_page() {
     let mut allocator = two_pages_held(4, false);
     let mut out = Vec::new();
     allocator
-        .alloc_extend(&[shape(4, 5, Some(7)), shape(4, 6, Some(7))], &mut out)
+        .alloc_extend(&[shape(4, 5, Some(11)), shape(4, 6, Some(11))], &mut out)
         .unwrap();
     assert_eq!(out, [12, 16, 17]);
     out.clear();
     allocator
-        .alloc_extend(&[shape(4, 5, Some(11)), shape(2, 3, Some(9))], &mut out)
+        .alloc_extend(&[shape(4, 5, Some(11)), shape(2, 3, Some(5))], &mut out)
         .unwrap();
-    allocator
-        .alloc_extend(&[shape(3, 4, Some(10)), shape(4, 5, Some(11))], &mut out)
-        .unwrap();
-    assert_eq!(out, [20, 10, 11, 24]);
+    assert_eq!(out, [20, 6]);
     allocator.check().unwrap();
 
     let mut allocator = two_pages_held(4, false);
+    // A request continuing the full page from inside it would be handed a slot its holders
+    // have: refused.
+    decode_refused(
+        &mut allocator,
+        &[decode(5, 11), decode(3, 9)],
+        AllocError::LastLocNotLatest {
+            request: 1,
+            last_loc: 9,
+            page: 2,
+            latest: 11,
+        },
+    );
     let mut out = Vec::new();
     allocator
-        .alloc_decode(
-            &[decode(5, 7), decode(3, 5), decode(5, 7), decode(2, 8)],
-            &mut out,
-        )
+        .alloc_decode(&[decode(5, 11), decode(3, 5), decode(5, 11)], &mut out)
         .unwrap();
-    assert_eq!(out, [12, 6, 16, 9]);
+    assert_eq!(out, [12, 6, 16]);
     assert!(allocator.is_page_allocated(1) && allocator.is_page_allocated(2));
+    allocator.check().unwrap();
+}
+
+/// The case the fill marks close: request B continues request A's partial page from A's last
+/// slot (the allocator cannot tell whose page it is, and hands B the next slot), then A decodes
+/// from its own last slot, now an earlier one: A would be handed B's slot 9 too, and `check`
+/// passes. A's decode is refused, naming the page's last slot, and changes nothing.
+#[test]
+fn a_continuation_from_a_slot_before_the_pages_last_is_refused() {
+    let mut allocator = PagedAllocator::new(64, 4, false).unwrap();
+    let mut a = Vec::new();
+    allocator
+        .alloc_extend(&[shape(0, 5, None)], &mut a)
+        .unwrap();
+    assert_eq!(a, [4, 5, 6, 7, 8]);
+    let mut b = Vec::new();
+    allocator
+        .alloc_extend(&[shape(5, 6, Some(a[4]))], &mut b)
+        .unwrap();
+    assert_eq!(b, [9], "B was handed A's next slot: 8 was the page's last");
+    let stale = AllocError::LastLocNotLatest {
+        request: 0,
+        last_loc: 8,
+        page: 2,
+        latest: 9,
+    };
+    decode_refused(&mut allocator, &[decode(6, a[4])], stale.clone());
+    extend_refused(&mut allocator, &[shape(5, 7, Some(a[4]))], stale.clone());
+    // Through a table too, and with an opening request before it in the batch.
+    let mut table = ReqToTokenPool::new(4, 8).unwrap();
+    let row = table.alloc(1).unwrap()[0];
+    table.write(row, 0, &a).unwrap();
+    let table_before = table.clone();
+    let mut out = vec![99];
+    let reqs = std::iter::once(DecodeRow { row, len: 5 });
+    assert_eq!(
+        allocator.alloc_decode_table(reqs, &mut table, &mut out),
+        Err(stale)
+    );
+    assert_eq!((out, table), (vec![99], table_before));
+    // Continuing from the page's last slot still works, for whoever holds it.
+    let mut next = Vec::new();
+    allocator
+        .alloc_decode(&[decode(7, b[0])], &mut next)
+        .unwrap();
+    assert_eq!(next, [10]);
     allocator.check().unwrap();
 }
 
@@ -210,21 +271,25 @@ fn other_page_sizes_and_need_sort() {
         shared(1, 7, 2, 0),
     );
 
-    let mut allocator = PagedAllocator::new(12, 4, true).unwrap(); // pages 1..=3
+    // Pages 1..=4: page 1 up to slot 5, page 2 up to slot 10, page 3 whole.
+    let mut allocator = PagedAllocator::new(16, 4, true).unwrap();
     let mut held = Vec::new();
-    allocator.alloc(12, &mut held).unwrap();
-    allocator.free(&held[8..]).unwrap(); // page 3 waits in the release list
+    allocator
+        .alloc_extend(&[shape(0, 2, None), shape(0, 3, None)], &mut held)
+        .unwrap();
+    allocator.alloc(8, &mut held).unwrap();
+    allocator.free(&held[9..]).unwrap(); // page 4 waits in the release list
     assert_eq!(allocator.free_page_count(), 0);
     decode_refused(
         &mut allocator,
-        &[decode(3, 5), decode(5, 7), decode(4, 6)],
+        &[decode(3, 5), decode(5, 15), decode(4, 6)],
         shared(2, 6, 1, 0),
     );
     let mut out = Vec::new();
     allocator
-        .alloc_decode(&[decode(3, 5), decode(5, 7), decode(4, 10)], &mut out)
+        .alloc_decode(&[decode(3, 5), decode(5, 15), decode(4, 10)], &mut out)
         .unwrap();
-    assert_eq!(out, [6, 12, 11]);
+    assert_eq!(out, [6, 16, 11]);
     allocator.check().unwrap();
 }
 

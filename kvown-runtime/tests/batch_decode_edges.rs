@@ -516,36 +516,31 @@ fn room_that_only_eviction_can_make_is_refused_inside_a_free_group() {
         available: 8,
         evictable: 24,
     };
-    cache.free_group_begin().unwrap();
-    let before = state(&cache);
-    assert_eq!(cache.evict_shortfall(16), Err(refused.clone()));
+    let mut group = cache.free_group().unwrap();
+    let before = state(&group);
+    assert_eq!(group.evict_shortfall(16), Err(refused.clone()));
     assert_eq!(
-        cache.evict_shortfall(8),
+        group.evict_shortfall(8),
         Ok(0),
         "no shortfall: nothing to refuse"
     );
     let mut req = Req::new(7, tokens(700, 16));
-    init_next_round_input(&mut req, &mut cache, usize::MAX).unwrap();
+    init_next_round_input(&mut req, &mut group, usize::MAX).unwrap();
     let failure = alloc_for_extend(
         prepare_for_extend(ScheduleBatch::new(vec![req])),
-        &mut cache,
+        &mut group,
     )
     .unwrap_err();
     assert_eq!(failure.error, refused);
-    assert_eq!(state(&cache), before, "nothing evicted, nothing deferred");
-    assert!(
-        failure
-            .error
-            .to_string()
-            .contains("end the free group first")
-    );
+    assert_eq!(state(&group), before, "nothing evicted, nothing deferred");
+    assert!(failure.error.to_string().contains("commit the free group"));
     let mut req = failure.batch.cancel().into_reqs().pop().unwrap();
     assert_eq!(ladder(&req), (0, 0, 0));
 
     // Eight slots fit in what is free: allocation inside the group goes on as before.
-    let small = extend(vec![Req::new(8, tokens(800, 8))], &mut cache);
-    assert_eq!(cache.available_size(), 0);
-    cache.free_group_end().unwrap();
+    let small = extend(vec![Req::new(8, tokens(800, 8))], &mut group);
+    assert_eq!(group.available_size(), 0);
+    group.commit();
 
     // Once the group is closed the refused extend evicts what it lacks and goes through.
     let batch = alloc_for_extend(
@@ -570,14 +565,14 @@ fn retraction_inside_a_free_group_is_refused_and_changes_nothing() {
         &mut cache,
     );
     assert_eq!(cache.available_size(), 0);
-    cache.free_group_begin().unwrap();
-    let before = state(&cache);
+    let mut group = cache.free_group().unwrap();
+    let before = state(&group);
     assert_eq!(
-        cache.evict_shortfall(8),
+        group.evict_shortfall(8),
         Ok(0),
         "nothing evictable: nothing to refuse"
     );
-    let error = retract_decode(&mut batch, &mut cache, None).unwrap_err();
+    let error = retract_decode(&mut batch, &mut group, None).unwrap_err();
     assert_eq!(
         error,
         KvError::FreeGroupOpen {
@@ -586,10 +581,10 @@ fn retraction_inside_a_free_group_is_refused_and_changes_nothing() {
             evictable: 0,
         }
     );
-    assert_eq!(state(&cache), before);
+    assert_eq!(state(&group), before);
     let rids: Vec<u64> = batch.reqs().iter().map(Req::rid).collect();
     assert_eq!(rids, [1, 2]);
-    cache.free_group_end().unwrap();
+    group.commit();
 
     let outcome = retract_decode(&mut batch, &mut cache, None).unwrap();
     assert_eq!(outcome.retracted.len(), 1);

@@ -14,6 +14,7 @@ mod common;
 mod faulty;
 
 use std::cmp::Reverse;
+use std::ops::DerefMut;
 
 use faulty::{Faults, Faulty};
 use kvown_runtime::alloc::{
@@ -283,13 +284,30 @@ impl ReqState {
     }
 }
 
-struct Sim<R: ReuseOrder> {
+/// The allocator, and the prefix cache's evictable size and pages: what a refused eviction
+/// keeps.
+fn eviction_state<R: ReuseOrder>(cache: &Cache<R>) -> (PageAllocator<R>, usize, Vec<PageId>) {
+    let mut pages: Vec<PageId> = match cache.tree().radix() {
+        Some(tree) => tree.cached_pages().map(|(_, page)| page).collect(),
+        None => Vec::new(),
+    };
+    pages.sort_unstable();
+    let evictable = cache.tree().evictable_size();
+    (cache.allocator().inner.clone(), evictable, pages)
+}
+
+/// The cache under test.
+type Cache<R> = KvCache<Faulty<PageAllocator<R>>>;
+
+/// The simulation, over the cache `C` gives: its own, or the guard of a free group open on it.
+struct Sim<R: ReuseOrder, C = Box<Cache<R>>> {
     cfg: Cfg,
-    cache: KvCache<Faulty<PageAllocator<R>>>,
+    cache: C,
     /// Arms the cache's allocator to refuse frees.
     free_faults: Faults,
-    /// A second cache of the same shape that no request of the simulation belongs to.
-    other: KvCache<PageAllocator<R>>,
+    /// A second cache of the same shape that no request of the simulation belongs to (none
+    /// inside a free group, whose steps do not use it).
+    other: Option<Box<KvCache<PageAllocator<R>>>>,
     running: ScheduleBatch,
     chunking: Vec<Req>,
     waiting: Vec<Req>,
@@ -316,9 +334,9 @@ where
             faults: free_faults.clone(),
         };
         Sim {
-            cache: KvCache::new(allocator, pool, tree).unwrap(),
+            cache: Box::new(KvCache::new(allocator, pool, tree).unwrap()),
             free_faults,
-            other,
+            other: Some(Box::new(other)),
             cfg,
             running: ScheduleBatch::new(Vec::new()),
             chunking: Vec::new(),
@@ -326,7 +344,12 @@ where
             next_rid: 1,
         }
     }
+}
 
+impl<R: ReuseOrder, C: DerefMut<Target = Cache<R>>> Sim<R, C>
+where
+    PageAllocator<R>: KvAllocator,
+{
     fn ps(&self) -> usize {
         self.cfg.page_size
     }
@@ -363,9 +386,9 @@ where
     fn check_with(&self, extra: &[Req]) {
         let all = self.live_reqs().chain(extra);
         match self.cache.check(all) {
-            Err(Violation::OpenFreeGroup) if self.cache.allocator().in_free_group() => {}
+            Err(Violation::OpenFreeGroup) if self.cache.in_free_group() => {}
             Err(violation) => panic!("invariant broken: {violation}"),
-            Ok(()) => assert!(!self.cache.allocator().in_free_group()),
+            Ok(()) => assert!(!self.cache.in_free_group()),
         }
     }
 
@@ -446,7 +469,7 @@ where
                 evictable,
             });
         }
-        if available < tokens && self.cache.allocator().in_free_group() {
+        if available < tokens && self.cache.in_free_group() {
             return Err(KvError::FreeGroupOpen {
                 requested: tokens,
                 available,
@@ -488,11 +511,25 @@ where
         }
         let chunk = self.cfg.chunk;
         if in_free_group {
-            // Ending the group releases what it deferred (a chunk's registration frees the
+            // Committing the group releases what it deferred (a chunk's registration frees the
             // pages another request of the batch cached first).
-            self.cache.free_group_begin().unwrap();
-            self.extend(reqs, chunk);
-            self.cache.free_group_end().unwrap();
+            let mut group = self.cache.free_group().unwrap();
+            let mut inside = Sim {
+                cfg: self.cfg.clone(),
+                cache: &mut *group,
+                free_faults: self.free_faults.clone(),
+                other: None,
+                running: std::mem::replace(&mut self.running, ScheduleBatch::new(Vec::new())),
+                chunking: std::mem::take(&mut self.chunking),
+                waiting: std::mem::take(&mut self.waiting),
+                next_rid: self.next_rid,
+            };
+            inside.extend(reqs, chunk);
+            self.running = inside.running;
+            self.chunking = inside.chunking;
+            self.waiting = inside.waiting;
+            self.next_rid = inside.next_rid;
+            group.commit();
             self.check();
         } else {
             self.extend(reqs, chunk);
@@ -772,24 +809,24 @@ where
             })
             .sum();
         let (available, tree_total) = (self.cache.available_size(), self.tree_total());
-        self.cache.free_group_begin().unwrap();
+        let mut group = self.cache.free_group().unwrap();
         for req in &mut reqs {
-            release_kv_cache(req, &mut self.cache, true).unwrap();
+            release_kv_cache(req, &mut group, true).unwrap();
             assert_eq!(
-                self.cache.available_size(),
+                group.available_size(),
                 available,
                 "frees are deferred inside a group"
             );
         }
         assert_eq!(
-            self.cache.check(self.running.reqs()),
+            group.check(self.running.reqs()),
             Err(Violation::OpenFreeGroup)
         );
         // Evicting inside the group would free nothing until it ends: refused, nothing changed.
-        let capacity = self.cache.allocator().capacity();
-        let evictable = self.cache.tree().evictable_size();
-        let before = self.eviction_state();
-        match self.cache.evict_shortfall(capacity) {
+        let capacity = group.allocator().capacity();
+        let evictable = group.tree().evictable_size();
+        let before = eviction_state(&group);
+        match group.evict_shortfall(capacity) {
             Err(KvError::FreeGroupOpen {
                 requested,
                 available: free,
@@ -797,7 +834,7 @@ where
             }) => {
                 assert_eq!((requested, free, listed), (capacity, available, evictable));
                 assert_eq!(
-                    self.eviction_state(),
+                    eviction_state(&group),
                     before,
                     "a refused eviction changes nothing"
                 );
@@ -805,22 +842,15 @@ where
             Ok(0) => assert!(evictable == 0 || available >= capacity),
             other => panic!("an eviction inside a free group gave {other:?}"),
         }
-        self.cache.free_group_end().unwrap();
+        group.commit();
         let inserted = self.tree_total() - tree_total;
         assert_eq!(self.cache.available_size(), available + owned - inserted);
         self.check_with(&reqs);
     }
 
-    /// The allocator, and the prefix cache's evictable size and pages: what a refused eviction
-    /// keeps.
+    /// [`eviction_state`] of the cache.
     fn eviction_state(&self) -> (PageAllocator<R>, usize, Vec<PageId>) {
-        let mut pages: Vec<PageId> = match self.cache.tree().radix() {
-            Some(tree) => tree.cached_pages().map(|(_, page)| page).collect(),
-            None => Vec::new(),
-        };
-        pages.sort_unstable();
-        let evictable = self.cache.tree().evictable_size();
-        (self.cache.allocator().inner.clone(), evictable, pages)
+        eviction_state(&self.cache)
     }
 
     fn evict(&mut self, tokens: usize, refused: bool) {
@@ -920,13 +950,14 @@ where
                 format!("{:?}", other.tree()),
             )
         };
-        let other_before = other_state(&self.other);
+        let mut other_cache = self.other.take().expect("the second cache is home");
+        let other_before = other_state(&other_cache);
         let expected = KvError::OtherCache {
             rid: req.rid(),
             bound: self.cache.id(),
-            used: self.other.id(),
+            used: other_cache.id(),
         };
-        let other = &mut self.other;
+        let other = &mut *other_cache;
         assert_eq!(
             release_kv_cache(&mut req, other, true),
             Err(expected.clone())
@@ -941,7 +972,8 @@ where
         let failure = alloc_for_extend(prepare_for_extend(batch), other).unwrap_err();
         assert_eq!(failure.error, expected);
         let req = failure.batch.cancel().into_reqs().pop().unwrap();
-        assert_eq!(other_state(&self.other), other_before);
+        assert_eq!(other_state(&other_cache), other_before);
+        self.other = Some(other_cache);
         // The cancelled extend kept its clock tick, unless the request holds a speculative
         // reservation, which refuses every extend; nothing else moved.
         let after = self.snapshot(std::slice::from_ref(&req));

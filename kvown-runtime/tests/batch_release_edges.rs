@@ -5,7 +5,7 @@
 #[path = "common/batch_setup.rs"]
 mod setup;
 
-use kvown_runtime::alloc::{AllocError, KvAllocator, PagedAllocator, ceil_align};
+use kvown_runtime::alloc::{AllocError, KvAllocator, PagedAllocator, SlotCalls, ceil_align};
 use kvown_runtime::batch::{
     Req, ScheduleBatch, cache_unfinished_req, init_next_round_input, prepare_for_decode,
     release_kv_cache,
@@ -363,14 +363,14 @@ fn reclaim_refuses_an_open_free_group_and_changes_nothing() {
     );
     let (before, id) = (state(&cache), cache.id());
     // Inside a free group frees are deferred and counts in flux.
-    cache.free_group_begin().unwrap();
-    let refused = reclaim_leaks(&mut cache, &mut reqs[..1]).unwrap_err();
+    let mut group = cache.free_group().unwrap();
+    let refused = reclaim_leaks(&mut group, &mut reqs[..1]).unwrap_err();
     assert_eq!(refused, ReclaimError::Violation(Violation::OpenFreeGroup));
     assert!(
         refused.to_string().starts_with("nothing reclaimed"),
         "{refused}"
     );
-    cache.free_group_end().unwrap();
+    group.commit();
     assert_eq!(state(&cache), before);
     assert_eq!(cache.id(), id);
     release_all_and_empty_out(reqs, cache);
@@ -413,8 +413,9 @@ fn a_cache_is_refused_an_allocator_or_table_already_in_use() {
     );
     assert!(refused.to_string().contains("8 of its 64 slots taken"));
 
+    // A group whose guard was forgotten stays open.
     let mut allocator = fresh_allocator();
-    allocator.free_group_begin().unwrap();
+    std::mem::forget(allocator.free_group().unwrap());
     assert_eq!(
         KvCache::new(allocator, fresh_rows(), TreeCache::Disabled).unwrap_err(),
         KvError::AllocatorInUse {
@@ -460,31 +461,26 @@ fn a_cache_is_refused_a_prefix_cache_of_another_page_size() {
     );
 }
 
-// `KvAllocator::free_group_begin` / `free_group_end` through `KvCache`: a second begin fails
-// with `NestedFreeGroup` and keeps the open group; an end without a group is `NotInFreeGroup`.
+// `KvCache::free_group`: a second group, opened through the first's guard, fails with
+// `NestedFreeGroup` and keeps the open group (an end without a group cannot be written).
 #[test]
 fn a_nested_free_group_is_refused_and_keeps_the_open_one() {
     let mut cache = cache(64, 4, false);
-    assert_eq!(
-        cache.free_group_end(),
-        Err(KvError::Alloc(AllocError::NotInFreeGroup))
-    );
     let mut batch = extend(vec![Req::new(1, (0..8).collect())], &mut cache);
-    cache.free_group_begin().unwrap();
-    release_held(batch.reqs_mut(), &mut cache);
-    assert_eq!(cache.allocator().deferred_count(), 2);
+    let mut group = cache.free_group().unwrap();
+    release_held(batch.reqs_mut(), &mut group);
+    assert_eq!(group.allocator().deferred_count(), 2);
     assert_eq!(
-        cache.free_group_begin(),
+        group.free_group().map(drop),
         Err(KvError::Alloc(AllocError::NestedFreeGroup {
             deferred_pages: 2
         }))
     );
-    assert!(
-        cache.allocator().in_free_group(),
-        "the open group stays open"
-    );
-    assert_eq!(cache.allocator().deferred_count(), 2);
-    cache.free_group_end().unwrap();
+    assert!(group.in_free_group(), "the open group stays open");
+    assert!(group.allocator().in_free_group());
+    assert_eq!(group.allocator().deferred_count(), 2);
+    group.commit();
+    assert!(!cache.in_free_group());
     assert_eq!(cache.available_size(), 64);
 }
 
@@ -500,23 +496,23 @@ fn evict_shortfall_in_a_free_group_is_refused_only_when_it_would_have_to_evict()
         (cache.available_size(), cache.tree().evictable_size()),
         (24, 8)
     );
-    cache.free_group_begin().unwrap();
-    assert_eq!(cache.evict_shortfall(24), Ok(0), "no shortfall");
+    let mut group = cache.free_group().unwrap();
+    assert_eq!(group.evict_shortfall(24), Ok(0), "no shortfall");
     assert_eq!(
-        cache.evict_shortfall(25),
+        group.evict_shortfall(25),
         Err(KvError::FreeGroupOpen {
             requested: 25,
             available: 24,
             evictable: 8
         })
     );
-    assert_eq!(cache.tree().evictable_size(), 8, "nothing evicted");
-    cache.free_group_end().unwrap();
+    assert_eq!(group.tree().evictable_size(), 8, "nothing evicted");
+    group.commit();
     assert_eq!(cache.evict_shortfall(25), Ok(4 * 2));
     // Nothing evictable: inside a group a shortfall evicts nothing, and is no error.
-    cache.free_group_begin().unwrap();
-    assert_eq!(cache.evict_shortfall(64), Ok(0));
-    cache.free_group_end().unwrap();
+    let mut group = cache.free_group().unwrap();
+    assert_eq!(group.evict_shortfall(64), Ok(0));
+    group.commit();
 }
 
 // sglang `_insert_cache(split_prompt=True)`: a registration whose key runs past the prompt's

@@ -840,7 +840,7 @@ impl<R: ReuseOrder> World<R> {
             &self.sglang.out_cache_loc,
         )?;
         // `process_batch_result_prefill`, in a free group.
-        ok("free_group_begin", self.cache.free_group_begin())?;
+        let mut group = ok("free_group", self.cache.free_group())?;
         self.sglang.alloc.free_group_begin();
         let mut continuing = Vec::new();
         for (mut kvown, mut sglang) in batch.into_reqs().into_iter().zip(sglang) {
@@ -848,7 +848,7 @@ impl<R: ReuseOrder> World<R> {
                 // A chunk: checkpointed before the next (`stash_chunked_request`).
                 ok(
                     "cache_unfinished_req",
-                    cache_unfinished_req(&mut kvown, &mut self.cache),
+                    cache_unfinished_req(&mut kvown, &mut group),
                 )?;
                 let up_to = sglang.extend_end;
                 self.sglang.checkpoint(&mut sglang, up_to);
@@ -862,21 +862,21 @@ impl<R: ReuseOrder> World<R> {
             if sglang.outputs.len() >= sglang.max_new {
                 ok(
                     "release_kv_cache",
-                    release_kv_cache(&mut kvown, &mut self.cache, true),
+                    release_kv_cache(&mut kvown, &mut group, true),
                 )?;
                 self.sglang.release(&mut sglang, true);
                 self.finished.push(Pair { kvown, sglang });
             } else {
                 ok(
                     "cache_unfinished_req",
-                    cache_unfinished_req(&mut kvown, &mut self.cache),
+                    cache_unfinished_req(&mut kvown, &mut group),
                 )?;
                 let up_to = sglang.extend_end;
                 self.sglang.checkpoint(&mut sglang, up_to);
                 continuing.push(Pair { kvown, sglang });
             }
         }
-        ok("free_group_end", self.cache.free_group_end())?;
+        group.commit();
         self.sglang.alloc.free_group_end();
         for pair in continuing {
             self.running.extend_reqs([pair.kvown]);
@@ -955,7 +955,7 @@ impl<R: ReuseOrder> World<R> {
             &self.sglang.out_cache_loc,
         )?;
         // `process_batch_result_decode`, in a free group: the output, the finished released.
-        ok("free_group_begin", self.cache.free_group_begin())?;
+        let mut group = ok("free_group", self.cache.free_group())?;
         self.sglang.alloc.free_group_begin();
         for (kvown, sglang) in self
             .running
@@ -992,14 +992,14 @@ impl<R: ReuseOrder> World<R> {
         for (mut kvown, mut sglang) in finished.into_iter().zip(finished_sglang) {
             ok(
                 "release_kv_cache",
-                release_kv_cache(&mut kvown, &mut self.cache, true),
+                release_kv_cache(&mut kvown, &mut group, true),
             )?;
             self.sglang.release(&mut sglang, true);
             self.trace.push(format!("finish rid {}", kvown.rid()));
             self.sglang.coverage.finished += 1;
             self.finished.push(Pair { kvown, sglang });
         }
-        ok("free_group_end", self.cache.free_group_end())?;
+        group.commit();
         self.sglang.alloc.free_group_end();
         Ok(())
     }

@@ -40,7 +40,7 @@ mod sglang_radix;
 use std::fmt::{self, Write as _};
 
 use faulty::{Faults, Faulty};
-use kvown_runtime::alloc::{KvAllocator, KvSlot, PageId, PagedAllocator};
+use kvown_runtime::alloc::{KvAllocator, KvSlot, PageId, PagedAllocator, SlotCalls};
 use kvown_runtime::check::check_radix;
 use kvown_runtime::radix::{
     EvictionPolicy, Insert, InsertParams, NodeId, RadixCache, RadixConfig, TreePos,

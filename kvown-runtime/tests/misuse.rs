@@ -5,7 +5,8 @@
 use std::process::Command;
 
 use kvown_runtime::alloc::{
-    AllocError, DecodeShape, ExtendShape, KvAllocator, PageState, PagedAllocator, TokenAllocator,
+    AllocError, DecodeShape, ExtendShape, KvAllocator, PageState, PagedAllocator, SlotCalls,
+    TokenAllocator,
 };
 use kvown_runtime::batch::Req;
 use kvown_runtime::batch::init_next_round_input;
@@ -21,11 +22,12 @@ use kvown_runtime::radix::{Insert, RadixCache, RadixConfig, RadixError, TreePos}
 use kvown_runtime::slots::ReqToTokenPool;
 
 /// Request 1 extends one token into page 1; request 2's raw extend passes request 1's slot as
-/// its `last_loc`, and request 1 then decodes: the allocator hands slot 5 to both. It cannot
-/// know whose partial page it is (it checks only that `last_loc` is allocated and at the right
-/// offset), so the ledger is the line of defence, and it names the slot and both requests.
+/// its `last_loc`, and request 1 then decodes. The allocator cannot know whose partial page it
+/// is, and hands request 2 slots 5 and 6; but request 1's decode from slot 4, no longer the
+/// page's last, is refused (it would be handed slot 5 too, and `check` would pass). The ledger
+/// names the page and both requests.
 #[test]
-fn a_slot_handed_to_two_requests_is_named_with_both_holders() {
+fn a_page_continued_by_two_requests_is_named_with_both_holders() {
     let mut allocator = PagedAllocator::new(64, 4, false).unwrap();
     let (mut first, mut second) = (Vec::new(), Vec::new());
     let fresh = ExtendShape {
@@ -44,15 +46,25 @@ fn a_slot_handed_to_two_requests_is_named_with_both_holders() {
         seq_len: 2,
         last_loc: first[0],
     };
-    allocator.alloc_decode(&[decode], &mut first).unwrap();
+    let before = allocator.clone();
+    assert_eq!(
+        allocator.alloc_decode(&[decode], &mut first),
+        Err(AllocError::LastLocNotLatest {
+            request: 0,
+            last_loc: 4,
+            page: 1,
+            latest: 6
+        })
+    );
+    assert_eq!(allocator, before);
     assert_eq!(
         (first.as_slice(), second.as_slice()),
-        (&[4, 5][..], &[5, 6][..])
+        (&[4][..], &[5, 6][..])
     );
     assert_eq!(
         allocator.check(),
         Ok(()),
-        "the allocator alone cannot see it"
+        "the allocator alone cannot see whose page it is"
     );
 
     let mut ledger = PageLedger::new(&allocator).unwrap();
@@ -60,8 +72,7 @@ fn a_slot_handed_to_two_requests_is_named_with_both_holders() {
     let twice = ledger.claim_slots(Holder::Request(2), &second).unwrap_err();
     assert_eq!(
         twice,
-        Violation::SlotHeldTwice {
-            slot: 5,
+        Violation::PageHeldTwice {
             page: 1,
             first: Holder::Request(1),
             second: Holder::Request(2),
@@ -72,7 +83,6 @@ fn a_slot_handed_to_two_requests_is_named_with_both_holders() {
         message.contains("request 1") && message.contains("request 2"),
         "{message}"
     );
-    assert!(message.contains("its own last_loc"), "{message}");
 }
 
 /// The ledger also finds a page held by the free list and a request, a held page nobody

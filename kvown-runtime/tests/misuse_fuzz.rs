@@ -1,8 +1,9 @@
 //! A stateful misuse fuzzer over the raw public API: the paged allocator, the
 //! request-to-token pool, the radix cache, the constructors, and a `KvCache` driven through the
 //! batch flow (with a second cache to misuse requests against). Each case runs a random mix of
-//! valid calls and invalid ones: foreign `last_loc`s, stale node ids, double and foreign frees,
-//! out-of-range slots, rows and lengths, calls out of order (free groups, releases), huge sizes.
+//! valid calls and invalid ones: foreign and stale `last_loc`s, stale node ids, double and
+//! foreign frees, out-of-range slots, rows and lengths, calls out of order (nested free groups,
+//! releases), huge sizes.
 //!
 //! After every call:
 //! * a typed error leaves the whole state as it was (compared by value, or by a snapshot
@@ -11,8 +12,9 @@
 //!   from the holders' own lists (free list, tree nodes, the requests' rows or slot lists)
 //!   independently of the crate's checker, which must pass too; locked prefixes stay cached.
 //!
-//! The raw allocator cannot know whose partial page a `last_loc` continues, nor whose slot a
-//! `free` names, and a plain radix insert cannot know who holds its pages: for those calls
+//! The raw allocator cannot know whose partial page a `last_loc` continues (it knows, by the
+//! page's fill mark, that it is the page's last slot: a stale one is always refused), nor whose
+//! slot a `free` names, and a plain radix insert cannot know who holds its pages: for those calls
 //! (marked `may_corrupt`) an `Ok` may leave a page held twice, and the property is that the
 //! checker (`PageLedger`) reports exactly when the independent census does. The raw world
 //! then starts over. The raw world's calls are in `misuse_fuzz/raw.rs`, the cache's in
@@ -117,11 +119,18 @@ enum Op {
     RawAlloc {
         tokens: usize,
     },
-    /// A free group, opened and ended out of order or nested.
+    /// A free group, with a nested one opened through its guard, committed explicitly or by
+    /// dropping the guard (an end without a group cannot be written).
     RawGroup {
-        end_first: bool,
+        explicit_commit: bool,
         nested: bool,
         free: Option<usize>,
+    },
+    /// Request `who` continues its last page from an earlier slot of its own (a stale
+    /// `last_loc`): a decode (or a one-token extend) that would hand out a slot it holds.
+    RawStale {
+        who: usize,
+        extend: bool,
     },
     /// Gives request `who`'s whole pages to the tree under a new key (or one given before).
     Donate {
@@ -204,9 +213,9 @@ enum Op {
     Evict {
         tokens: usize,
     },
-    /// The cache's free group out of order, with a release inside.
+    /// The cache's free group, with a nested one and a release inside.
     CacheGroup {
-        end_first: bool,
+        explicit_commit: bool,
         release: bool,
     },
     /// Registers a running request's committed pages in the prefix cache.
@@ -239,7 +248,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
             .prop_map(|(kind, value)| Op::RawFreeBad { kind, value }),
         2 => prop_oneof![1usize..20, edge.clone()].prop_map(|tokens| Op::RawAlloc { tokens }),
         1 => (any::<bool>(), any::<bool>(), prop::option::of(who.clone()))
-            .prop_map(|(end_first, nested, free)| Op::RawGroup { end_first, nested, free }),
+            .prop_map(|(explicit_commit, nested, free)| Op::RawGroup { explicit_commit, nested, free }),
+        2 => (who.clone(), any::<bool>()).prop_map(|(who, extend)| Op::RawStale { who, extend }),
         3 => (who.clone(), any::<bool>(), any::<bool>())
             .prop_map(|(who, reuse_key, checked)| Op::Donate { who, reuse_key, checked }),
         1 => (0u32..20, any::<bool>()).prop_map(|(page, checked)| Op::ForeignInsert { page, checked }),
@@ -264,7 +274,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         1 => (0usize..8, 0u8..4).prop_map(|(pick, kind)| Op::CrossCache { pick, kind }),
         1 => prop_oneof![0usize..64, edge].prop_map(|tokens| Op::Evict { tokens }),
         1 => (any::<bool>(), any::<bool>())
-            .prop_map(|(end_first, release)| Op::CacheGroup { end_first, release }),
+            .prop_map(|(explicit_commit, release)| Op::CacheGroup { explicit_commit, release }),
         2 => (0usize..8).prop_map(|pick| Op::CacheUnfinished { pick }),
         1 => any::<u8>().prop_map(|mask| Op::Retract { mask }),
         1 => (0usize..8).prop_map(|pick| Op::Leak { pick }),

@@ -22,8 +22,8 @@
 //! and after, and nothing is handed out.
 
 use kvown_runtime::alloc::{
-    AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageAllocator, PageId,
-    PagedAllocator, ReuseOrder, TokenAllocator,
+    AllocError, DecodeShape, ExtendShape, FreeOrder, KvAllocator, KvSlot, PageAllocator, PageId,
+    PagedAllocator, ReuseOrder, SlotCalls, TokenAllocator,
 };
 use proptest::prelude::*;
 
@@ -277,7 +277,7 @@ fn replay<R: ReuseOrder>(
                         continue;
                     }
                     let pages = raw.swap_remove(*pick);
-                    kvown.free_page_ids(&pages).unwrap();
+                    kvown.free_page_ids(&pages, FreeOrder::Given).unwrap();
                     let slots: Vec<KvSlot> = pages.iter().map(|&p| p * ps as KvSlot).collect();
                     model.free(&slots);
                     (Ok(Vec::new()), Some(Vec::new()), "free_page_ids")
@@ -364,7 +364,7 @@ fn an_out_of_memory_answer_keeps_the_merge_as_sglang_does() {
     let mut sglang = Sglang::new(3, 4, true);
     assert_eq!(pages(&mut kvown, 2).unwrap(), [1, 2]);
     assert_eq!(sglang.alloc_pages(2).unwrap(), [1, 2]);
-    kvown.free_page_ids(&[1]).unwrap();
+    kvown.free_page_ids(&[1], FreeOrder::Given).unwrap();
     sglang.free(&[4]);
     let before = held(&kvown);
     assert_eq!(

@@ -4,7 +4,7 @@
 //! `bytes_per_cached_page_stay_within_budget` asserts at most 64 bookkeeping bytes per cached
 //! page. The time of the same registrations is a benchmark (W2c in `benches/`), not a test.
 
-use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator};
+use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator, SlotCalls};
 use kvown_runtime::check::check_radix;
 use kvown_runtime::radix::{Insert, RadixCache, RadixConfig, TreePos};
 

@@ -4,7 +4,7 @@
 #[path = "common/radix_setup.rs"]
 mod radix_setup;
 
-use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator};
+use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator, SlotCalls};
 use kvown_runtime::check::check_radix;
 use kvown_runtime::radix::{
     EvictionPolicy, Insert, NodeId, RadixCache, RadixConfig, RadixError, TreePos,

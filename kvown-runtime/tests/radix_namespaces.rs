@@ -5,7 +5,7 @@
 #[path = "common/radix_setup.rs"]
 mod radix_setup;
 
-use kvown_runtime::alloc::KvAllocator;
+use kvown_runtime::alloc::{KvAllocator, SlotCalls};
 use kvown_runtime::check::check_radix;
 use kvown_runtime::radix::{Insert, Namespace, RadixCache, RadixConfig, RadixError, TreePos};
 use radix_setup::{alloc_slots, allocator, key, path_slots};

@@ -3,7 +3,7 @@
 //! (a request's priority; a hit when a finished request is inserted, none when a running one
 //! registers its pages).
 
-use kvown_runtime::alloc::{KvAllocator, KvSlot, PageId, PagedAllocator};
+use kvown_runtime::alloc::{KvAllocator, KvSlot, PageId, PagedAllocator, SlotCalls};
 use kvown_runtime::batch::Req;
 use kvown_runtime::batch::{ScheduleBatch, alloc_for_extend, prepare_for_extend, release_kv_cache};
 use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};

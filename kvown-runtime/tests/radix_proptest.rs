@@ -11,7 +11,7 @@ mod common;
 
 use cache_events::Replay;
 
-use kvown_runtime::alloc::{KvAllocator, KvSlot, PageId, PagedAllocator};
+use kvown_runtime::alloc::{KvAllocator, KvSlot, PageId, PagedAllocator, SlotCalls};
 use std::collections::{HashMap, HashSet};
 
 use kvown_runtime::check::check_radix;

@@ -1,5 +1,5 @@
-//! A `KvAllocator` that wraps a `PagedAllocator`, as a backend does: the trait's provided
-//! methods over it, and the error paths that only a misbehaving allocator reaches.
+//! `KvAllocator`s that wrap a `PagedAllocator`, as a backend does ([`AllocatorLayer`]s): one
+//! that changes nothing, and the error paths that only a misbehaving allocator reaches.
 //! `Faulty` passes every call on but, once armed, refuses every free after a given
 //! number of successful ones, as an allocator whose bookkeeping disagrees with the batch
 //! flow's (or a backend that reports a device failure) would. A call that fails this way must
@@ -12,8 +12,7 @@ mod faulty;
 
 use faulty::{ExtendFault, Faults, Faulty};
 use kvown_runtime::alloc::{
-    AllocError, AsPageAllocator, DecodeShape, ExtendShape, KvAllocator, KvSlot, Lifo,
-    PageAllocator, PageId, PagedAllocator,
+    AllocError, AsPageAllocator, KvAllocator, KvSlot, PageId, PagedAllocator, SlotCalls,
 };
 use kvown_runtime::batch::Req;
 use kvown_runtime::batch::{
@@ -32,78 +31,20 @@ use kvown_runtime::slots::ReqToTokenPool;
 /// The allocator of these tests.
 type FaultyAllocator = Faulty<PagedAllocator>;
 
-/// A `PagedAllocator` behind the trait's required methods alone, so that every provided method
-/// runs its default.
-struct DefaultsOnly(PagedAllocator);
+/// A layer over a `PagedAllocator` that changes nothing: every call passes through the
+/// layer's defaults, the blanket `KvAllocator` and `AsPageAllocator`.
+struct PassThrough(PagedAllocator);
 
-impl KvAllocator for DefaultsOnly {
-    fn page_size(&self) -> usize {
-        self.0.page_size()
-    }
+// Named in full: with the trait in scope, its calls would be ambiguous with `KvAllocator`'s.
+impl kvown_runtime::alloc::AllocatorLayer for PassThrough {
+    type Inner = PagedAllocator;
 
-    fn capacity(&self) -> usize {
-        self.0.capacity()
-    }
-
-    fn available_size(&self) -> usize {
-        self.0.available_size()
-    }
-
-    fn alloc(&mut self, num_tokens: usize, out: &mut Vec<KvSlot>) -> Result<(), AllocError> {
-        self.0.alloc(num_tokens, out)
-    }
-
-    fn alloc_extend(
-        &mut self,
-        reqs: &[ExtendShape],
-        out: &mut Vec<KvSlot>,
-    ) -> Result<(), AllocError> {
-        self.0.alloc_extend(reqs, out)
-    }
-
-    fn alloc_decode(
-        &mut self,
-        reqs: &[DecodeShape],
-        out: &mut Vec<KvSlot>,
-    ) -> Result<(), AllocError> {
-        self.0.alloc_decode(reqs, out)
-    }
-
-    fn free(&mut self, slots: &[KvSlot]) -> Result<(), AllocError> {
-        self.0.free(slots)
-    }
-
-    fn free_segment(&mut self, slots: &[KvSlot], start_pos: usize) -> Result<(), AllocError> {
-        self.0.free_segment(slots, start_pos)
-    }
-
-    fn free_segments(&mut self, segments: &[(&[KvSlot], usize)]) -> Result<(), AllocError> {
-        self.0.free_segments(segments)
-    }
-
-    fn free_page_ids(&mut self, pages: &[PageId]) -> Result<(), AllocError> {
-        self.0.free_page_ids(pages)
-    }
-
-    fn free_group_begin(&mut self) -> Result<(), AllocError> {
-        self.0.free_group_begin()
-    }
-
-    fn free_group_end(&mut self) -> Result<(), AllocError> {
-        self.0.free_group_end()
-    }
-
-    fn in_free_group(&self) -> bool {
-        self.0.in_free_group()
-    }
-}
-
-/// The checker reads the wrapped allocator; the trait's methods still run their defaults.
-impl AsPageAllocator for DefaultsOnly {
-    type Order = Lifo;
-
-    fn page_allocator(&self) -> &PageAllocator<Lifo> {
+    fn inner(&self) -> &PagedAllocator {
         &self.0
+    }
+
+    fn inner_mut(&mut self) -> &mut PagedAllocator {
+        &mut self.0
     }
 }
 
@@ -445,8 +386,8 @@ fn a_retraction_whose_second_release_fails_hands_every_request_back() {
 }
 
 #[test]
-fn the_provided_alloc_page_ids_hands_out_what_the_paged_allocators_own_does() {
-    let mut wrapped = DefaultsOnly(PagedAllocator::new(64, 4, false).unwrap());
+fn a_layer_hands_out_the_pages_its_inner_allocator_does() {
+    let mut wrapped = PassThrough(PagedAllocator::new(64, 4, false).unwrap());
     let mut own = PagedAllocator::new(64, 4, false).unwrap();
     for num_pages in [1, 3, 0, 5] {
         let (mut by_default, mut by_own) = (vec![99], vec![99]);
@@ -455,11 +396,13 @@ fn the_provided_alloc_page_ids_hands_out_what_the_paged_allocators_own_does() {
         assert_eq!(by_default, by_own);
         assert_eq!(wrapped.0, own);
     }
-    // Far more pages than the pool has: refused before anything is reserved for their slots
-    // (2^40 pages of 4 slots aborted the process reserving 16 TiB).
+    // Far more pages (or slots) than the pool has: refused before anything is reserved for
+    // them (2^40 pages of 4 slots once aborted the process reserving 16 TiB).
     for num_pages in [usize::MAX, 1 << 40] {
         let mut out = vec![99];
         let error = wrapped.alloc_page_ids(num_pages, &mut out).unwrap_err();
+        assert!(matches!(error, AllocError::OutOfMemory { .. }), "{error}");
+        let error = wrapped.alloc(num_pages / 4 * 4, &mut out).unwrap_err();
         assert!(matches!(error, AllocError::OutOfMemory { .. }), "{error}");
         assert_eq!(out, [99]);
         assert_eq!(wrapped.0, own);
@@ -805,8 +748,8 @@ fn batch_flow_trace<A: KvAllocator + AsPageAllocator>(allocator: A) -> Vec<Vec<K
 }
 
 #[test]
-fn the_batch_flow_over_the_provided_methods_matches_the_paged_allocators_own() {
-    let by_default = batch_flow_trace(DefaultsOnly(PagedAllocator::new(64, 4, false).unwrap()));
+fn the_batch_flow_through_a_layer_matches_the_paged_allocators_own() {
+    let by_default = batch_flow_trace(PassThrough(PagedAllocator::new(64, 4, false).unwrap()));
     let by_own = batch_flow_trace(PagedAllocator::new(64, 4, false).unwrap());
     assert_eq!(by_default.len(), 15);
     assert_eq!(by_default, by_own);

@@ -27,7 +27,7 @@ pub fn pair(
     decode_pool: Box<dyn KvPool>,
 ) -> Result<(Box<dyn KvPool>, LocalLink), String> {
     let (allocator, table, tree) = crate::host_bookkeeping(args, jobs)?;
-    let cache = crate::new_cache(args, allocator, table, tree)?;
+    let cache = crate::new_cache(args, allocator, table, tree, ())?;
     let layout = *decode_pool.layout();
     let prefill_pool = new_host_pool(layout, kv_data::DTYPE)
         .map_err(|e| format!("the prefill node's KV pool: {e}"))?;

@@ -70,7 +70,7 @@ fn serve(launch: &Launch) -> Result<(), String> {
     let args = Args::try_parse_flags(flags).map_err(|e| e.to_string())?;
     let jobs = workload::generate(&args);
     let (allocator, table, tree) = crate::host_bookkeeping(&args, &jobs)?;
-    let cache = crate::new_cache(&args, allocator, table, tree)?;
+    let cache = crate::new_cache(&args, allocator, table, tree, ())?;
     let agent = Agent::new(&format!("kvown-engine-prefill-{}", std::process::id()))
         .map_err(|e| e.to_string())?;
     let layout = kv_data::layout(args.pool_tokens, args.page_size)?;

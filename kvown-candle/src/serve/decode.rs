@@ -134,11 +134,12 @@ impl Server {
         }
         let cache = &mut self.node.cache;
         timed(&mut self.stats.kvown_ns, || -> Result<(), ServeError> {
-            cache.free_group_begin()?;
+            let mut group = cache.free_group()?;
             for req in &mut finished {
-                release_kv_cache(req, cache, true)?;
+                release_kv_cache(req, &mut group, true)?;
             }
-            Ok(cache.free_group_end()?)
+            group.commit();
+            Ok(())
         })?;
         for req in &finished {
             self.finished(req, false, out);

@@ -11,9 +11,9 @@ use cudarc::driver::{
 use kvown_runtime::alloc::KvSlot;
 use kvown_runtime::slots::ReqRow;
 
+use super::mirror::ReadBack;
 use super::packet::HEADER;
 use super::ring::StepLink;
-use super::staged::ReadBack;
 use crate::detect::CudaDevice;
 use crate::error::CudaError;
 

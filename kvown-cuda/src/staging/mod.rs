@@ -2,8 +2,9 @@
 //!
 //! The host allocator decides every slot. A step's GPU work needs two things from it: the
 //! step's `out_cache_loc` (where its K/V is stored) and the request-to-token rows (what
-//! attention reads). [`StagedAllocator`] writes both, as the host computes them, into a
-//! [`packet`] in a ring slot of host memory ([`StagingRing`]); a [`StepLink`] ships the packet
+//! attention reads). [`StagedMirror`], the cache's table mirror, writes both, as the batch flow
+//! writes the host table, into a [`packet`] in a ring slot of host memory ([`StagingRing`]); a
+//! [`StepLink`] ships the packet
 //! with one copy and one scatter kernel (`src/kernels/scatter.cu`): [`CudaStepLink`] on a GPU,
 //! [`HostLink`] (no device) for measuring the host's share and for tests.
 //!
@@ -15,11 +16,11 @@
 //! `depth` packets later.
 
 mod cuda;
+mod mirror;
 pub mod packet;
 mod ring;
-mod staged;
 
 pub use cuda::{CudaStepLink, scatter_launch};
+pub use mirror::{ReadBack, ShippedOut, StagedMirror, default_slot_words, required_slot_words};
 pub use packet::{PacketError, PacketView, Run};
 pub use ring::{HostLink, StagingRing, StagingStats, StepLink};
-pub use staged::{ReadBack, ShippedOut, StagedAllocator, default_slot_words, required_slot_words};

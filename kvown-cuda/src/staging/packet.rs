@@ -152,14 +152,17 @@ impl<'a> DecodeWriter<'a> {
         }
     }
 
-    /// Records the next write's flat table index (which fits `u32`: the table does, as the
-    /// stager checked). Writes past the packet's count are dropped, and [`DecodeWriter::finish`]
-    /// reports them.
+    /// Records the writes' flat table indices, in order; `false` when one is not below
+    /// `entries` (the device table's). Writes past the packet's count are dropped, and
+    /// [`DecodeWriter::finish`] reports them.
     #[inline]
-    pub(crate) fn push(&mut self, flat: usize) {
-        if let Some(word) = self.flats.next() {
+    pub(crate) fn record(&mut self, flats: impl Iterator<Item = usize>, entries: usize) -> bool {
+        let mut outside = false;
+        for (word, flat) in self.flats.by_ref().zip(flats) {
+            outside |= flat >= entries;
             *word = flat as u32;
         }
+        !outside
     }
 
     /// Copies the writes' slots, in write order, and checks that every write was recorded.
@@ -270,9 +273,7 @@ mod tests {
             let layout = Layout::decode(3, stride);
             let mut packet = vec![u32::MAX; layout.words()];
             let mut writer = DecodeWriter::new(&mut packet, &layout);
-            for flat in [17, 40, 99] {
-                writer.push(flat);
-            }
+            assert!(writer.record([17, 40, 99].into_iter(), 100));
             writer.finish(&[5, 6, 12]);
             let view = PacketView::parse(&packet).unwrap();
             assert_eq!(view.out_cache_loc(), [5, 6, 12]);

@@ -14,7 +14,7 @@ use kvown_events::{
     PublisherConfig, PublisherThread, REPLAY_END, SubscribeError,
 };
 use kvown_fleet::indexer::FleetIndexer;
-use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+use kvown_runtime::alloc::{PagedAllocator, SlotCalls};
 use kvown_runtime::radix::{CacheEvent, Insert, Namespace, PageHash, RadixCache, RadixConfig};
 
 const PAGE: usize = 4;

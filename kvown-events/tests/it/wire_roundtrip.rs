@@ -6,7 +6,7 @@
 use dynamo_kv_router::zmq_wire::{RawKvEvent, decode_event_batch};
 use kvown_events::{BlockEvent, Dialect, EventBatch, EventEncoder, NamespaceField};
 use kvown_fleet::indexer::{FleetIndexer, dynamo_labels};
-use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+use kvown_runtime::alloc::{PagedAllocator, SlotCalls};
 use kvown_runtime::radix::{CacheEvent, Insert, Namespace, PageHash, RadixCache, RadixConfig};
 
 const PAGE: usize = 4;

@@ -143,6 +143,24 @@ pub enum AllocError {
         /// The offending slot.
         last_loc: KvSlot,
     },
+    /// `last_loc` is not the last slot handed out in its page: another request continued the
+    /// page since (or the slot was never handed out), so continuing from it would hand out a
+    /// slot twice. Each page keeps a fill mark to tell.
+    #[error(
+        "request {request}: last_loc {last_loc} is not the last slot handed out in page {page} \
+         (that is slot {latest}): a request continues its page only from its own last slot; \
+         read last_loc from the request's own row"
+    )]
+    LastLocNotLatest {
+        /// Index of the request in the batch.
+        request: usize,
+        /// The slot given as the last stored one.
+        last_loc: KvSlot,
+        /// Its page.
+        page: PageId,
+        /// The last slot handed out in that page.
+        latest: KvSlot,
+    },
     /// Two requests of one batch continue the same partially filled page: both would be
     /// given its next slots (sglang's kernels hand the slots out twice). A partial last page
     /// belongs to one request; requests whose prefix ends at a page boundary may share it.
@@ -209,17 +227,16 @@ pub enum AllocError {
         /// Index of the first request naming it.
         first: usize,
     },
-    /// `free_group_begin` while a group is open (sglang silently drops the deferred frees).
+    /// A free group opened while one is open (sglang's nested `free_group_begin` silently
+    /// drops the deferred frees).
     #[error(
-        "free_group_begin inside an open free group ({deferred_pages} pages deferred); call free_group_end first"
+        "a free group is open already ({deferred_pages} pages deferred): commit it (drop its \
+         guard or call commit) before opening another"
     )]
     NestedFreeGroup {
         /// Pages deferred in the open group.
         deferred_pages: usize,
     },
-    /// `free_group_end` without an open group.
-    #[error("free_group_end without a matching free_group_begin")]
-    NotInFreeGroup,
     /// A page size of 0.
     #[error("page size must be at least 1")]
     ZeroPageSize,
@@ -246,7 +263,7 @@ pub enum AllocError {
         num_pages: usize,
         /// Requested page size.
         page_size: usize,
-        /// Bytes the bookkeeping needs (9 per page).
+        /// Bytes the bookkeeping needs (11 per page).
         bookkeeping_bytes: usize,
     },
     /// A pool size that is not a whole number of pages: the allocator would silently leave the

@@ -16,7 +16,7 @@ pub enum PageState {
     /// [`check`](super::PageAllocator::check) reports it as a violation, because no call leaves
     /// a page in this state.
     Pending,
-    /// Freed inside a free group; becomes free at `free_group_end`.
+    /// Freed inside a free group; becomes free when the group commits.
     Deferred,
     /// Freed and back in the free list.
     Free,

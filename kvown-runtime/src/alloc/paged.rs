@@ -20,7 +20,7 @@ impl PageAllocator<Lifo> {
     ///
     /// # Errors
     /// [`AllocError::ZeroPageSize`], [`AllocError::TooManySlots`] when a slot id would not fit
-    /// in a `u32`, or [`AllocError::PoolTooLarge`] when the host refuses the bookkeeping (9
+    /// in a `u32`, or [`AllocError::PoolTooLarge`] when the host refuses the bookkeeping (11
     /// bytes a page); nothing aborts, whatever the sizes.
     pub fn new(size: usize, page_size: usize, need_sort: bool) -> Result<Self, AllocError> {
         if page_size == 0 {

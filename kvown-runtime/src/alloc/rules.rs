@@ -1,13 +1,16 @@
 //! The batched extend and decode rules (sglang `alloc_extend_kernel` / `alloc_decode_kernel`)
-//! as CPU code: per-request validation with page counts, and the slot writers.
+//! as CPU code: per-request validation with page counts, and the extend's slot writer.
+//!
+//! Every page carries a fill mark besides its state: the low 16 bits of the slot after its last
+//! handed-out one ([`fill_mark`]), so that a continuation can be checked to start right after
+//! that slot.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
-use super::free_list::FreeList;
-use super::geometry::{PageGeometry, PageMath};
+use super::geometry::PageGeometry;
 use super::{AllocError, DecodeRow, DecodeShape, ExtendShape, KvSlot, PageId, PageState};
-use crate::slots::{ReqToTokenPool, TableEntries};
+use crate::slots::ReqToTokenPool;
 
 /// Whether `slot` lies in an allocated page: `Held`, or `Pending` while a batched allocation
 /// has marked it as a request's partial last page (see [`mark_partial_page`]). (No page is
@@ -177,7 +180,8 @@ impl ExtendShape {
 /// `ceil(seq/ps) − ceil(pre/ps)`. A request whose prefix ends inside a page marks that page
 /// `Pending` ([`mark_partial_page`]), and is refused when an earlier request of the batch
 /// marked it ([`AllocError::SharedPartialPage`]); the caller turns the marks back to `Held`,
-/// on error too. Requests without a prefix do no more for it than before (the test sits in
+/// on error too. Whether its `last_loc` is the last slot handed out in its page is checked
+/// after every request passed these ([`check_latest`]). Requests without a prefix do no more for it than before (the test sits in
 /// the branch that checks `last_loc`), those with a page-aligned prefix one test.
 #[inline]
 pub(crate) fn check_extend(
@@ -240,141 +244,42 @@ pub(crate) fn check_decode(
     Ok(geometry.offset(stored) == 0)
 }
 
-/// What [`fill_decode`] found: whether every request passed [`check_decode`], and how many
-/// new pages the batch opens.
-pub(crate) struct DecodeFill {
-    /// Every request is valid.
-    pub(crate) valid: bool,
-    /// Requests whose new token opens a page.
-    pub(crate) new_pages: usize,
-}
-
-impl Default for DecodeFill {
-    fn default() -> Self {
-        DecodeFill {
-            valid: true,
-            new_pages: 0,
-        }
-    }
-}
-
-impl DecodeFill {
-    /// The decode rule for one request with `stored` tokens whose last one is at `last_loc`
-    /// (`well_formed`: its shape passed the checks that need no page state): folds its
-    /// validity into `valid` and returns its new slot, the first slot of the next page of
-    /// `free` (0 when `free` is short) when the token opens one.
-    ///
-    /// A request whose token continues its page marks that page `Pending` (from `Held`); a
-    /// later request of the batch continuing it too is invalid (the page is shared), one that
-    /// opens a new page after it is not. The caller turns the marks back to `Held`.
-    #[inline(always)]
-    fn next_slot<M: PageMath>(
-        &mut self,
-        math: M,
-        state: &mut [PageState],
-        free: &FreeList,
-        stored: usize,
-        last_loc: KvSlot,
-        well_formed: bool,
-    ) -> KvSlot {
-        let page = math.page_of(last_loc);
-        let page_state = state.get(page).copied();
-        let offset = math.offset(stored);
-        let aligned = math.offset(last_loc as usize + 1) == offset;
-        if offset == 0 {
-            let held = matches!(page_state, Some(PageState::Held | PageState::Pending));
-            self.valid &= well_formed & held & aligned;
-            let page = free.peek(self.new_pages);
-            self.new_pages += 1;
-            page.map_or(0, |page| math.first_slot(page))
-        } else {
-            // `Pending`: an earlier request of the batch continues this page.
-            let own = page_state == Some(PageState::Held);
-            self.valid &= well_formed & own & aligned;
-            if own {
-                state[page] = PageState::Pending;
-            }
-            // Wrapping: a bogus `last_loc` (up to `KvSlot::MAX`) fails the batch, and its
-            // slot is never used.
-            last_loc.wrapping_add(1)
-        }
-    }
-}
-
-/// The whole decode rule in one branch-light pass: validates every request as
-/// [`check_decode`] does, and that no two requests continue one page, and appends its slot to
-/// `out` (the next slot of its page, or the first slot of the next page of `free` when the
-/// token opens one). Takes nothing: the caller keeps `out` and claims the first `new_pages`
-/// pages of `free` only when the batch is valid and `free` has that many; otherwise it
-/// truncates `out` back (the slots written for missing pages are 0). Either way it turns the
-/// pages the pass marked `Pending` back to `Held` ([`unmark_decode`], [`unmark_pages`]).
+/// `last_loc` must be the last slot handed out in its page, by the page's fill mark
+/// ([`AllocError::LastLocNotLatest`]): a continuation from an earlier slot would hand out a
+/// slot twice. Checked once every request of the batch passed the other checks, so that a
+/// batch's other errors come first.
 #[inline]
-pub(crate) fn fill_decode<M: PageMath>(
-    math: M,
-    state: &mut [PageState],
-    free: &FreeList,
-    reqs: impl ExactSizeIterator<Item = DecodeShape>,
-    out: &mut Vec<KvSlot>,
-) -> DecodeFill {
-    let start = out.len();
-    out.resize(start + reqs.len(), 0);
-    let mut fill = DecodeFill::default();
-    for (slot, shape) in out[start..].iter_mut().zip(reqs) {
-        let stored = shape.seq_len.wrapping_sub(1);
-        *slot = fill.next_slot(
-            math,
-            state,
-            free,
-            stored,
-            shape.last_loc,
-            shape.seq_len >= 2,
-        );
+pub(crate) fn check_latest(
+    geometry: PageGeometry,
+    fill: &[u16],
+    request: usize,
+    last_loc: KvSlot,
+) -> Result<(), AllocError> {
+    let page = geometry.page_of(last_loc);
+    let mark = fill.get(page).copied().unwrap_or(0);
+    if mark == fill_mark(last_loc) {
+        return Ok(());
     }
-    fill
+    Err(AllocError::LastLocNotLatest {
+        request,
+        last_loc,
+        page: page as PageId,
+        latest: last_handed(geometry, page as PageId, mark),
+    })
 }
 
-/// Turns the marks of a valid decode batch whose new pages were claimed back to `Held`: the
-/// page of each of its slots `slots` is a page the pass marked or a claimed one (already
-/// `Held`), so one unconditional store per request does it.
-#[inline]
-pub(crate) fn unmark_decode<M: PageMath>(math: M, state: &mut [PageState], slots: &[KvSlot]) {
-    for &slot in slots {
-        state[math.page_of(slot)] = PageState::Held;
-    }
+/// The fill mark of a page whose last handed-out slot is `slot`: the low 16 bits of the slot
+/// after it, which tell the slots of a page of up to 2^16 apart (larger pages are told apart
+/// modulo 2^16).
+#[inline(always)]
+pub(crate) fn fill_mark(slot: KvSlot) -> u16 {
+    slot.wrapping_add(1) as u16
 }
 
-/// The decode rule for a batch the batch flow checked ([`super::TrustedDecodeRows`]): reads
-/// each request's last slot from `table`, writes its new slot there and to `out` (the next slot
-/// of its page, or the first slot of the next page of `free` when the token opens one, 0 when
-/// `free` is short), and returns how many pages it opened. Checks nothing but the bounds of
-/// `table`; takes nothing from `free`. `on_write` is told each write's flat table index and
-/// slot as it is made (a stager copies the step for the device in this same pass).
-#[inline]
-pub(crate) fn fill_trusted_decode<M: PageMath>(
-    math: M,
-    free: &FreeList,
-    reqs: impl ExactSizeIterator<Item = DecodeRow>,
-    table: TableEntries<'_>,
-    out: &mut Vec<KvSlot>,
-    mut on_write: impl FnMut(usize, KvSlot),
-) -> usize {
-    let start = out.len();
-    out.resize(start + reqs.len(), 0);
-    let TableEntries { entries, width } = table;
-    let mut new_pages = 0;
-    for (slot, req) in out[start..].iter_mut().zip(reqs) {
-        let position = req.row * width + req.len;
-        *slot = if math.offset(req.len) == 0 {
-            let page = free.peek(new_pages);
-            new_pages += 1;
-            page.map_or(0, |page| math.first_slot(page))
-        } else {
-            entries[position - 1] + 1
-        };
-        entries[position] = *slot;
-        on_write(position, *slot);
-    }
-    new_pages
+/// The last handed-out slot of `page` by its fill `mark`.
+pub(crate) fn last_handed(geometry: PageGeometry, page: PageId, mark: u16) -> KvSlot {
+    let first = geometry.first_slot(page);
+    first + KvSlot::from(mark.wrapping_sub(1).wrapping_sub(first as u16))
 }
 
 /// `last_loc` must be a slot of an allocated page at the page offset `prefix_len` implies.
@@ -409,16 +314,19 @@ pub(crate) fn fill_extend(
     geometry: PageGeometry,
     shape: &ExtendShape,
     pages: &mut impl Iterator<Item = PageId>,
-    state: &mut [PageState],
+    marks: PageMarks<'_>,
     out: &mut Vec<KvSlot>,
 ) {
+    let PageMarks { state, fill } = marks;
     let page_size = geometry.page_size();
     let offset = geometry.offset(shape.prefix_len);
     let extend_len = shape.seq_len - shape.prefix_len;
     let old_page_rest = match shape.last_loc {
         Some(last_loc) if offset != 0 => {
-            state[geometry.page_of(last_loc)] = PageState::Held;
+            let page = geometry.page_of(last_loc);
+            state[page] = PageState::Held;
             let n1 = (page_size - offset).min(extend_len);
+            fill[page] = fill_mark(last_loc + n1 as KvSlot);
             out.extend(last_loc + 1..last_loc + 1 + n1 as KvSlot);
             n1
         }
@@ -429,39 +337,50 @@ pub(crate) fn fill_extend(
     if page_size == 1 {
         for page in pages.by_ref().take(full_pages) {
             state[page as usize] = PageState::Held;
+            fill[page as usize] = fill_mark(page);
             out.push(page);
         }
         return;
     }
     for page in pages.by_ref().take(full_pages) {
-        claim(geometry, page, page_size, state, out);
+        claim(geometry, page, page_size, PageMarks { state, fill }, out);
     }
     let tail = geometry.offset(rest);
     if tail > 0
         && let Some(page) = pages.next()
     {
-        claim(geometry, page, tail, state, out);
+        claim(geometry, page, tail, PageMarks { state, fill }, out);
     }
 }
 
-/// Marks `page` held and appends its first `len` slots.
+/// The per-page marks an allocation updates: the states and the fill marks.
+pub(crate) struct PageMarks<'a> {
+    /// One state per page.
+    pub(crate) state: &'a mut [PageState],
+    /// One fill mark per page ([`fill_mark`] of its last handed-out slot).
+    pub(crate) fill: &'a mut [u16],
+}
+
+/// Marks `page` held with its first `len` slots handed out, and appends those.
 #[inline]
 fn claim(
     geometry: PageGeometry,
     page: PageId,
     len: usize,
-    state: &mut [PageState],
+    marks: PageMarks<'_>,
     out: &mut Vec<KvSlot>,
 ) {
-    state[page as usize] = PageState::Held;
-    push_slot_run(out, geometry.first_slot(page), len);
+    let first = geometry.first_slot(page);
+    marks.state[page as usize] = PageState::Held;
+    marks.fill[page as usize] = fill_mark(first + len as KvSlot - 1);
+    push_slot_run(out, first, len);
 }
 
 /// Appends `first..first + len` to `out`. Runs of the common page sizes (16, 32, 64) are
 /// written as fixed-length arrays, which compile to a few straight vector stores; other lengths
 /// take the range loop.
 #[inline(always)]
-pub(super) fn push_slot_run(out: &mut Vec<KvSlot>, first: KvSlot, len: usize) {
+pub(crate) fn push_slot_run(out: &mut Vec<KvSlot>, first: KvSlot, len: usize) {
     fn fixed<const N: usize>(out: &mut Vec<KvSlot>, first: KvSlot) {
         let slots: [KvSlot; N] = std::array::from_fn(|i| first + i as KvSlot);
         out.extend_from_slice(&slots);

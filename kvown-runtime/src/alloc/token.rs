@@ -12,7 +12,7 @@ impl PageAllocator<Fifo> {
     ///
     /// Fails with [`AllocError::TooManySlots`] when `size` exceeds `u32::MAX - 1` (the end of
     /// the last slot, `size + 1`, must fit in a `u32` as well), or with
-    /// [`AllocError::PoolTooLarge`] when the host refuses the bookkeeping (9 bytes a slot);
+    /// [`AllocError::PoolTooLarge`] when the host refuses the bookkeeping (11 bytes a slot);
     /// nothing aborts, whatever the size.
     pub fn new(size: usize, need_sort: bool) -> Result<Self, AllocError> {
         Self::with_pages(1, size, need_sort)

@@ -6,7 +6,7 @@ use kvown_macros::owner;
 
 use crate::alloc::KvAllocator;
 use crate::batch::Req;
-use crate::cache::{KvCache, TreeCache};
+use crate::cache::{KvCache, TableMirror, TreeCache};
 use crate::error::KvError;
 use crate::radix::TreePos;
 
@@ -21,9 +21,9 @@ use crate::radix::TreePos;
 /// be computed), locks the matched path and sets `cache_protected_len` to the matched length.
 /// A request that holds KV (a chunked prefill continuing) keeps its prefix.
 #[owner]
-pub fn init_next_round_input<A: KvAllocator>(
+pub fn init_next_round_input<A: KvAllocator, M: TableMirror>(
     req: &mut Req,
-    cache: &mut KvCache<A>,
+    cache: &mut KvCache<A, M>,
     max_extend: usize,
 ) -> Result<(), KvError> {
     cache.ensure_own(req)?;

@@ -3,9 +3,9 @@
 use kvown_macros::owner;
 
 use super::{AllocFailure, DecodePrepared, LastAllocation, Ready, ScheduleBatch};
-use crate::alloc::{DecodeRow, KvAllocator, TrustedDecodeRows};
+use crate::alloc::{DecodeRequest, DecodeRequests, DecodeShape, KvAllocator, KvSlot, Sealed};
 use crate::batch::{Req, ReqKvInfo};
-use crate::cache::KvCache;
+use crate::cache::{KvCache, TableMirror};
 use crate::error::KvError;
 
 /// Checks that each request's next position (`kv_allocated_len`) exists in its row, ticks its
@@ -17,9 +17,9 @@ use crate::error::KvError;
 /// reservation ([`KvError::ReservationHeld`]: its committed length is short of its allocated
 /// one), or its row is full.
 #[owner]
-pub fn prepare_for_decode<A: KvAllocator>(
+pub fn prepare_for_decode<A: KvAllocator, M: TableMirror>(
     mut batch: ScheduleBatch<Ready>,
-    cache: &KvCache<A>,
+    cache: &KvCache<A, M>,
 ) -> Result<ScheduleBatch<DecodePrepared>, (ScheduleBatch<Ready>, KvError)> {
     // Ticking in the checking pass spares a second pass over the requests (W2: about 2% of a
     // step); a refused batch is rare, and turning its clocks back costs that pass instead.
@@ -28,8 +28,8 @@ pub fn prepare_for_decode<A: KvAllocator>(
     });
     let opening = match valid {
         Ok(opening) => opening,
-        Err(error) => {
-            for req in &mut batch.reqs {
+        Err((ticked, error)) => {
+            for req in &mut batch.reqs[..ticked] {
                 *req.kv_mut().decode_batch_idx_mut(owner) -= 1;
             }
             return Err((batch, error));
@@ -43,16 +43,16 @@ pub fn prepare_for_decode<A: KvAllocator>(
 
 /// Allocates one slot per request (a new page only when the new token opens one; evicting as
 /// [`KvCache::eviction_rules`] say, by default what the free slots lack of a page per request,
-/// sglang's demand), writes it
-/// at the request's old length in its row, and settles `kv_allocated_len += 1` and
-/// `kv_committed_len += 1` (sglang #37085). The allocator reads each request's last slot from
-/// its row and writes the new one as it goes; it trusts what `prepare_for_decode` checked
-/// ([`KvAllocator::alloc_decode_trusted`]). Transactional like `alloc_for_extend`; a batch
-/// prepared with another cache fails with [`KvError::PreparedForOtherCache`].
+/// sglang's demand), writes it at the request's old length in its row, and settles
+/// `kv_allocated_len += 1` and `kv_committed_len += 1` (sglang #37085). The allocator reads each
+/// request's last slot from its row and writes the new one as it goes, in one pass that trusts
+/// what `prepare_for_decode` checked ([`DecodeRequests::checked_new_pages`]); the cache's
+/// [`TableMirror`] is told the writes. Transactional like `alloc_for_extend`; a batch prepared
+/// with another cache fails with [`KvError::PreparedForOtherCache`].
 #[owner]
-pub fn alloc_for_decode<A: KvAllocator>(
+pub fn alloc_for_decode<A: KvAllocator, M: TableMirror>(
     mut batch: ScheduleBatch<DecodePrepared>,
-    cache: &mut KvCache<A>,
+    cache: &mut KvCache<A, M>,
 ) -> Result<ScheduleBatch<Ready>, AllocFailure<DecodePrepared>> {
     if batch.state.cache != cache.id() {
         let error = KvError::PreparedForOtherCache {
@@ -73,65 +73,124 @@ pub fn alloc_for_decode<A: KvAllocator>(
     batch.forget_out_cache_loc();
     // `prepare_for_decode` checked every request: it holds a row of this cache (its own: a
     // request is not `Clone`), and its next position exists. The batch stayed sealed since.
-    let rows = batch.reqs.iter().map(|req| DecodeRow {
-        row: req.kv().req_pool_idx().unwrap_or(0),
-        len: req.kv().kv_allocated_len(),
-    });
-    let rows = TrustedDecodeRows::new(rows, new_pages);
-    if let Err(error) = cache.allocator.alloc_decode_trusted(
-        rows,
-        &mut cache.req_to_token,
-        &mut batch.out_cache_loc,
-    ) {
+    let table = cache.req_to_token.entries_mut();
+    let width = table.width;
+    let rows = CheckedRows {
+        reqs: &mut batch.reqs,
+        entries: table.entries,
+        width,
+        new_pages,
+        settle: |kv: &mut ReqKvInfo| {
+            *kv.kv_allocated_len_mut(owner) += 1;
+            *kv.kv_committed_len_mut(owner) += 1;
+        },
+    };
+    if let Err(error) = cache.allocator.alloc_decode(rows, &mut batch.out_cache_loc) {
         return Err(batch.fail(error.into()));
     }
-    for req in &mut batch.reqs {
-        let kv = req.kv_mut();
-        *kv.kv_allocated_len_mut(owner) += 1;
-        *kv.kv_committed_len_mut(owner) += 1;
-    }
+    let writes = batch.reqs.iter().map(|req| {
+        let kv = req.kv();
+        kv.req_pool_idx().unwrap_or(0) * width + kv.kv_allocated_len() - 1
+    });
+    cache.mirror.decode(writes, &batch.out_cache_loc);
     batch.last_allocation = LastAllocation::Decode;
     Ok(batch.into_state(Ready))
 }
 
-/// Checks in one branch-light pass that every request holds a row of this cache whose next
-/// position exists and equals its committed length, calls `tick` on each request's record in
-/// the same pass, and returns how many of the new tokens open a page (all of them for page size
-/// 1): the pages the step takes. On a failed check every request has been ticked, and the
-/// first invalid request's typed error comes from [`first_decode_error`].
-fn check_and_tick<A: KvAllocator>(
+/// The requests of a decode batch that `prepare_for_decode` checked, as the allocator reads
+/// them: each request's shape from its row (its last slot at `kv_allocated_len - 1`), and its
+/// new slot written to the row, and its record settled by `settle`, as the allocator hands it
+/// out.
+struct CheckedRows<'a, F> {
+    reqs: &'a mut [Req],
+    /// The table's entries, row by row.
+    entries: &'a mut [KvSlot],
+    /// Positions per row.
+    width: usize,
+    /// Pages the batch opens, as `prepare_for_decode` counted them.
+    new_pages: usize,
+    settle: F,
+}
+
+impl<F> CheckedRows<'_, F> {
+    /// The flat index of the position `req`'s new token goes to.
+    #[inline(always)]
+    fn position(&self, req: &Req) -> usize {
+        let kv = req.kv();
+        kv.req_pool_idx().unwrap_or(0) * self.width + kv.kv_allocated_len()
+    }
+}
+
+impl<F: FnMut(&mut ReqKvInfo)> Sealed for CheckedRows<'_, F> {}
+
+impl<F: FnMut(&mut ReqKvInfo)> DecodeRequests for CheckedRows<'_, F> {
+    fn len(&self) -> usize {
+        self.reqs.len()
+    }
+
+    fn shape(&self, request: usize) -> DecodeShape {
+        let req = &self.reqs[request];
+        DecodeShape {
+            seq_len: req.kv().kv_allocated_len() + 1,
+            last_loc: self.entries[self.position(req) - 1],
+        }
+    }
+
+    fn checked_new_pages(&self) -> Option<usize> {
+        Some(self.new_pages)
+    }
+
+    #[inline(always)]
+    fn assign(
+        &mut self,
+        out: &mut [KvSlot],
+        mut slot_for: impl FnMut(DecodeRequest<'_>) -> KvSlot,
+    ) {
+        for (slot, req) in out.iter_mut().zip(self.reqs.iter_mut()) {
+            let len = req.kv().kv_allocated_len();
+            let position = req.kv().req_pool_idx().unwrap_or(0) * self.width + len;
+            *slot = slot_for(DecodeRequest::new(len, self.entries, position));
+            self.entries[position] = *slot;
+            (self.settle)(req.kv_mut());
+        }
+    }
+}
+
+/// Checks in one pass that every request holds a row of this cache whose next position exists
+/// and equals its committed length, calls `tick` on each request's record in the same pass, and
+/// returns how many of the new tokens open a page (all of them for page size 1): the pages the
+/// step takes. At the first invalid request the pass stops: the error is how many requests it
+/// ticked, and the first invalid request's typed error from [`first_decode_error`].
+fn check_and_tick<A: KvAllocator, M: TableMirror>(
     reqs: &mut [Req],
-    cache: &KvCache<A>,
+    cache: &KvCache<A, M>,
     mut tick: impl FnMut(&mut ReqKvInfo),
-) -> Result<usize, KvError> {
+) -> Result<usize, (usize, KvError)> {
     let table = &cache.req_to_token;
     let page_size = cache.page_size();
     let own = Some(cache.id());
     let width = table.max_context_len();
     let rows = table.size();
     let page_mask = page_size.is_power_of_two().then(|| page_size - 1);
-    let mut valid = true;
     let mut opening = 0;
-    for req in reqs.iter_mut() {
-        let kv = req.kv_mut();
+    for ticked in 0..reqs.len() {
+        let kv = reqs[ticked].kv_mut();
         let seq_len = kv.kv_allocated_len();
         // The new token goes to position `seq_len`, which must exist: `1 <= seq_len < width`,
         // and be the committed length's (no speculative reservation in between).
-        let fits = seq_len.wrapping_sub(1) < width.saturating_sub(1);
-        let unreserved = kv.kv_committed_len() == seq_len;
-        valid &= kv.req_pool_idx().is_some_and(|row| row <= rows)
-            & fits
-            & unreserved
-            & (kv.kv_cache() == own);
+        let valid = seq_len.wrapping_sub(1) < width.saturating_sub(1)
+            && kv.req_pool_idx().is_some_and(|row| row <= rows)
+            && kv.kv_committed_len() == seq_len
+            && kv.kv_cache() == own;
+        if !valid {
+            return Err((ticked, first_decode_error(reqs, cache)));
+        }
         tick(kv);
         // A mask, not a division, for powers of two.
         opening += usize::from(match page_mask {
             Some(mask) => seq_len & mask == 0,
-            None => seq_len % page_size == 0,
+            None => seq_len.is_multiple_of(page_size),
         });
-    }
-    if !valid {
-        return Err(first_decode_error(reqs, cache));
     }
     Ok(opening)
 }
@@ -139,7 +198,10 @@ fn check_and_tick<A: KvAllocator>(
 /// The typed error of the first request `check_and_tick` rejects.
 #[cold]
 #[inline(never)]
-fn first_decode_error<A: KvAllocator>(reqs: &[Req], cache: &KvCache<A>) -> KvError {
+fn first_decode_error<A: KvAllocator, M: TableMirror>(
+    reqs: &[Req],
+    cache: &KvCache<A, M>,
+) -> KvError {
     let table = &cache.req_to_token;
     let width = table.max_context_len();
     for req in reqs {

@@ -3,8 +3,8 @@
 use kvown_macros::owner;
 
 use super::{AllocFailure, ExtendPrepared, LastAllocation, Ready, ScheduleBatch};
-use crate::alloc::{ExtendRow, ExtendShape, KvAllocator};
-use crate::cache::KvCache;
+use crate::alloc::{ExtendShape, KvAllocator};
+use crate::cache::{ExtendRow, KvCache, TableMirror};
 use crate::error::KvError;
 use crate::slots::ReqRow;
 
@@ -42,9 +42,8 @@ pub fn prepare_for_extend(mut batch: ScheduleBatch<Ready>) -> ScheduleBatch<Exte
 /// 1), the request-to-token rows (a new
 /// row's `[0, prefix)` <- matched prefix slots; `[prefix, seq)` <- new slots), and settles
 /// `kv_allocated_len = kv_committed_len = seq_len` ("allocation is commitment", sglang #37085).
-/// The allocator is told each request's row ([`KvAllocator::alloc_extend_rows`]) and the
-/// prefix copied into a new row ([`KvAllocator::row_written`]), so a copy of the table can
-/// follow.
+/// The cache's [`TableMirror`] is told each request's row writes, the prefix copied into a
+/// new row included ([`TableMirror::extend`]).
 ///
 /// Transactional: on error nothing was taken or written, and the prepared batch is handed
 /// back. Nothing was evicted either, except when the allocator itself refuses the slots after
@@ -53,9 +52,9 @@ pub fn prepare_for_extend(mut batch: ScheduleBatch<Ready>) -> ScheduleBatch<Exte
 /// KV in another cache fails with [`KvError::OtherCache`], one holding a speculative
 /// reservation with [`KvError::ReservationHeld`].
 #[owner]
-pub fn alloc_for_extend<A: KvAllocator>(
+pub fn alloc_for_extend<A: KvAllocator, M: TableMirror>(
     mut batch: ScheduleBatch<ExtendPrepared>,
-    cache: &mut KvCache<A>,
+    cache: &mut KvCache<A, M>,
 ) -> Result<ScheduleBatch<Ready>, AllocFailure<ExtendPrepared>> {
     let width = cache.req_to_token.max_context_len();
     let mut rows_needed = 0;
@@ -126,7 +125,13 @@ pub fn alloc_for_extend<A: KvAllocator>(
     // The allocator appends to a cleared `out_cache_loc`; forgotten with it, the last
     // allocation's positions are not paired with its slots if the allocator refuses.
     batch.forget_out_cache_loc();
-    // A new row takes its matched prefix with the new slots, in the same allocator call.
+    if let Err(error) = cache
+        .allocator
+        .alloc_extend(&batch.state.shapes, &mut batch.out_cache_loc)
+    {
+        return Err(batch.fail(error.into()));
+    }
+    // A new row takes its matched prefix with the new slots.
     let extend_rows = batch
         .reqs
         .iter()
@@ -135,16 +140,12 @@ pub fn alloc_for_extend<A: KvAllocator>(
             row,
             prefix: match req.kv().holds_kv() {
                 true => &[],
-                false => &req.prefix_indices,
+                false => &req.prefix_indices[..],
             },
         });
-    if let Err(error) = cache.allocator.alloc_extend_rows(
-        &batch.state.shapes,
-        extend_rows,
-        &mut batch.out_cache_loc,
-    ) {
-        return Err(batch.fail(error.into()));
-    }
+    cache
+        .mirror
+        .extend(&batch.state.shapes, extend_rows, &batch.out_cache_loc);
     cache
         .req_to_token
         .alloc(rows_needed)

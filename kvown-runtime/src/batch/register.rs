@@ -7,9 +7,9 @@
 use kvown_macros::owner;
 
 use crate::alloc::KvSlot;
-use crate::alloc::{KvAllocator, ceil_align};
+use crate::alloc::{KvAllocator, SlotCalls, ceil_align};
 use crate::batch::Req;
-use crate::cache::{KvCache, TreeCache};
+use crate::cache::{KvCache, TableMirror, TreeCache};
 use crate::error::KvError;
 use crate::radix::{Insert, InsertOutcome, RadixCache, TreePos};
 
@@ -17,7 +17,7 @@ use crate::radix::{Insert, InsertOutcome, RadixCache, TreePos};
 /// the prefix cache, free its duplicates, point its row at the tree's slots, move its lock to
 /// the inserted end and raise `cache_protected_len` there. The unaligned tail stays the
 /// request's own; the next chunk continues from its row, `row[0..committed]`. The rewritten
-/// part of the row is reported to the allocator ([`KvAllocator::row_written`]).
+/// part of the row is reported to the cache's mirror ([`TableMirror::row_written`]).
 ///
 /// All or nothing: the insert is planned and its arguments checked before anything changes,
 /// and the duplicates are freed before the tree takes the rest, so a refused call (bad input,
@@ -26,9 +26,9 @@ use crate::radix::{Insert, InsertOutcome, RadixCache, TreePos};
 /// Cost: O(tokens committed since the last call + tree path below the request's lock), so
 /// registering each page as it fills costs O(page size) per page.
 #[owner]
-pub fn cache_unfinished_req<A: KvAllocator>(
+pub fn cache_unfinished_req<A: KvAllocator, M: TableMirror>(
     req: &mut Req,
-    cache: &mut KvCache<A>,
+    cache: &mut KvCache<A, M>,
 ) -> Result<(), KvError> {
     let row = cache.held_row(req)?;
     let committed = req.kv().kv_committed_len();
@@ -36,6 +36,7 @@ pub fn cache_unfinished_req<A: KvAllocator>(
         allocator,
         req_to_token,
         tree,
+        mirror,
         ..
     } = cache;
     if let TreeCache::Radix(tree) = tree {
@@ -69,7 +70,7 @@ pub fn cache_unfinished_req<A: KvAllocator>(
                     };
                     let rewritten = &mut req_to_token.row_mut(row)?[protected..outcome.prefix_len];
                     tree.path_slots_into(cached, protected, rewritten)?;
-                    allocator.row_written(row, protected, rewritten);
+                    mirror.row_written(row, protected, rewritten);
                 }
                 if new_end.node != req.last_node.node {
                     tree.move_lock(req.last_node.node, new_end.node)?;
@@ -134,9 +135,9 @@ fn split_prompt(tree: &mut RadixCache, req: &Req, up_to: usize, end: TreePos) ->
 /// then the request's lock is dropped. Every free of the release is one all-or-nothing
 /// allocator call made before the tree changes, so an allocator that refuses it leaves the
 /// whole cache as it was.
-pub(crate) fn cache_finished_req<A: KvAllocator>(
+pub(crate) fn cache_finished_req<A: KvAllocator, M: TableMirror>(
     req: &Req,
-    cache: &mut KvCache<A>,
+    cache: &mut KvCache<A, M>,
     is_insert: bool,
 ) -> Result<(), KvError> {
     let row = req.held_row()?;

@@ -5,7 +5,7 @@ use kvown_macros::owner;
 use crate::alloc::KvAllocator;
 use crate::batch::Req;
 use crate::batch::cache_finished_req;
-use crate::cache::{KvCache, TreeCache};
+use crate::cache::{KvCache, TableMirror, TreeCache};
 use crate::error::KvError;
 use crate::radix::TreePos;
 
@@ -18,9 +18,9 @@ use crate::radix::TreePos;
 /// holding neither fails with [`KvError::NotHeld`] (double release), and one holding KV in
 /// another cache with [`KvError::OtherCache`], changing nothing.
 #[owner]
-pub fn release_kv_cache<A: KvAllocator>(
+pub fn release_kv_cache<A: KvAllocator, M: TableMirror>(
     req: &mut Req,
-    cache: &mut KvCache<A>,
+    cache: &mut KvCache<A, M>,
     is_insert: bool,
 ) -> Result<(), KvError> {
     cache.ensure_own(req)?;

@@ -4,7 +4,7 @@ use super::spec::reservation_target;
 use super::{Ready, ScheduleBatch, release_kv_cache, reset_for_retract};
 use crate::alloc::{KvAllocator, ceil_align};
 use crate::batch::Req;
-use crate::cache::KvCache;
+use crate::cache::{KvCache, TableMirror};
 use crate::error::KvError;
 
 /// Slots the next decode step needs in new pages (sglang `new_tokens_required_next_decode`).
@@ -51,9 +51,9 @@ pub fn new_tokens_required_next_decode<'a>(
 /// # Errors
 /// As [`KvCache::evict_shortfall`]: an eviction refused inside a free group evicts nothing; one
 /// refused by the allocator keeps what it evicted before the refusal.
-pub fn check_decode_mem<'a, A: KvAllocator>(
+pub fn check_decode_mem<'a, A: KvAllocator, M: TableMirror>(
     reqs: impl IntoIterator<Item = &'a Req>,
-    cache: &mut KvCache<A>,
+    cache: &mut KvCache<A, M>,
     spec_reserve: Option<usize>,
 ) -> Result<bool, KvError> {
     let needed = new_tokens_required_next_decode(reqs, cache.page_size(), spec_reserve);
@@ -88,9 +88,9 @@ pub struct RetractOutcome {
 /// had not taken out, in retraction order, followed by those it had, in the order it took them
 /// (released and reset, except the one whose release failed, which keeps its KV as a failed
 /// release leaves it).
-pub fn retract_decode<A: KvAllocator>(
+pub fn retract_decode<A: KvAllocator, M: TableMirror>(
     batch: &mut ScheduleBatch<Ready>,
-    cache: &mut KvCache<A>,
+    cache: &mut KvCache<A, M>,
     spec_reserve: Option<usize>,
 ) -> Result<RetractOutcome, KvError> {
     // Before anything is released: a request that holds no KV here fails the call, and so
@@ -98,7 +98,7 @@ pub fn retract_decode<A: KvAllocator>(
     for req in &batch.reqs {
         cache.held_row(req)?;
     }
-    if cache.allocator.in_free_group() {
+    if cache.in_free_group() {
         let needed = new_tokens_required_next_decode(&batch.reqs, cache.page_size(), spec_reserve);
         return Err(cache.free_group_refusal(needed));
     }
@@ -129,11 +129,11 @@ pub fn retract_decode<A: KvAllocator>(
 /// The releases of [`retract_decode`]: takes requests out of `pool` (indexed as the batch was)
 /// in retraction order, the last of `order` first, into `outcome`; `order` keeps the indices
 /// of those left.
-fn retract_in_order<A: KvAllocator>(
+fn retract_in_order<A: KvAllocator, M: TableMirror>(
     pool: &mut [Option<Req>],
     order: &mut Vec<usize>,
     outcome: &mut RetractOutcome,
-    cache: &mut KvCache<A>,
+    cache: &mut KvCache<A, M>,
     spec_reserve: Option<usize>,
 ) -> Result<(), KvError> {
     let steps = cache.eviction_rules().retract_decode_steps;

@@ -4,8 +4,8 @@
 use kvown_macros::owner;
 
 use super::{AllocFailure, Ready, ScheduleBatch, SpecPrepared};
-use crate::alloc::{ExtendRow, ExtendShape, KvAllocator};
-use crate::cache::KvCache;
+use crate::alloc::{ExtendShape, KvAllocator};
+use crate::cache::{ExtendRow, KvCache, TableMirror};
 use crate::error::KvError;
 
 /// Ticks each request's decode clock and fixes its reservation target
@@ -17,9 +17,9 @@ use crate::error::KvError;
 /// holds it in another cache ([`KvError::OtherCache`]), or its target passes its row
 /// ([`KvError::RowTooShort`]).
 #[owner]
-pub fn prepare_for_spec_decode<A: KvAllocator>(
+pub fn prepare_for_spec_decode<A: KvAllocator, M: TableMirror>(
     mut batch: ScheduleBatch<Ready>,
-    cache: &KvCache<A>,
+    cache: &KvCache<A, M>,
     reserve: usize,
 ) -> Result<ScheduleBatch<SpecPrepared>, (ScheduleBatch<Ready>, KvError)> {
     let width = cache.req_to_token.max_context_len();
@@ -77,13 +77,13 @@ pub(crate) fn reservation_target(
 /// Tops each request's allocation up to its reservation target: slots for `[allocated,
 /// target)` written into its row, `kv_allocated_len = target`. Leaves `kv_committed_len`
 /// alone and `out_cache_loc` empty (draft and verify read their slots from the table). The
-/// allocator is told the rows ([`KvAllocator::alloc_extend_rows`]). Transactional like
+/// cache's [`TableMirror`] is told the rows' writes. Transactional like
 /// `alloc_for_extend`; a batch prepared with another cache fails with
 /// [`KvError::PreparedForOtherCache`].
 #[owner]
-pub fn alloc_for_spec_decode<A: KvAllocator>(
+pub fn alloc_for_spec_decode<A: KvAllocator, M: TableMirror>(
     mut batch: ScheduleBatch<SpecPrepared>,
-    cache: &mut KvCache<A>,
+    cache: &mut KvCache<A, M>,
 ) -> Result<ScheduleBatch<Ready>, AllocFailure<SpecPrepared>> {
     if batch.state.cache != cache.id() {
         let error = KvError::PreparedForOtherCache {
@@ -104,6 +104,12 @@ pub fn alloc_for_spec_decode<A: KvAllocator>(
         return Err(batch.fail(error));
     }
     let mut slots = Vec::new();
+    if let Err(error) = cache
+        .allocator
+        .alloc_extend(&batch.state.shapes, &mut slots)
+    {
+        return Err(batch.fail(error.into()));
+    }
     let rows = batch.reqs.iter().map(|req| ExtendRow {
         row: req
             .kv()
@@ -111,12 +117,7 @@ pub fn alloc_for_spec_decode<A: KvAllocator>(
             .expect("checked by prepare_for_spec_decode"),
         prefix: &[],
     });
-    if let Err(error) = cache
-        .allocator
-        .alloc_extend_rows(&batch.state.shapes, rows, &mut slots)
-    {
-        return Err(batch.fail(error.into()));
-    }
+    cache.mirror.extend(&batch.state.shapes, rows, &slots);
     let mut offset = 0;
     for (req, shape) in batch.reqs.iter_mut().zip(&batch.state.shapes) {
         let row = req

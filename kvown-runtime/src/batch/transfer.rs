@@ -21,10 +21,10 @@ use std::ops::Range;
 
 use kvown_macros::owner;
 
-use crate::alloc::{ExtendRow, ExtendShape, KvAllocator, KvSlot};
+use crate::alloc::{ExtendShape, KvAllocator, KvSlot};
 use crate::batch::Req;
 use crate::batch::release_kv_cache;
-use crate::cache::KvCache;
+use crate::cache::{ExtendRow, KvCache, TableMirror};
 use crate::error::KvError;
 
 /// A request whose row and slots are preallocated and whose K/V is in flight: it can only be
@@ -92,9 +92,9 @@ pub fn transfer_fill_len(req: &Req) -> usize {
 /// the fill length and the next token ([`KvError::RowTooShort`]), or when rows or slots run
 /// out.
 #[owner]
-pub fn prealloc_for_transfer<A: KvAllocator>(
+pub fn prealloc_for_transfer<A: KvAllocator, M: TableMirror>(
     mut req: Req,
-    cache: &mut KvCache<A>,
+    cache: &mut KvCache<A, M>,
 ) -> Result<TransferTicket, Box<PreallocFailure>> {
     let refuse = |req, error| Err(Box::new(PreallocFailure { req, error }));
     if let Err(error) = cache.ensure_own(&req) {
@@ -137,16 +137,14 @@ pub fn prealloc_for_transfer<A: KvAllocator>(
         last_loc: req.prefix_indices.last().copied(),
     };
     let mut destination = Vec::new();
+    if let Err(error) = cache.allocator.alloc_extend(&[shape], &mut destination) {
+        return refuse(req, error.into());
+    }
     let rows = std::iter::once(ExtendRow {
         row,
         prefix: &req.prefix_indices,
     });
-    if let Err(error) = cache
-        .allocator
-        .alloc_extend_rows(&[shape], rows, &mut destination)
-    {
-        return refuse(req, error.into());
-    }
+    cache.mirror.extend(&[shape], rows, &destination);
     cache
         .req_to_token
         .alloc(1)
@@ -187,9 +185,9 @@ pub fn commit_transfer(ticket: TransferTicket) -> Req {
 /// Gives back everything a request whose transfer failed or was cancelled holds: its slots,
 /// its row and its prefix lock ([`release_kv_cache`] without inserting: the K/V never
 /// arrived). The request comes back holding nothing, to be retried or dropped.
-pub fn cancel_transfer<A: KvAllocator>(
+pub fn cancel_transfer<A: KvAllocator, M: TableMirror>(
     ticket: TransferTicket,
-    cache: &mut KvCache<A>,
+    cache: &mut KvCache<A, M>,
 ) -> Result<Req, Box<CancelFailure>> {
     let mut req = ticket.req;
     match release_kv_cache(&mut req, cache, false) {

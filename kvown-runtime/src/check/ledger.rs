@@ -129,12 +129,12 @@ impl PageHolders {
 /// that every page claimed outside the free list is allocated, and that every allocated page is
 /// claimed. A slot two requests name is reported with both ([`Violation::SlotHeldTwice`]).
 ///
-/// The allocator alone cannot see one request continuing another's partially filled page: it
-/// checks that a `last_loc` lies in an allocated page at the right offset, not whose page it
-/// is. This census is what catches it:
+/// The allocator alone cannot see one request continuing another's partially filled page from
+/// that request's last slot: it checks that a `last_loc` is the last slot handed out in its
+/// page, not whose page it is. This census is what catches it:
 ///
 /// ```
-/// use kvown_runtime::alloc::{DecodeShape, ExtendShape, KvAllocator, PagedAllocator};
+/// use kvown_runtime::alloc::{AllocError, DecodeShape, ExtendShape, KvAllocator, PagedAllocator};
 /// use kvown_runtime::check::{Holder, PageLedger, Violation};
 ///
 /// let mut allocator = PagedAllocator::new(64, 4, false)?;
@@ -143,13 +143,15 @@ impl PageHolders {
 /// // Request 2 passes request 1's last slot as its own last_loc: the allocator cannot tell.
 /// let foreign = ExtendShape { prefix_len: 1, seq_len: 3, last_loc: Some(a[0]) };
 /// allocator.alloc_extend(&[foreign], &mut b)?;
-/// allocator.alloc_decode(&[DecodeShape { seq_len: 2, last_loc: a[0] }], &mut a)?;
-/// assert_eq!(a[1], b[0], "one slot handed out twice");
+/// // Request 1's own decode is refused: slot 4 is no longer the page's last (the fill marks).
+/// let decode = DecodeShape { seq_len: 2, last_loc: a[0] };
+/// let stale = allocator.alloc_decode(&[decode], &mut a).unwrap_err();
+/// assert!(matches!(stale, AllocError::LastLocNotLatest { latest: 6, .. }));
 ///
 /// let mut ledger = PageLedger::new(&allocator)?;
 /// ledger.claim_slots(Holder::Request(1), &a)?;
 /// let twice = ledger.claim_slots(Holder::Request(2), &b).unwrap_err();
-/// assert!(matches!(twice, Violation::SlotHeldTwice { slot: 5, .. }));
+/// assert!(matches!(twice, Violation::PageHeldTwice { page: 1, .. }));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct PageLedger<'a, R: ReuseOrder> {

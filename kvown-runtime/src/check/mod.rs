@@ -219,12 +219,11 @@ pub enum Violation {
         /// The other.
         second: Holder,
     },
-    /// One slot is held by two requests: both would write their KV to it (a raw `alloc_extend`
-    /// or `alloc_decode` given another request's `last_loc` hands the rest of that request's
-    /// partial page out a second time).
+    /// One slot is held by two requests: both would write their KV to it (a raw free of
+    /// another request's slots, whose page is then handed out again).
     #[error(
         "slot {slot} (page {page}) is held by {first} and by {second}; both would write their \
-         KV to it. A partial page belongs to one request: pass each request its own last_loc"
+         KV to it. A slot belongs to one request: free only a request's own slots"
     )]
     SlotHeldTwice {
         /// The slot.
@@ -326,7 +325,7 @@ pub enum Violation {
     },
 }
 
-impl<A: AsPageAllocator> KvCache<A> {
+impl<A: AsPageAllocator, M> KvCache<A, M> {
     /// Checks every invariant for the requests that hold KV (or a prefix lock) in `reqs`,
     /// which must be all such requests of this cache, against the host allocator's state.
     /// Costs O(pool pages + held positions): for tests, debug runs and `--check` modes, not
@@ -511,7 +510,7 @@ impl<A: AsPageAllocator> KvCache<A> {
     }
 }
 
-impl<A> KvCache<A> {
+impl<A, M> KvCache<A, M> {
     /// The tokens and `slots` of `req`'s protected prefix are those of the path its lock
     /// holds, a path of its namespace, and `slots` run no further than that path. A lock on a
     /// node no longer live is left to the lock check.

@@ -5,7 +5,7 @@ use std::fmt;
 
 use kvown_macros::owner;
 
-use crate::alloc::{AllocError, AsPageAllocator, KvAllocator, PageId};
+use crate::alloc::{AllocError, AsPageAllocator, FreeOrder, KvAllocator, PageId};
 use crate::batch::Req;
 use crate::cache::KvCache;
 use crate::check::Violation;
@@ -138,8 +138,8 @@ pub enum ReclaimError {
 /// [`ReclaimError::Violation`] with what [`KvCache::check`] reports, other than the leaks;
 /// [`ReclaimError::Free`] when the allocator refuses the pages. Either way nothing changes.
 #[owner]
-pub fn reclaim_leaks<'a, A: AsPageAllocator + KvAllocator>(
-    cache: &mut KvCache<A>,
+pub fn reclaim_leaks<'a, A: AsPageAllocator + KvAllocator, M>(
+    cache: &mut KvCache<A, M>,
     live: impl IntoIterator<Item = &'a mut Req>,
 ) -> Result<Reclaimed, ReclaimError> {
     let mut live: Vec<&mut Req> = live.into_iter().collect();
@@ -158,7 +158,7 @@ pub fn reclaim_leaks<'a, A: AsPageAllocator + KvAllocator>(
     if !pages.is_empty() {
         cache
             .allocator
-            .free_page_ids(&pages)
+            .free_page_ids(&pages, FreeOrder::Given)
             .map_err(|source| ReclaimError::Free {
                 pages: pages.len(),
                 source,

@@ -166,7 +166,7 @@ mod tests {
     // find, split or free the other's.
     #[test]
     fn the_same_first_page_in_colliding_namespaces_is_told_apart_by_namespace() {
-        use crate::alloc::{KvAllocator, KvSlot, PagedAllocator};
+        use crate::alloc::{KvAllocator, KvSlot, PagedAllocator, SlotCalls};
         use crate::radix::TreePos;
 
         let (a, b) = COLLIDING;

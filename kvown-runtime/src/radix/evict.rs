@@ -10,7 +10,7 @@ use std::ops::Range;
 use super::node::NodeId;
 use super::order::{EvictionPlan, Victim};
 use super::{RadixCache, RadixError};
-use crate::alloc::{AllocError, KvAllocator, PageId};
+use crate::alloc::{AllocError, FreeOrder, KvAllocator, PageId};
 
 impl RadixCache {
     /// Evicts at least `num_tokens` tokens if that many are evictable, in the order of the
@@ -31,7 +31,7 @@ impl RadixCache {
     /// allocator reuses the last victim's pages first. sglang `RadixCache.evict`.
     ///
     /// ```
-    /// use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+    /// use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
     /// use kvown_runtime::radix::{Insert, RadixCache, RadixConfig};
     ///
     /// let mut allocator = PagedAllocator::new(16, 4, false)?;
@@ -127,7 +127,7 @@ impl RadixCache {
         buffer.clear();
         buffer.extend(range.map(|page| entry.page_id(page, self.layout)));
         alloc
-            .free_page_ids(buffer)
+            .free_page_ids(buffer, FreeOrder::Given)
             .map(|()| buffer.len())
             .map_err(|source| (0, source))
     }

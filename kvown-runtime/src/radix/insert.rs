@@ -22,7 +22,7 @@ use crate::ids::PageId;
 ///   allocated in (default: the caller is trusted).
 ///
 /// ```
-/// use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+/// use kvown_runtime::alloc::{PagedAllocator, SlotCalls};
 /// use kvown_runtime::radix::{Insert, InsertParams, Namespace, RadixCache, RadixConfig, TreePos};
 ///
 /// let mut allocator = PagedAllocator::new(64, 4, false)?;
@@ -234,7 +234,7 @@ impl RadixCache {
     /// before the tree takes its slots plans, frees, then applies.
     ///
     /// ```
-    /// use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+    /// use kvown_runtime::alloc::{PagedAllocator, SlotCalls};
     /// use kvown_runtime::radix::{Insert, RadixCache, RadixConfig};
     ///
     /// let mut allocator = PagedAllocator::new(64, 4, false)?;

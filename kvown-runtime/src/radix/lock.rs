@@ -162,7 +162,7 @@ impl RadixCache {
 #[cfg(test)]
 mod tests {
     use super::super::{Insert, RadixCache, RadixConfig, RadixError};
-    use crate::alloc::{KvAllocator, PagedAllocator};
+    use crate::alloc::{PagedAllocator, SlotCalls};
 
     /// A node whose count reached `u32::MAX` (2^32 - 1 `inc_lock_ref` calls, set directly here)
     /// refuses one more lock, on it or below it, changing nothing; the counts never wrap.

@@ -33,7 +33,7 @@
 //! * [`check_radix`](crate::check::check_radix) recomputes the bookkeeping from the nodes.
 //!
 //! ```
-//! use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+//! use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
 //! use kvown_runtime::radix::{Insert, RadixCache, RadixConfig};
 //!
 //! let mut allocator = PagedAllocator::new(64, 4, false)?;
@@ -134,7 +134,7 @@ impl TreePos {
 /// share prefixes; give each salt its own id (for instance from a map of the salts seen).
 ///
 /// ```
-/// use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+/// use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
 /// use kvown_runtime::radix::{Insert, Namespace, RadixCache, RadixConfig, TreePos};
 ///
 /// let mut allocator = PagedAllocator::new(64, 4, false)?;
@@ -305,7 +305,7 @@ impl RadixCache {
     /// An empty cache as `config` says.
     ///
     /// ```
-    /// use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+    /// use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
     /// use kvown_runtime::radix::{EvictionPolicy, Insert, RadixCache, RadixConfig};
     ///
     /// let mut allocator = PagedAllocator::new(64, 4, false)?;

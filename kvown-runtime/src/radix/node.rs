@@ -496,7 +496,7 @@ mod tests {
         EvictionPolicy, Insert, InsertParams, RadixCache, RadixConfig, RadixError, TreePos,
     };
     use super::*;
-    use crate::alloc::{KvAllocator, PagedAllocator};
+    use crate::alloc::{PagedAllocator, SlotCalls};
     use crate::check::check_radix;
 
     #[test]

@@ -403,7 +403,7 @@ impl Scratch {
 mod tests {
     use super::super::{EvictionPolicy, Insert, RadixCache, RadixConfig, TreePos};
     use super::*;
-    use crate::alloc::{KvAllocator, PagedAllocator};
+    use crate::alloc::{PagedAllocator, SlotCalls};
     use crate::check::check_radix;
 
     #[test]

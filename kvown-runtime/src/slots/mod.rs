@@ -7,5 +7,4 @@ mod error;
 mod pool;
 
 pub use error::SlotError;
-pub(crate) use pool::TableEntries;
 pub use pool::{ReqRow, ReqToTokenPool};

@@ -3,17 +3,16 @@
 //! lost, a page freed behind the cache's back, or an extend allocation refused although the
 //! pool had room. The error paths, and the broken states, that a correct host allocator never
 //! reaches. It also keeps the pages of every `free_page_ids` call that reached the allocator,
-//! for tests that check which pages went back, in which order.
-//! Included with `#[path]` by the tests that use it.
+//! for tests that check which pages went back, in which order. An [`AllocatorLayer`]: it
+//! changes the extend and the page free (every slot-level free is one), and everything else
+//! passes through. Included with `#[path]` by the tests that use it.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use kvown_runtime::alloc::{
-    AllocError, AsPageAllocator, DecodeRow, DecodeShape, ExtendRow, ExtendShape, KvAllocator,
-    KvSlot, PageAllocator, PageId, TrustedDecodeRows,
+    AllocError, AllocatorLayer, ExtendShape, FreeOrder, KvAllocator, KvSlot, PageId,
 };
-use kvown_runtime::slots::{ReqRow, ReqToTokenPool};
 
 /// The faults of a [`Faulty`], shared with the test that arms them. By default every free
 /// passes and nothing else is freed.
@@ -82,8 +81,8 @@ impl Faults {
     }
 
     /// Runs `free` while the budget lasts, spending one free when it succeeds; otherwise
-    /// refuses with [`AllocError::NotAllocated`] naming `first` (the first slot of the call),
-    /// changing nothing.
+    /// refuses with [`AllocError::NotAllocated`] naming `first` (the first slot of the call's
+    /// first page), changing nothing.
     fn spend(
         &self,
         first: Option<KvSlot>,
@@ -107,29 +106,29 @@ impl Faults {
     }
 }
 
-/// The first slot of a free of several segments, for the refusal's message.
-fn first_slot(segments: &[(&[KvSlot], usize)]) -> Option<KvSlot> {
-    segments
-        .iter()
-        .find_map(|(slots, _)| slots.first().copied())
-}
-
-/// `inner` as it is, every method passed on (the provided ones too, so its own fast paths
-/// run), except that frees and extend allocations go through `faults`.
+/// `inner` as it is, except that frees and extend allocations go through `faults`.
 #[derive(Debug)]
 pub struct Faulty<A> {
     pub inner: A,
     pub faults: Faults,
 }
 
-impl<A: KvAllocator> Faulty<A> {
-    /// Runs the extend `reqs` with `extend` (on `inner`, appending to `out`) under the armed
-    /// [`ExtendFault`], if any (disarmed by this call).
-    fn extend_with_fault(
+impl<A: KvAllocator> AllocatorLayer for Faulty<A> {
+    type Inner = A;
+
+    fn inner(&self) -> &A {
+        &self.inner
+    }
+
+    fn inner_mut(&mut self) -> &mut A {
+        &mut self.inner
+    }
+
+    /// The extend under the armed [`ExtendFault`], if any (disarmed by this call).
+    fn alloc_extend(
         &mut self,
         reqs: &[ExtendShape],
         out: &mut Vec<KvSlot>,
-        extend: impl FnOnce(&mut A, &mut Vec<KvSlot>) -> Result<(), AllocError>,
     ) -> Result<(), AllocError> {
         let fault = self.faults.next_extend.take();
         if fault == Some(ExtendFault::Refuse) {
@@ -139,7 +138,7 @@ impl<A: KvAllocator> Faulty<A> {
             });
         }
         let start = out.len();
-        extend(&mut self.inner, out)?;
+        self.inner.alloc_extend(reqs, out)?;
         let page_size = self.inner.page_size();
         match fault {
             Some(ExtendFault::Alias) if out.len() >= start + 2 * page_size => {
@@ -156,152 +155,23 @@ impl<A: KvAllocator> Faulty<A> {
         Ok(())
     }
 
-    /// Passes a free on to `inner` while the budget lasts ([`Faults::spend`]), with the
-    /// smuggled page, if any, freed after it; a lost free returns `Ok` at once.
-    fn free_within_budget(
-        &mut self,
-        first: Option<KvSlot>,
-        free: impl FnOnce(&mut A) -> Result<(), AllocError>,
-    ) -> Result<(), AllocError> {
+    /// The free while the budget lasts ([`Faults::spend`]), with the smuggled page, if any,
+    /// freed after it; a lost free returns `Ok` at once. Records the pages freed.
+    fn free_page_ids(&mut self, pages: &[PageId], order: FreeOrder<'_>) -> Result<(), AllocError> {
         if self.faults.lose_next.take() {
             return Ok(());
         }
         let page_size = self.inner.page_size();
+        let first = pages.first().map(|&page| page * page_size as KvSlot);
         let inner = &mut self.inner;
-        self.faults.spend(first, page_size, || free(inner))?;
+        self.faults
+            .spend(first, page_size, || inner.free_page_ids(pages, order))?;
+        self.faults.freed_pages.borrow_mut().push(pages.to_vec());
         if let Some(page) = self.faults.smuggled.take() {
             self.inner
-                .free_page_ids(&[page])
+                .free_page_ids(&[page], FreeOrder::Given)
                 .expect("the smuggled page is held");
         }
         Ok(())
-    }
-}
-
-impl<A: KvAllocator> KvAllocator for Faulty<A> {
-    fn page_size(&self) -> usize {
-        self.inner.page_size()
-    }
-
-    fn capacity(&self) -> usize {
-        self.inner.capacity()
-    }
-
-    fn available_size(&self) -> usize {
-        self.inner.available_size()
-    }
-
-    fn alloc(&mut self, num_tokens: usize, out: &mut Vec<KvSlot>) -> Result<(), AllocError> {
-        self.inner.alloc(num_tokens, out)
-    }
-
-    fn alloc_extend(
-        &mut self,
-        reqs: &[ExtendShape],
-        out: &mut Vec<KvSlot>,
-    ) -> Result<(), AllocError> {
-        self.extend_with_fault(reqs, out, |inner, out| inner.alloc_extend(reqs, out))
-    }
-
-    fn alloc_decode(
-        &mut self,
-        reqs: &[DecodeShape],
-        out: &mut Vec<KvSlot>,
-    ) -> Result<(), AllocError> {
-        self.inner.alloc_decode(reqs, out)
-    }
-
-    fn free(&mut self, slots: &[KvSlot]) -> Result<(), AllocError> {
-        self.free_within_budget(slots.first().copied(), |inner| inner.free(slots))
-    }
-
-    fn free_segment(&mut self, slots: &[KvSlot], start_pos: usize) -> Result<(), AllocError> {
-        self.free_within_budget(slots.first().copied(), |inner| {
-            inner.free_segment(slots, start_pos)
-        })
-    }
-
-    fn free_segments(&mut self, segments: &[(&[KvSlot], usize)]) -> Result<(), AllocError> {
-        self.free_within_budget(first_slot(segments), |inner| inner.free_segments(segments))
-    }
-
-    fn free_page_ids(&mut self, pages: &[PageId]) -> Result<(), AllocError> {
-        let first = pages
-            .first()
-            .map(|&page| page * self.inner.page_size() as KvSlot);
-        let freed_pages = Rc::clone(&self.faults.freed_pages);
-        self.free_within_budget(first, |inner| {
-            inner.free_page_ids(pages)?;
-            freed_pages.borrow_mut().push(pages.to_vec());
-            Ok(())
-        })
-    }
-
-    fn free_group_begin(&mut self) -> Result<(), AllocError> {
-        self.inner.free_group_begin()
-    }
-
-    fn free_group_end(&mut self) -> Result<(), AllocError> {
-        self.inner.free_group_end()
-    }
-
-    fn in_free_group(&self) -> bool {
-        self.inner.in_free_group()
-    }
-
-    fn alloc_page_ids(
-        &mut self,
-        num_pages: usize,
-        out: &mut Vec<PageId>,
-    ) -> Result<(), AllocError> {
-        self.inner.alloc_page_ids(num_pages, out)
-    }
-
-    fn alloc_extend_rows<'a>(
-        &mut self,
-        reqs: &[ExtendShape],
-        rows: impl Iterator<Item = ExtendRow<'a>>,
-        out: &mut Vec<KvSlot>,
-    ) -> Result<(), AllocError> {
-        self.extend_with_fault(reqs, out, |inner, out| {
-            inner.alloc_extend_rows(reqs, rows, out)
-        })
-    }
-
-    fn alloc_decode_table<I>(
-        &mut self,
-        reqs: I,
-        table: &mut ReqToTokenPool,
-        out: &mut Vec<KvSlot>,
-    ) -> Result<(), AllocError>
-    where
-        I: ExactSizeIterator<Item = DecodeRow> + Clone,
-    {
-        self.inner.alloc_decode_table(reqs, table, out)
-    }
-
-    fn alloc_decode_trusted<I>(
-        &mut self,
-        batch: TrustedDecodeRows<I>,
-        table: &mut ReqToTokenPool,
-        out: &mut Vec<KvSlot>,
-    ) -> Result<(), AllocError>
-    where
-        I: ExactSizeIterator<Item = DecodeRow> + Clone,
-    {
-        self.inner.alloc_decode_trusted(batch, table, out)
-    }
-
-    fn row_written(&mut self, row: ReqRow, start_pos: usize, slots: &[KvSlot]) {
-        self.inner.row_written(row, start_pos, slots);
-    }
-}
-
-/// The checker reads the wrapped allocator, the state that every free passed on changed.
-impl<A: AsPageAllocator> AsPageAllocator for Faulty<A> {
-    type Order = A::Order;
-
-    fn page_allocator(&self) -> &PageAllocator<A::Order> {
-        self.inner.page_allocator()
     }
 }

@@ -1,7 +1,7 @@
 //! Setup shared by the radix prefix-cache suites: allocators, fresh slots, keys and the slots
 //! of a cached path.
 
-use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator};
+use kvown_runtime::alloc::{KvSlot, PagedAllocator, SlotCalls};
 use kvown_runtime::radix::{RadixCache, TreePos};
 
 /// A paged allocator of `pages` pages of `page_size` slots.

@@ -313,28 +313,25 @@ impl CacheWorld {
                 }
                 ok
             }
-            Op::CacheGroup { end_first, release } => {
-                if *end_first {
-                    let before = self.snapshot();
-                    assert!(self.cache.free_group_end().is_err());
-                    assert_eq!(self.snapshot(), before);
-                }
-                self.cache.free_group_begin().unwrap();
-                assert!(self.cache.free_group_begin().is_err(), "nested group");
-                assert!(
-                    self.cache.check(&self.running).is_err(),
-                    "checked in a group"
-                );
+            Op::CacheGroup {
+                explicit_commit,
+                release,
+            } => {
+                let mut group = self.cache.free_group().unwrap();
+                assert!(group.free_group().is_err(), "nested group");
+                assert!(group.check(&self.running).is_err(), "checked in a group");
                 if *release && !self.running.is_empty() {
                     let mut req = self.running.remove(0);
-                    let _ = release_kv_cache(&mut req, &mut self.cache, true);
+                    let _ = release_kv_cache(&mut req, &mut group, true);
                     if req.kv().holds_kv() {
                         self.running.push(req);
                     } else {
                         self.done.push(req);
                     }
                 }
-                self.cache.free_group_end().unwrap();
+                if *explicit_commit {
+                    group.commit();
+                }
                 true
             }
             Op::CacheUnfinished { pick } => {

@@ -4,7 +4,8 @@
 use std::sync::atomic::Ordering;
 
 use kvown_runtime::alloc::{
-    DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PagedAllocator, TokenAllocator,
+    AllocError, DecodeShape, ExtendShape, FreeOrder, KvAllocator, KvSlot, PageId, PagedAllocator,
+    SlotCalls, TokenAllocator,
 };
 use kvown_runtime::batch::Req;
 use kvown_runtime::check::check_radix;
@@ -179,6 +180,50 @@ impl RawWorld {
                 }
                 (ok, foreign_last.is_some())
             }
+            Op::RawStale { who, extend } => {
+                let who = who % self.reqs.len().max(1);
+                let Some(slots) = self.reqs.get(who) else {
+                    return false;
+                };
+                // The slot before the last, when it lies in the last one's page.
+                let len = slots.len();
+                let Some(&earlier) = slots.len().checked_sub(2).and_then(|i| slots.get(i)) else {
+                    return false;
+                };
+                if earlier as usize / page_size != slots[len - 1] as usize / page_size {
+                    return false;
+                }
+                let mut out = Vec::new();
+                let result = match extend {
+                    true => self.alloc.alloc_extend(
+                        &[ExtendShape {
+                            prefix_len: len - 1,
+                            seq_len: len,
+                            last_loc: Some(earlier),
+                        }],
+                        &mut out,
+                    ),
+                    false => self.alloc.alloc_decode(
+                        &[DecodeShape {
+                            seq_len: len,
+                            last_loc: earlier,
+                        }],
+                        &mut out,
+                    ),
+                };
+                // A request whose slots start mid-page (a malformed shape's, kept) may fail the
+                // offset check first; any other is refused for the stale slot.
+                let aligned = (earlier as usize + 1) % page_size == (len - 1) % page_size;
+                assert!(
+                    match aligned {
+                        true => matches!(result, Err(AllocError::LastLocNotLatest { .. })),
+                        false => result.is_err(),
+                    },
+                    "{op:?}: a stale last_loc gave {result:?} (it would hand out slot {})",
+                    slots[len - 1]
+                );
+                (false, false)
+            }
             Op::RawBadShape { kind, who, value } => {
                 let len = self.reqs.get(who).map_or(0, Vec::len);
                 let last = self.last_slot(who).unwrap_or(0);
@@ -269,7 +314,7 @@ impl RawWorld {
                     let mut pages: Vec<PageId> =
                         slots.iter().map(|&s| s / page_size as KvSlot).collect();
                     pages.dedup();
-                    self.alloc.free_page_ids(&pages)
+                    self.alloc.free_page_ids(&pages, FreeOrder::Given)
                 } else {
                     self.alloc.free(&slots)
                 };
@@ -292,7 +337,9 @@ impl RawWorld {
                     _ => value as KvSlot,
                 };
                 let result = match kind {
-                    4 => self.alloc.free_page_ids(&[value as PageId]),
+                    4 => self
+                        .alloc
+                        .free_page_ids(&[value as PageId], FreeOrder::Given),
                     5 => self.alloc.free(&[]),
                     _ => self.alloc.free(&[slot]),
                 };
@@ -309,26 +356,24 @@ impl RawWorld {
                 (ok, false)
             }
             Op::RawGroup {
-                end_first,
+                explicit_commit,
                 nested,
                 free,
             } => {
-                if end_first {
-                    assert!(self.alloc.free_group_end().is_err(), "end without a group");
-                    assert_eq!(self.snapshot(), before);
-                }
-                self.alloc.free_group_begin().unwrap();
+                let mut group = self.alloc.free_group().unwrap();
                 if nested {
-                    let inside = self.alloc.clone();
-                    assert!(self.alloc.free_group_begin().is_err(), "nested group");
-                    assert_eq!(self.alloc, inside);
+                    let inside = (*group).clone();
+                    assert!(group.free_group().is_err(), "nested group");
+                    assert_eq!(*group, inside);
                 }
                 if let Some(who) = free.filter(|&who| who < self.reqs.len()) {
                     let slots = self.reqs.remove(who);
-                    self.alloc.free(&slots).unwrap();
-                    assert!(PageLedger::new(&self.alloc).is_err(), "checked in a group");
+                    group.free(&slots).unwrap();
+                    assert!(PageLedger::new(&*group).is_err(), "checked in a group");
                 }
-                self.alloc.free_group_end().unwrap();
+                if explicit_commit {
+                    group.commit();
+                }
                 (true, false)
             }
             Op::Donate {

@@ -6,5 +6,5 @@ use kvown::batch::*;
 
 fn main() {
     let _: Option<alloc_for_decode> = None;
-    let _ = alloc_for_decode::<kvown::alloc::PagedAllocator>;
+    let _ = alloc_for_decode::<kvown::alloc::PagedAllocator, ()>;
 }

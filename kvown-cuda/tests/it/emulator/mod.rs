@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 pub use kv::EmulatedKvPool;
 pub use scatter::{EmulatedLink, Pace};
 
-/// A driver program, `tests/emulator/<source>`, built at most once per test binary.
+/// A driver program, `tests/it/emulator/<source>`, built at most once per test binary.
 pub struct Driver {
     source: &'static str,
     binary: OnceLock<Result<PathBuf, String>>,
@@ -54,8 +54,8 @@ impl Driver {
             .args(["-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-I"])
             .arg(crate_dir.join("src/kernels"))
             .arg("-I")
-            .arg(crate_dir.join("tests/emulator"))
-            .arg(crate_dir.join("tests/emulator").join(self.source))
+            .arg(crate_dir.join("tests/it/emulator"))
+            .arg(crate_dir.join("tests/it/emulator").join(self.source))
             .arg("-o")
             .arg(&output)
             .status();

@@ -1,5 +1,5 @@
 // Host emulator of the KV row kernels (src/kernels/kv.cu), driven line by line by
-// tests/emulator/kv.rs. It models device memory as numbered byte buffers, 16-byte aligned like
+// tests/it/emulator/kv.rs. It models device memory as numbered byte buffers, 16-byte aligned like
 // cuMemAlloc's, each between two guard zones that no launch may write, and runs each launch of
 // the `extern "C"` entry point named in the command with `launch` (cuda_shim.hpp).
 //

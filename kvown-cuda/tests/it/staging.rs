@@ -1,5 +1,5 @@
-//! The staged allocator under the real batch flow: a `KvCache<StagedAllocator<_, _>>` whose
-//! link ships each call's packet to the `scatter.cu` kernel compiled as host C++ (and to the
+//! The staged mirror under the real batch flow: a `KvCache<_, StagedMirror<_>>` whose
+//! link ships each step's packet to the `scatter.cu` kernel compiled as host C++ (and to the
 //! GPU, where one works), driven by seeded random steps: admission with shared prefixes,
 //! re-admission and chunked prefill (`init_next_round_input`, `prepare_for_extend` /
 //! `alloc_for_extend`, `cache_unfinished_req`), plain or speculative decode (`check_decode_mem`
@@ -14,10 +14,10 @@
 //! allocation must leave the host, the device table and the ring exactly as they were.
 
 use kvown_cuda::staging::{ReadBack, StagingStats, default_slot_words};
-use kvown_cuda::{CudaStepLink, StagedAllocator, StagingError};
+use kvown_cuda::{CudaStepLink, StagedMirror, StagingError};
 use kvown_runtime::alloc::{
-    DecodeShape, ExtendRow, ExtendShape, KvAllocator, KvSlot, Lifo, PageAllocator, PagedAllocator,
-    ReuseOrder, TokenAllocator,
+    ExtendShape, KvAllocator, KvSlot, PageAllocator, PagedAllocator, ReuseOrder, SlotCalls,
+    TokenAllocator,
 };
 use kvown_runtime::batch::Req;
 use kvown_runtime::batch::{
@@ -26,7 +26,7 @@ use kvown_runtime::batch::{
     release_kv_cache, retract_decode,
 };
 use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};
-use kvown_runtime::cache::{KvCache, TreeCache};
+use kvown_runtime::cache::{ExtendRow, KvCache, TableMirror, TreeCache};
 use kvown_runtime::check::reclaim_leaks;
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::{RadixCache, RadixConfig, TreePos};
@@ -143,7 +143,7 @@ struct Snapshot<R: ReuseOrder> {
 struct Sim<R: ReuseOrder, L: ReadBack> {
     cfg: Cfg,
     rng: Rng,
-    cache: KvCache<StagedAllocator<R, L>>,
+    cache: KvCache<PageAllocator<R>, StagedMirror<L>>,
     running: ScheduleBatch,
     /// Chunked prefills between chunks (they hold KV).
     chunking: Vec<Req>,
@@ -160,7 +160,7 @@ struct Sim<R: ReuseOrder, L: ReadBack> {
 impl<R: ReuseOrder, L: ReadBack> Sim<R, L> {
     fn new(cfg: Cfg, host: PageAllocator<R>, link: L) -> Self {
         let table = ReqToTokenPool::new(ROWS, WIDTH).unwrap();
-        let staged = StagedAllocator::new(host, link, &table).unwrap();
+        let mirror = StagedMirror::new(link, &table, host.capacity()).unwrap();
         let tree = if cfg.radix {
             TreeCache::Radix(RadixCache::new(RadixConfig::new(cfg.page_size)).unwrap())
         } else {
@@ -169,7 +169,7 @@ impl<R: ReuseOrder, L: ReadBack> Sim<R, L> {
         Sim {
             cfg,
             rng: Rng(cfg.seed),
-            cache: KvCache::new(staged, table, tree).unwrap(),
+            cache: KvCache::with_mirror(host, table, tree, mirror).unwrap(),
             running: ScheduleBatch::new(Vec::new()),
             chunking: Vec::new(),
             waiting: Vec::new(),
@@ -200,29 +200,29 @@ impl<R: ReuseOrder, L: ReadBack> Sim<R, L> {
             let row = req.kv().req_pool_idx()?;
             Some((row, req.kv().kv_allocated_len()))
         });
-        let staged = self.cache.allocator();
+        let mirror = self.cache.mirror();
         let host_out = self.host_out.as_deref();
-        if let Err(divergence) = staged.verify(self.cache.req_to_token(), rows, host_out) {
+        if let Err(divergence) = mirror.verify(self.cache.req_to_token(), rows, host_out) {
             panic!("{what}: {divergence}");
         }
     }
 
     fn snapshot(&self) -> Snapshot<R> {
-        let staged = self.cache.allocator();
-        let link = staged.ring().link();
+        let mirror = self.cache.mirror();
+        let link = mirror.ring().link();
         Snapshot {
-            host: staged.host().clone(),
+            host: self.cache.allocator().clone(),
             host_table: self.cache.req_to_token().clone(),
             device_table: self.device_checks.then(|| {
                 (0..=ROWS)
                     .map(|row| link.read_row(row, WIDTH).unwrap())
                     .collect()
             }),
-            device_out: staged
+            device_out: mirror
                 .last_out_cache_loc()
                 .filter(|_| self.device_checks)
                 .map(|out| link.read_out(out.slot, out.len).unwrap()),
-            stats: staged.stats(),
+            stats: mirror.stats(),
         }
     }
 
@@ -489,11 +489,12 @@ impl<R: ReuseOrder, L: ReadBack> Sim<R, L> {
         if reqs.is_empty() {
             return;
         }
-        self.cache.free_group_begin().unwrap();
+        let mut group = self.cache.free_group().unwrap();
         for req in &mut reqs {
-            self.release(req, true);
+            release_kv_cache(req, &mut group, true).unwrap();
         }
-        self.cache.free_group_end().unwrap();
+        group.commit();
+        self.counts.released += reqs.len();
         self.counts.groups += 1;
     }
 
@@ -553,7 +554,7 @@ impl<R: ReuseOrder, L: ReadBack> Sim<R, L> {
         self.cache.evict_shortfall(capacity).unwrap();
         self.device_checks = true;
         self.compare(&[], "drained");
-        self.counts.ring_waits = self.cache.allocator().stats().waits;
+        self.counts.ring_waits = self.cache.mirror().stats().waits;
         assert_eq!(self.cache.available_size(), capacity, "every page is back");
         self.counts
     }
@@ -659,71 +660,61 @@ fn gpu_device_follows_the_host_through_the_batch_flow() {
     scenarios(&OnGpu(device), 1..=3, 200, 1);
 }
 
-/// A staged allocator outside a cache, over `pages` pages of 4 slots (with `need_sort` as
-/// given) and a table of `ROWS` rows, on emulated kernels at `pace` with a ring of `depth`.
-fn raw_staged(
-    need_sort: bool,
+/// A staged mirror outside a cache, for a table of `ROWS` rows and a pool of 64 pages of 4
+/// slots (whose allocator is returned with it), on emulated kernels at `pace` with a ring of
+/// `depth`.
+fn raw_mirror(
     pace: Pace,
     depth: usize,
-) -> Option<(StagedAllocator<Lifo, EmulatedLink>, ReqToTokenPool)> {
+) -> Option<(StagedMirror<EmulatedLink>, PagedAllocator, ReqToTokenPool)> {
     let table = ReqToTokenPool::new(ROWS, WIDTH).unwrap();
-    let host = PagedAllocator::new(64 * 4, 4, need_sort).unwrap();
+    let host = PagedAllocator::new(64 * 4, 4, false).unwrap();
     let link = Emulated(pace).make(depth, default_slot_words(256, ROWS + 1, 0), None)?;
-    Some((StagedAllocator::new(host, link, &table).unwrap(), table))
+    let mirror = StagedMirror::new(link, &table, host.capacity()).unwrap();
+    Some((mirror, host, table))
 }
 
-/// The calls the batch flow does not make ship their `out_cache_loc` alone; frees and page-id
-/// allocations ship nothing. A `need_sort` host is staged like any other (the device keeps no
-/// free list to follow it).
+/// The mirror follows table writes only: allocations and frees made outside the batch flow
+/// ship nothing, and each write it is told ships one packet the device applies.
 #[test]
-fn rowless_calls_ship_their_out_cache_loc_and_frees_ship_nothing() {
-    let Some((mut staged, table)) = raw_staged(true, Pace::Immediate, 3) else {
+fn the_mirror_ships_table_writes_only() {
+    let Some((mut mirror, mut host, mut table)) = raw_mirror(Pace::Immediate, 3) else {
         return;
     };
-    let shipped = |staged: &StagedAllocator<Lifo, EmulatedLink>| staged.stats().packets;
     let mut whole = Vec::new();
-    staged.alloc(8, &mut whole).unwrap();
-    staged
-        .verify(&table, std::iter::empty(), Some(&whole))
-        .unwrap();
-    let extend = [0, 0].map(|_| ExtendShape {
+    host.alloc(8, &mut whole).unwrap();
+    host.free(&whole).unwrap();
+    assert_eq!(mirror.stats().packets, 0, "the mirror never saw them");
+    let shape = ExtendShape {
         prefix_len: 0,
         seq_len: 6,
         last_loc: None,
-    });
-    let mut extended = Vec::new();
-    staged.alloc_extend(&extend, &mut extended).unwrap();
-    staged
-        .verify(&table, std::iter::empty(), Some(&extended))
-        .unwrap();
-    let decode = [DecodeShape {
-        seq_len: 7,
-        last_loc: extended[5],
-    }];
-    let mut decoded = Vec::new();
-    staged.alloc_decode(&decode, &mut decoded).unwrap();
-    staged
-        .verify(&table, std::iter::empty(), Some(&decoded))
-        .unwrap();
-    assert_eq!(shipped(&staged), 3);
-    staged.free(&whole).unwrap();
-    staged.free_segments(&[(&extended[6..], 0)]).unwrap();
-    let mut pages = Vec::new();
-    staged.alloc_page_ids(2, &mut pages).unwrap();
-    staged.free_page_ids(&pages).unwrap();
-    assert_eq!(shipped(&staged), 3, "frees and page ids ship nothing");
-    assert_eq!(
-        staged.ring().link().read_row(1, 16).unwrap(),
-        [0; 16],
-        "rowless calls write no row"
+    };
+    let mut out = Vec::new();
+    host.alloc_extend(&[shape], &mut out).unwrap();
+    let row = table.alloc(1).unwrap()[0];
+    table.write(row, 0, &out).unwrap();
+    mirror.extend(
+        &[shape],
+        std::iter::once(ExtendRow { row, prefix: &[] }),
+        &out,
     );
+    mirror
+        .verify(&table, std::iter::once((row, 6)), Some(&out))
+        .unwrap();
+    table.write(row, 6, &[77]).unwrap();
+    mirror.decode(std::iter::once(row * WIDTH + 6), &[77]);
+    mirror
+        .verify(&table, std::iter::once((row, 7)), Some(&[77]))
+        .unwrap();
+    assert_eq!(mirror.stats().packets, 2);
 }
 
-/// A batch whose rows the device table lacks, or that writes past their width, is a caller
-/// bug: it panics before the host changes or anything is shipped.
+/// A step whose rows the device table lacks, or that writes past their width, is a caller
+/// bug (a mirror built for another table): it panics before anything is shipped.
 #[test]
-fn rows_outside_the_device_table_panic_before_anything_changes() {
-    let Some((mut staged, _table)) = raw_staged(false, Pace::Immediate, 3) else {
+fn rows_outside_the_device_table_panic_before_anything_is_shipped() {
+    let Some((mut mirror, _host, _table)) = raw_mirror(Pace::Immediate, 3) else {
         return;
     };
     let shape = |seq_len| ExtendShape {
@@ -731,24 +722,24 @@ fn rows_outside_the_device_table_panic_before_anything_changes() {
         seq_len,
         last_loc: None,
     };
-    let before = staged.host().clone();
     for (row, seq_len) in [(ROWS + 1, 8), (1, WIDTH + 4)] {
         let rows = [ExtendRow { row, prefix: &[] }];
+        let out = vec![4; seq_len];
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            staged.alloc_extend_rows(&[shape(seq_len)], rows.into_iter(), &mut Vec::new())
+            mirror.extend(&[shape(seq_len)], rows.into_iter(), &out)
         }));
         assert!(result.is_err(), "row {row} up to {seq_len} must be refused");
-        assert_eq!(staged.host(), &before);
-        assert_eq!(staged.stats().packets, 0);
+        assert_eq!(mirror.stats().packets, 0);
     }
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        staged.row_written(ROWS + 1, 0, &[4])
-    }));
-    assert!(
-        result.is_err(),
-        "a row write outside the table must be refused"
-    );
-    assert_eq!(staged.stats().packets, 0);
+    for write in [
+        Box::new(|mirror: &mut StagedMirror<EmulatedLink>| mirror.row_written(ROWS + 1, 0, &[4]))
+            as Box<dyn Fn(&mut StagedMirror<EmulatedLink>)>,
+        Box::new(|mirror| mirror.decode(std::iter::once((ROWS + 1) * WIDTH), &[4])),
+    ] {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(&mut mirror)));
+        assert!(result.is_err(), "a write outside the table must be refused");
+        assert_eq!(mirror.stats().packets, 0);
+    }
 }
 
 /// Three row writes through a ring of two slots on a device that has run none of them: the
@@ -757,7 +748,7 @@ fn rows_outside_the_device_table_panic_before_anything_changes() {
 /// before its copy ran, and the device loses the first write.
 #[test]
 fn a_ring_slot_is_rewritten_only_after_its_copy_ran() {
-    let Some((mut guarded, mut table)) = raw_staged(false, Pace::Lagging, 2) else {
+    let Some((mut guarded, _, mut table)) = raw_mirror(Pace::Lagging, 2) else {
         return;
     };
     let rows = table.alloc(3).unwrap();
@@ -765,9 +756,9 @@ fn a_ring_slot_is_rewritten_only_after_its_copy_ran() {
     for &row in &rows {
         table.write(row, 0, &slots(row)).unwrap();
     }
-    let write = |staged: &mut StagedAllocator<Lifo, EmulatedLink>| {
+    let write = |mirror: &mut StagedMirror<EmulatedLink>| {
         for &row in &rows {
-            staged.row_written(row, 0, &slots(row));
+            mirror.row_written(row, 0, &slots(row));
         }
     };
     write(&mut guarded);
@@ -776,7 +767,7 @@ fn a_ring_slot_is_rewritten_only_after_its_copy_ran() {
         .verify(&table, rows.iter().map(|&row| (row, 2)), None)
         .unwrap();
 
-    let (mut unguarded, _) = raw_staged(false, Pace::LaggingWithoutEvents, 2).unwrap();
+    let (mut unguarded, _, _) = raw_mirror(Pace::LaggingWithoutEvents, 2).unwrap();
     write(&mut unguarded);
     assert_eq!(unguarded.stats().waits, 0);
     let error = unguarded

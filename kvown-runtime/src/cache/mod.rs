@@ -1,7 +1,12 @@
 //! [`KvCache`]: the slot allocator, the request-to-token table and the prefix cache of one KV
-//! pool, bundled so the batch flow can keep them consistent.
+//! pool, bundled so the batch flow can keep them consistent, with a [`TableMirror`] that
+//! follows the table.
 
-use crate::alloc::{KvAllocator, ceil_align};
+mod mirror;
+
+pub use mirror::{ExtendRow, TableMirror};
+
+use crate::alloc::{Deferring, FreeGroup, GroupStep, KvAllocator, ceil_align};
 use crate::batch::Req;
 use crate::error::KvError;
 use crate::ids::CacheId;
@@ -99,12 +104,13 @@ impl Default for EvictionRules {
     }
 }
 
-/// One KV pool's bookkeeping: slot allocator `A`, request-to-token table and prefix cache.
+/// One KV pool's bookkeeping: slot allocator `A`, request-to-token table and prefix cache,
+/// and `M`, a [`TableMirror`] the batch flow tells each write to the table (none by default).
 ///
 /// Every batch-flow function takes it by `&mut` and leaves it consistent: after each public
 /// operation [`KvCache::check`](crate::check) passes for the requests that hold KV.
 #[derive(Debug)]
-pub struct KvCache<A> {
+pub struct KvCache<A, M = ()> {
     pub(crate) id: CacheId,
     /// The names this cache had before each reclaim that gave something back.
     pub(crate) retired_ids: Vec<CacheId>,
@@ -112,9 +118,12 @@ pub struct KvCache<A> {
     pub(crate) req_to_token: ReqToTokenPool,
     pub(crate) tree: TreeCache,
     pub(crate) eviction_rules: EvictionRules,
+    pub(crate) mirror: M,
+    /// Whether a free group is open ([`KvCache::free_group`]).
+    free_group_open: bool,
 }
 
-impl<A> KvCache<A> {
+impl<A, M> KvCache<A, M> {
     /// This cache's name in requests' records.
     pub fn id(&self) -> CacheId {
         self.id
@@ -133,6 +142,18 @@ impl<A: KvAllocator> KvCache<A> {
         req_to_token: ReqToTokenPool,
         tree: TreeCache,
     ) -> Result<Self, KvError> {
+        KvCache::with_mirror(allocator, req_to_token, tree, ())
+    }
+}
+
+impl<A: KvAllocator, M: TableMirror> KvCache<A, M> {
+    /// [`KvCache::new`] with `mirror` told every write the batch flow makes to the table.
+    pub fn with_mirror(
+        mut allocator: A,
+        req_to_token: ReqToTokenPool,
+        tree: TreeCache,
+        mirror: M,
+    ) -> Result<Self, KvError> {
         if let TreeCache::Radix(radix) = &tree {
             let cache = radix.config().page_size;
             if cache != allocator.page_size() {
@@ -147,11 +168,12 @@ impl<A: KvAllocator> KvCache<A> {
             }
         }
         let free = allocator.available_size();
-        if free != allocator.capacity() || allocator.in_free_group() {
+        let free_group_open = group_open(&mut allocator);
+        if free != allocator.capacity() || free_group_open {
             return Err(KvError::AllocatorInUse {
                 taken: allocator.capacity().saturating_sub(free),
                 capacity: allocator.capacity(),
-                free_group_open: allocator.in_free_group(),
+                free_group_open,
             });
         }
         if req_to_token.available_size() != req_to_token.size() {
@@ -167,6 +189,8 @@ impl<A: KvAllocator> KvCache<A> {
             req_to_token,
             tree,
             eviction_rules: EvictionRules::default(),
+            mirror,
+            free_group_open: false,
         })
     }
 
@@ -207,6 +231,11 @@ impl<A: KvAllocator> KvCache<A> {
     /// The slot allocator (read-only: slots move only through the batch flow).
     pub fn allocator(&self) -> &A {
         &self.allocator
+    }
+
+    /// The mirror the batch flow tells its table writes.
+    pub fn mirror(&self) -> &M {
+        &self.mirror
     }
 
     /// The request-to-token table.
@@ -261,7 +290,7 @@ impl<A: KvAllocator> KvCache<A> {
     /// [`KvError::Radix`] with [`crate::radix::RadixError::Free`] when the allocator refuses a
     /// victim's pages (the victims freed before it stay evicted).
     pub fn evict_shortfall(&mut self, num_tokens: usize) -> Result<usize, KvError> {
-        if self.allocator.in_free_group()
+        if self.free_group_open
             && self.allocator.available_size() < num_tokens
             && self.tree.evictable_size() > 0
         {
@@ -309,7 +338,7 @@ impl<A: KvAllocator> KvCache<A> {
         if available >= target {
             return Ok(());
         }
-        if self.allocator.in_free_group() {
+        if self.free_group_open {
             return match available >= needed {
                 true => Ok(()),
                 false => Err(self.free_group_refusal(needed)),
@@ -328,17 +357,45 @@ impl<A: KvAllocator> KvCache<A> {
         }
     }
 
-    /// Starts deferring frees (release a batch of requests as one free-list update). While the
-    /// group is open, freed pages are not available, so a call that must make room by freeing
-    /// (an allocation that needs an eviction, [`KvCache::evict_shortfall`], a retraction) is
-    /// refused with [`KvError::FreeGroupOpen`], changing nothing.
-    pub fn free_group_begin(&mut self) -> Result<(), KvError> {
-        Ok(self.allocator.free_group_begin()?)
+    /// Opens a free group: the frees of the batch-flow calls made through the returned guard
+    /// (a release of several requests, say) stay deferred until it commits, explicitly or when
+    /// dropped, and then go back as one free-list update (sglang `free_group_begin` /
+    /// `free_group_end`). While the group is open, freed pages are not available, so a call
+    /// that must make room by freeing (an allocation that needs an eviction,
+    /// [`KvCache::evict_shortfall`], a retraction) is refused with [`KvError::FreeGroupOpen`],
+    /// changing nothing, and a second group with
+    /// [`AllocError::NestedFreeGroup`](crate::alloc::AllocError::NestedFreeGroup).
+    ///
+    /// ```
+    /// use kvown_runtime::alloc::PagedAllocator;
+    /// use kvown_runtime::batch::{Req, ScheduleBatch, alloc_for_extend, prepare_for_extend};
+    /// use kvown_runtime::batch::release_kv_cache;
+    /// use kvown_runtime::cache::{KvCache, TreeCache};
+    /// use kvown_runtime::slots::ReqToTokenPool;
+    ///
+    /// let allocator = PagedAllocator::new(64, 4, false)?;
+    /// let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+    /// let reqs = vec![Req::new(1, vec![1; 6]), Req::new(2, vec![2; 6])];
+    /// let batch = prepare_for_extend(ScheduleBatch::new(reqs));
+    /// let mut reqs = alloc_for_extend(batch, &mut cache).map_err(|f| f.error)?.into_reqs();
+    /// let mut group = cache.free_group()?;
+    /// for req in &mut reqs {
+    ///     release_kv_cache(req, &mut group, false)?;
+    /// }
+    /// assert_eq!(group.available_size(), 64 - 16, "deferred");
+    /// group.commit();
+    /// assert_eq!(cache.available_size(), 64);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn free_group(&mut self) -> Result<FreeGroup<'_, Self>, KvError> {
+        self.allocator.free_group_step(GroupStep::OPEN)?;
+        self.free_group_open = true;
+        Ok(FreeGroup::opened(self))
     }
 
-    /// Applies the frees deferred since [`KvCache::free_group_begin`].
-    pub fn free_group_end(&mut self) -> Result<(), KvError> {
-        Ok(self.allocator.free_group_end()?)
+    /// Whether a free group is open ([`KvCache::free_group`]).
+    pub fn in_free_group(&self) -> bool {
+        self.free_group_open
     }
 
     /// Slots in pages that back `[start, end)` of a request whose prefix is page-aligned at
@@ -346,5 +403,26 @@ impl<A: KvAllocator> KvCache<A> {
     pub(crate) fn pages_span(&self, start: usize, end: usize) -> usize {
         let page_size = self.page_size();
         ceil_align(end, page_size) - ceil_align(start, page_size)
+    }
+}
+
+/// The batch flow's group is the allocator's: committing one commits the other.
+impl<A: KvAllocator, M: TableMirror> Deferring for KvCache<A, M> {
+    fn commit_group(&mut self) {
+        self.allocator.commit_group();
+        self.free_group_open = false;
+    }
+}
+
+/// Whether `allocator` has a free group open (one whose guard was forgotten): an open that is
+/// refused as nested says so; otherwise the probe's group is committed at once, with nothing
+/// deferred, which changes nothing.
+fn group_open<A: KvAllocator>(allocator: &mut A) -> bool {
+    match allocator.free_group_step(GroupStep::OPEN) {
+        Ok(()) => {
+            allocator.commit_group();
+            false
+        }
+        Err(_) => true,
     }
 }

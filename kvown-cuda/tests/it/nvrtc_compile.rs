@@ -9,6 +9,8 @@ use std::time::Instant;
 
 use kvown_cuda::kernels::{KERNEL_SOURCES, compile, nvrtc_available};
 
+use super::skip_notice;
+
 const ARCHES: [&str; 2] = ["sm_80", "sm_90"];
 const REEXEC_MARKER: &str = "KVOWN_NVRTC_REEXEC";
 
@@ -22,14 +24,14 @@ fn nvrtc_lib_path() -> Option<String> {
     (output.status.success() && !dir.is_empty()).then_some(dir)
 }
 
-/// Re-runs test `name` with `dir` on LD_LIBRARY_PATH; returns its success.
+/// Re-runs test `name` (of this module) with `dir` on LD_LIBRARY_PATH; returns its success.
 fn rerun_with(dir: &str, name: &str) -> bool {
     let path = match std::env::var("LD_LIBRARY_PATH") {
         Ok(old) if !old.is_empty() => format!("{dir}:{old}"),
         _ => dir.to_owned(),
     };
     let status = Command::new(std::env::current_exe().expect("test binary path"))
-        .args(["--exact", name, "--nocapture"])
+        .args(["--exact", &format!("nvrtc_compile::{name}"), "--nocapture"])
         .env("LD_LIBRARY_PATH", path)
         .env(REEXEC_MARKER, "1")
         .status()
@@ -120,11 +122,4 @@ fn errors_and_warnings_reach_the_log() {
     };
     let compiled = compile(&warns, "sm_90").expect("a warning is not an error for NVRTC");
     assert!(compiled.log.contains("warning"), "log: {:?}", compiled.log);
-}
-
-/// Prints a skip notice to the real stderr: the test harness captures `println!`/`eprintln!`
-/// of passing tests, but a skipped GPU check must be visible in every run's output.
-fn skip_notice(message: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr().lock(), "{message}");
 }

@@ -1,5 +1,5 @@
 // Host emulator of the step scatter (src/kernels/scatter.cu), driven line by line by
-// tests/emulator/scatter.rs. It owns the device memory a `CudaStepLink` has: one packet buffer
+// tests/it/emulator/scatter.rs. It owns the device memory a `CudaStepLink` has: one packet buffer
 // per ring slot and the request-to-token table, and runs each launch with `launch`
 // (cuda_shim.hpp: every block, every thread, in order).
 //

@@ -1,62 +1,16 @@
-//! CUDA vs CPU: the staged allocator's device table and `out_cache_loc` against the host's under
-//! the runtime's batch flow (`staging/`), and `CudaKvPool` against the host pool (random shapes
-//! and dtypes reaching every kernel word width; stores with padding slot 0, gathers, slot and
-//! page copies, refused calls; every byte compared after every step), on seeded random
-//! batches. The GPU tests run only where a CUDA device works; elsewhere each prints
-//! `skipped: <reason>` and passes. The same scenarios also run against the kernels compiled as
-//! host C++ (`emulator/`), so the kernels' index arithmetic and the host side are checked on
-//! every machine with a C++ compiler.
-
-mod emulator;
-mod staging;
+//! `CudaKvPool` against the host pool: random shapes and dtypes reaching every kernel word
+//! width; stores with padding slot 0, gathers, slot and page copies, refused calls; every byte
+//! compared after every step, on the GPU where one works and on `kv.cu` compiled as host C++.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
-use emulator::EmulatedKvPool;
 use kvown_cuda::kernels::WORD_BYTES;
-use kvown_cuda::{CudaDevice, CudaKvPool, KvPlanner, PageCopy, kv_bytes, kv_data_from_bytes};
+use kvown_cuda::{CudaKvPool, KvPlanner, PageCopy, kv_bytes, kv_data_from_bytes};
 use kvown_runtime::alloc::{KvSlot, PageId};
 use kvown_runtime::kv::{KvData, KvDtype, KvLayout, KvPool, KvPoolError, KvTensor, new_host_pool};
 
-fn device() -> Option<Arc<CudaDevice>> {
-    or_skip(CudaDevice::get())
-}
-
-/// The value, or `None` after a skip notice with the reason.
-fn or_skip<T>(result: Result<T, impl std::fmt::Display>) -> Option<T> {
-    match result {
-        Ok(value) => Some(value),
-        Err(reason) => {
-            skip_notice(&format!("skipped: {reason}"));
-            None
-        }
-    }
-}
-
-/// The real device.
-struct OnGpu(Arc<CudaDevice>);
-
-/// The kernels compiled as host C++.
-struct OnHost;
-
-/// xorshift64*: deterministic, dependency-free randomness.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-}
+use super::emulator::EmulatedKvPool;
+use super::{OnGpu, OnHost, Rng, device, or_skip};
 
 /// Builds the K/V pool under test, or `None`, with a skip notice, where it cannot run.
 trait MakePool {
@@ -339,11 +293,4 @@ fn gpu_kv_pool_matches_host_pool() {
 #[test]
 fn emulated_kv_kernels_match_host_pool() {
     pool_scenarios(&OnHost, 1..=32);
-}
-
-/// Prints a skip notice to the real stderr: the test harness captures `println!`/`eprintln!`
-/// of passing tests, but a skipped GPU check must be visible in every run's output.
-fn skip_notice(message: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr().lock(), "{message}");
 }

@@ -1,9 +1,7 @@
-//! [`StagedAllocator`]: the host allocator, with each call's results staged for the device.
+//! [`StagedMirror`]: the batch flow's table writes, staged for the device.
 
-use kvown_runtime::alloc::{
-    AllocError, AsPageAllocator, DecodeRow, DecodeShape, ExtendRow, ExtendShape, KvAllocator,
-    KvSlot, PageAllocator, PageId, ReuseOrder, TrustedDecodeRows,
-};
+use kvown_runtime::alloc::{ExtendShape, KvSlot};
+use kvown_runtime::cache::{ExtendRow, TableMirror};
 use kvown_runtime::slots::{ReqRow, ReqToTokenPool};
 
 use super::packet::{DecodeWriter, HEADER, Layout, RUN_WORDS, Run, write_run};
@@ -19,14 +17,14 @@ pub fn required_slot_words(capacity: usize, table_rows: usize, graph_batch: usiz
     HEADER.saturating_add(runs.max(decode))
 }
 
-/// The ring slot size [`StagedAllocator::new`]'s callers should give their link: the required
+/// The ring slot size [`StagedMirror::new`]'s callers should give their link: the required
 /// size plus room for as many matched-prefix slots again as the pool holds, so that an extend
 /// ships as one packet unless its new rows copy more than a pool's worth of prefix slots.
 pub fn default_slot_words(capacity: usize, table_rows: usize, graph_batch: usize) -> usize {
     required_slot_words(capacity, table_rows, graph_batch).saturating_add(capacity)
 }
 
-/// Where the last call's `out_cache_loc` lies on the device: the slot area of ring slot
+/// Where the last step's `out_cache_loc` lies on the device: the slot area of ring slot
 /// `slot`'s packet, `len` slots from word [`HEADER`]. It stays there until that ring slot is
 /// reused, `depth` packets later.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,33 +43,31 @@ pub trait ReadBack: StepLink {
     fn read_out(&self, slot: usize, len: usize) -> Result<Vec<KvSlot>, CudaError>;
 }
 
-/// The runtime's [`KvAllocator`] for a device: the host [`PageAllocator`] makes every decision
-/// (it validates, the prefix cache and the checker read it), and each call that hands out slots
-/// or writes the request-to-token table ships its results to the device as one packet through
-/// a staging ring ([`StepLink`]): the call's `out_cache_loc` and its table writes, one copy and
-/// one scatter kernel. The decode step writes its packet in the pass that writes the host table.
+/// The device's copy of a [`KvCache`](kvown_runtime::cache::KvCache)'s request-to-token
+/// table, as its [`TableMirror`]: the host allocator makes every decision (it validates, the
+/// prefix cache and the checker read it), and each batch-flow step that writes the table
+/// ships its writes and its `out_cache_loc` to the device as one packet through a staging ring
+/// ([`StepLink`]): one copy and one scatter kernel.
 ///
 /// The device needs nothing else: it keeps no free list (a freed page's slots are simply not
 /// read again), and the host never waits for it, except when it runs a whole ring ahead
 /// ([`StagingStats::waits`]).
 ///
-/// | call | packet |
+/// | batch-flow step | packet |
 /// |---|---|
-/// | `alloc_decode_trusted` (the batch flow's decode), `alloc_decode_table` | `out_cache_loc` and one table write per request |
-/// | `alloc_extend_rows` (extend, speculative reserve) | `out_cache_loc`, a run per request of its new slots, and of its matched prefix for a new row |
-/// | `row_written` (`cache_unfinished_req` pointing a row at the tree's slots) | that run |
-/// | `alloc`, `alloc_extend`, `alloc_decode` | `out_cache_loc` only |
-/// | frees, `alloc_page_ids` | none |
+/// | decode (`alloc_for_decode`) | `out_cache_loc` and one table write per request |
+/// | extend (`alloc_for_extend`, speculative reserve, transfer preallocation) | `out_cache_loc`, a run per request of its new slots, and of its matched prefix for a new row |
+/// | a row pointed at the prefix cache's slots (`cache_unfinished_req`) | that run |
+/// | frees, evictions, raw allocator calls | none |
 ///
 /// # Panics
 ///
-/// A call panics when the link fails (a driver error) after the host applied it: the host
-/// cannot take it back, and the device table would be stale for good. A batch whose rows or
-/// positions do not fit the device table (a caller bug: the batch flow's come from the table
-/// checked at construction) panics before anything changes.
+/// A step panics when the link fails (a driver error) after the host applied it: the host
+/// cannot take it back, and the device table would be stale for good. A write outside the
+/// device table (a mirror built for another table: the cache's rows are checked at
+/// construction) panics before anything is shipped.
 #[derive(Debug)]
-pub struct StagedAllocator<R: ReuseOrder, L: StepLink> {
-    host: PageAllocator<R>,
+pub struct StagedMirror<L: StepLink> {
     ring: StagingRing<L>,
     rows: usize,
     width: usize,
@@ -80,15 +76,12 @@ pub struct StagedAllocator<R: ReuseOrder, L: StepLink> {
     spill: Vec<Run>,
 }
 
-impl<R: ReuseOrder, L: StepLink> StagedAllocator<R, L> {
-    /// Stages `host`'s calls through `link`, whose device table must have `table`'s shape and
-    /// whose ring slots must hold [`required_slot_words`]. The host may be in use already: the
-    /// device needs no copy of its state, only the rows written from now on.
-    pub fn new(
-        host: PageAllocator<R>,
-        link: L,
-        table: &ReqToTokenPool,
-    ) -> Result<Self, StagingError> {
+impl<L: StepLink> StagedMirror<L> {
+    /// Mirrors `table` through `link`, whose device table must have `table`'s shape and whose
+    /// ring slots must hold [`required_slot_words`] for a pool of `capacity` slots. The table
+    /// may be in use already: the device needs no copy of it, only the rows written from now
+    /// on.
+    pub fn new(link: L, table: &ReqToTokenPool, capacity: usize) -> Result<Self, StagingError> {
         let host_shape = (table.size() + 1, table.max_context_len());
         if link.table_shape() != host_shape {
             return Err(StagingError::TableMismatch {
@@ -101,7 +94,7 @@ impl<R: ReuseOrder, L: StepLink> StagedAllocator<R, L> {
             return Err(StagingError::TableTooLarge { entries });
         }
         let graph_batch = link.decode_graph_batch().unwrap_or(0);
-        let needed = required_slot_words(host.capacity(), host_shape.0, graph_batch);
+        let needed = required_slot_words(capacity, host_shape.0, graph_batch);
         let slot_words = link.slot_words();
         if slot_words < needed || u32::try_from(slot_words).is_err() || link.depth() == 0 {
             return Err(StagingError::RingTooSmall {
@@ -110,19 +103,13 @@ impl<R: ReuseOrder, L: StepLink> StagedAllocator<R, L> {
                 needed,
             });
         }
-        Ok(StagedAllocator {
-            host,
+        Ok(StagedMirror {
             ring: StagingRing::new(link),
             rows: host_shape.0,
             width: host_shape.1,
             last_out: None,
             spill: Vec::new(),
         })
-    }
-
-    /// The host allocator.
-    pub fn host(&self) -> &PageAllocator<R> {
-        &self.host
     }
 
     /// The staging ring (its link and what it has shipped).
@@ -135,7 +122,7 @@ impl<R: ReuseOrder, L: StepLink> StagedAllocator<R, L> {
         self.ring.stats()
     }
 
-    /// Where the last call that handed out slots left its `out_cache_loc` on the device.
+    /// Where the last step that handed out slots left its `out_cache_loc` on the device.
     pub fn last_out_cache_loc(&self) -> Option<ShippedOut> {
         self.last_out
     }
@@ -148,16 +135,7 @@ impl<R: ReuseOrder, L: StepLink> StagedAllocator<R, L> {
             .unwrap_or_else(|error| panic!("staging a packet for the device failed: {error}"))
     }
 
-    /// Ships `out` (the slots a call just appended) as a packet of its own.
-    fn stage_out(&mut self, out: &[KvSlot]) {
-        let layout = Layout::runs(out.len(), out.len(), 0);
-        let packet = acquire(&mut self.ring);
-        layout.write_header(packet);
-        packet[HEADER..HEADER + out.len()].copy_from_slice(out);
-        self.ship_out(layout.words(), false, out.len());
-    }
-
-    /// Ships the acquired slot's packet, whose first `len` slots are the call's
+    /// Ships the acquired slot's packet, whose first `len` slots are the step's
     /// `out_cache_loc`, and records where that lies on the device.
     fn ship_out(&mut self, words: usize, graph: bool, len: usize) {
         let slot = self.ship(words, graph);
@@ -265,13 +243,13 @@ impl<R: ReuseOrder, L: StepLink> StagedAllocator<R, L> {
         self.ship_out(layout.words(), false, out.len());
     }
 
-    /// Panics unless every row of the batch lies in the device table with room for its
-    /// positions (checked before anything changes).
+    /// Panics unless every row of the step lies in the device table with room for its
+    /// positions (checked before anything is shipped).
     fn check_extend_rows(&self, reqs: &[ExtendShape], rows: &[ExtendRow<'_>]) {
         assert_eq!(
             rows.len(),
             reqs.len(),
-            "alloc_extend_rows: {} requests but {} rows",
+            "an extend of {} requests with {} rows",
             reqs.len(),
             rows.len()
         );
@@ -279,8 +257,8 @@ impl<R: ReuseOrder, L: StepLink> StagedAllocator<R, L> {
             let end = shape.seq_len.max(row.prefix.len());
             assert!(
                 row.row < self.rows && end <= self.width,
-                "alloc_extend_rows: request {index} writes positions up to {end} of row {}, \
-                 outside the device table of {} rows of {} positions",
+                "extend: request {index} writes positions up to {end} of row {}, outside the device \
+                 table of {} rows of {} positions",
                 row.row,
                 self.rows,
                 self.width
@@ -289,13 +267,13 @@ impl<R: ReuseOrder, L: StepLink> StagedAllocator<R, L> {
     }
 }
 
-/// The next ring slot's memory; a link failure panics (see [`StagedAllocator`]'s docs).
+/// The next ring slot's memory; a link failure panics (see [`StagedMirror`]'s docs).
 fn acquire<L: StepLink>(ring: &mut StagingRing<L>) -> &mut [u32] {
     ring.acquire()
         .unwrap_or_else(|error| panic!("waiting for a staging slot failed: {error}"))
 }
 
-impl<R: ReuseOrder, L: ReadBack> StagedAllocator<R, L> {
+impl<L: ReadBack> StagedMirror<L> {
     /// Compares the device with the host: `row[..len]` of each `(row, len)` in `rows`, and the
     /// last `out_cache_loc` against `host_out` when given. Reads the device back: for checks.
     pub fn verify(
@@ -332,151 +310,32 @@ impl<R: ReuseOrder, L: ReadBack> StagedAllocator<R, L> {
     }
 }
 
-impl<R: ReuseOrder, L: StepLink> AsPageAllocator for StagedAllocator<R, L> {
-    type Order = R;
-
-    fn page_allocator(&self) -> &PageAllocator<R> {
-        &self.host
-    }
-}
-
-impl<R: ReuseOrder, L: StepLink> KvAllocator for StagedAllocator<R, L> {
-    fn page_size(&self) -> usize {
-        self.host.page_size()
-    }
-
-    fn capacity(&self) -> usize {
-        self.host.capacity()
-    }
-
-    fn available_size(&self) -> usize {
-        self.host.available_size()
-    }
-
-    fn alloc(&mut self, num_tokens: usize, out: &mut Vec<KvSlot>) -> Result<(), AllocError> {
-        let start = out.len();
-        self.host.alloc(num_tokens, out)?;
-        self.stage_out(&out[start..]);
-        Ok(())
-    }
-
-    fn alloc_page_ids(
+impl<L: StepLink> TableMirror for StagedMirror<L> {
+    fn extend<'a>(
         &mut self,
-        num_pages: usize,
-        out: &mut Vec<PageId>,
-    ) -> Result<(), AllocError> {
-        self.host.alloc_page_ids(num_pages, out)
-    }
-
-    fn alloc_extend(
-        &mut self,
-        reqs: &[ExtendShape],
-        out: &mut Vec<KvSlot>,
-    ) -> Result<(), AllocError> {
-        let start = out.len();
-        self.host.alloc_extend(reqs, out)?;
-        self.stage_out(&out[start..]);
-        Ok(())
-    }
-
-    fn alloc_decode(
-        &mut self,
-        reqs: &[DecodeShape],
-        out: &mut Vec<KvSlot>,
-    ) -> Result<(), AllocError> {
-        let start = out.len();
-        self.host.alloc_decode(reqs, out)?;
-        self.stage_out(&out[start..]);
-        Ok(())
-    }
-
-    fn free(&mut self, slots: &[KvSlot]) -> Result<(), AllocError> {
-        self.host.free(slots)
-    }
-
-    fn free_segment(&mut self, slots: &[KvSlot], start_pos: usize) -> Result<(), AllocError> {
-        self.host.free_segment(slots, start_pos)
-    }
-
-    fn free_segments(&mut self, segments: &[(&[KvSlot], usize)]) -> Result<(), AllocError> {
-        self.host.free_segments(segments)
-    }
-
-    fn free_page_ids(&mut self, pages: &[PageId]) -> Result<(), AllocError> {
-        self.host.free_page_ids(pages)
-    }
-
-    fn free_group_begin(&mut self) -> Result<(), AllocError> {
-        self.host.free_group_begin()
-    }
-
-    fn free_group_end(&mut self) -> Result<(), AllocError> {
-        self.host.free_group_end()
-    }
-
-    fn in_free_group(&self) -> bool {
-        self.host.in_free_group()
-    }
-
-    fn alloc_extend_rows<'a>(
-        &mut self,
-        reqs: &[ExtendShape],
+        shapes: &[ExtendShape],
         rows: impl Iterator<Item = ExtendRow<'a>>,
-        out: &mut Vec<KvSlot>,
-    ) -> Result<(), AllocError> {
+        out: &[KvSlot],
+    ) {
         let rows: Vec<ExtendRow<'a>> = rows.collect();
-        self.check_extend_rows(reqs, &rows);
-        let start = out.len();
-        self.host.alloc_extend(reqs, out)?;
-        self.stage_extend(reqs, &rows, &out[start..]);
-        Ok(())
+        self.check_extend_rows(shapes, &rows);
+        self.stage_extend(shapes, &rows, out);
     }
 
-    fn alloc_decode_table<I>(
-        &mut self,
-        reqs: I,
-        table: &mut ReqToTokenPool,
-        out: &mut Vec<KvSlot>,
-    ) -> Result<(), AllocError>
-    where
-        I: ExactSizeIterator<Item = DecodeRow> + Clone,
-    {
-        let start = out.len();
-        self.host.alloc_decode_table(reqs.clone(), table, out)?;
-        let n = reqs.len();
-        let layout = Layout::decode(n, n);
-        let mut writer = DecodeWriter::new(acquire(&mut self.ring), &layout);
-        for req in reqs {
-            writer.push(req.row * self.width + req.len);
-        }
-        writer.finish(&out[start..]);
-        self.ship_out(layout.words(), false, n);
-        Ok(())
-    }
-
-    /// The host's trusted decode, with the packet written in its pass: each request's flat
-    /// table index goes to the ring slot as the host table gets its slot; the slots follow as
-    /// one copy of the `out_cache_loc`.
-    #[inline]
-    fn alloc_decode_trusted<I>(
-        &mut self,
-        batch: TrustedDecodeRows<I>,
-        table: &mut ReqToTokenPool,
-        out: &mut Vec<KvSlot>,
-    ) -> Result<(), AllocError>
-    where
-        I: ExactSizeIterator<Item = DecodeRow> + Clone,
-    {
-        let n = batch.rows().len();
+    /// The step's packet: each write's flat table index, then its slots as one copy of the
+    /// `out_cache_loc`, laid out for the decode graph when the batch fits one.
+    fn decode(&mut self, writes: impl ExactSizeIterator<Item = usize>, out: &[KvSlot]) {
+        let n = writes.len();
         let graph = self.ring.link().decode_graph_batch().filter(|&b| n <= b);
         let layout = Layout::decode(n, graph.unwrap_or(n));
+        let entries = self.rows * self.width;
         let mut writer = DecodeWriter::new(acquire(&mut self.ring), &layout);
-        let start = out.len();
-        self.host
-            .alloc_decode_trusted_with(batch, table, out, |flat, _| writer.push(flat))?;
-        writer.finish(&out[start..]);
+        assert!(
+            writer.record(writes, entries),
+            "decode: a table index lies outside the device table of {entries} entries"
+        );
+        writer.finish(out);
         self.ship_out(layout.words(), graph.is_some(), n);
-        Ok(())
     }
 
     fn row_written(&mut self, row: ReqRow, start_pos: usize, slots: &[KvSlot]) {
@@ -494,27 +353,16 @@ impl<R: ReuseOrder, L: StepLink> KvAllocator for StagedAllocator<R, L> {
 
 #[cfg(test)]
 mod tests {
-    use kvown_runtime::alloc::PagedAllocator;
+    use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
 
     use super::super::packet::PacketView;
     use super::super::ring::HostLink;
     use super::*;
 
-    fn staged(
-        pages: usize,
-        page_size: usize,
-        slot_words: usize,
-    ) -> StagedAllocator<kvown_runtime::alloc::Lifo, HostLink> {
-        let table = ReqToTokenPool::new(4, 64).unwrap();
-        let host = PagedAllocator::new(pages * page_size, page_size, false).unwrap();
-        StagedAllocator::new(host, HostLink::new(2, slot_words, (5, 64)), &table).unwrap()
-    }
-
     #[test]
     fn construction_refuses_a_table_or_ring_that_does_not_fit() {
         let table = ReqToTokenPool::new(4, 64).unwrap();
-        let host = || PagedAllocator::new(64, 4, false).unwrap();
-        let error = StagedAllocator::new(host(), HostLink::new(2, 4096, (4, 64)), &table);
+        let error = StagedMirror::new(HostLink::new(2, 4096, (4, 64)), &table, 64);
         assert!(matches!(
             error,
             Err(StagingError::TableMismatch {
@@ -523,21 +371,25 @@ mod tests {
             })
         ));
         let needed = required_slot_words(64, 5, 0);
-        let error = StagedAllocator::new(host(), HostLink::new(2, needed - 1, (5, 64)), &table);
+        let error = StagedMirror::new(HostLink::new(2, needed - 1, (5, 64)), &table, 64);
         assert!(matches!(error, Err(StagingError::RingTooSmall { needed: n, .. }) if n == needed));
-        assert!(StagedAllocator::new(host(), HostLink::new(2, needed, (5, 64)), &table).is_ok());
+        assert!(StagedMirror::new(HostLink::new(2, needed, (5, 64)), &table, 64).is_ok());
     }
 
     #[test]
-    fn a_rowless_allocation_ships_its_out_cache_loc_and_a_free_ships_nothing() {
-        let mut allocator = staged(16, 4, 4096);
-        let mut out = Vec::new();
-        allocator.alloc(8, &mut out).unwrap();
-        let shipped = allocator.last_out_cache_loc().unwrap();
-        let view = PacketView::parse(allocator.ring().link().shipped(shipped.slot)).unwrap();
-        assert_eq!(view.out_cache_loc(), out);
-        allocator.free(&out).unwrap();
-        assert_eq!(allocator.stats().packets, 1);
+    fn a_decode_ships_its_out_cache_loc_and_one_write_per_request() {
+        let table = ReqToTokenPool::new(4, 64).unwrap();
+        let link = HostLink::new(2, default_slot_words(64, 5, 0), (5, 64));
+        let mut mirror = StagedMirror::new(link, &table, 64).unwrap();
+        mirror.decode([64 + 3, 2 * 64 + 9].into_iter(), &[21, 30]);
+        let shipped = mirror.last_out_cache_loc().unwrap();
+        let view = PacketView::parse(mirror.ring().link().shipped(shipped.slot)).unwrap();
+        assert_eq!(view.out_cache_loc(), [21, 30]);
+        assert_eq!(
+            view.decode_writes().collect::<Vec<_>>(),
+            [(64 + 3, 21), (2 * 64 + 9, 30)]
+        );
+        assert_eq!(mirror.stats().packets, 1);
     }
 
     /// Collects every run of the packets shipped from `link`'s slots into per-row tables.
@@ -557,38 +409,37 @@ mod tests {
     #[test]
     fn prefixes_that_do_not_fit_one_slot_are_spilled_ahead_of_the_main_packet() {
         let slot_words = required_slot_words(64, 5, 0);
-        // A ring deep enough to keep every packet of the call for reading back.
+        // A ring deep enough to keep every packet of the step for reading back.
         let table = ReqToTokenPool::new(4, 64).unwrap();
-        let host = PagedAllocator::new(64, 4, false).unwrap();
+        let mut host = PagedAllocator::new(64, 4, false).unwrap();
         let link = HostLink::new(8, slot_words, (5, 64));
-        let mut allocator = StagedAllocator::new(host, link, &table).unwrap();
+        let mut mirror = StagedMirror::new(link, &table, host.capacity()).unwrap();
         // Four new rows sharing one matched prefix of three pages, each extended by a page:
         // 8 + 16 + 4 * 12 + 8 * 4 = 104 words, more than a slot's 92.
         let mut prefix = Vec::new();
-        allocator.host.alloc(12, &mut prefix).unwrap();
+        host.alloc(12, &mut prefix).unwrap();
         let shapes = [ExtendShape {
             prefix_len: 12,
             seq_len: 16,
             last_loc: Some(prefix[11]),
         }; 4];
+        let mut out = Vec::new();
+        host.alloc_extend(&shapes, &mut out).unwrap();
         let rows = (1..=4).map(|row| ExtendRow {
             row,
             prefix: &prefix,
         });
-        let mut out = Vec::new();
-        allocator
-            .alloc_extend_rows(&shapes, rows, &mut out)
-            .unwrap();
-        let stats = allocator.stats();
+        mirror.extend(&shapes, rows, &out);
+        let stats = mirror.stats();
         assert!(stats.spilled >= 1, "{stats:?}");
         assert_eq!(stats.packets, stats.spilled + 1);
-        let table = apply_runs(allocator.ring().link(), 5, 64);
+        let table = apply_runs(mirror.ring().link(), 5, 64);
         for row in 1..=4 {
             assert_eq!(table[row][..12], prefix[..], "row {row}");
             assert_eq!(table[row][12..16], out[4 * (row - 1)..4 * row], "row {row}");
         }
-        let shipped = allocator.last_out_cache_loc().unwrap();
-        let view = PacketView::parse(allocator.ring().link().shipped(shipped.slot)).unwrap();
+        let shipped = mirror.last_out_cache_loc().unwrap();
+        let view = PacketView::parse(mirror.ring().link().shipped(shipped.slot)).unwrap();
         assert_eq!(view.out_cache_loc(), out);
     }
 }
