@@ -22,8 +22,10 @@ use guarded::{
 };
 use kvown::cache::TableMirror;
 use kvown::radix::EvictionPolicy;
-use reference::{BareChurn, DenseDecode};
-use workloads::{DecodeLoop, EvictionChurn, ExtendBatch, Phase, PhaseTimes, PoolChurn, WideDecode};
+use reference::{BareChurn, BulkChurn, DenseDecode};
+use workloads::{
+    DecodeLoop, EvictionChurn, ExtendBatch, Phase, PhaseTimes, PoolChurn, ReleaseOne, WideDecode,
+};
 
 /// Runs the allocator workloads and prints their figures.
 #[derive(Debug, Parser)]
@@ -46,7 +48,7 @@ struct Args {
 
 /// The timed workloads, in the order they run; `ref_*` are reference loops, not kvown, and
 /// `A/B` is the ratio of two workloads timed in alternation ([`paired`]).
-const WORKLOADS: [&str; 42] = [
+const WORKLOADS: [&str; 50] = [
     "W1_k1",
     "W1_k32",
     "W1_k1024",
@@ -62,6 +64,8 @@ const WORKLOADS: [&str; 42] = [
     "D1024_staged",
     "W3",
     "W3c",
+    "R_k1024",
+    "R_k1024c",
     "E1_lru",
     "E1_lfu",
     "E1_fifo",
@@ -75,8 +79,14 @@ const WORKLOADS: [&str; 42] = [
     "ref_dense_decode",
     "ref_dense_decode_append",
     "ref_bare_churn",
+    "ref_bulk_slots",
+    "ref_bulk_ids",
     "W1_k1/W1p_k1",
     "W1_k1/ref_bare_churn",
+    "W1_k1024/ref_bulk_slots",
+    "W1p_k1024/ref_bulk_ids",
+    "R_k1024/ref_bulk_slots",
+    "R_k1024c/ref_bulk_slots",
     "W2/ref_dense_decode_append",
     "W2c/W2",
     "W2e/W2c",
@@ -96,10 +106,14 @@ const WORKLOADS: [&str; 42] = [
 /// `missed` means much the same wherever the bench runs (`benches/README.md`, "Targets"). The
 /// peers' figures are turned into multiples of the same floors on the machine they were quoted
 /// for (`ref_bare_churn` 5.95 ns, `ref_dense_decode_append` 1.10 us there).
-const TARGETS: [(&str, Bound, f64); 5] = [
+const TARGETS: [(&str, Bound, f64); 7] = [
     // At least twice as fast as the Rust port of vLLM's block pool, 22 ns per page:
     // 22 / 5.95 = 3.7 times the bare page stack, halved.
     ("W1_k1/ref_bare_churn", Bound::AtMost, 1.85),
+    // Bulk allocation at memory speed (issue 41): 1,024 pages in one call, freed page by page,
+    // within half again of moving their slot runs or their ids with nothing else.
+    ("W1_k1024/ref_bulk_slots", Bound::AtMost, 1.5),
+    ("W1p_k1024/ref_bulk_ids", Bound::AtMost, 1.5),
     // At least twice as fast as the same port, 4.3 us per step: 4.3 / 1.10 = 3.9 times the dense
     // decode loop with the token append, halved.
     ("W2/ref_dense_decode_append", Bound::AtMost, 1.95),
@@ -339,6 +353,31 @@ fn churn_timer<P>(mut pool: P, pages: usize, cycle: impl Fn(&mut P)) -> impl FnM
     }
 }
 
+/// Pages of the bulk workloads and floors (W1_k1024, W1p_k1024, R_k1024, `ref_bulk_*`).
+const BULK_PAGES: usize = 1024;
+
+/// R_k1024 (`radix` false) or R_k1024c, warmed up: a measurement of 256 releases of one
+/// request of [`BULK_PAGES`] pages, in ns per page (each request's extend not timed).
+fn release_timer(radix: bool) -> impl FnMut() -> f64 {
+    const RELEASES: usize = 256;
+    let mut workload = ReleaseOne::new(BULK_PAGES, radix);
+    let mut run = move |releases: usize| {
+        let mut nanos = 0;
+        for _ in 0..releases {
+            let mut req = workload.extended();
+            let start = Instant::now();
+            workload.release(black_box(&mut req));
+            nanos += start.elapsed().as_nanos();
+        }
+        if let Err(violation) = workload.check() {
+            panic!("R_k{BULK_PAGES}: invariant violated after the run: {violation}");
+        }
+        nanos as f64 / (releases * BULK_PAGES) as f64
+    };
+    run(RELEASES / 8);
+    move || run(RELEASES)
+}
+
 /// Steps per W2 / W2c measurement (and of warm-up).
 const STEPS: usize = 2000;
 
@@ -423,6 +462,23 @@ fn paired_ratios(selected: impl Fn(&str) -> bool, repeats: usize) -> Vec<Workloa
     if selected(name) {
         let bare = churn_timer(BareChurn::new(), 1, BareChurn::cycle);
         ratios.push(paired(name, repeats, w1_k1(), bare));
+    }
+    let bulk_slots = || churn_timer(BulkChurn::new(BULK_PAGES), BULK_PAGES, BulkChurn::cycle_slots);
+    let name = "W1_k1024/ref_bulk_slots";
+    if selected(name) {
+        let w1 = churn_timer(PoolChurn::new(BULK_PAGES), BULK_PAGES, PoolChurn::cycle);
+        ratios.push(paired(name, repeats, w1, bulk_slots()));
+    }
+    let name = "W1p_k1024/ref_bulk_ids";
+    if selected(name) {
+        let w1p = churn_timer(PoolChurn::new(BULK_PAGES), BULK_PAGES, PoolChurn::cycle_page_ids);
+        let ids = churn_timer(BulkChurn::new(BULK_PAGES), BULK_PAGES, BulkChurn::cycle_ids);
+        ratios.push(paired(name, repeats, w1p, ids));
+    }
+    for (name, radix) in [("R_k1024/ref_bulk_slots", false), ("R_k1024c/ref_bulk_slots", true)] {
+        if selected(name) {
+            ratios.push(paired(name, repeats, release_timer(radix), bulk_slots()));
+        }
     }
     let name = "W2/ref_dense_decode_append";
     if selected(name) {
@@ -645,6 +701,11 @@ fn main() {
             workloads.push(extend(name, radix, repeats));
         }
     }
+    for (name, radix) in [("R_k1024", false), ("R_k1024c", true)] {
+        if selected(name) {
+            workloads.push(repeat(name, "ns/page", repeats, release_timer(radix)));
+        }
+    }
     for policy in EvictionPolicy::ALL {
         let name = format!("E1_{policy}");
         if selected(&name) {
@@ -665,6 +726,15 @@ fn main() {
     if selected("ref_bare_churn") {
         let timer = churn_timer(BareChurn::new(), 1, BareChurn::cycle);
         workloads.push(repeat("ref_bare_churn", "ns/page", repeats, timer));
+    }
+    for (name, cycle) in [
+        ("ref_bulk_slots", BulkChurn::cycle_slots as fn(&mut BulkChurn)),
+        ("ref_bulk_ids", BulkChurn::cycle_ids),
+    ] {
+        if selected(name) {
+            let timer = churn_timer(BulkChurn::new(BULK_PAGES), BULK_PAGES, cycle);
+            workloads.push(repeat(name, "ns/page", repeats, timer));
+        }
     }
     workloads.extend(paired_ratios(selected, repeats));
     workloads.push(figure(

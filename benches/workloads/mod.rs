@@ -804,3 +804,67 @@ impl ExtendBatch {
         group.commit();
     }
 }
+
+/// R, release: one request of `k` pages (`16 k` tokens) extended into a pool of `2 k` pages (not
+/// measured), then released by `release_kv_cache` (measured). `R_k*` runs with the prefix cache
+/// off: the release frees the request's pages. `R_k*c` runs with it on: the release inserts the
+/// request's pages into the radix cache (a new prompt each time, so one new node of `k`
+/// pages), and the next extend evicts them (not measured).
+#[allow(
+    dead_code,
+    reason = "used by examples/bench.rs, not by benches/allocator.rs"
+)]
+pub struct ReleaseOne {
+    cache: KvCache<PagedAllocator>,
+    radix: bool,
+    pages: usize,
+    next_rid: u64,
+    out_buffer: Vec<KvSlot>,
+}
+
+#[allow(
+    dead_code,
+    reason = "used by examples/bench.rs, not by benches/allocator.rs"
+)]
+impl ReleaseOne {
+    /// A pool of `2 pages` pages and one request row, with the prefix cache on (`radix`) or off.
+    pub fn new(pages: usize, radix: bool) -> Self {
+        let tokens = pages * PAGE_SIZE;
+        let allocator =
+            PagedAllocator::new(2 * tokens, PAGE_SIZE, false).expect("a valid pool");
+        let rows = ReqToTokenPool::new(1, tokens).expect("a valid request table");
+        ReleaseOne {
+            cache: KvCache::new(allocator, rows, prefix_cache(radix)).expect("page sizes agree"),
+            radix,
+            pages,
+            next_rid: 0,
+            out_buffer: Vec::new(),
+        }
+    }
+
+    /// A new request of `16 k` tokens, extended (not measured): it holds `k` pages.
+    pub fn extended(&mut self) -> Req {
+        let rid = self.next_rid;
+        self.next_rid += 1;
+        let mut req = Req::new(rid, prompt(rid, self.pages * PAGE_SIZE, 0));
+        init_next_round_input(&mut req, &mut self.cache, usize::MAX).expect("match");
+        let batch = ScheduleBatch::with_buffer(vec![req], std::mem::take(&mut self.out_buffer));
+        let batch = alloc_for_extend(prepare_for_extend(batch), &mut self.cache)
+            .unwrap_or_else(|failure| panic!("extend: {}", failure.error));
+        let (mut reqs, out_buffer) = batch.into_parts();
+        self.out_buffer = out_buffer;
+        reqs.pop().expect("one request")
+    }
+
+    /// The measured part: the release of `req` (with the prefix cache, its insert).
+    #[inline]
+    pub fn release(&mut self, req: &mut Req) {
+        release_kv_cache(req, &mut self.cache, self.radix).expect("release");
+    }
+
+    /// Runs the invariant checker with no request held (after a release): every page is free
+    /// or cached.
+    pub fn check(&self) -> Result<(), String> {
+        self.cache.check(&[]).map_err(|v| v.to_string())
+    }
+}

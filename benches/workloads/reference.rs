@@ -141,3 +141,82 @@ impl DenseDecode {
         std::hint::black_box(&self.out);
     }
 }
+
+/// The bulk floors of W1_k1024, W1p_k1024 and R_k1024: what moving `k` pages costs on this
+/// machine with nothing but the bytes to move. A stack of page ids (LIFO) and a held flag per
+/// page, as [`BareChurn`]; the `k` ids move as one slice, the slot runs of a page size known at
+/// compile time are written and read back page by page. No typed errors, a bad free panics.
+pub struct BulkChurn {
+    free: Vec<u32>,
+    held: Vec<bool>,
+    pages: usize,
+    out: Vec<u32>,
+}
+
+impl BulkChurn {
+    /// W1's 65,536 pages, all free, page 1 on top of the stack, moving `pages` pages a cycle.
+    pub fn new(pages: usize) -> Self {
+        let pool = PoolChurn::POOL_PAGES as u32;
+        BulkChurn {
+            free: (1..=pool).rev().collect(),
+            held: vec![false; pool as usize + 1],
+            pages,
+            out: Vec::with_capacity(pages * PAGE_SIZE),
+        }
+    }
+
+    /// The `k` pages off the top of the stack as one slice, each marked held.
+    #[inline]
+    fn take(&mut self) -> std::vec::Drain<'_, u32> {
+        let rest = self.free.len() - self.pages;
+        for &page in &self.free[rest..] {
+            self.held[page as usize] = true;
+        }
+        self.free.drain(rest..)
+    }
+
+    /// Checks that `page` is held, clears it and pushes it back.
+    #[inline]
+    fn give_back(held: &mut [bool], free: &mut Vec<u32>, page: u32) {
+        assert!(held.get(page as usize) == Some(&true), "a bad free of page {page}");
+        held[page as usize] = false;
+        free.push(page);
+    }
+
+    /// `ref_bulk_slots`: take `k` pages and write their slot runs to `out` (a run of 16 written
+    /// as one array), then read the runs back, last page first: each run's in-page range
+    /// checked, its page given back.
+    #[inline]
+    pub fn cycle_slots(&mut self) {
+        const SLOTS: u32 = PAGE_SIZE as u32;
+        let mut out = std::mem::take(&mut self.out);
+        out.clear();
+        for page in self.take().rev() {
+            let first = page * SLOTS;
+            let run: [u32; PAGE_SIZE] = std::array::from_fn(|i| first + i as u32);
+            out.extend_from_slice(&run);
+        }
+        let (runs, _) = out.as_chunks::<PAGE_SIZE>();
+        for run in runs.iter().rev() {
+            let page = run[PAGE_SIZE - 1] / SLOTS;
+            let first = page * SLOTS;
+            let outside = run.iter().fold(0, |differ, &slot| differ | (slot ^ first));
+            assert!(outside < SLOTS, "a bad free of page {page}");
+            Self::give_back(&mut self.held, &mut self.free, page);
+        }
+        self.out = out;
+    }
+
+    /// `ref_bulk_ids`: take `k` page ids into `out` as one slice, then give each back, last
+    /// first.
+    #[inline]
+    pub fn cycle_ids(&mut self) {
+        let mut out = std::mem::take(&mut self.out);
+        out.clear();
+        out.extend(self.take().rev());
+        for &page in out.iter().rev() {
+            Self::give_back(&mut self.held, &mut self.free, page);
+        }
+        self.out = out;
+    }
+}

@@ -78,6 +78,20 @@ impl FreeList {
         (0..n).map_while(move |_| pages.pop_back())
     }
 
+    /// Moves the first `n` free pages (`n <= free_len`) to the end of `out`, head first: one
+    /// copy of at most two slices of the ring, not a page at a time.
+    #[inline]
+    pub(crate) fn take_front_into(&mut self, n: usize, out: &mut Vec<PageId>) {
+        debug_assert!(n <= self.free_len());
+        let rest = self.pages.len() - n;
+        let (front, back) = self.pages.as_slices();
+        // The head is the ring's last page: the taken pages are the ring's tail, reversed.
+        let in_back = n.min(back.len());
+        out.extend(back[back.len() - in_back..].iter().rev());
+        out.extend(front[front.len() - (n - in_back)..].iter().rev());
+        self.pages.truncate(rest);
+    }
+
     /// The `index`-th page of the free list (0 is the head), if the list is that long.
     #[inline]
     pub(crate) fn peek(&self, index: usize) -> Option<PageId> {
@@ -100,9 +114,11 @@ impl FreeList {
     /// Puts `pages` at the head, keeping their order (`pages[0]` becomes the head).
     #[inline]
     pub(crate) fn prepend(&mut self, pages: &[PageId]) {
-        for &page in pages.iter().rev() {
+        if let [page] = *pages {
             self.pages.push_back(page);
+            return;
         }
+        self.pages.extend(pages.iter().rev());
     }
 
     /// Puts `pages` at the tail of the free list, keeping their order. Only valid while the

@@ -17,6 +17,7 @@ impl PageGeometry {
     ///
     /// # Panics
     /// When `page_size` is 0 (allocators refuse it first, with [`super::AllocError::ZeroPageSize`]).
+    #[inline]
     pub fn new(page_size: usize) -> Self {
         assert!(page_size >= 1, "page size must be at least 1");
         Self {

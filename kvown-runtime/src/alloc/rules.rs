@@ -306,14 +306,15 @@ fn check_last_loc(
 }
 
 /// Writes the slots of positions `[prefix_len, seq_len)` of one validated request, taking its
-/// new pages from `pages` and marking them held (and its partial last page, which validation
-/// marked `Pending`, held again). The three parts of sglang's `alloc_extend_kernel` (`mem_cache/allocator/paged.py`, `alloc_extend_naive`): the rest of the old partial page
-/// after `last_loc`, then new full pages in free-list order, then a partial last page.
+/// new pages off the front of `pages` and marking them held (and its partial last page, which
+/// validation marked `Pending`, held again). The three parts of sglang's `alloc_extend_kernel` (`mem_cache/allocator/paged.py`, `alloc_extend_naive`): the rest of the old partial page
+/// after `last_loc`, then new full pages in free-list order ([`claim_full_pages`], one pass
+/// over their marks and one over their slot runs), then a partial last page.
 #[inline]
 pub(crate) fn fill_extend(
     geometry: PageGeometry,
     shape: &ExtendShape,
-    pages: &mut impl Iterator<Item = PageId>,
+    pages: &mut &[PageId],
     marks: PageMarks<'_>,
     out: &mut Vec<KvSlot>,
 ) {
@@ -333,23 +334,65 @@ pub(crate) fn fill_extend(
         _ => 0,
     };
     let rest = extend_len - old_page_rest;
-    let full_pages = geometry.whole_pages(rest);
-    if page_size == 1 {
-        for page in pages.by_ref().take(full_pages) {
-            state[page as usize] = PageState::Held;
-            fill[page as usize] = fill_mark(page);
-            out.push(page);
-        }
-        return;
-    }
-    for page in pages.by_ref().take(full_pages) {
-        claim(geometry, page, page_size, PageMarks { state, fill }, out);
-    }
     let tail = geometry.offset(rest);
-    if tail > 0
-        && let Some(page) = pages.next()
-    {
+    let taken = geometry.pages_for(rest).min(pages.len());
+    let (mine, others) = pages.split_at(taken);
+    *pages = others;
+    let (full, last) = mine.split_at(geometry.whole_pages(rest).min(taken));
+    claim_full_pages(geometry, full, PageMarks { state, fill }, out);
+    if let [page] = *last {
         claim(geometry, page, tail, PageMarks { state, fill }, out);
+    }
+}
+
+/// Marks `pages` held with every slot handed out, and appends their slot runs in order: the
+/// marks in one pass, the runs in another ([`push_slot_runs`]).
+#[inline]
+pub(crate) fn claim_full_pages(
+    geometry: PageGeometry,
+    pages: &[PageId],
+    marks: PageMarks<'_>,
+    out: &mut Vec<KvSlot>,
+) {
+    let page_size = geometry.page_size() as KvSlot;
+    for &page in pages {
+        marks.state[page as usize] = PageState::Held;
+        marks.fill[page as usize] = fill_mark((page + 1) * page_size - 1);
+    }
+    push_slot_runs(out, pages, geometry.page_size());
+}
+
+/// Appends the slot runs of whole `pages` of `page_size` slots, in order. Runs of the common
+/// page sizes (16, 32, 64) are fixed-length arrays written into `out` grown a chunk of 4 KiB at
+/// a time: no capacity check per page, and the chunk's zeroes are still in the L1 cache when
+/// the runs overwrite them. A page size of 1 is the page ids themselves.
+#[inline]
+pub(crate) fn push_slot_runs(out: &mut Vec<KvSlot>, pages: &[PageId], page_size: usize) {
+    fn fixed<const N: usize>(out: &mut Vec<KvSlot>, pages: &[PageId]) {
+        const CHUNK_BYTES: usize = 4096;
+        let chunk_pages = (CHUNK_BYTES / (N * std::mem::size_of::<KvSlot>())).max(1);
+        for chunk in pages.chunks(chunk_pages) {
+            let start = out.len();
+            out.resize(start + chunk.len() * N, 0);
+            let (runs, _) = out[start..].as_chunks_mut::<N>();
+            for (run, &page) in runs.iter_mut().zip(chunk) {
+                let first = page * N as KvSlot;
+                *run = std::array::from_fn(|i| first + i as KvSlot);
+            }
+        }
+    }
+    match page_size {
+        1 => out.extend_from_slice(pages),
+        16 => fixed::<16>(out, pages),
+        32 => fixed::<32>(out, pages),
+        64 => fixed::<64>(out, pages),
+        _ => {
+            out.reserve(pages.len() * page_size);
+            for &page in pages {
+                let first = page * page_size as KvSlot;
+                out.extend(first..first + page_size as KvSlot);
+            }
+        }
     }
 }
 

@@ -89,13 +89,7 @@ impl<A: KvAllocator + ?Sized> SlotCalls for A {
             return Ok(());
         }
         out.resize(start + num_tokens, 0);
-        for index in (0..pages).rev() {
-            let first = out[start + index] * page_size as KvSlot;
-            let run = &mut out[start + index * page_size..][..page_size];
-            for (slot, offset) in run.iter_mut().zip(0..) {
-                *slot = first + offset;
-            }
-        }
+        expand_page_ids(&mut out[start..], page_size);
         Ok(())
     }
 
@@ -184,6 +178,35 @@ impl<A: KvAllocator + ?Sized> SlotCalls for A {
     }
 }
 
+/// Replaces the page ids at the front of `buf` (one per run of `page_size` slots that `buf`
+/// holds) by their slot runs, from the last page back, so that no id is overwritten before it
+/// is read. Runs of the common page sizes (16, 32, 64) are fixed-length arrays: a few straight
+/// vector stores each.
+#[inline]
+fn expand_page_ids(buf: &mut [KvSlot], page_size: usize) {
+    fn fixed<const N: usize>(buf: &mut [KvSlot]) {
+        let (runs, _) = buf.as_chunks_mut::<N>();
+        for index in (0..runs.len()).rev() {
+            let first = runs[index / N][index % N] * N as KvSlot;
+            runs[index] = std::array::from_fn(|i| first + i as KvSlot);
+        }
+    }
+    match page_size {
+        16 => fixed::<16>(buf),
+        32 => fixed::<32>(buf),
+        64 => fixed::<64>(buf),
+        _ => {
+            for index in (0..buf.len() / page_size).rev() {
+                let first = buf[index] * page_size as KvSlot;
+                let run = &mut buf[index * page_size..][..page_size];
+                for (slot, offset) in run.iter_mut().zip(0..) {
+                    *slot = first + offset;
+                }
+            }
+        }
+    }
+}
+
 /// Appends the page of each chunk of one segment, `row[start_pos .. start_pos + slots.len()]`,
 /// to `pages`: the page of the chunk's first slot (the segment's first slot, then every slot at
 /// a page boundary of the row). `Err` is the segment's first slot outside its chunk's page,
@@ -236,20 +259,24 @@ fn whole_pages<const N: usize>(
     pages: &mut Vec<PageId>,
 ) -> usize {
     let (chunks, _) = slots.as_chunks::<N>();
-    let mut covered = 0;
-    for chunk in chunks {
-        let first = chunk[0] & !(N as KvSlot - 1);
-        if chunk
+    // One pass that checks the chunks, then one that reads their pages: the page ids are
+    // appended as one slice, without a capacity check each.
+    let whole = chunks
+        .iter()
+        .position(|chunk| {
+            let first = chunk[0] & !(N as KvSlot - 1);
+            chunk
+                .iter()
+                .fold(0, |differ, &slot| differ | (slot ^ first))
+                >= N as KvSlot
+        })
+        .unwrap_or(chunks.len());
+    pages.extend(
+        chunks[..whole]
             .iter()
-            .fold(0, |differ, &slot| differ | (slot ^ first))
-            >= N as KvSlot
-        {
-            break;
-        }
-        pages.push(geometry.page_of(first) as PageId);
-        covered += N;
-    }
-    covered
+            .map(|chunk| geometry.page_of(chunk[0]) as PageId),
+    );
+    whole * N
 }
 
 /// The slots that name the pages of `segments` (each chunk's first slot), in order.

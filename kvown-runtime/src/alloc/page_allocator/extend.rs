@@ -27,16 +27,24 @@ impl<R: ReuseOrder> PageAllocator<R> {
             }
         };
         out.reserve(new_tokens);
-        let mut pages = self.free.take_front(new_pages);
+        // The new pages move as one slice to the end of the deferred list, which has room for
+        // every page (the free ones included), and leave it before the call returns.
+        let Self {
+            free,
+            deferred,
+            state,
+            fill,
+            ..
+        } = self;
+        let start = deferred.len();
+        free.take_front_into(new_pages, deferred);
+        let mut pages = &deferred[start..];
         // Also turns the partial pages `check_extend_batch` marked back to `Held`.
         for shape in reqs {
-            let marks = PageMarks {
-                state: &mut self.state,
-                fill: &mut self.fill,
-            };
-            fill_extend(geometry, shape, &mut pages, marks, out);
+            fill_extend(geometry, shape, &mut pages, PageMarks { state, fill }, out);
         }
-        debug_assert!(pages.next().is_none(), "alloc_extend left pages unconsumed");
+        debug_assert!(pages.is_empty(), "alloc_extend left pages unconsumed");
+        deferred.truncate(start);
         Ok(())
     }
 

@@ -31,9 +31,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
         let start = self.deferred.len();
         let result = match order {
             FreeOrder::Segments(ends) => self.mark_segments(pages, ends, start),
-            FreeOrder::Given | FreeOrder::Unordered => {
-                pages.iter().try_for_each(|&page| self.mark_listed(page))
-            }
+            FreeOrder::Given | FreeOrder::Unordered => self.mark_run(pages),
         };
         self.finish_free(start, result, order == FreeOrder::Unordered)
     }
@@ -54,9 +52,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
         for end in segment_ends.chain([pages.len()]) {
             let end = end.max(from);
             let before = self.deferred.len();
-            pages[from..end]
-                .iter()
-                .try_for_each(|&page| self.mark_listed(page))?;
+            self.mark_run(&pages[from..end])?;
             if prepended {
                 let added = self.deferred.len() - before;
                 self.deferred[start..].rotate_right(added);
@@ -64,6 +60,44 @@ impl<R: ReuseOrder> PageAllocator<R> {
             from = end;
         }
         Ok(())
+    }
+
+    /// Marks `pages` pending for the free in progress and records them, as [`Self::mark_listed`]
+    /// of each in turn does, streamed when every page is in range and held, and named once: one
+    /// range test for all of them, one pass over their states, one copy of their ids. Otherwise
+    /// (a page at fault, or one named twice) the marks made are undone and the pages go one by
+    /// one, which names the first page at fault and skips repeats.
+    #[inline]
+    fn mark_run(&mut self, pages: &[PageId]) -> Result<(), AllocError> {
+        if pages.len() > 1 {
+            let num_pages = self.num_pages as PageId;
+            let in_range = pages
+                .iter()
+                .fold(true, |in_range, &page| in_range & (page.wrapping_sub(1) < num_pages));
+            if in_range {
+                let state = &mut self.state;
+                let marked = pages
+                    .iter()
+                    .take_while(|&&page| {
+                        let page = &mut state[page as usize];
+                        let held = *page == PageState::Held;
+                        if held {
+                            *page = PageState::Pending;
+                        }
+                        held
+                    })
+                    .count();
+                if marked == pages.len() {
+                    self.deferred.extend_from_slice(pages);
+                    return Ok(());
+                }
+                // Each page marked was held and named once: held again, as before the call.
+                for &page in &pages[..marked] {
+                    state[page as usize] = PageState::Held;
+                }
+            }
+        }
+        pages.iter().try_for_each(|&page| self.mark_listed(page))
     }
 
     /// Marks `page` pending for the free in progress after checking that it is one of this
