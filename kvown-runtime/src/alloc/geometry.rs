@@ -33,6 +33,12 @@ impl PageGeometry {
         self.page_size
     }
 
+    /// Whether the page size is a power of two (its arithmetic is shifts and masks).
+    #[inline]
+    pub(crate) fn is_power_of_two(self) -> bool {
+        self.power_of_two
+    }
+
     /// The page that holds `slot`.
     #[inline]
     pub fn page_of(self, slot: KvSlot) -> usize {

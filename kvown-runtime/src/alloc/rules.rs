@@ -369,7 +369,7 @@ pub(crate) fn claim_full_pages(
 #[inline]
 pub(crate) fn push_slot_runs(out: &mut Vec<KvSlot>, pages: &[PageId], page_size: usize) {
     fn fixed<const N: usize>(out: &mut Vec<KvSlot>, pages: &[PageId]) {
-        const CHUNK_BYTES: usize = 4096;
+        const CHUNK_BYTES: usize = 1024;
         let chunk_pages = (CHUNK_BYTES / (N * std::mem::size_of::<KvSlot>())).max(1);
         for chunk in pages.chunks(chunk_pages) {
             let start = out.len();

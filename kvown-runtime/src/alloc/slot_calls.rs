@@ -223,9 +223,9 @@ fn segment_pages(
     // straight-line check each.
     if chunk_len == geometry.page_size() {
         chunk_start = match chunk_len {
-            16 => whole_pages::<16>(geometry, slots, pages),
-            32 => whole_pages::<32>(geometry, slots, pages),
-            64 => whole_pages::<64>(geometry, slots, pages),
+            16 => whole_pages::<16>(slots, pages),
+            32 => whole_pages::<32>(slots, pages),
+            64 => whole_pages::<64>(slots, pages),
             _ => 0,
         };
     }
@@ -251,31 +251,30 @@ fn segment_pages(
 
 /// The pages of the leading whole pages of `slots` (pages of `N` slots, a power of two), each
 /// named by its first slot, appended to `pages` up to the first one with a slot outside it:
-/// how many slots they cover.
+/// how many slots they cover. One pass reads each chunk's page and folds its in-page test into
+/// one accumulator, without a branch per page; only when some chunk fails is the first one
+/// looked for.
 #[inline]
-fn whole_pages<const N: usize>(
-    geometry: PageGeometry,
-    slots: &[KvSlot],
-    pages: &mut Vec<PageId>,
-) -> usize {
+fn whole_pages<const N: usize>(slots: &[KvSlot], pages: &mut Vec<PageId>) -> usize {
     let (chunks, _) = slots.as_chunks::<N>();
-    // One pass that checks the chunks, then one that reads their pages: the page ids are
-    // appended as one slice, without a capacity check each.
+    let outside = |chunk: &[KvSlot; N]| {
+        let first = chunk[0] & !(N as KvSlot - 1);
+        chunk.iter().fold(0, |differ, &slot| differ | (slot ^ first))
+    };
+    let start = pages.len();
+    let mut differ = 0;
+    pages.extend(chunks.iter().map(|chunk| {
+        differ |= outside(chunk);
+        chunk[0] / N as KvSlot
+    }));
+    if differ < N as KvSlot {
+        return chunks.len() * N;
+    }
     let whole = chunks
         .iter()
-        .position(|chunk| {
-            let first = chunk[0] & !(N as KvSlot - 1);
-            chunk
-                .iter()
-                .fold(0, |differ, &slot| differ | (slot ^ first))
-                >= N as KvSlot
-        })
+        .position(|chunk| outside(chunk) >= N as KvSlot)
         .unwrap_or(chunks.len());
-    pages.extend(
-        chunks[..whole]
-            .iter()
-            .map(|chunk| geometry.page_of(chunk[0]) as PageId),
-    );
+    pages.truncate(start + whole);
     whole * N
 }
 
@@ -362,7 +361,7 @@ fn name_slot<A: KvAllocator + ?Sized>(
 fn all_in_page(geometry: PageGeometry, slots: &[KvSlot], page: usize) -> bool {
     let first = geometry.first_slot(page as PageId);
     let page_size = geometry.page_size() as KvSlot;
-    if page_size.is_power_of_two() {
+    if geometry.is_power_of_two() {
         // A slot lies in the page when it differs from its first slot below the page size's
         // bit: one OR of XORs, cheaper to vectorise than a range test.
         return slots
