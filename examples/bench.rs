@@ -463,7 +463,13 @@ fn paired_ratios(selected: impl Fn(&str) -> bool, repeats: usize) -> Vec<Workloa
         let bare = churn_timer(BareChurn::new(), 1, BareChurn::cycle);
         ratios.push(paired(name, repeats, w1_k1(), bare));
     }
-    let bulk_slots = || churn_timer(BulkChurn::new(BULK_PAGES), BULK_PAGES, BulkChurn::cycle_slots);
+    let bulk_slots = || {
+        churn_timer(
+            BulkChurn::new(BULK_PAGES),
+            BULK_PAGES,
+            BulkChurn::cycle_slots,
+        )
+    };
     let name = "W1_k1024/ref_bulk_slots";
     if selected(name) {
         let w1 = churn_timer(PoolChurn::new(BULK_PAGES), BULK_PAGES, PoolChurn::cycle);
@@ -471,11 +477,18 @@ fn paired_ratios(selected: impl Fn(&str) -> bool, repeats: usize) -> Vec<Workloa
     }
     let name = "W1p_k1024/ref_bulk_ids";
     if selected(name) {
-        let w1p = churn_timer(PoolChurn::new(BULK_PAGES), BULK_PAGES, PoolChurn::cycle_page_ids);
+        let w1p = churn_timer(
+            PoolChurn::new(BULK_PAGES),
+            BULK_PAGES,
+            PoolChurn::cycle_page_ids,
+        );
         let ids = churn_timer(BulkChurn::new(BULK_PAGES), BULK_PAGES, BulkChurn::cycle_ids);
         ratios.push(paired(name, repeats, w1p, ids));
     }
-    for (name, radix) in [("R_k1024/ref_bulk_slots", false), ("R_k1024c/ref_bulk_slots", true)] {
+    for (name, radix) in [
+        ("R_k1024/ref_bulk_slots", false),
+        ("R_k1024c/ref_bulk_slots", true),
+    ] {
         if selected(name) {
             ratios.push(paired(name, repeats, release_timer(radix), bulk_slots()));
         }
@@ -728,7 +741,10 @@ fn main() {
         workloads.push(repeat("ref_bare_churn", "ns/page", repeats, timer));
     }
     for (name, cycle) in [
-        ("ref_bulk_slots", BulkChurn::cycle_slots as fn(&mut BulkChurn)),
+        (
+            "ref_bulk_slots",
+            BulkChurn::cycle_slots as fn(&mut BulkChurn),
+        ),
         ("ref_bulk_ids", BulkChurn::cycle_ids),
     ] {
         if selected(name) {

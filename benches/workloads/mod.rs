@@ -830,8 +830,7 @@ impl ReleaseOne {
     /// A pool of `2 pages` pages and one request row, with the prefix cache on (`radix`) or off.
     pub fn new(pages: usize, radix: bool) -> Self {
         let tokens = pages * PAGE_SIZE;
-        let allocator =
-            PagedAllocator::new(2 * tokens, PAGE_SIZE, false).expect("a valid pool");
+        let allocator = PagedAllocator::new(2 * tokens, PAGE_SIZE, false).expect("a valid pool");
         let rows = ReqToTokenPool::new(1, tokens).expect("a valid request table");
         ReleaseOne {
             cache: KvCache::new(allocator, rows, prefix_cache(radix)).expect("page sizes agree"),

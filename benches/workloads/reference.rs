@@ -178,7 +178,10 @@ impl BulkChurn {
     /// Checks that `page` is held, clears it and pushes it back.
     #[inline]
     fn give_back(held: &mut [bool], free: &mut Vec<u32>, page: u32) {
-        assert!(held.get(page as usize) == Some(&true), "a bad free of page {page}");
+        assert!(
+            held.get(page as usize) == Some(&true),
+            "a bad free of page {page}"
+        );
         held[page as usize] = false;
         free.push(page);
     }

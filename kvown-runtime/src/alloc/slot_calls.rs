@@ -259,7 +259,9 @@ fn whole_pages<const N: usize>(slots: &[KvSlot], pages: &mut Vec<PageId>) -> usi
     let (chunks, _) = slots.as_chunks::<N>();
     let outside = |chunk: &[KvSlot; N]| {
         let first = chunk[0] & !(N as KvSlot - 1);
-        chunk.iter().fold(0, |differ, &slot| differ | (slot ^ first))
+        chunk
+            .iter()
+            .fold(0, |differ, &slot| differ | (slot ^ first))
     };
     let start = pages.len();
     let mut differ = 0;

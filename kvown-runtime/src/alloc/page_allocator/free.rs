@@ -71,9 +71,9 @@ impl<R: ReuseOrder> PageAllocator<R> {
     fn mark_run(&mut self, pages: &[PageId]) -> Result<(), AllocError> {
         if pages.len() > 1 {
             let num_pages = self.num_pages as PageId;
-            let in_range = pages
-                .iter()
-                .fold(true, |in_range, &page| in_range & (page.wrapping_sub(1) < num_pages));
+            let in_range = pages.iter().fold(true, |in_range, &page| {
+                in_range & (page.wrapping_sub(1) < num_pages)
+            });
             if in_range {
                 let state = &mut self.state;
                 let marked = pages

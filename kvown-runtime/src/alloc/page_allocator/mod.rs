@@ -482,7 +482,10 @@ mod tests {
             let before = allocator.clone();
             let mut out = vec![7];
             let error = allocator.alloc_page_ids(free.len() + 1, &mut out);
-            assert!(matches!(error, Err(AllocError::OutOfMemory { .. })), "{error:?}");
+            assert!(
+                matches!(error, Err(AllocError::OutOfMemory { .. })),
+                "{error:?}"
+            );
             assert_eq!((&allocator, &out[..]), (&before, &[7][..]), "{page_size}");
             allocator.alloc_page_ids(10, &mut out).unwrap();
             assert_eq!(out[1..], free[..10], "{page_size}");
@@ -513,7 +516,11 @@ mod tests {
         allocator.free_page_ids(&[freed], FreeOrder::Given).unwrap();
         let unused = 64;
         assert!(!allocator.is_page_allocated(unused) && !allocator.is_page_allocated(freed));
-        for order in [FreeOrder::Given, FreeOrder::Unordered, FreeOrder::Segments(&[5, 12])] {
+        for order in [
+            FreeOrder::Given,
+            FreeOrder::Unordered,
+            FreeOrder::Segments(&[5, 12]),
+        ] {
             for (bad, position) in [(0, 0), (65, 7), (unused, 19), (freed, 10)] {
                 let mut pages = held.clone();
                 pages.insert(position, bad);
@@ -542,6 +549,65 @@ mod tests {
         assert_eq!(group.deferred_pages(), &held[..]);
         group.free_group_step(GroupStep::COMMIT).unwrap();
         assert_eq!(group, allocator);
+    }
+
+    proptest::proptest! {
+        /// Bulk page-id calls against a model of the held set: an allocation of `take` pages
+        /// (refused when there are fewer, changing nothing), then a free of some held pages in
+        /// any order with repeats and, sometimes, one page at fault (refused, changing
+        /// nothing). After every call the held pages are the model's and the slots add up.
+        #[test]
+        fn bulk_page_calls_are_all_or_nothing(
+            steps in proptest::collection::vec(
+                (0usize..40, proptest::collection::vec(0usize..64, 0..48), proptest::option::of(0u32..70)),
+                1..24,
+            ),
+        ) {
+            let mut allocator = PagedAllocator::new(16 * 64, 16, false).unwrap();
+            let mut held: Vec<PageId> = Vec::new();
+            for (take, picks, fault) in steps {
+                let before = allocator.clone();
+                let mut out = Vec::new();
+                match allocator.alloc_page_ids(take, &mut out) {
+                    Ok(()) => {
+                        proptest::prop_assert_eq!(out.len(), take);
+                        held.extend(&out);
+                    }
+                    Err(_) => {
+                        proptest::prop_assert!(take > before.free_page_count());
+                        proptest::prop_assert_eq!(&allocator, &before);
+                    }
+                }
+                let mut pages: Vec<PageId> = if held.is_empty() {
+                    Vec::new()
+                } else {
+                    picks.iter().map(|&pick| held[pick % held.len()]).collect()
+                };
+                let at_fault = fault.filter(|&page| !held.contains(&page));
+                if let Some(page) = at_fault {
+                    pages.insert(pages.len() / 2, page);
+                }
+                let before = allocator.clone();
+                match allocator.free_page_ids(&pages, FreeOrder::Given) {
+                    Ok(()) => {
+                        proptest::prop_assert!(at_fault.is_none());
+                        held.retain(|page| !pages.contains(page));
+                    }
+                    Err(_) => {
+                        proptest::prop_assert!(at_fault.is_some());
+                        proptest::prop_assert_eq!(&allocator, &before);
+                    }
+                }
+                for &page in &held {
+                    proptest::prop_assert!(allocator.is_page_allocated(page));
+                }
+                allocator.check().unwrap();
+                proptest::prop_assert_eq!(
+                    allocator.available_size() + held.len() * 16,
+                    allocator.capacity()
+                );
+            }
+        }
     }
 
     #[test]
