@@ -348,7 +348,7 @@ pub(crate) fn fill_extend(
 /// Marks `pages` held with every slot handed out, and appends their slot runs in order: the
 /// marks in one pass, the runs in another ([`push_slot_runs`]).
 #[inline]
-pub(crate) fn claim_full_pages(
+fn claim_full_pages(
     geometry: PageGeometry,
     pages: &[PageId],
     marks: PageMarks<'_>,
@@ -363,11 +363,12 @@ pub(crate) fn claim_full_pages(
 }
 
 /// Appends the slot runs of whole `pages` of `page_size` slots, in order. Runs of the common
-/// page sizes (16, 32, 64) are fixed-length arrays written into `out` grown a chunk of 4 KiB at
+/// page sizes (16, 32, 64) are fixed-length arrays written into `out` grown a chunk of 1 KiB at
 /// a time: no capacity check per page, and the chunk's zeroes are still in the L1 cache when
-/// the runs overwrite them. A page size of 1 is the page ids themselves.
+/// the runs overwrite them (a larger chunk makes glibc's `memset` a `rep stosb`, which callgrind
+/// counts byte by byte). A page size of 1 is the page ids themselves.
 #[inline]
-pub(crate) fn push_slot_runs(out: &mut Vec<KvSlot>, pages: &[PageId], page_size: usize) {
+fn push_slot_runs(out: &mut Vec<KvSlot>, pages: &[PageId], page_size: usize) {
     fn fixed<const N: usize>(out: &mut Vec<KvSlot>, pages: &[PageId]) {
         const CHUNK_BYTES: usize = 1024;
         let chunk_pages = (CHUNK_BYTES / (N * std::mem::size_of::<KvSlot>())).max(1);
