@@ -75,7 +75,8 @@ impl<R: ReuseOrder> PageAllocator<R> {
                 in_range & (page.wrapping_sub(1) < num_pages)
             });
             if in_range {
-                let state = &mut self.state;
+                // A slice, not the vector: see `alloc_page_ids`.
+                let state = &mut self.state[..];
                 let marked = pages
                     .iter()
                     .take_while(|&&page| {
@@ -204,8 +205,9 @@ impl<R: ReuseOrder> PageAllocator<R> {
         } else {
             PageState::Free
         };
+        let state = &mut self.state[..];
         for &page in &self.deferred {
-            self.state[page as usize] = freed;
+            state[page as usize] = freed;
         }
         if self.need_sort {
             self.free.release(&self.deferred);

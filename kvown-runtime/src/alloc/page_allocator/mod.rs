@@ -387,9 +387,12 @@ impl<R: ReuseOrder> KvAllocator for PageAllocator<R> {
         }
         let start = out.len();
         self.free.take_front_into(num_pages, out);
+        // Slices taken before the loop: a store through `self.state[..]` would make LLVM load
+        // both vectors' pointers and lengths again for every page.
+        let (state, fill) = (&mut self.state[..], &mut self.fill[..]);
         for &page in &out[start..] {
-            self.state[page as usize] = PageState::Held;
-            self.fill[page as usize] = fill_mark((page + 1) * page_size - 1);
+            state[page as usize] = PageState::Held;
+            fill[page as usize] = fill_mark((page + 1) * page_size - 1);
         }
         Ok(())
     }
