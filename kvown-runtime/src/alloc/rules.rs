@@ -368,7 +368,7 @@ fn claim_full_pages(
 /// the runs overwrite them (a larger chunk makes glibc's `memset` a `rep stosb`, which callgrind
 /// counts byte by byte). A page size of 1 is the page ids themselves.
 #[inline]
-fn push_slot_runs(out: &mut Vec<KvSlot>, pages: &[PageId], page_size: usize) {
+pub(crate) fn push_slot_runs(out: &mut Vec<KvSlot>, pages: &[PageId], page_size: usize) {
     fn fixed<const N: usize>(out: &mut Vec<KvSlot>, pages: &[PageId]) {
         const CHUNK_BYTES: usize = 1024;
         let chunk_pages = (CHUNK_BYTES / (N * std::mem::size_of::<KvSlot>())).max(1);

@@ -1,7 +1,7 @@
 //! [`SlotCalls`]: the slot-level calls of every allocator, built on its page calls.
 
 use super::geometry::PageGeometry;
-use super::rules::push_slot_run;
+use super::rules::{push_slot_run, push_slot_runs};
 use super::{AllocError, DecodeRow, FreeOrder, KvAllocator, KvSlot, PageId};
 use crate::slots::ReqToTokenPool;
 
@@ -76,8 +76,7 @@ impl<A: KvAllocator + ?Sized> SlotCalls for A {
         }
         let pages = num_tokens / page_size;
         let start = out.len();
-        // Page ids are slots' type: they go to `out`, and each is then replaced by its slots,
-        // from the last page back, so that no id is overwritten before it is read.
+        // Page ids are slots' type: they go to `out` first.
         self.alloc_page_ids(pages, out)?;
         if page_size == 1 {
             return Ok(());
@@ -88,8 +87,7 @@ impl<A: KvAllocator + ?Sized> SlotCalls for A {
             push_slot_run(out, page * page_size as KvSlot, page_size);
             return Ok(());
         }
-        out.resize(start + num_tokens, 0);
-        expand_page_ids(&mut out[start..], page_size);
+        runs_for_ids(out, start, page_size);
         Ok(())
     }
 
@@ -176,6 +174,25 @@ impl<A: KvAllocator + ?Sized> SlotCalls for A {
         }
         Ok(())
     }
+}
+
+/// Replaces the page ids `out[start..]` by their slot runs of `page_size` slots. Up to 4 KiB of
+/// ids move to the stack and their runs are appended a chunk at a time; more are replaced in
+/// place ([`expand_page_ids`]), in an `out` zeroed to its full length first. Not inlined: the
+/// one-page `alloc` that inlines into its caller keeps a small frame.
+#[inline(never)]
+fn runs_for_ids(out: &mut Vec<KvSlot>, start: usize, page_size: usize) {
+    const STACKED_IDS: usize = 1024;
+    let pages = out.len() - start;
+    if pages <= STACKED_IDS {
+        let mut ids = [0; STACKED_IDS];
+        ids[..pages].copy_from_slice(&out[start..]);
+        out.truncate(start);
+        push_slot_runs(out, &ids[..pages], page_size);
+        return;
+    }
+    out.resize(start + pages * page_size, 0);
+    expand_page_ids(&mut out[start..], page_size);
 }
 
 /// Replaces the page ids at the front of `buf` (one per run of `page_size` slots that `buf`

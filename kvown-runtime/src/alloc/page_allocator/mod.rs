@@ -505,6 +505,19 @@ mod tests {
             }
             assert_accounted(&allocator, 40 - free.len() + 22);
         }
+        // Past the 1,024 page ids `alloc` stacks, the runs are written in place.
+        for page_size in [3, 16] {
+            let mut allocator = wrapped(page_size, 2400);
+            let free: Vec<PageId> = allocator.free_pages().collect();
+            let mut slots = vec![7];
+            allocator.alloc(1500 * page_size, &mut slots).unwrap();
+            let runs: Vec<KvSlot> = free[..1500]
+                .iter()
+                .flat_map(|&page| page * page_size as KvSlot..(page + 1) * page_size as KvSlot)
+                .collect();
+            assert_eq!(slots[1..], runs, "{page_size}");
+            assert_accounted(&allocator, 2400 - free.len() + 1500);
+        }
     }
 
     /// A bulk free with one page at fault anywhere (page 0, out of range, never allocated, freed
