@@ -268,9 +268,11 @@ fn segment_pages(
 
 /// The pages of the leading whole pages of `slots` (pages of `N` slots, a power of two), each
 /// named by its first slot, appended to `pages` up to the first one with a slot outside it:
-/// how many slots they cover. One pass reads each chunk's page and folds its in-page test into
-/// one accumulator, without a branch per page; only when some chunk fails is the first one
-/// looked for.
+/// how many slots they cover. One pass ORs every chunk's differences from its page's first
+/// slot into one array of `N` lanes, which stay in vector registers, and tests them once; then
+/// the pages are read as one slice. Only when some chunk fails is the first one looked for.
+/// (Folding each chunk to one number on the way made a chain through every chunk: W2's release
+/// phase took 30-40% longer.)
 #[inline]
 fn whole_pages<const N: usize>(slots: &[KvSlot], pages: &mut Vec<PageId>) -> usize {
     let (chunks, _) = slots.as_chunks::<N>();
@@ -280,20 +282,22 @@ fn whole_pages<const N: usize>(slots: &[KvSlot], pages: &mut Vec<PageId>) -> usi
             .iter()
             .fold(0, |differ, &slot| differ | (slot ^ first))
     };
-    let start = pages.len();
-    let mut differ = 0;
-    pages.extend(chunks.iter().map(|chunk| {
-        differ |= outside(chunk);
-        chunk[0] / N as KvSlot
-    }));
-    if differ < N as KvSlot {
-        return chunks.len() * N;
+    let mut lanes = [0; N];
+    for chunk in chunks {
+        let first = chunk[0] & !(N as KvSlot - 1);
+        for (lane, &slot) in lanes.iter_mut().zip(chunk) {
+            *lane |= slot ^ first;
+        }
     }
-    let whole = chunks
-        .iter()
-        .position(|chunk| outside(chunk) >= N as KvSlot)
-        .unwrap_or(chunks.len());
-    pages.truncate(start + whole);
+    let whole = if lanes.iter().fold(0, |differ, &lane| differ | lane) < N as KvSlot {
+        chunks.len()
+    } else {
+        chunks
+            .iter()
+            .position(|chunk| outside(chunk) >= N as KvSlot)
+            .unwrap_or(chunks.len())
+    };
+    pages.extend(chunks[..whole].iter().map(|chunk| chunk[0] / N as KvSlot));
     whole * N
 }
 
