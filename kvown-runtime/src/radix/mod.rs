@@ -76,7 +76,7 @@
 //! Access times, hits and priorities are recorded where a match or insert ends and passed to
 //! the parent when a leaf is removed; a running request's leaf grows in place, registration by
 //! registration. Both rank the leaves as sglang's tree would (`docs/design.md`), which
-//! `tests/eviction_replay.rs` checks against a model of its rules.
+//! `tests/it/eviction_replay.rs` checks against a model of its rules.
 
 mod children;
 mod error;

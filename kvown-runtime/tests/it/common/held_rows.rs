@@ -1,6 +1,5 @@
-//! A request-to-token table whose rows hold KV, for the decode-by-rows tests. Included with
-//! `#[path]` by `tests/alloc_decode_table.rs` and by the crate's unit tests of the trusted
-//! decode (`src/alloc/trusted_tests.rs`), which can build what the integration test cannot.
+//! A request-to-token table whose rows hold KV, for the decode-by-rows tests
+//! (`alloc_decode_table`).
 
 use kvown_runtime::alloc::{ExtendShape, KvAllocator};
 use kvown_runtime::slots::ReqToTokenPool;

@@ -7,8 +7,7 @@
 //! hold over the requests it hands back. Armed the other way, it frees a held page behind its
 //! holder's back, and the checker must name the page and both of its holders.
 
-#[path = "common/faulty.rs"]
-mod faulty;
+use crate::common::faulty;
 
 use faulty::{ExtendFault, Faults, Faulty};
 use kvown_runtime::alloc::{

@@ -9,9 +9,8 @@
 //! step, every failed call must leave the state exactly unchanged, and at the end releasing
 //! everything and evicting the whole cache gives the pool back in full.
 
-mod common;
-#[path = "common/faulty.rs"]
-mod faulty;
+use crate::common;
+use crate::common::faulty;
 
 use std::cmp::Reverse;
 use std::ops::DerefMut;

@@ -40,11 +40,10 @@
 //! in what is free or evictable), so no allocation runs out of memory, as sglang's scheduler
 //! guarantees.
 //!
-//! Soak: `PROPTEST_CASES=3000 cargo test --release -p kvown-runtime --test batch_replay`.
+//! Soak: `PROPTEST_CASES=3000 cargo test --release -p kvown-runtime --test it batch_replay::`.
 
-mod common;
-#[path = "common/sglang_radix.rs"]
-mod sglang_radix;
+use crate::common;
+use crate::common::sglang_radix;
 
 use std::fmt::{self, Write as _};
 

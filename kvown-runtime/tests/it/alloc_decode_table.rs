@@ -6,9 +6,8 @@
 //! trusts the rows `prepare_for_decode` checked and writes them in its pass) against it: the
 //! same slots, rows and allocator state, step after step.
 
-mod common;
-#[path = "common/held_rows.rs"]
-mod held_rows;
+use crate::common;
+use crate::common::held_rows;
 
 use held_rows::held_rows;
 use kvown_runtime::alloc::{

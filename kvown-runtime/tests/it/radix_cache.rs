@@ -1,8 +1,7 @@
 //! Radix prefix cache behaviour (sglang `mem_cache/radix_cache.py`, `RadixCache`) against the real
 //! allocators.
 
-#[path = "common/radix_setup.rs"]
-mod radix_setup;
+use crate::common::radix_setup;
 
 use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator, SlotCalls};
 use kvown_runtime::check::check_radix;

@@ -5,7 +5,7 @@
 //! checked after every step against a model of who holds which pages and against a
 //! position-wise reference of the extend and decode rules.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

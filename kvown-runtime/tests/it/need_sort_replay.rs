@@ -21,6 +21,7 @@
 //! merge; so does kvown. A refused call changes no ownership: the same pages are held before
 //! and after, and nothing is handed out.
 
+use crate::common;
 use kvown_runtime::alloc::{
     AllocError, DecodeShape, ExtendShape, FreeOrder, KvAllocator, KvSlot, PageAllocator, PageId,
     PagedAllocator, ReuseOrder, SlotCalls, TokenAllocator,
@@ -310,7 +311,7 @@ fn replay<R: ReuseOrder>(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(common::beside_source(ProptestConfig::with_cases(256)))]
 
     #[test]
     fn paged_need_sort_hands_out_sglangs_pages(

@@ -1,7 +1,6 @@
 //! A model of sglang 0.5.23's `RadixCache` (`python/sglang/srt/mem_cache/radix_cache.py`), a
 //! node per node as sglang keeps them, for the replay tests (`eviction_replay.rs`,
-//! `batch_replay.rs`). Included with `#[path]`.
-#![allow(dead_code, reason = "each replay uses a part of the model")]
+//! `batch_replay.rs`).
 
 use std::fmt::Write as _;
 

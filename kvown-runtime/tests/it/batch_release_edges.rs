@@ -2,8 +2,7 @@
 //! release frees, the checker naming what a dropped request leaked, `reclaim_leaks` giving it
 //! back, caches refused the parts they cannot own, and free groups.
 
-#[path = "common/batch_setup.rs"]
-mod setup;
+use crate::common::batch_setup as setup;
 
 use kvown_runtime::alloc::{AllocError, KvAllocator, PagedAllocator, SlotCalls, ceil_align};
 use kvown_runtime::batch::{

@@ -2,10 +2,8 @@
 //! leave the tree, namespaces, restarting the stream, and a request's whole life through the
 //! batch flow, every stream replayed as a router would.
 
-#[path = "common/cache_events.rs"]
-mod cache_events;
-#[path = "common/radix_setup.rs"]
-mod radix_setup;
+use crate::common::cache_events;
+use crate::common::radix_setup;
 
 use cache_events::{Replay, reference_hash};
 use kvown_runtime::alloc::{KvAllocator, PageId, PagedAllocator};

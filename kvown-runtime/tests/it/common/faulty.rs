@@ -5,7 +5,7 @@
 //! reaches. It also keeps the pages of every `free_page_ids` call that reached the allocator,
 //! for tests that check which pages went back, in which order. An [`AllocatorLayer`]: it
 //! changes the extend and the page free (every slot-level free is one), and everything else
-//! passes through. Included with `#[path]` by the tests that use it.
+//! passes through.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -32,7 +32,6 @@ pub struct Faults {
 }
 
 /// How an extend allocation goes wrong (armed with [`Faults::fault_next_extend`]).
-#[allow(dead_code, reason = "used by wrapped_allocator.rs only")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExtendFault {
     /// Refused with [`AllocError::OutOfMemory`], changing nothing, as a device out of memory
@@ -48,34 +47,29 @@ pub enum ExtendFault {
 
 impl Faults {
     /// Sets how many more frees pass (`None`: all of them).
-    #[allow(dead_code, reason = "not used by eviction_replay.rs")]
     pub fn set_frees_left(&self, frees_left: Option<usize>) {
         self.frees_left.set(frees_left);
     }
 
     /// Makes the next free that passes free `page` too, as a second owner of the allocator (or
     /// a bug in it) would: the page goes back to the free list while its holder still holds it.
-    #[allow(dead_code, reason = "used by wrapped_allocator.rs only")]
     pub fn smuggle(&self, page: PageId) {
         self.smuggled.set(Some(page));
     }
 
     /// Makes the next free report success and free nothing, as a backend that drops a free
     /// would: its pages stay held by no one.
-    #[allow(dead_code, reason = "used by wrapped_allocator.rs only")]
     pub fn lose_next_free(&self) {
         self.lose_next.set(true);
     }
 
     /// Makes the next extend allocation go wrong as `fault` says.
-    #[allow(dead_code, reason = "used by wrapped_allocator.rs only")]
     pub fn fault_next_extend(&self, fault: ExtendFault) {
         self.next_extend.set(Some(fault));
     }
 
     /// Takes the pages of the `free_page_ids` calls passed on to the allocator since the last
     /// take: one entry per call, its pages in the order given.
-    #[allow(dead_code, reason = "used by eviction_replay.rs only")]
     pub fn take_freed_pages(&self) -> Vec<Vec<PageId>> {
         self.freed_pages.take()
     }

@@ -2,8 +2,7 @@
 //! `retract_decode`): the decode rule in the row, the next step's memory formula, retraction
 //! order and end state, and refusals that change nothing.
 
-#[path = "common/batch_setup.rs"]
-mod setup;
+use crate::common::batch_setup as setup;
 
 use kvown_runtime::alloc::{KvSlot, ceil_align};
 use kvown_runtime::batch::{

@@ -5,9 +5,8 @@
 //! replayed after every step into exactly the pages of that model; and one eviction against the
 //! same eviction made a node at a time.
 
-#[path = "common/cache_events.rs"]
-mod cache_events;
-mod common;
+use crate::common;
+use crate::common::cache_events;
 
 use cache_events::Replay;
 

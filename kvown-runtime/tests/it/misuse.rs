@@ -256,7 +256,7 @@ fn huge_pools_are_typed_errors_under_a_memory_limit() {
     let exe = std::env::current_exe().unwrap();
     let output = Command::new("sh")
         .arg("-c")
-        .arg("ulimit -v 2097152 && exec \"$0\" --exact huge_pools_child --ignored --test-threads 1")
+        .arg("ulimit -v 2097152 && exec \"$0\" --exact misuse::huge_pools_child --ignored --test-threads 1")
         .arg(exe)
         .env(CHILD, "1")
         .output()

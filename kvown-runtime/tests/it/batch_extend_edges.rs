@@ -3,8 +3,7 @@
 //! prefill at page size > 1, release between match and allocation, and refusals that change
 //! nothing.
 
-#[path = "common/batch_setup.rs"]
-mod setup;
+use crate::common::batch_setup as setup;
 
 use kvown_runtime::alloc::ceil_align;
 use kvown_runtime::batch::{

@@ -2,8 +2,7 @@
 //! reservations that never shrink, over-allocation freed at release, rows filled exactly, and
 //! sizes refused rather than overflowed.
 
-#[path = "common/batch_setup.rs"]
-mod setup;
+use crate::common::batch_setup as setup;
 
 use kvown_runtime::batch::{
     Req, alloc_for_spec_decode, check_decode_mem, commit_spec_tokens,

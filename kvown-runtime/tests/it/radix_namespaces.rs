@@ -2,8 +2,7 @@
 //! entries, a match or an insert never crosses from one namespace to another, and eviction,
 //! splits and the checker treat every namespace's paths alike.
 
-#[path = "common/radix_setup.rs"]
-mod radix_setup;
+use crate::common::radix_setup;
 
 use kvown_runtime::alloc::{KvAllocator, SlotCalls};
 use kvown_runtime::check::check_radix;

@@ -22,12 +22,12 @@
 //!
 //! A normal run does about 12,000 calls (200 cases, a few seconds in a debug build). A soak
 //! run scales it:
-//! `KVOWN_FUZZ_CALLS=1000000 cargo test --release -p kvown-runtime --test misuse_fuzz -- --ignored --nocapture`.
+//! `KVOWN_FUZZ_CALLS=1000000 cargo test --release -p kvown-runtime --test it misuse_fuzz:: -- --ignored --nocapture`.
 
-#[path = "misuse_fuzz/cache.rs"]
 mod cache;
-#[path = "misuse_fuzz/raw.rs"]
 mod raw;
+
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -380,7 +380,7 @@ fn case_strategy() -> impl Strategy<Value = (usize, Vec<Op>)> {
 
 proptest! {
     // 200 cases of up to 120 calls (about 12,000 calls): a few seconds in a debug build.
-    #![proptest_config(Config::with_cases(200))]
+    #![proptest_config(common::beside_source(Config::with_cases(200)))]
 
     #[test]
     fn misuse_leaves_a_typed_error_and_no_change_or_a_checked_state(
@@ -393,7 +393,7 @@ proptest! {
 /// The soak run: `KVOWN_FUZZ_CALLS` calls (default 10^6) in cases of up to 120 calls, with
 /// the figures printed.
 #[test]
-#[ignore = "a soak run: KVOWN_FUZZ_CALLS=1000000 cargo test --release --test misuse_fuzz -- --ignored --nocapture"]
+#[ignore = "a soak run: KVOWN_FUZZ_CALLS=1000000 cargo test --release -p kvown-runtime --test it misuse_fuzz:: -- --ignored --nocapture"]
 fn misuse_soak() {
     let target: u64 = std::env::var("KVOWN_FUZZ_CALLS")
         .ok()

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use crate::common;
 use half::{bf16, f16};
 use kvown_runtime::alloc::KvSlot;
 use kvown_runtime::kv::{
@@ -397,6 +398,8 @@ fn run_model<T: KvElement>(calls: &[(usize, Vec<(KvSlot, u16)>)]) {
 }
 
 proptest! {
+    #![proptest_config(common::beside_source(ProptestConfig::default()))]
+
     /// Loading returns, per slot, the row of the last store to it (zero if never stored).
     #[test]
     fn store_load_round_trip(calls in store_calls()) {

@@ -28,14 +28,12 @@
 //!   kvown's batch flow does, and kvown grows their leaf in place where sglang adds a node per
 //!   registration; kvown must still evict it as sglang's chain of nodes, newest part first.
 //!
-//! Run the growth-free ones alone with `cargo test -p kvown-runtime --test eviction_replay
-//! -- --skip grow`.
+//! Run the growth-free ones alone with `cargo test -p kvown-runtime --test it
+//! eviction_replay:: -- --skip grow`.
 
-mod common;
-#[path = "common/faulty.rs"]
-mod faulty;
-#[path = "common/sglang_radix.rs"]
-mod sglang_radix;
+use crate::common;
+use crate::common::faulty;
+use crate::common::sglang_radix;
 
 use std::fmt::{self, Write as _};
 

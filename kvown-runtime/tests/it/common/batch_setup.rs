@@ -1,7 +1,6 @@
-//! Setup shared by the batch-flow edge-case tests (`tests/batch_*_edges.rs`): caches, the
-//! batch steps run to success, and the state a refused call must leave as it was. Included with
-//! `#[path]`; each test file uses a part of it.
-#![allow(dead_code, reason = "each test binary uses a part of the shared setup")]
+//! Setup shared by the batch-flow edge-case tests (`batch_*_edges`): caches, the
+//! batch steps run to success, and the state a refused call must leave as it was. Each test
+//! module uses a part of it.
 
 use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator};
 use kvown_runtime::batch::{
