@@ -3,7 +3,8 @@
 //!
 //! The allocator follows sglang's KV-cache bookkeeping (target state after sglang #37085). The
 //! modules read as floors, each importing only those below it (the owner links of
-//! `#[owned_by]` aside, see `tests/module_layout.rs`):
+//! `#[owned_by]` aside, see the workspace's
+//! `tests/it/module_layout.rs`):
 //! * [`check`]: the invariant checker, and giving back what dropped requests leaked;
 //! * [`batch`]: a request's whole life: the request and its ladder in guarded fields, and the
 //!   functions that own it (admit, extend, decode, speculative decode, register with the prefix

@@ -6,5 +6,6 @@
 mod error;
 mod pool;
 
+pub use crate::ids::ReqRow;
 pub use error::SlotError;
-pub use pool::{ReqRow, ReqToTokenPool};
+pub use pool::ReqToTokenPool;

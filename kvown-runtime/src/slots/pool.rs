@@ -3,11 +3,7 @@
 use std::iter::repeat_n;
 
 use super::SlotError;
-use crate::ids::KvSlot;
-
-/// Index of a row of the request-to-token table (sglang `req_pool_idx`). A plain index so it can
-/// go into batch index tensors as is; the pool validates every row it is given. Row 0 is padding.
-pub type ReqRow = usize;
+use crate::ids::{KvSlot, ReqRow};
 
 /// Request-to-token table: rows `1..=size` for running requests plus padding row 0, each
 /// `max_context_len` KV slots wide, zero-initialised (unwritten entries read as slot 0).

@@ -10,8 +10,8 @@
 //!   `batch_spec_edges`, `batch_release_edges`, `other_cache`, `batch_proptest`, `batch_replay`
 //!   (against a model of sglang's batch rules);
 //! * misuse: `misuse` (each case that once corrupted state or aborted), `misuse_fuzz`;
-//! * the crate itself: `module_layout` (its floors), `ownership_table` (its reviewed owner
-//!   sites).
+//! * the crate itself: `ownership_table` (its reviewed owner sites; its modules' import
+//!   order is checked with every crate's by the workspace's `tests/it/module_layout.rs`).
 //!
 //! A property test's failures are saved beside its module, as `<module>.proptest-regressions`
 //! ([`common::proptest_config`]), and replayed first on every run.
@@ -36,7 +36,6 @@ mod eviction_replay;
 mod kv_pool;
 mod misuse;
 mod misuse_fuzz;
-mod module_layout;
 mod need_sort_replay;
 mod other_cache;
 mod ownership_table;
