@@ -14,7 +14,8 @@
 //! * [`radix`] (prefix cache) and [`kv`] (K/V data pools);
 //! * [`alloc`] (token and paged slot allocators);
 //! * [`slots`] (request-to-token table) and [`ownership`] (the audit register of guarded fields);
-//! * [`ids`].
+//! * [`ids`], and the refusals every layer shares ([`error::PageOutOfRange`],
+//!   [`error::OutOfMemory`], [`error::PageSizeMismatch`]).
 //!
 //! # A request's life
 //!
@@ -106,6 +107,7 @@ pub mod error;
 pub mod ids;
 pub mod kv;
 pub mod radix;
+mod shared_error;
 pub mod slots;
 
 /// The audit register of guarded fields, from `kvown-ownership`: it lists this crate's ownership

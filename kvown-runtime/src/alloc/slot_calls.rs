@@ -3,6 +3,7 @@
 use super::geometry::PageGeometry;
 use super::rules::push_slot_run;
 use super::{AllocError, DecodeRow, FreeOrder, KvAllocator, KvSlot, PageId};
+use crate::shared_error::PageOutOfRange;
 use crate::slots::ReqToTokenPool;
 
 /// The slot-level calls, for every [`KvAllocator`] (a blanket implementation): whole pages as
@@ -283,7 +284,7 @@ fn refuse_segments<A: KvAllocator + ?Sized>(
 ) -> AllocError {
     pages.push(0);
     match allocator.free_page_ids(&pages, FreeOrder::Given) {
-        Err(AllocError::PageOutOfRange { page: 0, .. }) | Ok(()) => misplaced,
+        Err(AllocError::PageOutOfRange(PageOutOfRange { page: 0, .. })) | Ok(()) => misplaced,
         Err(error) => {
             let geometry = PageGeometry::new(allocator.page_size());
             name_slot(allocator, error, segment_heads(geometry, segments))
@@ -308,13 +309,13 @@ fn name_slot<A: KvAllocator + ?Sized>(
             .unwrap_or(page * page_size as KvSlot)
     };
     match error {
-        AllocError::PageOutOfRange { page: 0, .. } => AllocError::ReservedSlot {
+        AllocError::PageOutOfRange(PageOutOfRange { page: 0, .. }) => AllocError::ReservedSlot {
             slot: named(0),
             page_size,
         },
-        AllocError::PageOutOfRange { page, num_pages } => AllocError::SlotOutOfRange {
+        AllocError::PageOutOfRange(PageOutOfRange { page, pages }) => AllocError::SlotOutOfRange {
             slot: named(page),
-            slot_end: (num_pages as u64 + 1) * page_size as u64,
+            slot_end: pages as u64 * page_size as u64,
         },
         AllocError::DoubleFree { page, state, .. } => AllocError::DoubleFree {
             slot: named(page),

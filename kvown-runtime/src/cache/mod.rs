@@ -8,7 +8,7 @@ pub use mirror::{ExtendRow, TableMirror};
 
 use crate::alloc::{Deferring, FreeGroup, GroupStep, KvAllocator, ceil_align};
 use crate::batch::Req;
-use crate::error::KvError;
+use crate::error::{KvError, OutOfMemory, PageSizeMismatch};
 use crate::ids::CacheId;
 use crate::radix::{CacheEvent, RadixCache};
 use crate::slots::{ReqRow, ReqToTokenPool};
@@ -157,10 +157,10 @@ impl<A: KvAllocator, M: TableMirror> KvCache<A, M> {
         if let TreeCache::Radix(radix) = &tree {
             let cache = radix.config().page_size;
             if cache != allocator.page_size() {
-                return Err(KvError::PageSizeMismatch {
+                return Err(KvError::PageSizeMismatch(PageSizeMismatch {
                     allocator: allocator.page_size(),
                     cache,
-                });
+                }));
             }
             let cached = radix.sizes().total();
             if cached > 0 {
@@ -325,11 +325,11 @@ impl<A: KvAllocator, M: TableMirror> KvCache<A, M> {
         let available = self.allocator.available_size();
         let evictable = self.tree.evictable_size();
         if available.saturating_add(evictable) < needed {
-            return Err(KvError::OutOfMemory {
+            return Err(KvError::OutOfMemory(OutOfMemory {
                 requested: needed,
                 available,
-                evictable,
-            });
+                evictable: Some(evictable),
+            }));
         }
         let target = match self.eviction_rules.demand {
             EvictionDemand::Sglang => demand.max(needed),

@@ -5,8 +5,11 @@
 //! [`KvCache::check`]: crate::cache::KvCache::check
 
 use super::{Holder, Violation};
-use crate::alloc::{AsPageAllocator, KvAllocator, KvSlot, PageAllocator, PageState, ReuseOrder};
+use crate::alloc::{
+    AsPageAllocator, KvAllocator, KvSlot, PageAllocator, PageId, PageState, ReuseOrder,
+};
 use crate::radix::RadixCache;
+use crate::shared_error::PageOutOfRange;
 
 /// Who holds each page (by page id; `None`: no one known), and which slots the requests'
 /// runs named; a second claim by another holder is a violation that names both.
@@ -56,8 +59,10 @@ impl PageHolders {
         let pages = self.pages.len();
         let Some(held) = self.pages.get_mut(page) else {
             return Err(Violation::PageOutOfRange {
-                page,
-                pages,
+                range: PageOutOfRange {
+                    page: PageId::try_from(page).unwrap_or(PageId::MAX),
+                    pages,
+                },
                 holder,
             });
         };

@@ -9,6 +9,7 @@ use crate::batch::Req;
 use crate::cache::KvCache;
 use crate::ids::CacheId;
 use crate::radix::{Namespace, NodeId, RadixError, TreePos};
+use crate::shared_error::PageOutOfRange;
 use crate::slots::{ReqRow, ReqToTokenPool};
 
 mod ledger;
@@ -253,12 +254,10 @@ pub enum Violation {
     },
     /// A page id past the pool's pages, in the prefix cache or a request's row (an allocator
     /// that handed out a slot it does not have).
-    #[error("page {page}, held by {holder}, is outside the pool's pages 0..{pages}")]
+    #[error("{range}, but {holder} holds it")]
     PageOutOfRange {
-        /// The page.
-        page: usize,
-        /// Pages in the pool, padding page included.
-        pages: usize,
+        /// The page, and the pages in the pool (padding page included).
+        range: PageOutOfRange,
         /// Who holds it.
         holder: Holder,
     },

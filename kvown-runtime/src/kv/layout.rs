@@ -3,6 +3,7 @@
 use super::element::{KvDtype, KvSlice};
 use super::error::{KvPoolError, KvTensor};
 use crate::ids::{KvSlot, PageId};
+use crate::shared_error::PageOutOfRange;
 
 /// Shape of a KV pool (sglang `MHATokenToKVPool`, NHD layout).
 ///
@@ -168,8 +169,10 @@ impl KvLayout {
             None => Ok(()),
             Some(index) => Err(KvPoolError::PageOutOfRange {
                 index,
-                page: pages[index],
-                pages: limit,
+                range: PageOutOfRange {
+                    page: pages[index],
+                    pages: limit,
+                },
             }),
         }
     }

@@ -18,6 +18,7 @@ use kvown_runtime::batch::{
     Req, ScheduleBatch, alloc_for_decode, alloc_for_extend, prepare_for_decode, prepare_for_extend,
 };
 use kvown_runtime::cache::{KvCache, TreeCache};
+use kvown_runtime::error::OutOfMemory;
 use kvown_runtime::slots::{ReqRow, ReqToTokenPool};
 use proptest::prelude::*;
 
@@ -95,7 +96,7 @@ where
             }
             Err(error) => {
                 match error {
-                    AllocError::OutOfMemory { .. } => {
+                    AllocError::OutOfMemory(_) => {
                         prop_assert!(valid && needed > allocator_before.available_size());
                     }
                     _ => prop_assert!(!valid, "{}", error),
@@ -371,10 +372,11 @@ fn out_of_memory_changes_no_row() {
         .unwrap_err();
     assert_eq!(
         error,
-        AllocError::OutOfMemory {
+        AllocError::OutOfMemory(OutOfMemory {
             requested: 4,
-            available: 0
-        }
+            available: 0,
+            evictable: None
+        })
     );
     assert_eq!(allocator, allocator_before);
     assert_eq!(table, table_before);

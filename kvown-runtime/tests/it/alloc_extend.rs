@@ -5,6 +5,7 @@
 use kvown_runtime::alloc::{
     AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageId, PagedAllocator, SlotCalls,
 };
+use kvown_runtime::error::OutOfMemory;
 
 /// A paged allocator with every page held except `free`, which is its free list in that order.
 /// The page of each slot of `partial` is handed out up to that slot (a request's partial last
@@ -155,10 +156,11 @@ fn extend_out_of_memory_changes_nothing() {
     let mut out = vec![7];
     assert_eq!(
         allocator.alloc_extend(&[shape(0, 5, None), shape(1, 6, Some(4))], &mut out),
-        Err(AllocError::OutOfMemory {
+        Err(AllocError::OutOfMemory(OutOfMemory {
             requested: 12,
-            available: 8
-        })
+            available: 8,
+            evictable: None
+        }))
     );
     assert_eq!(out, [7]);
     assert_eq!(allocator, before);
@@ -294,10 +296,11 @@ fn failing_decode_is_typed_and_changes_nothing() {
         ),
         (
             decode(5, 7),
-            AllocError::OutOfMemory {
+            AllocError::OutOfMemory(OutOfMemory {
                 requested: 8,
                 available: 4,
-            },
+                evictable: None,
+            }),
         ),
     ];
     for (bad, error) in cases {

@@ -8,6 +8,7 @@ use kvown_runtime::alloc::{
     AllocError, ExtendShape, FreeOrder, KvAllocator, KvSlot, PageId, PageState, PagedAllocator,
     SlotCalls,
 };
+use kvown_runtime::error::{OutOfMemory, PageOutOfRange};
 
 fn paged(num_pages: usize, page_size: usize) -> PagedAllocator {
     PagedAllocator::new(num_pages * page_size, page_size, false).unwrap()
@@ -39,10 +40,11 @@ fn page_zero_is_never_handed_out_and_slots_stay_in_range() {
     assert!(slots.iter().all(|&s| (4..24).contains(&s)));
     assert!(matches!(
         allocator.alloc(4, &mut Vec::new()),
-        Err(AllocError::OutOfMemory {
+        Err(AllocError::OutOfMemory(OutOfMemory {
             requested: 4,
-            available: 0
-        })
+            available: 0,
+            evictable: None
+        }))
     ));
 }
 
@@ -174,17 +176,11 @@ fn free_page_ids_rejects_bad_pages_with_typed_errors_and_changes_nothing() {
     for (pages, error) in [
         (
             &[2, 0][..],
-            AllocError::PageOutOfRange {
-                page: 0,
-                num_pages: 4,
-            },
+            AllocError::PageOutOfRange(PageOutOfRange { page: 0, pages: 5 }),
         ),
         (
             &[2, 5][..],
-            AllocError::PageOutOfRange {
-                page: 5,
-                num_pages: 4,
-            },
+            AllocError::PageOutOfRange(PageOutOfRange { page: 5, pages: 5 }),
         ),
         (
             &[2, 1][..],
@@ -326,7 +322,7 @@ fn group_defers_every_free_until_end_and_applies_them_at_once() {
     assert_eq!(group.page_state(5), Some(PageState::Deferred));
     assert!(matches!(
         group.alloc(4, &mut Vec::new()),
-        Err(AllocError::OutOfMemory { .. })
+        Err(AllocError::OutOfMemory(_))
     ));
     assert_eq!(
         group.free(&[22]),

@@ -204,7 +204,7 @@ fn run_ops<R: ReuseOrder>(
                     }
                     Err(e) => {
                         prop_assert!(
-                            matches!(e, AllocError::OutOfMemory { .. }) && pages > available_pages,
+                            matches!(e, AllocError::OutOfMemory(_)) && pages > available_pages,
                             "{e}"
                         );
                         prop_assert_eq!(&out, &vec![0]);
@@ -266,7 +266,7 @@ fn run_ops<R: ReuseOrder>(
                     }
                     Err(e) => {
                         prop_assert!(
-                            matches!(e, AllocError::OutOfMemory { .. }) && needed > available_pages,
+                            matches!(e, AllocError::OutOfMemory(_)) && needed > available_pages,
                             "{e}"
                         );
                         prop_assert_eq!(&out, &vec![0]);

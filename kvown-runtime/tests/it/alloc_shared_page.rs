@@ -10,6 +10,7 @@ use kvown_runtime::alloc::{
     AllocError, DecodeRow, DecodeShape, ExtendShape, KvAllocator, KvSlot, PagedAllocator,
     SlotCalls, TokenAllocator,
 };
+use kvown_runtime::error::OutOfMemory;
 use kvown_runtime::slots::ReqToTokenPool;
 
 fn shape(prefix_len: usize, seq_len: usize, last_loc: Option<KvSlot>) -> ExtendShape {
@@ -140,10 +141,11 @@ fn other_errors_after_a_marked_page_change_nothing() {
     extend_refused(
         &mut allocator,
         &[shape(2, 4, Some(5)), shape(0, 57, None)],
-        AllocError::OutOfMemory {
+        AllocError::OutOfMemory(OutOfMemory {
             requested: 60,
             available: 56,
-        },
+            evictable: None,
+        }),
     );
     decode_refused(
         &mut allocator,
@@ -162,10 +164,11 @@ fn other_errors_after_a_marked_page_change_nothing() {
     decode_refused(
         &mut full,
         &[decode(3, 5), decode(5, 11)],
-        AllocError::OutOfMemory {
+        AllocError::OutOfMemory(OutOfMemory {
             requested: 4,
             available: 0,
-        },
+            evictable: None,
+        }),
     );
 }
 

@@ -4,6 +4,7 @@ use kvown_runtime::alloc::{
     AllocError, DecodeShape, ExtendShape, KvAllocator, KvSlot, PageState, PagedAllocator,
     SlotCalls, TokenAllocator,
 };
+use kvown_runtime::error::OutOfMemory;
 
 fn alloc(allocator: &mut TokenAllocator, n: usize) -> Vec<KvSlot> {
     let mut out = Vec::new();
@@ -38,10 +39,11 @@ fn out_of_memory_reports_requested_and_available_and_changes_nothing() {
     let error = allocator.alloc(2, &mut out).unwrap_err();
     assert_eq!(
         error,
-        AllocError::OutOfMemory {
+        AllocError::OutOfMemory(OutOfMemory {
             requested: 2,
-            available: 1
-        }
+            available: 1,
+            evictable: None
+        })
     );
     assert!(error.to_string().contains("requested 2 slots, 1 available"));
     assert_eq!(out, [42]);
@@ -137,10 +139,11 @@ fn need_sort_out_of_memory_keeps_the_merge_and_hands_out_nothing() {
     let mut out = Vec::new();
     assert_eq!(
         allocator.alloc(3, &mut out),
-        Err(AllocError::OutOfMemory {
+        Err(AllocError::OutOfMemory(OutOfMemory {
             requested: 3,
-            available: 2
-        })
+            available: 2,
+            evictable: None
+        }))
     );
     // sglang's `alloc` merged before it found 2 slots short of 3, and keeps the merge.
     assert!(out.is_empty());

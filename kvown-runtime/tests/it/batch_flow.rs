@@ -12,6 +12,7 @@ use kvown_runtime::batch::{
 use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::error::KvError;
+use kvown_runtime::error::OutOfMemory;
 use kvown_runtime::radix::{Namespace, RadixCache, RadixConfig};
 use kvown_runtime::slots::ReqToTokenPool;
 
@@ -124,11 +125,11 @@ fn out_of_memory_is_transactional_and_reports_numbers() {
         alloc_for_extend(prepare_for_extend(ScheduleBatch::new(reqs)), &mut cache).unwrap_err();
     assert_eq!(
         failure.error,
-        KvError::OutOfMemory {
+        KvError::OutOfMemory(OutOfMemory {
             requested: 112,
             available: 64,
-            evictable: 0
-        }
+            evictable: Some(0)
+        })
     );
     assert_eq!(cache.available_size(), before_free);
     assert_eq!(cache.req_to_token().available_size(), 8, "no row kept");

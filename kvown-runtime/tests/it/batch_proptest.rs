@@ -31,6 +31,7 @@ use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::Violation;
 use kvown_runtime::check::{ReclaimError, Reclaimed, reclaim_leaks};
 use kvown_runtime::error::KvError;
+use kvown_runtime::error::OutOfMemory;
 use kvown_runtime::radix::{Namespace, RadixCache, RadixConfig, RadixError, TreePos};
 use kvown_runtime::slots::ReqToTokenPool;
 use proptest::prelude::*;
@@ -462,11 +463,11 @@ where
         let available = self.cache.available_size();
         let evictable = self.cache.tree().evictable_size();
         if available + evictable < tokens {
-            return Err(KvError::OutOfMemory {
+            return Err(KvError::OutOfMemory(OutOfMemory {
                 requested: tokens,
                 available,
-                evictable,
-            });
+                evictable: Some(evictable),
+            }));
         }
         if available < tokens && self.cache.in_free_group() {
             return Err(KvError::FreeGroupOpen {
@@ -1102,11 +1103,11 @@ where
             let available = self.cache.available_size();
             let evictable = self.cache.tree().evictable_size();
             if available + evictable < needed {
-                Err(KvError::OutOfMemory {
+                Err(KvError::OutOfMemory(OutOfMemory {
                     requested: needed,
                     available,
-                    evictable,
-                })
+                    evictable: Some(evictable),
+                }))
             } else {
                 Ok(())
             }

@@ -12,6 +12,7 @@ use kvown_runtime::batch::{
 use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::{ReclaimError, Violation, reclaim_leaks};
 use kvown_runtime::error::KvError;
+use kvown_runtime::error::PageSizeMismatch;
 use kvown_runtime::radix::{Insert, RadixCache, RadixConfig};
 use kvown_runtime::slots::ReqToTokenPool;
 
@@ -453,10 +454,10 @@ fn a_cache_is_refused_a_prefix_cache_of_another_page_size() {
     .unwrap_err();
     assert_eq!(
         error,
-        KvError::PageSizeMismatch {
+        KvError::PageSizeMismatch(PageSizeMismatch {
             allocator: 4,
             cache: 2
-        }
+        })
     );
 }
 

@@ -191,10 +191,7 @@ impl Pair {
             Err(failure) => {
                 let PreallocFailure { mut req, error } = *failure;
                 assert!(
-                    matches!(
-                        error,
-                        KvError::OutOfMemory { .. } | KvError::OutOfRows { .. }
-                    ),
+                    matches!(error, KvError::OutOfMemory(_) | KvError::OutOfRows { .. }),
                     "{error}"
                 );
                 // It holds nothing but, maybe, the lock on its matched prefix.

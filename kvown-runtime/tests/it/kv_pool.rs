@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use crate::common;
 use half::{bf16, f16};
 use kvown_runtime::alloc::KvSlot;
+use kvown_runtime::error::PageOutOfRange;
 use kvown_runtime::kv::{
     HostKvPool, KvData, KvDtype, KvElement, KvLayout, KvPool, KvPoolError, KvSlice, KvTensor,
     new_host_pool,
@@ -249,8 +250,7 @@ fn copy_errors_leave_the_pool_unchanged() {
             err,
             KvPoolError::PageOutOfRange {
                 index: 1,
-                page: 4,
-                pages: 4
+                range: PageOutOfRange { page: 4, pages: 4 }
             }
         ),
         "{err}"

@@ -26,6 +26,7 @@ use kvown_runtime::alloc::{
     AllocError, DecodeShape, ExtendShape, FreeOrder, KvAllocator, KvSlot, PageAllocator, PageId,
     PagedAllocator, ReuseOrder, SlotCalls, TokenAllocator,
 };
+use kvown_runtime::error::OutOfMemory;
 use proptest::prelude::*;
 
 /// sglang's allocator in `need_sort` mode, as the module docs restate it.
@@ -286,7 +287,7 @@ fn replay<R: ReuseOrder>(
             };
         match (kvown_result, model_result) {
             (Ok(slots), Some(expected)) => prop_assert_eq!(slots, expected, "{:?}", op),
-            (Err(AllocError::OutOfMemory { .. }), None) => {
+            (Err(AllocError::OutOfMemory(_)), None) => {
                 prop_assert_eq!(
                     held(&kvown),
                     held(&before),
@@ -370,10 +371,11 @@ fn an_out_of_memory_answer_keeps_the_merge_as_sglang_does() {
     let before = held(&kvown);
     assert_eq!(
         pages(&mut kvown, 3),
-        Err(AllocError::OutOfMemory {
+        Err(AllocError::OutOfMemory(OutOfMemory {
             requested: 12,
-            available: 8
-        })
+            available: 8,
+            evictable: None
+        }))
     );
     assert_eq!(sglang.alloc_pages(3), None);
     assert_eq!(held(&kvown), before, "a refused call changes no ownership");

@@ -5,6 +5,7 @@ use crate::common::radix_setup;
 
 use kvown_runtime::alloc::{KvAllocator, KvSlot, PagedAllocator, SlotCalls};
 use kvown_runtime::check::check_radix;
+use kvown_runtime::error::PageSizeMismatch;
 use kvown_runtime::radix::{
     EvictionPolicy, Insert, NodeId, RadixCache, RadixConfig, RadixError, TreePos,
 };
@@ -312,7 +313,7 @@ fn evicting_the_shortfall_evicts_only_what_is_missing() {
     let mut wrong = allocator(1, 8);
     assert!(matches!(
         cache.evict(1, &mut wrong),
-        Err(RadixError::PageSizeMismatch { .. })
+        Err(RadixError::PageSizeMismatch(_))
     ));
     check_radix(&cache).unwrap();
 }
@@ -326,10 +327,10 @@ fn evict_refuses_an_allocator_of_another_page_size_even_with_room() {
     let mut cache = RadixCache::new(RadixConfig::new(ps)).unwrap();
     insert_fresh(&mut cache, &mut alloc, &key(ps, 2, 0));
     let mut wrong = allocator(2, 8);
-    let mismatch = RadixError::PageSizeMismatch {
+    let mismatch = RadixError::PageSizeMismatch(PageSizeMismatch {
         cache: ps,
         allocator: 2,
-    };
+    });
     assert_eq!(cache.evict(0, &mut wrong), Err(mismatch.clone()));
     for num_tokens in [0, 4, wrong.available_size(), wrong.available_size() + 1] {
         assert_eq!(

@@ -24,6 +24,7 @@ use kvown_runtime::cache::{KvCache, TreeCache};
 use kvown_runtime::check::{Holder, Violation};
 use kvown_runtime::check::{ReclaimError, reclaim_leaks};
 use kvown_runtime::error::KvError;
+use kvown_runtime::error::{OutOfMemory, PageOutOfRange};
 use kvown_runtime::radix::{RadixCache, RadixConfig, RadixError};
 use kvown_runtime::slots::ReqToTokenPool;
 
@@ -213,9 +214,10 @@ fn a_refused_extend_allocation_leaves_the_row_pool_as_it_was() {
     let failure = alloc_for_extend(prepared, &mut cache).unwrap_err();
     assert_eq!(
         failure.error,
-        KvError::Alloc(AllocError::OutOfMemory {
+        KvError::OutOfMemory(OutOfMemory {
             requested: 11,
-            available: 56
+            available: 56,
+            evictable: None,
         })
     );
     assert_eq!(cache.req_to_token(), &rows);
@@ -259,10 +261,7 @@ fn an_extend_refused_by_the_allocator_after_the_eviction_leaves_the_entries_evic
 
     faults.fault_next_extend(ExtendFault::Refuse);
     let failure = alloc_for_extend(prepared, &mut cache).unwrap_err();
-    assert!(matches!(
-        failure.error,
-        KvError::Alloc(AllocError::OutOfMemory { .. })
-    ));
+    assert!(matches!(failure.error, KvError::OutOfMemory(_)));
     assert_eq!(
         (cache.available_size(), cache.tree().evictable_size()),
         (16, 0),
@@ -294,10 +293,7 @@ fn a_refused_extend_allocation_leaves_out_cache_loc_and_out_positions_agreeing()
     // An extend of the same batch (nothing new to back), refused by the allocator.
     faults.fault_next_extend(ExtendFault::Refuse);
     let failure = alloc_for_extend(prepare_for_extend(batch), &mut cache).unwrap_err();
-    assert!(matches!(
-        failure.error,
-        KvError::Alloc(AllocError::OutOfMemory { .. })
-    ));
+    assert!(matches!(failure.error, KvError::OutOfMemory(_)));
     let batch = failure.batch.cancel();
     let named: usize = positions(&batch)
         .iter()
@@ -400,9 +396,9 @@ fn a_layer_hands_out_the_pages_its_inner_allocator_does() {
     for num_pages in [usize::MAX, 1 << 40] {
         let mut out = vec![99];
         let error = wrapped.alloc_page_ids(num_pages, &mut out).unwrap_err();
-        assert!(matches!(error, AllocError::OutOfMemory { .. }), "{error}");
+        assert!(matches!(error, AllocError::OutOfMemory(_)), "{error}");
         let error = wrapped.alloc(num_pages / 4 * 4, &mut out).unwrap_err();
-        assert!(matches!(error, AllocError::OutOfMemory { .. }), "{error}");
+        assert!(matches!(error, AllocError::OutOfMemory(_)), "{error}");
         assert_eq!(out, [99]);
         assert_eq!(wrapped.0, own);
     }
@@ -682,8 +678,10 @@ fn the_checker_names_a_page_past_the_pool_instead_of_panicking() {
         .row(reqs[0].kv().req_pool_idx().unwrap())
         .unwrap()[0];
     let stray = Violation::PageOutOfRange {
-        page: row as usize / 4,
-        pages: 17,
+        range: PageOutOfRange {
+            page: row / 4,
+            pages: 17,
+        },
         holder: Holder::Request(1),
     };
     assert_eq!(row as usize / 4, 19, "the first page moved 18 pages up");
@@ -768,10 +766,7 @@ fn a_refused_speculative_reservation_keeps_the_last_out_cache_loc() {
         .unwrap();
     faults.fault_next_extend(ExtendFault::Refuse);
     let failure = alloc_for_spec_decode(prepared, &mut cache).unwrap_err();
-    assert!(matches!(
-        failure.error,
-        KvError::Alloc(AllocError::OutOfMemory { .. })
-    ));
+    assert!(matches!(failure.error, KvError::OutOfMemory(_)));
     let mut batch = failure.batch.cancel();
     assert_eq!(batch.out_cache_loc(), decoded);
     let positions: Vec<_> = batch

@@ -277,8 +277,10 @@ impl<R: ReuseOrder> PageAllocator<R> {
             if index == 0 || index > self.num_pages {
                 return Err(V::PageOutOfRange {
                     list,
-                    page,
-                    num_pages: self.num_pages,
+                    range: crate::shared_error::PageOutOfRange {
+                        page,
+                        pages: self.num_pages + 1,
+                    },
                 });
             }
             if std::mem::replace(&mut listed[index], true) {
@@ -323,10 +325,11 @@ impl<R: ReuseOrder> PageAllocator<R> {
         if pages <= self.free.free_len() {
             return Ok(());
         }
-        Err(AllocError::OutOfMemory {
+        Err(AllocError::OutOfMemory(crate::shared_error::OutOfMemory {
             requested: pages.saturating_mul(self.geometry.page_size()),
             available: self.available_size(),
-        })
+            evictable: None,
+        }))
     }
 
     /// Takes the head of the free list (`ensure_free(1)` made one available) and marks it held:
@@ -470,8 +473,7 @@ mod tests {
             allocator.check(),
             Err(V::PageOutOfRange {
                 list: "free",
-                page: 9,
-                num_pages: 4
+                range: crate::shared_error::PageOutOfRange { page: 9, pages: 5 }
             })
         );
     }

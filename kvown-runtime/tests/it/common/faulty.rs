@@ -13,6 +13,7 @@ use std::rc::Rc;
 use kvown_runtime::alloc::{
     AllocError, AllocatorLayer, ExtendShape, FreeOrder, KvAllocator, KvSlot, PageId,
 };
+use kvown_runtime::error::OutOfMemory;
 
 /// The faults of a [`Faulty`], shared with the test that arms them. By default every free
 /// passes and nothing else is freed.
@@ -126,10 +127,11 @@ impl<A: KvAllocator> AllocatorLayer for Faulty<A> {
     ) -> Result<(), AllocError> {
         let fault = self.faults.next_extend.take();
         if fault == Some(ExtendFault::Refuse) {
-            return Err(AllocError::OutOfMemory {
+            return Err(AllocError::OutOfMemory(OutOfMemory {
                 requested: reqs.iter().map(|req| req.seq_len - req.prefix_len).sum(),
                 available: self.inner.available_size(),
-            });
+                evictable: None,
+            }));
         }
         let start = out.len();
         self.inner.alloc_extend(reqs, out)?;
