@@ -2,6 +2,7 @@
 //! * `audit`: the audit register of guarded structs defined here;
 //! * `macro_messages`, `readme`: the documents' quotes equal their sources;
 //! * `module_layout`: no import cycle in any crate of the workspace, at any depth;
+//! * `test_layout`: at most two integration-test binaries per crate, no test including an example;
 //! * `ui_internal_paths`: no compiler message of the trybuild suite names kvown's machinery.
 
 // Public, as it was at the root of a test binary of its own: its owners that no test calls are
@@ -10,4 +11,5 @@ pub mod audit;
 mod macro_messages;
 mod module_layout;
 mod readme;
+mod test_layout;
 mod ui_internal_paths;

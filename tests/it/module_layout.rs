@@ -50,7 +50,7 @@ struct Crate {
 }
 
 /// The workspace's member directories, the root crate (`.`) first.
-fn members(root: &Path) -> Vec<String> {
+pub(crate) fn members(root: &Path) -> Vec<String> {
     let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
     let list = manifest
         .split("members = [")
