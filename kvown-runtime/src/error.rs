@@ -16,9 +16,9 @@ use crate::slots::SlotError;
 /// began releasing, keeps the releases it made (and says which requests they were).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KvError {
-    /// Not enough KV slots even after evicting every unlocked prefix-cache entry (`evictable`
-    /// set), or an allocator refused the slots the batch flow made room for (`evictable`
-    /// `None`): every out-of-memory of the batch flow, the allocator's included, is this one.
+    /// Not enough KV slots even after evicting every unlocked prefix-cache entry, or an
+    /// allocator refused the slots the batch flow made room for (`evictable` 0): every
+    /// out-of-memory of the batch flow, the allocator's included, is this one.
     #[error(transparent)]
     OutOfMemory(OutOfMemory),
     /// Room for `requested` slots must come from frees (evicting the prefix cache, or a
@@ -236,7 +236,7 @@ mod tests {
         let memory = OutOfMemory {
             requested: 8,
             available: 4,
-            evictable: None,
+            evictable: 0,
         };
         assert_eq!(
             KvError::from(AllocError::OutOfMemory(memory)),

@@ -17,27 +17,20 @@ pub struct PageOutOfRange {
 /// Not enough free KV slots for a call. Every number is in slots (whole pages × page size).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "out of KV memory: requested {requested} slots, {}",
-    match evictable {
-        Some(evictable) => format!(
-            "{available} free and {evictable} evictable from the prefix cache; lower the batch \
-             size, retract requests or enlarge the pool"
-        ),
-        None => format!(
-            "{available} available; evict at least {} slots from the prefix cache or lower the \
-             batch size",
-            requested.saturating_sub(*available)
-        ),
-    }
+    "out of KV memory: requested {requested} slots, {available} free and {evictable} evictable \
+     from the prefix cache; free {} more (evict, retract requests or lower the batch size) or \
+     enlarge the pool",
+    requested.saturating_sub(available.saturating_add(*evictable))
 )]
 pub struct OutOfMemory {
     /// Slots the call needs in new pages.
     pub requested: usize,
     /// Slots free now (deferred frees excluded).
     pub available: usize,
-    /// Slots the prefix cache could free by eviction, where the refusing layer knows one
-    /// (`None` from an allocator, which knows no prefix cache: the caller adds its own).
-    pub evictable: Option<usize>,
+    /// Slots the prefix cache could free by eviction, as far as the refusing layer knows: 0
+    /// from an allocator, which holds no prefix cache (its caller adds its own and evicts the
+    /// difference).
+    pub evictable: usize,
 }
 
 /// An allocator and a prefix cache used together with different page sizes.

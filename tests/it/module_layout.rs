@@ -187,9 +187,9 @@ fn without_test_modules(code: &str) -> (String, Vec<String>) {
         };
         let name: String = module.chars().take_while(|c| is_ident(*c)).collect();
         let module = module[name.len()..].trim_start();
-        if module.starts_with(';') {
+        if let Some(after_declaration) = module.strip_prefix(';') {
             test_files.push(name);
-            rest = &module[1..];
+            rest = after_declaration;
         } else {
             let body = module.find('{').expect("a test module has a body");
             let mut depth = 0;

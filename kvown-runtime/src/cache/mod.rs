@@ -328,7 +328,7 @@ impl<A: KvAllocator, M: TableMirror> KvCache<A, M> {
             return Err(KvError::OutOfMemory(OutOfMemory {
                 requested: needed,
                 available,
-                evictable: Some(evictable),
+                evictable,
             }));
         }
         let target = match self.eviction_rules.demand {

@@ -375,7 +375,7 @@ fn out_of_memory_changes_no_row() {
         AllocError::OutOfMemory(OutOfMemory {
             requested: 4,
             available: 0,
-            evictable: None
+            evictable: 0
         })
     );
     assert_eq!(allocator, allocator_before);

@@ -159,7 +159,7 @@ fn extend_out_of_memory_changes_nothing() {
         Err(AllocError::OutOfMemory(OutOfMemory {
             requested: 12,
             available: 8,
-            evictable: None
+            evictable: 0
         }))
     );
     assert_eq!(out, [7]);
@@ -299,7 +299,7 @@ fn failing_decode_is_typed_and_changes_nothing() {
             AllocError::OutOfMemory(OutOfMemory {
                 requested: 8,
                 available: 4,
-                evictable: None,
+                evictable: 0,
             }),
         ),
     ];

@@ -43,7 +43,7 @@ fn page_zero_is_never_handed_out_and_slots_stay_in_range() {
         Err(AllocError::OutOfMemory(OutOfMemory {
             requested: 4,
             available: 0,
-            evictable: None
+            evictable: 0
         }))
     ));
 }

@@ -144,7 +144,7 @@ fn other_errors_after_a_marked_page_change_nothing() {
         AllocError::OutOfMemory(OutOfMemory {
             requested: 60,
             available: 56,
-            evictable: None,
+            evictable: 0,
         }),
     );
     decode_refused(
@@ -167,7 +167,7 @@ fn other_errors_after_a_marked_page_change_nothing() {
         AllocError::OutOfMemory(OutOfMemory {
             requested: 4,
             available: 0,
-            evictable: None,
+            evictable: 0,
         }),
     );
 }

@@ -42,10 +42,10 @@ fn out_of_memory_reports_requested_and_available_and_changes_nothing() {
         AllocError::OutOfMemory(OutOfMemory {
             requested: 2,
             available: 1,
-            evictable: None
+            evictable: 0
         })
     );
-    assert!(error.to_string().contains("requested 2 slots, 1 available"));
+    assert!(error.to_string().contains("requested 2 slots, 1 free"));
     assert_eq!(out, [42]);
     assert_eq!(allocator, before);
 }
@@ -142,7 +142,7 @@ fn need_sort_out_of_memory_keeps_the_merge_and_hands_out_nothing() {
         Err(AllocError::OutOfMemory(OutOfMemory {
             requested: 3,
             available: 2,
-            evictable: None
+            evictable: 0
         }))
     );
     // sglang's `alloc` merged before it found 2 slots short of 3, and keeps the merge.

@@ -128,7 +128,7 @@ fn out_of_memory_is_transactional_and_reports_numbers() {
         KvError::OutOfMemory(OutOfMemory {
             requested: 112,
             available: 64,
-            evictable: Some(0)
+            evictable: 0
         })
     );
     assert_eq!(cache.available_size(), before_free);

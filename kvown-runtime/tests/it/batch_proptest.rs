@@ -466,7 +466,7 @@ where
             return Err(KvError::OutOfMemory(OutOfMemory {
                 requested: tokens,
                 available,
-                evictable: Some(evictable),
+                evictable,
             }));
         }
         if available < tokens && self.cache.in_free_group() {
@@ -1106,7 +1106,7 @@ where
                 Err(KvError::OutOfMemory(OutOfMemory {
                     requested: needed,
                     available,
-                    evictable: Some(evictable),
+                    evictable,
                 }))
             } else {
                 Ok(())

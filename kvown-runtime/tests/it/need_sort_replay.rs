@@ -374,7 +374,7 @@ fn an_out_of_memory_answer_keeps_the_merge_as_sglang_does() {
         Err(AllocError::OutOfMemory(OutOfMemory {
             requested: 12,
             available: 8,
-            evictable: None
+            evictable: 0
         }))
     );
     assert_eq!(sglang.alloc_pages(3), None);

@@ -217,7 +217,7 @@ fn a_refused_extend_allocation_leaves_the_row_pool_as_it_was() {
         KvError::OutOfMemory(OutOfMemory {
             requested: 11,
             available: 56,
-            evictable: None,
+            evictable: 0,
         })
     );
     assert_eq!(cache.req_to_token(), &rows);

@@ -328,7 +328,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
         Err(AllocError::OutOfMemory(crate::shared_error::OutOfMemory {
             requested: pages.saturating_mul(self.geometry.page_size()),
             available: self.available_size(),
-            evictable: None,
+            evictable: 0,
         }))
     }
 

@@ -130,7 +130,7 @@ impl<A: KvAllocator> AllocatorLayer for Faulty<A> {
             return Err(AllocError::OutOfMemory(OutOfMemory {
                 requested: reqs.iter().map(|req| req.seq_len - req.prefix_len).sum(),
                 available: self.inner.available_size(),
-                evictable: None,
+                evictable: 0,
             }));
         }
         let start = out.len();
