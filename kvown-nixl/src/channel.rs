@@ -8,6 +8,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::process::Child;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -76,6 +77,23 @@ impl Listener {
             }
             std::thread::sleep(Duration::from_millis(2));
         }
+    }
+
+    /// [`Listener::accept`] from `child`, a process started to connect here: fails when the
+    /// child exits first, and on any failure kills and reaps it, so no process outlives a
+    /// failed start.
+    pub fn accept_child(&self, child: &mut Child, timeout: Duration) -> Result<Channel, NixlError> {
+        let accepted = self.accept(timeout, || match child.try_wait() {
+            Ok(Some(status)) => Err(NixlError::PeerLost {
+                detail: format!("the peer process exited ({status}) before connecting"),
+            }),
+            _ => Ok(()),
+        });
+        if accepted.is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        accepted
     }
 }
 

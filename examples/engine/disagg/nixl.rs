@@ -96,20 +96,9 @@ impl NixlLink {
             .stdout(Stdio::null())
             .spawn()
             .map_err(|e| format!("--transfer nixl: starting the prefill process: {e}"))?;
-        let channel = listener.accept(ANSWER_TIMEOUT, || match child.try_wait() {
-            Ok(Some(status)) => Err(NixlError::PeerLost {
-                detail: format!("the prefill process exited ({status}) before connecting"),
-            }),
-            _ => Ok(()),
-        });
-        let mut channel = match channel {
-            Ok(channel) => channel,
-            Err(error) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(nixl_error("the prefill process")(error));
-            }
-        };
+        let mut channel = listener
+            .accept_child(&mut child, ANSWER_TIMEOUT)
+            .map_err(nixl_error("the prefill process"))?;
         let metadata = match channel.recv(Some(ANSWER_TIMEOUT)) {
             Ok(Some(FromPrefill::Metadata(bytes))) => {
                 PeerMetadata::from_bytes(&bytes).map_err(nixl_error("its metadata"))?

@@ -2,8 +2,9 @@
 //! node) reads the K/V it lacks through NIXL and decodes. Per request, the decode node's K/V
 //! equals the prefill node's (digests), and its output tokens equal a single node's.
 
-use kvown_nixl::{AgentOptions, NixlTransfer, Prealloc, prealloc_or_wait, slot_runs};
-use kvown_runtime::batch::{Req, commit_transfer, init_next_round_input};
+use kvown_nixl::{AgentOptions, LoadedPeer, NixlTransfer, Prealloc, prealloc_or_wait, slot_runs};
+use kvown_runtime::batch::{Req, TransferTicket, commit_transfer, init_next_round_input};
+use kvown_runtime::ids::KvSlot;
 
 use crate::agent_name;
 use crate::nodes::{Geometry, LAYERS, Node, digest, prompts};
@@ -37,13 +38,11 @@ fn single_node(test: &str) -> Result<Vec<Vec<u32>>, String> {
     Ok(outputs)
 }
 
-/// The workload on a prefill peer and this decode node, runs merged or not; checks the digests
-/// and outputs and returns nothing but failures.
-fn two_nodes(test: &str, merge: bool) -> Result<(), String> {
-    let expected = single_node(test)?;
-    let mut peer = Peer::spawn(&PeerConfig::prefill(&agent_name(test, "prefill"), PAGES))?;
+/// A prefill peer and this decode node of `PAGES` pages, the peer's metadata loaded here.
+fn pair(test: &str) -> Result<(Peer, Node, LoadedPeer), String> {
+    let peer = Peer::spawn(&PeerConfig::prefill(&agent_name(test, "prefill"), PAGES))?;
     let geometry = Geometry { pages: PAGES };
-    let mut decode = Node::new(
+    let decode = Node::new(
         &agent_name(test, "decode"),
         &AgentOptions::default(),
         geometry,
@@ -53,33 +52,69 @@ fn two_nodes(test: &str, merge: bool) -> Result<(), String> {
         .agent
         .load_peer(&peer.metadata)
         .map_err(|e| e.to_string())?;
+    Ok((peer, decode, loaded))
+}
+
+/// What the peer computed for a prompt, and the decode node's preallocation for its K/V.
+struct Remote {
+    /// The prompt's slots on the peer.
+    slots: Vec<KvSlot>,
+    /// The digest of the prompt's K/V on the peer.
+    digest: u64,
+    /// The decode node's row and slots for the positions it lacks.
+    ticket: TransferTicket,
+}
+
+/// Has the peer compute `tokens` as request `rid`, then matches and preallocates the request on
+/// `decode` (which must have room).
+fn prefill_remote(
+    peer: &mut Peer,
+    decode: &mut Node,
+    rid: u64,
+    tokens: &[u32],
+) -> Result<Remote, String> {
+    let answer = peer.ask(&ToPeer::Prefill {
+        rid,
+        tokens: tokens.to_vec(),
+    })?;
+    let FromPeer::Prefilled {
+        slots,
+        first_token,
+        digest,
+        ..
+    } = answer
+    else {
+        return Err(format!("request {rid}: {answer:?}"));
+    };
+    let mut req = Req::new(rid, tokens.to_vec());
+    req.push_output(first_token);
+    init_next_round_input(&mut req, &mut decode.cache, usize::MAX).map_err(|e| e.to_string())?;
+    match prealloc_or_wait(req, &mut decode.cache) {
+        Prealloc::Ready(ticket) => Ok(Remote {
+            slots,
+            digest,
+            ticket,
+        }),
+        other => Err(format!("request {rid} was not preallocated: {other:?}")),
+    }
+}
+
+/// The workload on a prefill peer and this decode node, runs merged or not; checks the digests
+/// and outputs and returns nothing but failures.
+fn two_nodes(test: &str, merge: bool) -> Result<(), String> {
+    let expected = single_node(test)?;
+    let (mut peer, mut decode, loaded) = pair(test)?;
     let mut link = NixlTransfer::new(&decode.agent, decode.pool.clone(), loaded)
         .map_err(|e| e.to_string())?
         .with_merged_runs(merge);
     let (mut moved, mut descriptors, mut partial) = (0, 0, 0);
     for (rid, tokens) in prompts(REQUESTS).into_iter().enumerate() {
         let rid = rid as u64;
-        let answer = peer.ask(&ToPeer::Prefill {
-            rid,
-            tokens: tokens.clone(),
-        })?;
-        let FromPeer::Prefilled {
+        let Remote {
             slots,
-            first_token,
             digest: prefill_digest,
-            ..
-        } = answer
-        else {
-            return Err(format!("request {rid}: {answer:?}"));
-        };
-        let mut req = Req::new(rid, tokens.clone());
-        req.push_output(first_token);
-        init_next_round_input(&mut req, &mut decode.cache, usize::MAX)
-            .map_err(|e| e.to_string())?;
-        let ticket = match prealloc_or_wait(req, &mut decode.cache) {
-            Prealloc::Ready(ticket) => ticket,
-            other => return Err(format!("request {rid}: {other:?}")),
-        };
+            ticket,
+        } = prefill_remote(&mut peer, &mut decode, rid, &tokens)?;
         let positions = ticket.positions();
         let src = &slots[positions.clone()];
         partial += usize::from(positions.start > 0);
@@ -145,44 +180,18 @@ pub fn one_descriptor_per_slot_moves_the_same_bytes() -> Result<(), String> {
 pub fn a_prompt_cached_whole_on_the_decode_node_moves_nothing_and_frees_the_source()
 -> Result<(), String> {
     let test = "loopback-cached";
-    let mut peer = Peer::spawn(&PeerConfig::prefill(&agent_name(test, "prefill"), PAGES))?;
-    let geometry = Geometry { pages: PAGES };
-    let mut decode = Node::new(
-        &agent_name(test, "decode"),
-        &AgentOptions::default(),
-        geometry,
-    )
-    .map_err(|e| e.to_string())?;
-    let loaded = decode
-        .agent
-        .load_peer(&peer.metadata)
-        .map_err(|e| e.to_string())?;
+    let (mut peer, mut decode, loaded) = pair(test)?;
     let mut link =
         NixlTransfer::new(&decode.agent, decode.pool.clone(), loaded).map_err(|e| e.to_string())?;
     // Four whole pages: the second request's match covers its whole prompt.
     let tokens: Vec<u32> = (0..16).map(|t| 500 + t).collect();
     let mut moved = Vec::new();
     for rid in 0..2u64 {
-        let answer = peer.ask(&ToPeer::Prefill {
-            rid,
-            tokens: tokens.clone(),
-        })?;
-        let FromPeer::Prefilled {
+        let Remote {
             slots,
-            first_token,
             digest: prefill_digest,
-            ..
-        } = answer
-        else {
-            return Err(format!("request {rid}: {answer:?}"));
-        };
-        let mut req = Req::new(rid, tokens.clone());
-        req.push_output(first_token);
-        init_next_round_input(&mut req, &mut decode.cache, usize::MAX)
-            .map_err(|e| e.to_string())?;
-        let Prealloc::Ready(ticket) = prealloc_or_wait(req, &mut decode.cache) else {
-            return Err(format!("request {rid} was not preallocated"));
-        };
+            ticket,
+        } = prefill_remote(&mut peer, &mut decode, rid, &tokens)?;
         moved.push(ticket.positions().len());
         let id = link
             .submit_tagged(&slots[ticket.positions()], ticket.destination(), Some(rid))

@@ -343,20 +343,9 @@ impl Peer {
             .stdout(Stdio::null())
             .spawn()
             .map_err(|e| format!("starting the peer: {e}"))?;
-        let channel = listener.accept(ANSWER_TIMEOUT, || match child.try_wait() {
-            Ok(Some(status)) => Err(NixlError::PeerLost {
-                detail: format!("the peer exited ({status}) before connecting"),
-            }),
-            _ => Ok(()),
-        });
-        let mut channel = match channel {
-            Ok(channel) => channel,
-            Err(error) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(error.to_string());
-            }
-        };
+        let mut channel = listener
+            .accept_child(&mut child, ANSWER_TIMEOUT)
+            .map_err(|e| e.to_string())?;
         let metadata = match channel.recv(Some(ANSWER_TIMEOUT)) {
             Ok(Some(FromPeer::Metadata(bytes))) => {
                 PeerMetadata::from_bytes(&bytes).map_err(|e| e.to_string())?
