@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# How many of kvown-runtime's public functions carry a runnable example in their doc comment:
-# a ``` block that `cargo test -p kvown-runtime --doc` compiles and runs (not `ignore`,
-# `no_run`, `text` or `compile_fail`).
+# How many of kvown-runtime's public functions have a runnable example that calls them: a ```
+# block that `cargo test -p kvown-runtime --doc` compiles and runs (not `ignore`, `no_run`,
+# `text` or `compile_fail`), in the function's own doc comment or in the doc comment of its type
+# or trait (one example may exercise several methods), whose visible lines call the function
+# (`.name(`, `Type::name`, or `name(` for a free function; `# ` setup lines do not count).
 #
-#   scripts/doc-coverage.sh [--min PERCENT] [--missing] [--by-file]
+#   scripts/doc-coverage.sh [--min PERCENT] [--missing] [--covered] [--by-file]
 #
 # Public functions are those written in kvown-runtime/src: a `pub fn` at a module's top level or
 # in an inherent `impl` of a public type, and every method of a public trait, outside
 # `#[cfg(test)]` modules. A name is public when it is declared `pub` in a public module's own
 # file or re-exported with `pub use`. Trait implementations are not counted (the trait's method
-# carries the example), nor the accessors `#[kvown::guarded]` generates (the macro documents
-# them). `--missing` lists the functions without an example, `--by-file` prints a line per file,
-# and `--min` fails (exit 1) when the share is below PERCENT.
+# carries the example), nor `#[doc(hidden)]` functions, nor the accessors `#[kvown::guarded]`
+# generates (the macro documents them). `--missing` lists the functions without an example,
+# `--covered` those with one, `--by-file` prints a line per file, and `--min` fails (exit 1)
+# when the share is below PERCENT.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 exec python3 - "$root/kvown-runtime/src" "$@" <<'PYTHON'
@@ -24,6 +27,7 @@ parser = argparse.ArgumentParser(prog="doc-coverage.sh")
 parser.add_argument("src")
 parser.add_argument("--min", type=float)
 parser.add_argument("--missing", action="store_true")
+parser.add_argument("--covered", action="store_true")
 parser.add_argument("--by-file", action="store_true")
 args = parser.parse_args()
 src = pathlib.Path(args.src)
@@ -68,17 +72,31 @@ def code_only(line, state):
 RUNNABLE = {"rust", "should_panic", "edition2015", "edition2018", "edition2021", "edition2024"}
 
 
-def runnable_example(docs):
-    """Whether the doc lines open a code block that the doctest runner compiles and runs."""
-    inside = False
+def runnable_code(docs):
+    """The visible lines of the doc lines' code blocks that the doctest runner compiles and runs
+    (rustdoc's hidden `# ` setup lines left out)."""
+    inside, runnable, code = False, False, []
     for doc in docs:
         text = doc.strip()
-        if not text.startswith("```"):
-            continue
-        if not inside and {tag.strip() for tag in text[3:].split(",") if tag.strip()} <= RUNNABLE:
-            return True
-        inside = not inside
-    return False
+        if text.startswith("```"):
+            tags = {tag.strip() for tag in text[3:].split(",") if tag.strip()}
+            inside, runnable = not inside, not inside and tags <= RUNNABLE
+        elif inside and runnable and not (text == "#" or text.startswith("# ")):
+            code.append(text)
+    return "\n".join(code)
+
+
+def calls(code, kind, owner, function):
+    """Whether the example code calls `function` (a method of `owner`, or a free function)."""
+    name = re.escape(function)
+    if kind == "module":
+        return re.search(rf"(?<![\w.]){name}\s*(\(|::<)", code) is not None
+    if re.search(rf"\.{name}\s*(\(|::<)", code):
+        return True
+    owners = {owner} | aliases.get(owner, set())
+    if kind == "trait":  # an associated function of a trait is called through its implementors
+        return re.search(rf"\b\w+(<[^>]*>)?::{name}\b", code) is not None
+    return any(re.search(rf"\b{re.escape(o)}(::<[^>]*>)?::{name}\b", code) for o in owners)
 
 
 lib = (src / "lib.rs").read_text()
@@ -105,10 +123,14 @@ for path in files:
     public_names.update(re.findall(r"^pub use [\w:]*::(\w+);", text, re.M))
     for module in re.findall(r"^pub use (\w+)::\*;", text, re.M):
         glob_files.add(path.parent / f"{module}.rs")
+aliases = {}  # a type -> the `pub type` names of its instances (`PagedAllocator`)
 for path in files:
+    text = path.read_text()
     if module_is_public(path):
         declared = r"^\s*pub (?:struct|enum|trait|type|union) (\w+)"
-        public_names.update(re.findall(declared, path.read_text(), re.M))
+        public_names.update(re.findall(declared, text, re.M))
+    for alias, target in re.findall(r"^\s*pub type (\w+)(?:<[^=]*>)? = (?:\w+::)*(\w+)", text, re.M):
+        aliases.setdefault(target, set()).add(alias)
 
 
 def classify(header, attributes, stack, path):
@@ -140,6 +162,7 @@ def classify(header, attributes, stack, path):
 
 
 found = []  # (file, function, has an example)
+type_examples = {}  # a type or trait -> the code of the examples in its doc comments
 pub_fn = re.compile(r"^\s*pub\s+(?:(?:const|unsafe|async)\s+)*fn\s+(\w+)")
 any_fn = re.compile(r"^\s*(?:(?:const|unsafe|async)\s+)*fn\s+(\w+)")
 for path in files:
@@ -157,6 +180,8 @@ for path in files:
             attributes += code
             attribute_depth += code.count("[") - code.count("]")
             continue
+        if match := re.match(r"\s*pub (?:struct|enum|trait|type|union) (\w+)", code):
+            type_examples.setdefault(match.group(1), []).append(runnable_code(docs))
         kind, owner, public = stack[-1] if stack else ("module", None, True)
         function = None
         if kind in ("module", "impl") and (match := pub_fn.match(code)):
@@ -164,9 +189,9 @@ for path in files:
             public = public and (kind == "impl" or function in public_names or module_is_public(path))
         elif kind == "trait" and (match := any_fn.match(code)):
             function = match.group(1)
-        if function and public:
+        if function and public and "doc(hidden)" not in attributes:
             name = f"{owner}::{function}" if kind != "module" or owner else function
-            found.append((str(path.relative_to(src)), name, runnable_example(docs)))
+            found.append((str(path.relative_to(src)), name, (kind, owner, function), runnable_code(docs)))
         for c in code:
             if c == "{":
                 stack.append(classify(header, attributes, stack, path))
@@ -182,6 +207,10 @@ for path in files:
         header += " "
         docs = []
 
+found = [
+    (file, name, calls(code, *called) or any(calls(c, *called) for c in type_examples.get(called[1], [])))
+    for file, name, called, code in found
+]
 total = len(found)
 with_example = sum(has for _, _, has in found)
 if args.by_file:
@@ -192,6 +221,10 @@ if args.by_file:
         counts[1] += 1
     for file, (done, count) in sorted(per_file.items()):
         print(f"{done:4d} / {count:<4d} {file}")
+if args.covered:
+    for file, name, has in found:
+        if has:
+            print(f"example: {file}: {name}")
 if args.missing:
     for file, name, has in found:
         if not has:
