@@ -14,6 +14,18 @@ use crate::radix::{CacheEvent, RadixCache};
 use crate::slots::{ReqRow, ReqToTokenPool};
 
 /// The prefix cache in front of the allocator (sglang `tree_cache`).
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::cache::TreeCache;
+/// use kvown_runtime::radix::{RadixCache, RadixConfig};
+///
+/// let tree = TreeCache::Radix(RadixCache::new(RadixConfig::new(4))?);
+/// assert_eq!((tree.evictable_size(), tree.protected_size()), (0, 0));
+/// assert!(tree.radix().is_some() && TreeCache::Disabled.radix().is_none());
+/// # Ok::<(), kvown_runtime::radix::RadixError>(())
+/// ```
 #[derive(Debug)]
 #[allow(
     clippy::large_enum_variant,
@@ -109,6 +121,34 @@ impl Default for EvictionRules {
 ///
 /// Every batch-flow function takes it by `&mut` and leaves it consistent: after each public
 /// operation [`KvCache::check`](crate::check) passes for the requests that hold KV.
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+/// use kvown_runtime::cache::{EvictionDemand, EvictionRules, KvCache, TreeCache};
+/// use kvown_runtime::radix::{RadixCache, RadixConfig};
+/// use kvown_runtime::slots::ReqToTokenPool;
+///
+/// let tree = TreeCache::Radix(RadixCache::new(RadixConfig::new(4))?);
+/// let allocator = PagedAllocator::new(64, 4, false)?;
+/// let mut cache = KvCache::new(allocator, ReqToTokenPool::new(8, 32)?, tree)?;
+/// assert_eq!((cache.page_size(), cache.available_size()), (4, 64));
+/// assert_eq!(cache.available_with_eviction(), 64, "nothing cached yet");
+/// assert_eq!(cache.allocator().capacity(), 64);
+/// assert_eq!(cache.req_to_token().available_size(), 8);
+/// assert_eq!(cache.tree().radix().map(|tree| tree.sizes().total()), Some(0));
+/// assert_eq!(cache.mirror(), &(), "no table mirror");
+/// assert!(!cache.in_free_group());
+/// assert_eq!(cache.evict_shortfall(16)?, 0, "16 slots free already");
+/// let rules = EvictionRules { demand: EvictionDemand::Shortfall, ..cache.eviction_rules() };
+/// cache.set_eviction_rules(rules);
+/// assert_eq!(cache.eviction_rules().demand, EvictionDemand::Shortfall);
+/// assert!(cache.enable_cache_events());
+/// assert!(matches!(cache.take_cache_events()[..], [CacheEvent::Cleared]), "an empty cache");
+/// assert_ne!(cache.id(), KvCache::new(PagedAllocator::new(8, 4, false)?, ReqToTokenPool::new(1, 8)?, TreeCache::Disabled)?.id());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct KvCache<A, M = ()> {
     pub(crate) id: CacheId,
@@ -137,6 +177,21 @@ impl<A: KvAllocator> KvCache<A> {
     /// open ([`KvError::AllocatorInUse`]) and every row of the table free
     /// ([`KvError::RowsInUse`]): slots or rows taken before the cache existed belong to no
     /// request it knows, so its accounting could never add up.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
+    /// # use kvown_runtime::cache::{KvCache, TreeCache};
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// let cache = KvCache::new(PagedAllocator::new(64, 4, false)?, ReqToTokenPool::new(8, 32)?, TreeCache::Disabled)?;
+    /// assert_eq!(cache.available_size(), 64);
+    /// let mut used = PagedAllocator::new(64, 4, false)?;
+    /// used.alloc(4, &mut Vec::new())?;
+    /// let refused = KvCache::new(used, ReqToTokenPool::new(8, 32)?, TreeCache::Disabled);
+    /// assert!(refused.is_err(), "slots taken before the cache existed");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(
         allocator: A,
         req_to_token: ReqToTokenPool,
@@ -148,6 +203,23 @@ impl<A: KvAllocator> KvCache<A> {
 
 impl<A: KvAllocator, M: TableMirror> KvCache<A, M> {
     /// [`KvCache::new`] with `mirror` told every write the batch flow makes to the table.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::alloc::PagedAllocator;
+    /// # use kvown_runtime::cache::{KvCache, TableMirror, TreeCache};
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// /// Follows nothing but says it is there.
+    /// #[derive(Debug, PartialEq)]
+    /// struct Quiet;
+    /// impl TableMirror for Quiet {}
+    ///
+    /// let allocator = PagedAllocator::new(64, 4, false)?;
+    /// let cache = KvCache::with_mirror(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled, Quiet)?;
+    /// assert_eq!(cache.mirror(), &Quiet);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn with_mirror(
         mut allocator: A,
         req_to_token: ReqToTokenPool,
