@@ -127,7 +127,7 @@ impl Default for EvictionRules {
 /// ```
 /// use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
 /// use kvown_runtime::cache::{EvictionDemand, EvictionRules, KvCache, TreeCache};
-/// use kvown_runtime::radix::{RadixCache, RadixConfig};
+/// use kvown_runtime::radix::{CacheEvent, RadixCache, RadixConfig};
 /// use kvown_runtime::slots::ReqToTokenPool;
 ///
 /// let tree = TreeCache::Radix(RadixCache::new(RadixConfig::new(4))?);
