@@ -287,6 +287,31 @@ struct Cut {
 }
 
 /// The radix prefix cache of one KV pool. All lengths are in tokens.
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::radix::{CacheEvent, Insert, RadixCache, RadixConfig};
+///
+/// let mut tree = RadixCache::new(RadixConfig::new(2).with_events())?;
+/// assert!(tree.config().events);
+/// let short = tree.insert(Insert::new(&[1, 2], &[4, 5]))?.last_node;
+/// let long = tree.insert(Insert::new(&[1, 2, 3, 4], &[4, 5, 6, 7]))?.last_node;
+/// assert_eq!(tree.sizes().total(), 4);
+/// tree.inc_lock_ref(short)?; // a running request protects its prefix [1, 2]
+/// tree.move_lock(short, long)?; // ... and then all of [1, 2, 3, 4]
+/// assert_eq!((tree.sizes().evictable, tree.sizes().protected), (0, 4));
+/// let at = tree.match_prefix(&[1, 2, 3, 4, 5]);
+/// let mut slots = [0; 2];
+/// tree.path_slots_into(at, 2, &mut slots)?; // the slots of positions 2..4
+/// assert_eq!(slots, [6, 7]);
+/// tree.dec_lock_ref(long)?;
+/// assert_eq!(tree.sizes().evictable, 4);
+/// assert!(tree.take_events().iter().any(|event| matches!(event, CacheEvent::Stored { .. })));
+/// tree.enable_events(); // restarts the stream: a snapshot of what is cached
+/// assert!(matches!(tree.take_events()[0], CacheEvent::Cleared));
+/// # Ok::<(), kvown_runtime::radix::RadixError>(())
+/// ```
 #[derive(Debug)]
 pub struct RadixCache {
     layout: KeyLayout,

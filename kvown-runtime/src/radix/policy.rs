@@ -57,6 +57,14 @@ impl EvictionPolicy {
     ];
 
     /// The policy's name, as sglang spells it and as [`FromStr`] reads it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::radix::EvictionPolicy;
+    /// assert_eq!(EvictionPolicy::Lfu.name(), "lfu");
+    /// assert_eq!("lfu".parse::<EvictionPolicy>().ok(), Some(EvictionPolicy::Lfu));
+    /// ```
     pub fn name(self) -> &'static str {
         match self {
             EvictionPolicy::Lru => "lru",
