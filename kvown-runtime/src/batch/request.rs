@@ -13,6 +13,23 @@ use crate::slots::ReqRow;
 /// kv_allocated_len <= row width` while it holds a row (sglang `ReqKvInfo`, target state).
 ///
 /// Each field can be written only by the functions listed on it; reads are free.
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::batch::{Req, ScheduleBatch, alloc_for_extend, prepare_for_extend};
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}, slots::ReqToTokenPool};
+/// # let mut cache = KvCache::new(PagedAllocator::new(64, 4, false)?, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+///
+/// let req = Req::new(1, vec![7; 6]);
+/// assert!(!req.kv().holds_kv());
+/// let batch = alloc_for_extend(prepare_for_extend(ScheduleBatch::new(vec![req])), &mut cache)
+///     .map_err(|failure| failure.error)?;
+/// let kv = batch.reqs()[0].kv();
+/// assert!(kv.holds_kv() && !kv.holds_reservation());
+/// assert_eq!((kv.cache_protected_len(), kv.kv_committed_len(), kv.kv_allocated_len()), (0, 6, 6));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[guarded]
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ReqKvInfo {
@@ -105,6 +122,7 @@ impl ReqKvInfo {
 ///
 /// let req = Req::new(7, vec![1, 2, 3]);
 /// assert_eq!((req.rid(), req.namespace()), (7, Namespace::DEFAULT));
+/// assert_eq!(req.priority(), 0, "unless set with `with_priority`");
 /// assert!(req.held_row().is_err() && !req.kv().holds_kv(), "no KV before an extend");
 /// assert_eq!((req.prefix_len(), req.extend_end(), req.last_node()), (0, 3, TreePos::ROOT));
 /// let mut batch = alloc_for_extend(prepare_for_extend(ScheduleBatch::new(vec![req])), &mut cache)

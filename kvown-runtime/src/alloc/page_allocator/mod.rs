@@ -58,6 +58,23 @@ const BYTES_PER_PAGE: usize = 1 + 2 + 2 * std::mem::size_of::<PageId>();
 /// assert_eq!(allocator.available_size(), 16);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// A free group's pages stay deferred until its guard commits:
+///
+/// ```
+/// use kvown_runtime::alloc::{FreeOrder, KvAllocator, PagedAllocator};
+///
+/// let mut allocator = PagedAllocator::new(16, 4, false)?;
+/// let mut pages = Vec::new();
+/// allocator.alloc_page_ids(3, &mut pages)?;
+/// let mut group = allocator.free_group()?;
+/// assert!(group.in_free_group());
+/// group.free_page_ids(&[2, 1], FreeOrder::Given)?;
+/// assert_eq!((group.deferred_count(), group.deferred_pages()), (2, &[2, 1][..]));
+/// group.commit();
+/// assert_eq!((allocator.deferred_count(), allocator.in_free_group()), (0, false));
+/// # Ok::<(), kvown_runtime::alloc::AllocError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PageAllocator<R: ReuseOrder> {
     geometry: PageGeometry,
@@ -188,22 +205,6 @@ impl<R: ReuseOrder> PageAllocator<R> {
     }
 
     /// Pages freed in the open free group, not yet available.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use kvown_runtime::alloc::{FreeOrder, KvAllocator, PagedAllocator};
-    /// let mut allocator = PagedAllocator::new(16, 4, false)?;
-    /// let mut pages = Vec::new();
-    /// allocator.alloc_page_ids(3, &mut pages)?;
-    /// let mut group = allocator.free_group()?;
-    /// assert!(group.in_free_group());
-    /// group.free_page_ids(&[2, 1], FreeOrder::Given)?;
-    /// assert_eq!((group.deferred_count(), group.deferred_pages()), (2, &[2, 1][..]));
-    /// group.commit();
-    /// assert_eq!((allocator.deferred_count(), allocator.in_free_group()), (0, false));
-    /// # Ok::<(), kvown_runtime::alloc::AllocError>(())
-    /// ```
     pub fn deferred_count(&self) -> usize {
         self.deferred.len()
     }
