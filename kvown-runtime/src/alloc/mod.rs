@@ -5,7 +5,7 @@
 //!
 //! Every fallible call is transactional: on `Err` the allocator is as before the call, with one
 //! exception that changes no ownership: in `need_sort` mode a call answered out of memory keeps
-//! the merge of the release list it made first, as sglang's does.
+//! the merge of the release list it made first (`docs/design.md`, sglang's rules by topic).
 //!
 //! [`KvAllocator`] is what an allocator is: its sizes, the batched extend and decode, whole pages
 //! by id, and free groups. The slot-level calls (`alloc`, `free`, `free_segment`,

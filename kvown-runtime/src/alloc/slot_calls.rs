@@ -32,8 +32,9 @@ pub trait SlotCalls: KvAllocator {
     /// (unaligned, out of memory) nothing is taken and `out` is untouched.
     fn alloc(&mut self, num_tokens: usize, out: &mut Vec<KvSlot>) -> Result<(), AllocError>;
 
-    /// Frees the pages that contain `slots`, each once, as sglang's `free` puts them back
-    /// ([`FreeOrder::Unordered`]). The errors name the first slot of the page at fault.
+    /// Frees the pages that contain `slots`, each once, in a plain free's order
+    /// ([`FreeOrder::Unordered`]; sglang `free`). The errors name the first slot of the page at
+    /// fault.
     fn free(&mut self, slots: &[KvSlot]) -> Result<(), AllocError>;
 
     /// Frees `row[start_pos .. start_pos + slots.len()]` of one request, page by page in row
@@ -44,8 +45,9 @@ pub trait SlotCalls: KvAllocator {
 
     /// Frees several segments of one request's row in one call (sglang `free_segments`):
     /// segments that meet inside a page free that page once (with the earlier segment). All or
-    /// nothing. The free list ends as sglang's segment-by-segment frees leave it: with LIFO reuse
-    /// outside a free group, the last segment's pages first ([`FreeOrder::Segments`]).
+    /// nothing. The free list ends as consecutive [`SlotCalls::free_segment`] calls leave it:
+    /// with LIFO reuse outside a free group, the last segment's pages first
+    /// ([`FreeOrder::Segments`]).
     fn free_segments(&mut self, segments: &[(&[KvSlot], usize)]) -> Result<(), AllocError>;
 
     /// [`KvAllocator::alloc_decode`] for requests given by their rows, writing the

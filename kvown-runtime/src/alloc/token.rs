@@ -26,7 +26,7 @@ impl PageAllocator<Fifo> {
     /// slots.clear();
     /// allocator.alloc(3, &mut slots)?;
     /// assert_eq!(slots, [3, 4, 1]);
-    /// assert!(TokenAllocator::new(u32::MAX as usize, false).is_err(), "the end slot must fit a u32");
+    /// assert!(TokenAllocator::new(u32::MAX as usize, false).is_err(), "past the u32 range");
     /// # Ok::<(), kvown_runtime::alloc::AllocError>(())
     /// ```
     pub fn new(size: usize, need_sort: bool) -> Result<Self, AllocError> {

@@ -21,8 +21,10 @@ use crate::slots::ReqRow;
 ///
 /// ```
 /// # use kvown_runtime::batch::{Req, ScheduleBatch, alloc_for_extend, prepare_for_extend};
-/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}, slots::ReqToTokenPool};
-/// # let mut cache = KvCache::new(PagedAllocator::new(64, 4, false)?, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
 /// let prepared = prepare_for_extend(ScheduleBatch::new(vec![Req::new(1, vec![7; 6])]));
 /// // The prepared batch hides its requests until the allocation settles.
 /// let batch = alloc_for_extend(prepared, &mut cache).map_err(|failure| failure.error)?;
@@ -51,9 +53,10 @@ pub fn prepare_for_extend(mut batch: ScheduleBatch<Ready>) -> ScheduleBatch<Exte
 
 /// Allocates the extend: request rows for requests without one, KV slots for every new token
 /// (evicting from the prefix cache as [`KvCache::eviction_rules`] say: by default what the free
-/// slots lack of sglang's demand, the new tokens plus a page per request at page sizes above
-/// 1), the request-to-token rows (a new
-/// row's `[0, prefix)` <- matched prefix slots; `[prefix, seq)` <- new slots), and settles
+/// slots lack of the new tokens plus a page per request at page sizes above 1,
+/// [`EvictionDemand::Sglang`](crate::cache::EvictionDemand::Sglang)), the request-to-token
+/// rows (a new row's `[0, prefix)` <- matched prefix slots; `[prefix, seq)` <- new slots), and
+/// settles
 /// `kv_allocated_len = kv_committed_len = seq_len` ("allocation is commitment", sglang #37085).
 /// The cache's [`TableMirror`] is told each request's row writes, the prefix copied into a
 /// new row included ([`TableMirror::extend`]).
@@ -69,8 +72,10 @@ pub fn prepare_for_extend(mut batch: ScheduleBatch<Ready>) -> ScheduleBatch<Exte
 ///
 /// ```
 /// # use kvown_runtime::batch::{Req, ScheduleBatch, alloc_for_extend, prepare_for_extend};
-/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}, slots::ReqToTokenPool};
-/// # let mut cache = KvCache::new(PagedAllocator::new(64, 4, false)?, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
 /// let prepared = prepare_for_extend(ScheduleBatch::new(vec![Req::new(1, vec![7; 6])]));
 /// let batch = alloc_for_extend(prepared, &mut cache).map_err(|failure| failure.error)?;
 /// assert_eq!(batch.out_cache_loc().len(), 6);

@@ -85,8 +85,10 @@ enum LastAllocation {
 ///
 /// ```
 /// use kvown_runtime::batch::{Req, ScheduleBatch, alloc_for_extend, prepare_for_extend};
-/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}, slots::ReqToTokenPool};
-/// # let mut cache = KvCache::new(PagedAllocator::new(64, 4, false)?, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
 ///
 /// let mut batch = ScheduleBatch::new(vec![Req::new(1, vec![7; 3])]);
 /// batch.extend_reqs([Req::new(2, vec![8; 2])]);

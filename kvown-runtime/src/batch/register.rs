@@ -30,10 +30,12 @@ use crate::radix::{Insert, InsertOutcome, RadixCache, TreePos};
 ///
 /// ```
 /// # use kvown_runtime::batch::*;
-/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}, slots::ReqToTokenPool};
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
 /// # use kvown_runtime::radix::{RadixCache, RadixConfig};
 /// # let tree = TreeCache::Radix(RadixCache::new(RadixConfig::new(4))?);
-/// # let mut cache = KvCache::new(PagedAllocator::new(64, 4, false)?, ReqToTokenPool::new(4, 32)?, tree)?;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, tree)?;
 /// # let prepared = prepare_for_extend(ScheduleBatch::new(vec![Req::new(1, vec![7; 6])]));
 /// # let mut batch = alloc_for_extend(prepared, &mut cache).map_err(|failure| failure.error)?;
 /// let req = &mut batch.reqs_mut()[0]; // a chunk of a longer prompt, say

@@ -18,8 +18,10 @@ use crate::slots::ReqRow;
 ///
 /// ```
 /// use kvown_runtime::batch::{Req, ScheduleBatch, alloc_for_extend, prepare_for_extend};
-/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}, slots::ReqToTokenPool};
-/// # let mut cache = KvCache::new(PagedAllocator::new(64, 4, false)?, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
 ///
 /// let req = Req::new(1, vec![7; 6]);
 /// assert!(!req.kv().holds_kv());
@@ -117,8 +119,10 @@ impl ReqKvInfo {
 /// ```
 /// use kvown_runtime::batch::{Req, ScheduleBatch, alloc_for_extend, prepare_for_extend};
 /// use kvown_runtime::radix::{Namespace, TreePos};
-/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}, slots::ReqToTokenPool};
-/// # let mut cache = KvCache::new(PagedAllocator::new(64, 4, false)?, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
 ///
 /// let req = Req::new(7, vec![1, 2, 3]);
 /// assert_eq!((req.rid(), req.namespace()), (7, Namespace::DEFAULT));

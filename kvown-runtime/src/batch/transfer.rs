@@ -12,10 +12,9 @@
 //!   or cancel_transfer (a failed or cancelled transfer): everything back
 //! ```
 //!
-//! One difference from sglang is deliberate: sglang's `_pre_alloc` sets `kv_committed_len` to
-//! the fill length before the K/V arrives; here the commit waits for the transfer, so a request
-//! whose K/V is in flight never shows committed K/V that is not there (the prefix cache cannot
-//! take it, and `prepare_for_decode` refuses it: [`KvError::ReservationHeld`]).
+//! The commit waits for the transfer, so a request whose K/V is in flight never shows committed
+//! K/V that is not there: the prefix cache cannot take it, and `prepare_for_decode` refuses it
+//! ([`KvError::ReservationHeld`]). (sglang's `_pre_alloc` commits earlier: `docs/design.md`.)
 
 use std::ops::Range;
 

@@ -77,16 +77,14 @@ impl TreeCache {
 /// ([`EvictionRules::demand`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum EvictionDemand {
-    /// sglang's over-estimate (`mem_cache/allocation.py`): before an extend (and a speculative
-    /// reservation), its new tokens plus a page per request at page sizes above 1
-    /// (`alloc_paged_token_slots_extend`), the new tokens alone at page size 1
-    /// (`alloc_token_slots`); before a decode, a page per request
-    /// (`alloc_paged_token_slots_decode`). What the free slots lack of it is evicted
-    /// (`evict_to_free_tokens`), as far as the cache can.
+    /// An over-estimate: before an extend (and a speculative reservation), its new tokens plus
+    /// a page per request at page sizes above 1, the new tokens alone at page size 1; before a
+    /// decode, a page per request. What the free slots lack of it is evicted, as far as the
+    /// cache can. Rule: sglang `mem_cache/allocation.py`.
     #[default]
     Sglang,
     /// Only what the allocation lacks: the slots of the pages it takes, less the free ones.
-    /// Evicts less, and so less often, than sglang.
+    /// Evicts less, and so less often, than [`EvictionDemand::Sglang`].
     Shortfall,
 }
 
@@ -146,7 +144,9 @@ impl Default for EvictionRules {
 /// assert_eq!(cache.eviction_rules().demand, EvictionDemand::Shortfall);
 /// assert!(cache.enable_cache_events());
 /// assert!(matches!(cache.take_cache_events()[..], [CacheEvent::Cleared]), "an empty cache");
-/// assert_ne!(cache.id(), KvCache::new(PagedAllocator::new(8, 4, false)?, ReqToTokenPool::new(1, 8)?, TreeCache::Disabled)?.id());
+/// let small = PagedAllocator::new(8, 4, false)?;
+/// let other = KvCache::new(small, ReqToTokenPool::new(1, 8)?, TreeCache::Disabled)?;
+/// assert_ne!(cache.id(), other.id(), "each cache has its own name");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
@@ -184,7 +184,8 @@ impl<A: KvAllocator> KvCache<A> {
     /// # use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
     /// # use kvown_runtime::cache::{KvCache, TreeCache};
     /// # use kvown_runtime::slots::ReqToTokenPool;
-    /// let cache = KvCache::new(PagedAllocator::new(64, 4, false)?, ReqToTokenPool::new(8, 32)?, TreeCache::Disabled)?;
+    /// let allocator = PagedAllocator::new(64, 4, false)?;
+    /// let cache = KvCache::new(allocator, ReqToTokenPool::new(8, 32)?, TreeCache::Disabled)?;
     /// assert_eq!(cache.available_size(), 64);
     /// let mut used = PagedAllocator::new(64, 4, false)?;
     /// used.alloc(4, &mut Vec::new())?;
@@ -216,7 +217,8 @@ impl<A: KvAllocator, M: TableMirror> KvCache<A, M> {
     /// impl TableMirror for Quiet {}
     ///
     /// let allocator = PagedAllocator::new(64, 4, false)?;
-    /// let cache = KvCache::with_mirror(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled, Quiet)?;
+    /// let table = ReqToTokenPool::new(4, 32)?;
+    /// let cache = KvCache::with_mirror(allocator, table, TreeCache::Disabled, Quiet)?;
     /// assert_eq!(cache.mirror(), &Quiet);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

@@ -46,7 +46,7 @@ impl KvLayout {
     /// ```
     /// # use kvown_runtime::kv::KvLayout;
     /// assert!(KvLayout::new(2, 4, 8, 64, 16).is_ok());
-    /// assert!(KvLayout::new(2, 4, 8, 60, 16).is_err(), "capacity not a multiple of the page size");
+    /// assert!(KvLayout::new(2, 4, 8, 60, 16).is_err(), "capacity not whole pages");
     /// assert!(KvLayout::new(0, 4, 8, 64, 16).is_err(), "no layers");
     /// ```
     pub fn new(
@@ -287,9 +287,9 @@ impl KvLayout {
     /// ```
     /// # use kvown_runtime::kv::{KvDtype, KvLayout, KvSlice};
     /// let layout = KvLayout::new(2, 1, 4, 8, 4)?;
-    /// let row = [1.0f32; 4];
-    /// assert!(layout.check_store(KvDtype::F32, 1, &[5], KvSlice::F32(&row), KvSlice::F32(&row)).is_ok());
-    /// assert!(layout.check_store(KvDtype::F32, 2, &[5], KvSlice::F32(&row), KvSlice::F32(&row)).is_err());
+    /// let row = KvSlice::F32(&[1.0; 4]);
+    /// assert!(layout.check_store(KvDtype::F32, 1, &[5], row, row).is_ok());
+    /// assert!(layout.check_store(KvDtype::F32, 2, &[5], row, row).is_err(), "no layer 2");
     /// # Ok::<(), kvown_runtime::kv::KvPoolError>(())
     /// ```
     pub fn check_store(

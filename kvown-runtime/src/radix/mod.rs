@@ -281,8 +281,8 @@ struct Cut {
     upper: NodeId,
     /// The node that starts there, on the path of the node that was cut.
     lower: NodeId,
-    /// Whether the position was inside a node (sglang's split) rather than where one of the
-    /// leaf's registrations ended (where sglang had a node boundary already).
+    /// Whether the position was inside a node (a split) rather than where one of a grown
+    /// leaf's registrations ended (a node boundary in sglang's tree, `docs/design.md`).
     split: bool,
 }
 

@@ -187,8 +187,10 @@ impl ReqToTokenPool {
     ///
     /// ```
     /// use kvown_runtime::batch::{Req, ScheduleBatch, alloc_for_extend, prepare_for_extend};
-    /// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}, slots::ReqToTokenPool};
-    /// # let mut cache = KvCache::new(PagedAllocator::new(64, 4, false)?, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+    /// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// # let allocator = PagedAllocator::new(64, 4, false)?;
+    /// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
     ///
     /// let batch = prepare_for_extend(ScheduleBatch::new(vec![Req::new(7, vec![1, 2, 3])]));
     /// let batch = alloc_for_extend(batch, &mut cache).map_err(|f| f.error)?;

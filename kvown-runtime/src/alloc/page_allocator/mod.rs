@@ -28,11 +28,10 @@ const BYTES_PER_PAGE: usize = 1 + 2 + 2 * std::mem::size_of::<PageId>();
 ///   row order, a group end as [`deferred_pages`](Self::deferred_pages) lists them: the pages
 ///   of `free_segment(s)` and `free_page_ids` in call order, then those of `free` sorted
 ///   ascending).
-/// * With `need_sort`, frees go to a release list instead, and the two lists are merged and
-///   sorted ascending when sglang merges them: when its cheap over-estimate of the pages a call
-///   takes exceeds the free list (see [`PageAllocator::merge_released`]), so that every
-///   allocation hands out sglang's pages in sglang's order. A call answered out of memory keeps
-///   the merge it made first, as sglang's does: a refused call changes no ownership.
+/// * With `need_sort`, frees go to a release list instead, merged into the free list and sorted
+///   ascending when a call's over-estimate of the pages it takes exceeds the free list
+///   ([`PageAllocator::merge_released`]). A call answered out of memory keeps that merge, which
+///   moves no page between owners. Rule: sglang `merge_and_sort_free` and its callers.
 /// * Every page carries a [`PageState`], so double frees, frees of unallocated pages and
 ///   duplicate pages are rejected before anything changes, and a fill mark (how many of its
 ///   slots were handed out, two bytes), so that a continuation from any slot but the page's
@@ -179,9 +178,9 @@ impl<R: ReuseOrder> PageAllocator<R> {
     /// Merges the release list into the free list, sorted ascending (sglang
     /// `merge_and_sort_free`); a no-op when nothing is released.
     ///
-    /// Allocations merge by themselves exactly when sglang's do, a call answered out of memory
-    /// included; this is for a caller that wants the free list merged at another point (before
-    /// reading it, or to start a phase from a sorted list).
+    /// Allocations merge by themselves when a call's over-estimate of its pages exceeds the free
+    /// list, a call answered out of memory included; this is for a caller that wants the free
+    /// list merged at another point (before reading it, or to start a phase from a sorted list).
     ///
     /// # Examples
     ///
