@@ -219,6 +219,7 @@ pub struct InsertOutcome {
 /// let config = RadixConfig::new(16).with_policy(EvictionPolicy::Lfu);
 /// let tree = RadixCache::new(config)?;
 /// assert_eq!(tree.config(), config);
+/// assert!(!config.events && config.with_events().events);
 /// assert_eq!(RadixCache::new(RadixConfig::new(0)).unwrap_err(), RadixError::ZeroPageSize);
 /// # Ok::<(), RadixError>(())
 /// ```
@@ -259,6 +260,19 @@ impl RadixConfig {
 }
 
 /// The cache's token counters (sglang's `evictable_size()` and `protected_size()`).
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::radix::{Insert, RadixCache, RadixConfig};
+///
+/// let mut tree = RadixCache::new(RadixConfig::new(2))?;
+/// let leaf = tree.insert(Insert::new(&[1, 2, 3, 4], &[4, 5, 6, 7]))?.last_node;
+/// tree.inc_lock_ref(leaf)?;
+/// let sizes = tree.sizes();
+/// assert_eq!((sizes.evictable, sizes.protected, sizes.total()), (0, 4, 4));
+/// # Ok::<(), kvown_runtime::radix::RadixError>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RadixSizes {
     /// Cached tokens in unlocked nodes: what [`RadixCache::evict`] can free.
