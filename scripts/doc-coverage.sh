@@ -232,6 +232,6 @@ if args.missing:
 share = 100.0 * with_example / total if total else 100.0
 print(f"kvown-runtime: {with_example} of {total} public functions have an example ({share:.1f}%)")
 if args.min is not None and share < args.min:
-    print(f"doc-coverage: below {args.min:g}%: give the functions above an example", file=sys.stderr)
+    print(f"doc-coverage: below {args.min:g}%: `--missing` lists the functions without an example", file=sys.stderr)
     sys.exit(1)
 PYTHON

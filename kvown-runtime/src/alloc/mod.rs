@@ -197,7 +197,7 @@ pub enum FreeOrder<'a> {
 /// allocator.free_page_ids(&pages, FreeOrder::Given)?;
 /// assert!(allocator.free_page_ids(&pages, FreeOrder::Given).is_err(), "a double free");
 /// assert_eq!(allocator.available_size(), 7 * 4);
-/// # Ok::<(), kvown_runtime::alloc::AllocError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
 /// A free group defers frees until its guard commits:
@@ -292,7 +292,7 @@ pub trait KvAllocator {
 /// let allocator = PagedAllocator::new(32, 4, false)?;
 /// let host = allocator.page_allocator(); // itself here; a layer's inner allocator otherwise
 /// assert_eq!(host.num_pages(), 8);
-/// # Ok::<(), kvown_runtime::alloc::AllocError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub trait AsPageAllocator {
     /// The reuse order of the host allocator.

@@ -30,7 +30,7 @@ impl PageAllocator<Lifo> {
     /// let allocator = PagedAllocator::new(100, 16, false)?;
     /// assert_eq!(allocator.capacity(), 96, "rounded down to whole pages");
     /// assert!(PagedAllocator::new(100, 0, false).is_err());
-    /// # Ok::<(), kvown_runtime::alloc::AllocError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn new(size: usize, page_size: usize, need_sort: bool) -> Result<Self, AllocError> {
         if page_size == 0 {

@@ -36,7 +36,7 @@ fn is_held(state: &[PageState], geometry: PageGeometry, slot: KvSlot) -> bool {
 /// continued.note(4, 0, 5)?; // request 0 continues page 1 (slots 4..8)
 /// continued.note(4, 1, 9)?; // request 1 continues page 2
 /// assert!(continued.note(4, 2, 6).is_err(), "request 2 continues page 1 too");
-/// # Ok::<(), kvown_runtime::alloc::AllocError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Default)]
 pub struct ContinuedPages {
@@ -205,7 +205,7 @@ impl ExtendShape {
     /// assert_eq!(fresh.validate(0)?, None);
     /// assert!(ExtendShape { prefix_len: 3, seq_len: 2, last_loc: Some(6) }.validate(0).is_err());
     /// assert!(ExtendShape { prefix_len: 3, seq_len: 8, last_loc: None }.validate(0).is_err());
-    /// # Ok::<(), kvown_runtime::alloc::AllocError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn validate(&self, request: usize) -> Result<Option<KvSlot>, AllocError> {
         let ExtendShape {

@@ -60,7 +60,7 @@ pub trait SlotCalls: KvAllocator {
     /// allocator.free_segments(&[(&row[2..6], 2), (&row[8..], 8)])?;
     /// let head: Vec<_> = allocator.free_pages().take(3).collect();
     /// assert_eq!(head, [3, 1, 2], "the last segment's pages first");
-    /// # Ok::<(), kvown_runtime::alloc::AllocError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     fn free_segments(&mut self, segments: &[(&[KvSlot], usize)]) -> Result<(), AllocError>;
 

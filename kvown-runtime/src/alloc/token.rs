@@ -27,7 +27,7 @@ impl PageAllocator<Fifo> {
     /// allocator.alloc(3, &mut slots)?;
     /// assert_eq!(slots, [3, 4, 1]);
     /// assert!(TokenAllocator::new(u32::MAX as usize, false).is_err(), "past the u32 range");
-    /// # Ok::<(), kvown_runtime::alloc::AllocError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn new(size: usize, need_sort: bool) -> Result<Self, AllocError> {
         Self::with_pages(1, size, need_sort)

@@ -24,7 +24,7 @@ use crate::slots::{ReqRow, ReqToTokenPool};
 /// let tree = TreeCache::Radix(RadixCache::new(RadixConfig::new(4))?);
 /// assert_eq!((tree.evictable_size(), tree.protected_size()), (0, 0));
 /// assert!(tree.radix().is_some() && TreeCache::Disabled.radix().is_none());
-/// # Ok::<(), kvown_runtime::radix::RadixError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
 #[allow(

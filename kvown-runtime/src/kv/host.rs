@@ -18,7 +18,7 @@ use crate::ids::KvSlot;
 /// assert_eq!(pool.buffer(1, KvTensor::V)?[4..8], [1.0; 4]);
 /// assert_eq!(pool.buffer(0, KvTensor::K)?.len(), 12 * 4, "12 slots of 4 elements, zeroed");
 /// assert!(pool.buffer(2, KvTensor::K).is_err(), "no layer 2");
-/// # Ok::<(), kvown_runtime::kv::KvPoolError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct HostKvPool<T: KvElement> {
@@ -38,7 +38,7 @@ pub struct HostKvPool<T: KvElement> {
 /// let pool = new_host_pool(KvLayout::new(2, 1, 4, 8, 4)?, KvDtype::Bf16)?;
 /// assert_eq!(pool.dtype(), KvDtype::Bf16);
 /// assert_eq!(pool.layout().slots(), 12);
-/// # Ok::<(), kvown_runtime::kv::KvPoolError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn new_host_pool(layout: KvLayout, dtype: KvDtype) -> Result<Box<dyn KvPool>, KvPoolError> {
     Ok(match dtype {

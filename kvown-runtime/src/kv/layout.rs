@@ -23,7 +23,7 @@ use crate::ids::{KvSlot, PageId};
 /// assert_eq!(layout.v_head_dim(), 8, "the K head size unless set apart");
 /// assert_eq!(layout.row_len(KvTensor::K), 32);
 /// assert_eq!(layout.pool_bytes(KvDtype::F32), 2 * 80 * (32 + 32) * 4);
-/// # Ok::<(), kvown_runtime::kv::KvPoolError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvLayout {
@@ -68,7 +68,7 @@ impl KvLayout {
     /// let layout = KvLayout::with_v_head_dim(1, 1, 192, 128, 64, 16)?;
     /// assert_eq!((layout.head_dim(), layout.v_head_dim()), (192, 128));
     /// assert_eq!(layout.row_len(KvTensor::V), 128);
-    /// # Ok::<(), kvown_runtime::kv::KvPoolError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn with_v_head_dim(
         layers: usize,
@@ -180,7 +180,7 @@ impl KvLayout {
     /// let layout = KvLayout::new(2, 1, 4, 8, 4)?;
     /// assert!(layout.check_layer(1).is_ok());
     /// assert!(layout.check_layer(2).is_err());
-    /// # Ok::<(), kvown_runtime::kv::KvPoolError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn check_layer(&self, layer: usize) -> Result<(), KvPoolError> {
         if layer < self.layers {
@@ -203,7 +203,7 @@ impl KvLayout {
     /// assert!(layout.check_slots(&[0, 11]).is_ok());
     /// let error = layout.check_slots(&[3, 12]).unwrap_err();
     /// assert!(error.to_string().contains("12"), "{error}");
-    /// # Ok::<(), kvown_runtime::kv::KvPoolError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn check_slots(&self, slots: &[KvSlot]) -> Result<(), KvPoolError> {
         let limit = self.slots();
@@ -226,7 +226,7 @@ impl KvLayout {
     /// let layout = KvLayout::new(1, 1, 4, 8, 4)?; // pages 0..3
     /// assert!(layout.check_pages(&[0, 2]).is_ok());
     /// assert!(layout.check_pages(&[3]).is_err());
-    /// # Ok::<(), kvown_runtime::kv::KvPoolError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn check_pages(&self, pages: &[PageId]) -> Result<(), KvPoolError> {
         let limit = self.pages();
@@ -250,7 +250,7 @@ impl KvLayout {
     /// let rows = [0.0f32; 8];
     /// assert!(layout.check_data(KvTensor::K, KvDtype::F32, 2, KvSlice::F32(&rows)).is_ok());
     /// assert!(layout.check_data(KvTensor::K, KvDtype::F32, 3, KvSlice::F32(&rows)).is_err());
-    /// # Ok::<(), kvown_runtime::kv::KvPoolError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn check_data(
         &self,
@@ -290,7 +290,7 @@ impl KvLayout {
     /// let row = KvSlice::F32(&[1.0; 4]);
     /// assert!(layout.check_store(KvDtype::F32, 1, &[5], row, row).is_ok());
     /// assert!(layout.check_store(KvDtype::F32, 2, &[5], row, row).is_err(), "no layer 2");
-    /// # Ok::<(), kvown_runtime::kv::KvPoolError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn check_store(
         &self,
@@ -315,7 +315,7 @@ impl KvLayout {
     /// let layout = KvLayout::new(1, 1, 4, 8, 4)?;
     /// assert!(layout.check_copy(&[4, 5], &[8, 9]).is_ok());
     /// assert!(layout.check_copy(&[4, 5], &[8]).is_err(), "lengths differ");
-    /// # Ok::<(), kvown_runtime::kv::KvPoolError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn check_copy(&self, src: &[KvSlot], dst: &[KvSlot]) -> Result<(), KvPoolError> {
         if src.len() != dst.len() {
@@ -341,7 +341,7 @@ impl KvLayout {
     /// # use kvown_runtime::kv::KvLayout;
     /// let layout = KvLayout::new(1, 1, 4, 8, 4)?;
     /// assert_eq!(layout.page_slots(&[2, 1]), [8, 9, 10, 11, 4, 5, 6, 7]);
-    /// # Ok::<(), kvown_runtime::kv::KvPoolError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn page_slots(&self, pages: &[PageId]) -> Vec<KvSlot> {
         let page_size = self.page_size as KvSlot;

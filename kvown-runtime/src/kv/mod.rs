@@ -48,7 +48,7 @@ use crate::ids::{KvSlot, PageId};
 /// pool.copy_pages(&[1], &[2])?; // page 1 (slots 4..8) to page 2 (slots 8..12)
 /// let (k, _) = pool.load_kv(0, &[8, 9])?;
 /// assert_eq!(k.into_vec::<f32>().unwrap(), [1.0, 2.0, 3.0, 4.0]);
-/// # Ok::<(), kvown_runtime::kv::KvPoolError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub trait KvPool: Send {
     /// The pool's shape.

@@ -226,7 +226,7 @@ impl KvTransfer for LocalTransfer {
 /// let reader = writer.clone();
 /// writer.store_kv(0, &[4], KvSlice::F32(&[1.0, 2.0]), KvSlice::F32(&[0.0; 2]))?;
 /// assert_eq!(reader.load_kv(0, &[4])?.0.into_vec::<f32>().unwrap(), [1.0, 2.0]);
-/// # Ok::<(), kvown_runtime::kv::KvPoolError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone)]
 pub struct SharedPool {

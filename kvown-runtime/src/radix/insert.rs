@@ -169,7 +169,7 @@ impl InsertPlan<'_> {
     /// assert_eq!(plan.prefix_len(), 2, "slots 6 and 7 are duplicates to free");
     /// assert_eq!(plan.apply().prefix_len, 2);
     /// assert_eq!(tree.sizes().total(), 3);
-    /// # Ok::<(), kvown_runtime::radix::RadixError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline(always)]
     pub fn prefix_len(&self) -> usize {
@@ -188,7 +188,7 @@ impl InsertPlan<'_> {
     /// let plan = tree.plan_insert(Insert::new(&[1, 2], &[4, 5]))?;
     /// let outcome = plan.apply();
     /// assert_eq!(tree.match_prefix(&[1, 2]).node, outcome.last_node);
-    /// # Ok::<(), kvown_runtime::radix::RadixError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline(always)]
     pub fn apply(self) -> InsertOutcome {
@@ -257,7 +257,7 @@ impl RadixCache {
     /// let again = tree.insert(Insert::new(&[1, 2, 3, 4, 5, 6], &[8, 9, 10, 11, 2, 3]))?;
     /// assert_eq!(again.prefix_len, 4, "slots 8..12 duplicate cached ones: free them");
     /// assert_eq!(tree.match_prefix(&[1, 2, 3, 4, 5, 6]).len, 6);
-    /// # Ok::<(), kvown_runtime::radix::RadixError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline]
     pub fn insert(&mut self, insert: Insert<'_>) -> Result<InsertOutcome, RadixError> {

@@ -271,7 +271,7 @@ impl RadixConfig {
 /// tree.inc_lock_ref(leaf)?;
 /// let sizes = tree.sizes();
 /// assert_eq!((sizes.evictable, sizes.protected, sizes.total()), (0, 4, 4));
-/// # Ok::<(), kvown_runtime::radix::RadixError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RadixSizes {
@@ -324,7 +324,7 @@ struct Cut {
 /// assert!(tree.take_events().iter().any(|event| matches!(event, CacheEvent::Stored { .. })));
 /// tree.enable_events(); // restarts the stream: a snapshot of what is cached
 /// assert!(matches!(tree.take_events()[0], CacheEvent::Cleared));
-/// # Ok::<(), kvown_runtime::radix::RadixError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
 pub struct RadixCache {

@@ -14,7 +14,7 @@
 //! assert_eq!(pool.row(rows[0])?[..3], [4, 5, 6]);
 //! pool.free(rows[0])?;
 //! assert_eq!(pool.available_size(), 7);
-//! # Ok::<(), kvown_runtime::slots::SlotError>(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 mod error;

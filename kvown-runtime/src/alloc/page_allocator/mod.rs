@@ -72,7 +72,7 @@ const BYTES_PER_PAGE: usize = 1 + 2 + 2 * std::mem::size_of::<PageId>();
 /// assert_eq!((group.deferred_count(), group.deferred_pages()), (2, &[2, 1][..]));
 /// group.commit();
 /// assert_eq!((allocator.deferred_count(), allocator.in_free_group()), (0, false));
-/// # Ok::<(), kvown_runtime::alloc::AllocError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PageAllocator<R: ReuseOrder> {
@@ -169,7 +169,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
     /// allocator.free(&slots)?;
     /// assert_eq!(allocator.released_pages().count(), 2, "waiting for a merge");
     /// assert_eq!(allocator.available_size(), 16, "but available");
-    /// # Ok::<(), kvown_runtime::alloc::AllocError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn need_sort(&self) -> bool {
         self.need_sort
@@ -192,7 +192,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
     /// allocator.free_page_ids(&[3, 1], FreeOrder::Given)?;
     /// allocator.merge_released();
     /// assert_eq!(allocator.free_pages().collect::<Vec<_>>(), [1, 3], "merged and sorted");
-    /// # Ok::<(), kvown_runtime::alloc::AllocError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn merge_released(&mut self) {
         if self.free.released_len() > 0 {
@@ -231,7 +231,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
     /// let mut released: Vec<_> = allocator.released_pages().collect();
     /// released.sort();
     /// assert_eq!(released, [1, 2]);
-    /// # Ok::<(), kvown_runtime::alloc::AllocError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn released_pages(&self) -> impl Iterator<Item = PageId> + '_ {
         self.free.released_pages()
