@@ -39,4 +39,5 @@ pub use pool::TensorKvPool;
 pub use sampling::Sampling;
 pub use serve::{
     Draft, Finished, Request, ServeConfig, ServeStats, Server, SpecConfig, StepOutput,
+    TransferLink,
 };
