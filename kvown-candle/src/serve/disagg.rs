@@ -4,6 +4,7 @@
 //! between the two pools by default, any other link through [`Server::with_transfer`]), its
 //! digest is checked on both nodes, and the request is committed and decoded here.
 
+use std::ops::Range;
 use std::time::Instant;
 
 use kvown_runtime::batch::{
@@ -59,6 +60,18 @@ impl PrefillNode {
         let node = Node::new(model, config, 2 * config.pool_tokens, config.max_running)?;
         let link = link(node.pool.share(), decode_pool.share())?;
         Ok(PrefillNode { node, link })
+    }
+
+    /// This node's slots of `positions` of `remote`.
+    fn source_slots(&self, remote: &Req, positions: Range<usize>) -> Result<Vec<u32>, ServeError> {
+        let row = remote.held_row()?;
+        let slots = self
+            .node
+            .cache
+            .req_to_token()
+            .row(row)
+            .map_err(|error| ServeError::Kv(error.into()))?;
+        Ok(slots[positions].to_vec())
     }
 
     /// Moves the K/V of `src` (this node's slots) to `dst` (the decode node's) and polls until
@@ -141,42 +154,61 @@ impl Server {
         let logits = timed(&mut self.stats.model_ns, || {
             self.model.forward(&forward, &mut prefill.node.pool)
         })?;
+        // After a failure the rest of the batch is not moved (the error stops the server), but
+        // every request's slots on the prefill node are still given back.
+        let mut failed = None;
         for (index, (mut req, mut remote)) in
             admitted.into_iter().zip(batch.into_reqs()).enumerate()
         {
-            let position = req.fill_ids().len() - 1;
-            let token = self.sample(&req, position, logits.last(index), out);
-            req.push_output(token);
-            let req_rid = req.rid();
-            let ticket = timed(&mut ns, || prealloc_for_transfer(req, &mut self.node.cache))
-                .map_err(|failure| failure.error)?;
-            let row = remote.held_row()?;
-            let src = prefill
-                .node
-                .cache
-                .req_to_token()
-                .row(row)
-                .map_err(|error| ServeError::Kv(error.into()))?[ticket.positions()]
-            .to_vec();
-            let started = Instant::now();
-            let moved = prefill.send_checked(req_rid, &src, ticket.destination(), &self.node.pool);
-            self.stats.transfer_ns += started.elapsed().as_nanos() as u64;
+            if failed.is_none() {
+                let position = req.fill_ids().len() - 1;
+                let token = self.sample(&req, position, logits.last(index), out);
+                req.push_output(token);
+                failed = self.receive(prefill, req, &remote, &mut ns).err();
+            }
             timed(&mut ns, || {
                 release_kv_cache(&mut remote, &mut prefill.node.cache, true)
             })?;
-            if let Err(error) = moved {
-                // Nothing of the request stays on this node; the error stops the server.
-                timed(&mut ns, || cancel_transfer(ticket, &mut self.node.cache))
-                    .map_err(|failure| failure.error)?;
-                return Err(error);
-            }
-            let req = timed(&mut ns, || commit_transfer(ticket));
-            self.stats.transfers += 1;
-            self.stats.transferred_tokens += src.len() as u64;
-            self.stats.checksums_matched += 1;
-            self.running.extend_reqs([req]);
         }
         self.stats.kvown_ns += ns;
-        Ok(())
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Preallocates `req` here, moves the K/V of the positions this node lacks from `remote`'s
+    /// slots on the prefill node, checks it and commits the request into the running batch. A
+    /// failed or corrupt transfer cancels the preallocation: nothing of `req` stays here.
+    fn receive(
+        &mut self,
+        prefill: &mut PrefillNode,
+        req: Req,
+        remote: &Req,
+        ns: &mut u64,
+    ) -> Result<(), ServeError> {
+        let rid = req.rid();
+        let ticket = timed(ns, || prealloc_for_transfer(req, &mut self.node.cache))
+            .map_err(|failure| failure.error)?;
+        let started = Instant::now();
+        let moved = prefill
+            .source_slots(remote, ticket.positions())
+            .and_then(|src| {
+                prefill.send_checked(rid, &src, ticket.destination(), &self.node.pool)?;
+                Ok(src.len())
+            });
+        self.stats.transfer_ns += started.elapsed().as_nanos() as u64;
+        match moved {
+            Ok(tokens) => {
+                let req = timed(ns, || commit_transfer(ticket));
+                self.stats.transfers += 1;
+                self.stats.transferred_tokens += tokens as u64;
+                self.stats.checksums_matched += 1;
+                self.running.extend_reqs([req]);
+                Ok(())
+            }
+            Err(error) => {
+                timed(ns, || cancel_transfer(ticket, &mut self.node.cache))
+                    .map_err(|failure| failure.error)?;
+                Err(error)
+            }
+        }
     }
 }
