@@ -5,7 +5,6 @@
 //! digest is checked on both nodes, and the request is committed and decoded here.
 
 use std::ops::Range;
-use std::time::Instant;
 
 use kvown_runtime::batch::{
     Req, ScheduleBatch, alloc_for_extend, cancel_transfer, commit_transfer,
@@ -89,16 +88,14 @@ impl PrefillNode {
         }
     }
 
-    /// Moves the K/V and checks that the decode node's rows `dst` of `decode` hash as this
-    /// node's `src`.
-    fn send_checked(
-        &mut self,
+    /// Checks that the decode node's rows `dst` of `decode` hash as this node's `src`.
+    fn check_digest(
+        &self,
         rid: u64,
         src: &[u32],
         dst: &[u32],
         decode: &TensorKvPool,
     ) -> Result<(), ServeError> {
-        self.send(src, dst)?;
         let (sent, received) = (self.node.pool.digest(src)?, decode.digest(dst)?);
         if sent != received {
             return Err(ServeError::TransferCorrupt {
@@ -187,14 +184,14 @@ impl Server {
         let rid = req.rid();
         let ticket = timed(ns, || prealloc_for_transfer(req, &mut self.node.cache))
             .map_err(|failure| failure.error)?;
-        let started = Instant::now();
         let moved = prefill
             .source_slots(remote, ticket.positions())
             .and_then(|src| {
-                prefill.send_checked(rid, &src, ticket.destination(), &self.node.pool)?;
+                let dst = ticket.destination();
+                timed(&mut self.stats.transfer_ns, || prefill.send(&src, dst))?;
+                prefill.check_digest(rid, &src, dst, &self.node.pool)?;
                 Ok(src.len())
             });
-        self.stats.transfer_ns += started.elapsed().as_nanos() as u64;
         match moved {
             Ok(tokens) => {
                 let req = timed(ns, || commit_transfer(ticket));

@@ -246,7 +246,7 @@ pub struct ServeStats {
     /// Transfers whose K/V digest on the decode node equals the prefill node's (every one of
     /// them: a difference stops the server).
     pub checksums_matched: u64,
-    /// Nanoseconds moving K/V: from each transfer's submit to its end, with the digests.
+    /// Nanoseconds moving K/V: from each transfer's submit to the poll that saw it end.
     pub transfer_ns: u64,
     /// Nanoseconds in kvown: the batch flow's calls and reading the table into forward batches.
     pub kvown_ns: u64,
