@@ -38,6 +38,5 @@ pub use model::{Logits, PagedLlama};
 pub use pool::TensorKvPool;
 pub use sampling::Sampling;
 pub use serve::{
-    Draft, Finished, Request, ServeConfig, ServeStats, Server, SpecConfig, StepOutput,
-    TransferLink,
+    Draft, Finished, Request, ServeConfig, ServeStats, Server, SpecConfig, StepOutput, TransferLink,
 };

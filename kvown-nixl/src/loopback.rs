@@ -171,7 +171,9 @@ impl NixlLoopback {
         stage.poll(&mut done);
         let outcome = match done.pop() {
             Some((ended, outcome)) if ended == id => outcome,
-            _ => Err(TransferError::Failed(format!("staging copy {id:?} did not end"))),
+            _ => Err(TransferError::Failed(format!(
+                "staging copy {id:?} did not end"
+            ))),
         };
         self.stats.staging += started.elapsed();
         if outcome.is_ok() {

@@ -7,8 +7,8 @@
 use std::ops::Range;
 
 use kvown_runtime::batch::{
-    Req, ScheduleBatch, alloc_for_extend, cancel_transfer, commit_transfer,
-    init_next_round_input, prealloc_for_transfer, prepare_for_extend, release_kv_cache,
+    Req, ScheduleBatch, alloc_for_extend, cancel_transfer, commit_transfer, init_next_round_input,
+    prealloc_for_transfer, prepare_for_extend, release_kv_cache,
 };
 use kvown_runtime::kv::{KvTransfer, LocalTransfer, TransferError};
 

@@ -29,8 +29,8 @@ use crate::forward_batch::ForwardBatch;
 use crate::model::PagedLlama;
 use crate::pool::TensorKvPool;
 use crate::sampling::Sampling;
-use disagg::{PrefillNode, local_link};
 pub use disagg::TransferLink;
+use disagg::{PrefillNode, local_link};
 #[cfg(feature = "fault-injection")]
 pub use fault::Fault;
 

@@ -116,12 +116,17 @@ fn greedy_tokens_over_nixl_equal_one_node(dtype: KvDtype, name: &str) {
     let model = tiny_model();
     let layers = model.config().num_hidden_layers;
     let layout = *model.new_pool(16, 16, dtype).expect("a pool").layout();
-    let slot_bytes = (layout.row_len(KvTensor::K) + layout.row_len(KvTensor::V))
-        * layers
-        * dtype.size_bytes();
-    assert_eq!((nixl.link.completed, nixl.link.failed), (stats.transfers, 0));
+    let slot_bytes =
+        (layout.row_len(KvTensor::K) + layout.row_len(KvTensor::V)) * layers * dtype.size_bytes();
+    assert_eq!(
+        (nixl.link.completed, nixl.link.failed),
+        (stats.transfers, 0)
+    );
     assert_eq!(nixl.notices, stats.transfers, "one notice per READ");
-    assert_eq!(nixl.link.bytes, stats.transferred_tokens * slot_bytes as u64);
+    assert_eq!(
+        nixl.link.bytes,
+        stats.transferred_tokens * slot_bytes as u64
+    );
     assert_eq!(nixl.staged_bytes, 2 * nixl.link.bytes);
     // Runs merged: far fewer descriptors than one per slot, layer and tensor.
     let one_per_slot = stats.transferred_tokens * 2 * layers as u64;

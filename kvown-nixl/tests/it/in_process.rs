@@ -75,7 +75,9 @@ pub fn rows_staged_through_two_agents_arrive_whole() -> Result<(), String> {
     wait(&mut link, id)?.map_err(|e| e.to_string())?;
     let (there, here) = (digest(&pools.prefill, &src), digest(&pools.decode, &dst));
     if there != here {
-        return Err(format!("digest {here:x} on the decode side, {there:x} sent"));
+        return Err(format!(
+            "digest {here:x} on the decode side, {there:x} sent"
+        ));
     }
     let stats = link.stats();
     let slot_bytes = (2 * 16 * LAYERS * 4) as u64;
