@@ -187,8 +187,8 @@ impl RadixCache {
     }
 
     /// Deletes the evictable leaf `leaf`; its parent becomes a candidate when it is left an
-    /// unlocked leaf. The parent inherits the leaf's access time when newer (sglang stamps whole
-    /// paths) and absorbs its hits and priority ([`super::policy::NodeStats::absorb`]).
+    /// unlocked leaf. The parent inherits the leaf's access time when newer and absorbs its hits
+    /// and priority ([`super::policy::NodeStats::absorb`]).
     fn remove_leaf(&mut self, leaf: NodeId) {
         self.record_removed(leaf, 0);
         self.order.set_candidate(&mut self.arena, leaf, false);
