@@ -13,9 +13,10 @@
 //! * [`error`];
 //! * [`radix`] (prefix cache) and [`kv`] (K/V data pools);
 //! * [`alloc`] (token and paged slot allocators);
-//! * [`slots`] (request-to-token table) and [`ownership`] (the audit register of guarded fields);
-//! * [`ids`], and the refusals every layer shares ([`error::PageOutOfRange`],
-//!   [`error::OutOfMemory`], [`error::PageSizeMismatch`]).
+//! * [`slots`] (request-to-token table), [`ownership`] (the audit register of guarded fields),
+//!   and the refusals every layer shares ([`error::PageOutOfRange`], [`error::OutOfMemory`],
+//!   [`error::PageSizeMismatch`], defined once beneath the errors that wrap them);
+//! * [`ids`].
 //!
 //! # A request's life
 //!

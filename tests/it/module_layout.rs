@@ -9,6 +9,9 @@
 //!
 //! The exceptions are the links `#[owned_by]` asks for, each through one named path
 //! ([`OWNER_LINKS`]); a link that is gone must leave the list.
+//!
+//! Where a crate documents its modules as floors ([`FLOORS`]: kvown-runtime's top level), each
+//! module imports only the floors below it, the owner links aside.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -34,6 +37,22 @@ const OWNER_LINKS: &[(&str, &str, &str, &str, &str, &str)] = &[
          the KvCache)",
     ),
 ];
+
+/// Documented floors, top to bottom: (crate directory, the modules of its top level by floor).
+/// Each imports only the floors below it; every top-level module has a floor.
+const FLOORS: &[(&str, &[&[&str]])] = &[(
+    "kvown-runtime",
+    &[
+        &["check"],
+        &["batch"],
+        &["cache"],
+        &["error"],
+        &["radix", "kv"],
+        &["alloc"],
+        &["slots", "ownership", "shared_error"],
+        &["ids"],
+    ],
+)];
 
 /// A module's path from its crate's root (`[]` for `lib.rs`).
 type ModPath = Vec<String>;
@@ -495,6 +514,34 @@ fn no_crate_has_an_import_cycle_at_any_depth() {
         "the scan found nothing: it reads the wrong files"
     );
     assert!(cycles.is_empty(), "import cycles:\n{}", cycles.join("\n"));
+    for (member, floors) in FLOORS {
+        let floor = |module: &str| {
+            floors
+                .iter()
+                .position(|floor| floor.contains(&module))
+                .unwrap_or_else(|| panic!("{member}: module `{module}` has no floor in FLOORS"))
+        };
+        let krate = &scanned[*member];
+        for module in &krate.children[&Vec::new()] {
+            floor(module);
+        }
+        for ((parent, from, to), paths) in &krate.imports {
+            let owner_link = OWNER_LINKS.iter().any(|&(c, p, f, t, allowed, _)| {
+                c == *member
+                    && p == "crate"
+                    && f == from
+                    && t == to
+                    && paths.iter().all(|path| path == allowed)
+            });
+            assert!(
+                !parent.is_empty() || floor(from) < floor(to) || owner_link,
+                "{member}: `{from}` (floor {}) imports `{to}` (floor {}) through {paths:?}; a \
+                 module imports only the floors below it",
+                floor(from) + 1,
+                floor(to) + 1
+            );
+        }
+    }
     for (at, (krate, parent, from, to, path, why)) in OWNER_LINKS.iter().enumerate() {
         assert!(
             used_links.contains(&at),
