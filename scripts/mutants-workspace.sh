@@ -27,7 +27,7 @@ command -v cargo-mutants >/dev/null || {
     exit 1
 }
 default_tests="cargo test -q --test it --test ui && cargo test -q -p kvown-macros"
-default_tests+=" && cargo test -q -p kvown-runtime --test ownership_table"
+default_tests+=" && cargo test -q -p kvown-runtime --test it ownership_table::"
 test_cmd="${MUTANTS_TEST:-$default_tests}"
 limit="${MUTANTS_TIMEOUT:-600}"
 out="$root/mutants-workspace.out"

@@ -419,8 +419,24 @@
 
 pub use kvown_macros::{guarded, owner, owners};
 pub use kvown_ownership::audit;
+// The runtime's user-facing modules: the batch flow and the cache it keeps consistent, the
+// prefix cache, the K/V pools, the checkers, the errors and ids.
 #[cfg(feature = "allocator")]
-pub use kvown_runtime::{alloc, batch, cache, check, error, ids, kv, radix, slots};
+pub use kvown_runtime::{batch, cache, check, error, ids, kv, radix, slots};
+
+/// The KV slot allocators, as a user calls them: [`PagedAllocator`](alloc::PagedAllocator) and
+/// [`TokenAllocator`](alloc::TokenAllocator) through [`KvAllocator`](alloc::KvAllocator) and
+/// [`SlotCalls`](alloc::SlotCalls), their shapes, orders and errors. What a new allocator or a
+/// wrapper implements against (the page engine, reuse orders, `AllocatorLayer`,
+/// `AsPageAllocator`, geometry) is in `kvown_runtime::alloc`.
+#[cfg(feature = "allocator")]
+pub mod alloc {
+    pub use kvown_runtime::alloc::{
+        AllocError, DecodeRequest, DecodeRequests, DecodeRow, DecodeShape, ExtendShape, FreeGroup,
+        FreeOrder, KvAllocator, KvSlot, PageId, PageState, PagedAllocator, SlotCalls,
+        TokenAllocator, ceil_align,
+    };
+}
 
 #[doc(hidden)]
 pub use kvown_ownership::__private;

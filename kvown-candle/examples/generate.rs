@@ -6,7 +6,9 @@
 //! small enough to evict and retract. `--model-dir DIR` serves a local Hugging Face Llama
 //! checkpoint instead (`config.json`, `*.safetensors`; with `--features tokenizers`,
 //! `tokenizer.json` turns `--prompt` text into tokens and the outputs back into text). Nothing
-//! is downloaded. Prints a summary and exits 1 if anything leaked or no request finished.
+//! is downloaded. `--disaggregated --transfer nixl` moves each prompt's K/V from the prefill node
+//! to the decode node through NIXL (two agents of this process). Prints a summary and exits 1
+//! if anything leaked or no request finished.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -17,9 +19,10 @@ use clap::{Parser, ValueEnum};
 use kvown_candle::workload::{ConversationSpec, Conversations, serve};
 use kvown_candle::{
     Draft, Finished, PagedLlama, Request, Sampling, ServeConfig, ServeStats, Server, SpecConfig,
-    random,
+    TransferLink, random,
 };
-use kvown_runtime::kv::KvDtype;
+use kvown_nixl::{AgentOptions, LoopbackCounters, LoopbackStats, NixlLoopback};
+use kvown_runtime::kv::{KvDtype, TransferError};
 use kvown_runtime::radix::EvictionPolicy;
 
 /// Serve a Llama-architecture model whose K/V lives in kvown's paged cache.
@@ -82,6 +85,10 @@ struct Args {
     /// Compute prompts on a prefill node and move their K/V through kvown's KvTransfer.
     #[arg(long)]
     disaggregated: bool,
+    /// With --disaggregated: how K/V moves. `nixl` reads it through two NIXL agents of this
+    /// process (kvown-nixl's NixlLoopback; needs NIXL's library: scripts/install-nixl.sh).
+    #[arg(long, value_enum, default_value_t = Transfer::Local, requires = "disaggregated")]
+    transfer: Transfer,
     /// Sample at this temperature (greedy when absent).
     #[arg(long)]
     temperature: Option<f32>,
@@ -101,6 +108,16 @@ enum Dtype {
     F32,
     F16,
     Bf16,
+}
+
+/// How a `--disaggregated` pair moves K/V.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Transfer {
+    /// A `LocalTransfer` copies the rows between the two pools.
+    Local,
+    /// A NIXL READ per request between two agents of this process, each pool staged through
+    /// registered host memory.
+    Nixl,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -260,6 +277,12 @@ fn summary(
         ("spec_drafted", stats.spec_drafted.into()),
         ("spec_accepted", stats.spec_accepted.into()),
         ("transfers", stats.transfers.into()),
+        ("transferred_tokens", stats.transferred_tokens.into()),
+        ("checksums_matched", stats.checksums_matched.into()),
+        (
+            "transfer_us_per_request",
+            (stats.transfer_ns as f64 / 1e3 / stats.transfers.max(1) as f64).into(),
+        ),
         ("kvown_share_of_step_time", share(stats.kvown_ns).into()),
         ("model_share_of_step_time", share(stats.model_ns).into()),
         ("peak_pages_in_use", stats.peak_pages_in_use.into()),
@@ -267,10 +290,50 @@ fn summary(
     ]
 }
 
+/// What NIXL did, for the summary: bytes read, descriptors, notices, the READs' rate and the
+/// staging copies.
+fn nixl_summary(nixl: &LoopbackStats) -> Vec<(&'static str, serde_json::Value)> {
+    let link = &nixl.link;
+    vec![
+        ("nixl_reads", link.completed.into()),
+        ("nixl_failed", link.failed.into()),
+        ("nixl_bytes", link.bytes.into()),
+        ("nixl_descriptors", link.descriptors.into()),
+        ("nixl_notices", nixl.notices.into()),
+        (
+            "nixl_read_gb_per_s",
+            (link.bytes as f64 / link.busy.as_secs_f64().max(f64::MIN_POSITIVE) / 1e9).into(),
+        ),
+        (
+            "nixl_staging_us_per_read",
+            (nixl.staging.as_secs_f64() * 1e6 / link.completed.max(1) as f64).into(),
+        ),
+    ]
+}
+
+/// The server `args` ask for, and with `--transfer nixl` its link's counters.
+fn server(args: &Args, loaded: &Loaded) -> Result<(Server, Option<LoopbackCounters>), String> {
+    let model = Arc::new(loaded.model.clone());
+    let config = serve_config(args, loaded);
+    if args.transfer == Transfer::Local {
+        return Ok((Server::new(model, config).map_err(|e| e.to_string())?, None));
+    }
+    kvown_nixl::available().map_err(|e| format!("--transfer nixl: {e}"))?;
+    let mut counters = None;
+    let server = Server::with_transfer(model, config, |prefill, decode| {
+        let name = format!("kvown-candle-generate-{}", std::process::id());
+        let options = AgentOptions::default();
+        let link = NixlLoopback::new(Box::new(prefill), Box::new(decode), &name, &options)?;
+        counters = Some(link.counters());
+        Ok::<TransferLink, TransferError>(Box::new(link))
+    })
+    .map_err(|e| e.to_string())?;
+    Ok((server, counters))
+}
+
 fn run(args: &Args) -> Result<(), String> {
     let loaded = load(args)?;
-    let mut server = Server::new(Arc::new(loaded.model.clone()), serve_config(args, &loaded))
-        .map_err(|e| e.to_string())?;
+    let (mut server, nixl) = server(args, &loaded)?;
     let prompts = prompts(args, &loaded)?;
     let start = Instant::now();
     let finished = if prompts.is_empty() {
@@ -302,7 +365,10 @@ fn run(args: &Args) -> Result<(), String> {
     };
     let wall = start.elapsed();
     let stats = server.finish().map_err(|e| e.to_string())?;
-    let summary = summary(&stats, &finished, wall);
+    let mut summary = summary(&stats, &finished, wall);
+    if let Some(nixl) = &nixl {
+        summary.extend(nixl_summary(&nixl.get()));
+    }
     if args.json {
         let object: serde_json::Map<String, serde_json::Value> = summary
             .into_iter()

@@ -274,6 +274,22 @@ pub enum ServeError {
     /// A K/V transfer failed.
     #[error("K/V transfer: {0}")]
     Transfer(#[from] TransferError),
+    /// A transfer completed, but the request's K/V on the decode node is not the prefill
+    /// node's (digests of every layer's K and V rows differ).
+    #[error(
+        "K/V transfer of request {rid} ({tokens} positions) completed with other bytes than \
+         were sent: digest {received:#x} on the decode node, {sent:#x} on the prefill node"
+    )]
+    TransferCorrupt {
+        /// The request.
+        rid: u64,
+        /// Positions moved.
+        tokens: usize,
+        /// The digest of the prefill node's rows.
+        sent: u64,
+        /// The digest of the decode node's rows.
+        received: u64,
+    },
     /// The model failed.
     #[error("model: {0}")]
     Model(#[from] ModelError),

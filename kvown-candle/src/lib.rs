@@ -38,5 +38,5 @@ pub use model::{Logits, PagedLlama};
 pub use pool::TensorKvPool;
 pub use sampling::Sampling;
 pub use serve::{
-    Draft, Finished, Request, ServeConfig, ServeStats, Server, SpecConfig, StepOutput,
+    Draft, Finished, Request, ServeConfig, ServeStats, Server, SpecConfig, StepOutput, TransferLink,
 };

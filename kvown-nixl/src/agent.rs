@@ -6,7 +6,8 @@ use std::ffi::{CStr, CString, c_char, c_void};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::error::{NixlError, check};
+use crate::error::NixlError;
+use crate::ffi::check;
 use crate::ffi::{self, Api};
 use crate::library::api;
 use crate::metadata::{LoadedPeer, PeerMetadata, PoolDescriptor};

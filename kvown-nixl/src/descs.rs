@@ -1,7 +1,8 @@
 //! Descriptor lists of host memory: [`RegList`] (what to register) and [`XferList`] (what one
 //! side of a transfer covers), each destroyed on drop.
 
-use crate::error::{NixlError, check};
+use crate::error::NixlError;
+use crate::ffi::check;
 use crate::ffi::{self, Api};
 
 /// A registration descriptor list (`nixl_reg_dlist_t`) of host memory.

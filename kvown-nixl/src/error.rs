@@ -193,14 +193,3 @@ pub enum NixlError {
         detail: String,
     },
 }
-
-/// `Ok(())` for [`crate::ffi::SUCCESS`], else the typed failure of `call`.
-pub(crate) fn check(call: &'static str, code: i32) -> Result<(), NixlError> {
-    match code {
-        crate::ffi::SUCCESS => Ok(()),
-        code => Err(NixlError::Call {
-            call,
-            status: NixlStatus::from_code(code),
-        }),
-    }
-}

@@ -7,7 +7,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use libloading::Library;
 
-use crate::error::Unavailable;
+use crate::error::{NixlError, NixlStatus, Unavailable};
 
 /// `nixl_capi_status_t`: 0 is success, 1 "in progress", negative values are errors.
 pub(crate) type Status = c_int;
@@ -15,6 +15,17 @@ pub(crate) type Status = c_int;
 pub(crate) const SUCCESS: Status = 0;
 /// `NIXL_CAPI_IN_PROG`.
 pub(crate) const IN_PROG: Status = 1;
+
+/// `Ok(())` for [`SUCCESS`], else the typed failure of `call`.
+pub(crate) fn check(call: &'static str, code: i32) -> Result<(), NixlError> {
+    match code {
+        SUCCESS => Ok(()),
+        code => Err(NixlError::Call {
+            call,
+            status: NixlStatus::from_code(code),
+        }),
+    }
+}
 
 /// `nixl_capi_mem_type_t`'s `NIXL_CAPI_MEM_DRAM`: host memory.
 pub(crate) const MEM_DRAM: c_int = 0;

@@ -20,6 +20,9 @@
 //!   deadline after which it is cancelled.
 //! * [`Holds`]: the prefill node keeps each computed request until the READ's notice arrives,
 //!   its deadline passes or the decode node is lost, then releases it.
+//! * [`NixlLoopback`]: both nodes in one process, two agents, each side's pool (any `KvPool`,
+//!   a model's candle tensors say) staged through a registered host pool: the NIXL twin of
+//!   kvown's `LocalTransfer`.
 //!
 //! ```no_run
 //! use kvown_nixl::{Agent, NixlTransfer, PeerMetadata, RegisteredPool};
@@ -49,6 +52,7 @@ mod descs;
 mod error;
 mod ffi;
 mod library;
+mod loopback;
 mod metadata;
 mod notices;
 mod prealloc;
@@ -60,6 +64,7 @@ mod transfer;
 pub use agent::{Agent, AgentOptions, Notification};
 pub use error::{NixlError, NixlStatus, Unavailable};
 pub use library::{NIXL_VERSION, available};
+pub use loopback::{LoopbackCounters, LoopbackStats, NixlLoopback};
 pub use metadata::{LoadedPeer, PeerMetadata, PoolDescriptor};
 pub use notices::{Holds, Released, notice, parse_notice};
 pub use prealloc::{Prealloc, prealloc_or_wait};

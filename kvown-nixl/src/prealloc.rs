@@ -5,6 +5,7 @@ use kvown_runtime::alloc::KvAllocator;
 use kvown_runtime::batch::{Req, TransferTicket, prealloc_for_transfer, release_kv_cache};
 use kvown_runtime::cache::{KvCache, TableMirror};
 use kvown_runtime::error::KvError;
+use kvown_runtime::error::OutOfMemory;
 use kvown_runtime::radix::TreePos;
 
 /// What to do with a request the prefill node computed.
@@ -54,9 +55,8 @@ pub fn prealloc_or_wait<A: KvAllocator, M: TableMirror>(
     }
     let capacity = cache.allocator().capacity();
     let curable = match &error {
-        KvError::OutOfMemory { requested, .. } | KvError::FreeGroupOpen { requested, .. } => {
-            *requested <= capacity
-        }
+        KvError::OutOfMemory(OutOfMemory { requested, .. })
+        | KvError::FreeGroupOpen { requested, .. } => *requested <= capacity,
         KvError::OutOfRows { .. } => true,
         _ => false,
     };
@@ -112,7 +112,7 @@ mod tests {
         else {
             panic!("a curable shortage waits");
         };
-        assert!(matches!(error, KvError::OutOfMemory { .. }), "{error}");
+        assert!(matches!(error, KvError::OutOfMemory(_)), "{error}");
         assert!(!waiting.kv().holds_kv() && waiting.last_node() == TreePos::ROOT);
         cache.check([ticket.req()]).unwrap();
         // 40 slots never fit a pool of 16.
@@ -120,7 +120,9 @@ mod tests {
         let Prealloc::Reject { req, error } = prealloc_or_wait(huge, &mut cache) else {
             panic!("a request past the pool is rejected");
         };
-        assert!(matches!(error, KvError::OutOfMemory { requested, .. } if requested > 16));
+        assert!(
+            matches!(error, KvError::OutOfMemory(OutOfMemory { requested, .. }) if requested > 16)
+        );
         assert!(!req.kv().holds_kv());
         // The waiting request, matched again, fits once the first is gone.
         cancel_transfer(ticket, &mut cache).unwrap();

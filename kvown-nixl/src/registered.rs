@@ -11,7 +11,8 @@ use kvown_runtime::kv::{
 
 use crate::agent::{Agent, AgentInner};
 use crate::descs::RegList;
-use crate::error::{NixlError, check};
+use crate::error::NixlError;
+use crate::ffi::check;
 use crate::metadata::PoolDescriptor;
 
 /// A host pool ([`HostKvPool`]) registered with an agent (`nixl_capi_register_mem`, one region

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use crate::agent::{AgentInner, OptArgs};
 use crate::descs::XferList;
-use crate::error::{NixlError, NixlStatus, check};
+use crate::error::{NixlError, NixlStatus};
 use crate::ffi;
+use crate::ffi::check;
 
 /// Where a request stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -334,8 +334,7 @@ impl KvTransfer for NixlTransfer {
     /// [`NixlTransfer::submit_tagged`] with the transfer's own id as its tag.
     fn submit(&mut self, src: &[KvSlot], dst: &[KvSlot]) -> Result<TransferId, TransferError> {
         let tag = self.next_id;
-        self.submit_tagged(src, dst, Some(tag))
-            .map_err(into_transfer_error)
+        Ok(self.submit_tagged(src, dst, Some(tag))?)
     }
 
     fn poll(&mut self, done: &mut Vec<(TransferId, Result<(), TransferError>)>) {
@@ -344,17 +343,19 @@ impl KvTransfer for NixlTransfer {
         done.extend(
             outcomes
                 .into_iter()
-                .map(|(id, outcome)| (id, outcome.map_err(into_transfer_error))),
+                .map(|(id, outcome)| (id, outcome.map_err(TransferError::from))),
         );
     }
 }
 
-/// The runtime's transfer error for `error`: its own variants where they exist, the message
+/// The runtime's transfer error for a NIXL one: its own variants where they exist, the message
 /// otherwise.
-fn into_transfer_error(error: NixlError) -> TransferError {
-    match error {
-        NixlError::LengthMismatch { src, dst } => TransferError::LengthMismatch { src, dst },
-        NixlError::PoolMismatch { detail } => TransferError::PoolMismatch { detail },
-        other => TransferError::Failed(other.to_string()),
+impl From<NixlError> for TransferError {
+    fn from(error: NixlError) -> TransferError {
+        match error {
+            NixlError::LengthMismatch { src, dst } => TransferError::LengthMismatch { src, dst },
+            NixlError::PoolMismatch { detail } => TransferError::PoolMismatch { detail },
+            other => TransferError::Failed(other.to_string()),
+        }
     }
 }

@@ -4,6 +4,7 @@
 use crate::alloc::AllocError;
 use crate::ids::CacheId;
 use crate::radix::RadixError;
+pub use crate::shared_error::{OutOfMemory, PageOutOfRange, PageSizeMismatch};
 use crate::slots::SlotError;
 
 /// Why an operation of the batch flow failed. The operation changed nothing: no slot, row,
@@ -15,19 +16,11 @@ use crate::slots::SlotError;
 /// began releasing, keeps the releases it made (and says which requests they were).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KvError {
-    /// Not enough KV slots even after evicting every unlocked prefix-cache entry.
-    #[error(
-        "out of KV memory: requested {requested} slots, {available} free and {evictable} \
-         evictable from the prefix cache; lower the batch size, retract requests or enlarge the pool"
-    )]
-    OutOfMemory {
-        /// Slots the call needs in new pages.
-        requested: usize,
-        /// Slots free now.
-        available: usize,
-        /// Slots the prefix cache could free by eviction.
-        evictable: usize,
-    },
+    /// Not enough KV slots even after evicting every unlocked prefix-cache entry, or an
+    /// allocator refused the slots the batch flow made room for (`evictable` 0): every
+    /// out-of-memory of the batch flow, the allocator's included, is this one.
+    #[error(transparent)]
+    OutOfMemory(OutOfMemory),
     /// Room for `requested` slots must come from frees (evicting the prefix cache, or a
     /// retraction's releases), but a free group is open: what it frees stays deferred, and
     /// unavailable, until the group commits.
@@ -198,21 +191,69 @@ pub enum KvError {
         /// Entries given.
         got: usize,
     },
-    /// The allocator, request pool and prefix cache disagree on the page size.
-    #[error("page sizes differ: allocator {allocator}, prefix cache {cache}")]
-    PageSizeMismatch {
-        /// The allocator's page size.
-        allocator: usize,
-        /// The prefix cache's page size.
-        cache: usize,
-    },
-    /// The slot allocator rejected a call (an internal inconsistency when reached here).
+    /// The allocator and the prefix cache disagree on the page size (the prefix cache's own
+    /// refusal included).
     #[error(transparent)]
-    Alloc(#[from] AllocError),
+    PageSizeMismatch(PageSizeMismatch),
+    /// The slot allocator rejected a call (an internal inconsistency when reached here); its
+    /// out-of-memory is [`KvError::OutOfMemory`].
+    #[error(transparent)]
+    Alloc(AllocError),
     /// The request pool rejected a call.
     #[error(transparent)]
     Slot(#[from] SlotError),
-    /// The prefix cache rejected a call.
+    /// The prefix cache rejected a call; its page-size refusal is [`KvError::PageSizeMismatch`].
     #[error(transparent)]
-    Radix(#[from] RadixError),
+    Radix(RadixError),
+}
+
+/// The shared refusals go to their one variant, whichever layer made them.
+impl From<AllocError> for KvError {
+    fn from(error: AllocError) -> Self {
+        match error {
+            AllocError::OutOfMemory(memory) => KvError::OutOfMemory(memory),
+            error => KvError::Alloc(error),
+        }
+    }
+}
+
+/// The shared refusals go to their one variant, whichever layer made them.
+impl From<RadixError> for KvError {
+    fn from(error: RadixError) -> Self {
+        match error {
+            RadixError::PageSizeMismatch(mismatch) => KvError::PageSizeMismatch(mismatch),
+            error => KvError::Radix(error),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_refusal_from_a_wrapped_layer_is_its_one_variant() {
+        let memory = OutOfMemory {
+            requested: 8,
+            available: 4,
+            evictable: 0,
+        };
+        assert_eq!(
+            KvError::from(AllocError::OutOfMemory(memory)),
+            KvError::OutOfMemory(memory)
+        );
+        let mismatch = PageSizeMismatch {
+            allocator: 4,
+            cache: 16,
+        };
+        assert_eq!(
+            KvError::from(RadixError::PageSizeMismatch(mismatch)),
+            KvError::PageSizeMismatch(mismatch)
+        );
+        let rest = AllocError::UnalignedAlloc {
+            num_tokens: 3,
+            page_size: 4,
+        };
+        assert_eq!(KvError::from(rest.clone()), KvError::Alloc(rest));
+    }
 }

@@ -33,3 +33,7 @@ pub type KvSlot = u32;
 
 /// Index of one page of `page_size` consecutive slots. Page 0 is padding.
 pub type PageId = u32;
+
+/// Index of a row of the request-to-token table (sglang `req_pool_idx`). A plain index so it can
+/// go into batch index tensors as is; the pool validates every row it is given. Row 0 is padding.
+pub type ReqRow = usize;

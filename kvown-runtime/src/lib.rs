@@ -3,7 +3,8 @@
 //!
 //! The allocator follows sglang's KV-cache bookkeeping (target state after sglang #37085). The
 //! modules read as floors, each importing only those below it (the owner links of
-//! `#[owned_by]` aside, see `tests/module_layout.rs`):
+//! `#[owned_by]` aside, see the workspace's
+//! `tests/it/module_layout.rs`):
 //! * [`check`]: the invariant checker, and giving back what dropped requests leaked;
 //! * [`batch`]: a request's whole life: the request and its ladder in guarded fields, and the
 //!   functions that own it (admit, extend, decode, speculative decode, register with the prefix
@@ -12,7 +13,9 @@
 //! * [`error`];
 //! * [`radix`] (prefix cache) and [`kv`] (K/V data pools);
 //! * [`alloc`] (token and paged slot allocators);
-//! * [`slots`] (request-to-token table) and [`ownership`] (the audit register of guarded fields);
+//! * [`slots`] (request-to-token table), [`ownership`] (the audit register of guarded fields),
+//!   and the refusals every layer shares ([`error::PageOutOfRange`], [`error::OutOfMemory`],
+//!   [`error::PageSizeMismatch`], defined once beneath the errors that wrap them);
 //! * [`ids`].
 //!
 //! # A request's life
@@ -105,6 +108,7 @@ pub mod error;
 pub mod ids;
 pub mod kv;
 pub mod radix;
+mod shared_error;
 pub mod slots;
 
 /// The audit register of guarded fields, from `kvown-ownership`: it lists this crate's ownership

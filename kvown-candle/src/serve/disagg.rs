@@ -1,10 +1,13 @@
-//! Disaggregated serving in one process: a prefill node (its own allocator, prefix cache and
-//! pool) computes each admitted prompt, this node preallocates the request's row and slots
+//! Disaggregated serving: a prefill node (its own allocator, prefix cache and pool) computes
+//! each admitted prompt, this node preallocates the request's row and slots
 //! (`prealloc_for_transfer`), the K/V moves through kvown's `KvTransfer` (a `LocalTransfer`
-//! between the two pools), and the request is committed and decoded here.
+//! between the two pools by default, any other link through [`Server::with_transfer`]), its
+//! digest is checked on both nodes, and the request is committed and decoded here.
+
+use std::ops::Range;
 
 use kvown_runtime::batch::{
-    Req, ScheduleBatch, alloc_for_extend, commit_transfer, init_next_round_input,
+    Req, ScheduleBatch, alloc_for_extend, cancel_transfer, commit_transfer, init_next_round_input,
     prealloc_for_transfer, prepare_for_extend, release_kv_cache,
 };
 use kvown_runtime::kv::{KvTransfer, LocalTransfer, TransferError};
@@ -15,27 +18,63 @@ use crate::forward_batch::ForwardBatch;
 use crate::model::PagedLlama;
 use crate::pool::TensorKvPool;
 
+/// The link a disaggregated server moves K/V through, made from handles on the prefill node's
+/// pool (the source) and this node's (the destination). It must end every transfer it accepts
+/// (with an outcome from `poll`): the server polls until it does.
+pub type TransferLink = Box<dyn KvTransfer + Send>;
+
+/// The default link: a `LocalTransfer` copying between the two pools.
+pub(super) fn local_link(
+    prefill: TensorKvPool,
+    decode: TensorKvPool,
+) -> Result<TransferLink, TransferError> {
+    Ok(Box::new(LocalTransfer::new(
+        Box::new(prefill),
+        Box::new(decode),
+    )?))
+}
+
 /// The prefill node and its link to the decode node's pool.
-#[derive(Debug)]
 pub(super) struct PrefillNode {
     pub(super) node: Node,
-    link: LocalTransfer,
+    link: TransferLink,
+}
+
+impl std::fmt::Debug for PrefillNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrefillNode")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PrefillNode {
-    /// A prefill node with twice the decode node's slots, linked to `decode_pool`.
+    /// A prefill node with twice the decode node's slots, linked to `decode_pool` by `link`.
     pub(super) fn new(
         model: &PagedLlama,
         config: &ServeConfig,
         decode_pool: &TensorKvPool,
+        link: impl FnOnce(TensorKvPool, TensorKvPool) -> Result<TransferLink, TransferError>,
     ) -> Result<PrefillNode, ServeError> {
         let node = Node::new(model, config, 2 * config.pool_tokens, config.max_running)?;
-        let link = LocalTransfer::new(Box::new(node.pool.share()), Box::new(decode_pool.share()))?;
+        let link = link(node.pool.share(), decode_pool.share())?;
         Ok(PrefillNode { node, link })
     }
 
-    /// Moves the K/V of `src` (this node's slots) to `dst` (the decode node's) and waits for
-    /// the transfer.
+    /// This node's slots of `positions` of `remote`.
+    fn source_slots(&self, remote: &Req, positions: Range<usize>) -> Result<Vec<u32>, ServeError> {
+        let row = remote.held_row()?;
+        let slots = self
+            .node
+            .cache
+            .req_to_token()
+            .row(row)
+            .map_err(|error| ServeError::Kv(error.into()))?;
+        Ok(slots[positions].to_vec())
+    }
+
+    /// Moves the K/V of `src` (this node's slots) to `dst` (the decode node's) and polls until
+    /// the transfer ends.
     fn send(&mut self, src: &[u32], dst: &[u32]) -> Result<(), ServeError> {
         let id = self.link.submit(src, dst)?;
         let mut done = Vec::new();
@@ -45,10 +84,28 @@ impl PrefillNode {
                 let (_, outcome) = done.swap_remove(index);
                 return Ok(outcome?);
             }
-            if done.is_empty() {
-                return Err(TransferError::Failed(format!("transfer {id:?} never ended")).into());
-            }
+            std::thread::yield_now();
         }
+    }
+
+    /// Checks that the decode node's rows `dst` of `decode` hash as this node's `src`.
+    fn check_digest(
+        &self,
+        rid: u64,
+        src: &[u32],
+        dst: &[u32],
+        decode: &TensorKvPool,
+    ) -> Result<(), ServeError> {
+        let (sent, received) = (self.node.pool.digest(src)?, decode.digest(dst)?);
+        if sent != received {
+            return Err(ServeError::TransferCorrupt {
+                rid,
+                tokens: src.len(),
+                sent,
+                received,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -94,31 +151,61 @@ impl Server {
         let logits = timed(&mut self.stats.model_ns, || {
             self.model.forward(&forward, &mut prefill.node.pool)
         })?;
+        // After a failure the rest of the batch is not moved (the error stops the server), but
+        // every request's slots on the prefill node are still given back.
+        let mut failed = None;
         for (index, (mut req, mut remote)) in
             admitted.into_iter().zip(batch.into_reqs()).enumerate()
         {
-            let position = req.fill_ids().len() - 1;
-            let token = self.sample(&req, position, logits.last(index), out);
-            req.push_output(token);
-            let ticket = timed(&mut ns, || prealloc_for_transfer(req, &mut self.node.cache))
-                .map_err(|failure| failure.error)?;
-            let row = remote.held_row()?;
-            let src = prefill
-                .node
-                .cache
-                .req_to_token()
-                .row(row)
-                .map_err(|error| ServeError::Kv(error.into()))?[ticket.positions()]
-            .to_vec();
-            prefill.send(&src, ticket.destination())?;
+            if failed.is_none() {
+                let position = req.fill_ids().len() - 1;
+                let token = self.sample(&req, position, logits.last(index), out);
+                req.push_output(token);
+                failed = self.receive(prefill, req, &remote, &mut ns).err();
+            }
             timed(&mut ns, || {
                 release_kv_cache(&mut remote, &mut prefill.node.cache, true)
             })?;
-            let req = timed(&mut ns, || commit_transfer(ticket));
-            self.stats.transfers += 1;
-            self.running.extend_reqs([req]);
         }
         self.stats.kvown_ns += ns;
-        Ok(())
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Preallocates `req` here, moves the K/V of the positions this node lacks from `remote`'s
+    /// slots on the prefill node, checks it and commits the request into the running batch. A
+    /// failed or corrupt transfer cancels the preallocation: nothing of `req` stays here.
+    fn receive(
+        &mut self,
+        prefill: &mut PrefillNode,
+        req: Req,
+        remote: &Req,
+        ns: &mut u64,
+    ) -> Result<(), ServeError> {
+        let rid = req.rid();
+        let ticket = timed(ns, || prealloc_for_transfer(req, &mut self.node.cache))
+            .map_err(|failure| failure.error)?;
+        let moved = prefill
+            .source_slots(remote, ticket.positions())
+            .and_then(|src| {
+                let dst = ticket.destination();
+                timed(&mut self.stats.transfer_ns, || prefill.send(&src, dst))?;
+                prefill.check_digest(rid, &src, dst, &self.node.pool)?;
+                Ok(src.len())
+            });
+        match moved {
+            Ok(tokens) => {
+                let req = timed(ns, || commit_transfer(ticket));
+                self.stats.transfers += 1;
+                self.stats.transferred_tokens += tokens as u64;
+                self.stats.checksums_matched += 1;
+                self.running.extend_reqs([req]);
+                Ok(())
+            }
+            Err(error) => {
+                timed(ns, || cancel_transfer(ticket, &mut self.node.cache))
+                    .map_err(|failure| failure.error)?;
+                Err(error)
+            }
+        }
     }
 }

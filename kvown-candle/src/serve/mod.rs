@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use kvown_runtime::alloc::{KvAllocator, PagedAllocator, ceil_align};
 use kvown_runtime::batch::{Req, ScheduleBatch};
 use kvown_runtime::cache::{KvCache, TreeCache};
-use kvown_runtime::kv::KvDtype;
+use kvown_runtime::kv::{KvDtype, TransferError};
 use kvown_runtime::radix::{CacheEvent, EvictionPolicy, RadixCache, RadixConfig};
 use kvown_runtime::slots::ReqToTokenPool;
 
@@ -29,7 +29,8 @@ use crate::forward_batch::ForwardBatch;
 use crate::model::PagedLlama;
 use crate::pool::TensorKvPool;
 use crate::sampling::Sampling;
-use disagg::PrefillNode;
+pub use disagg::TransferLink;
+use disagg::{PrefillNode, local_link};
 #[cfg(feature = "fault-injection")]
 pub use fault::Fault;
 
@@ -83,7 +84,9 @@ pub struct ServeConfig {
     /// Speculative decoding, when set.
     pub spec: Option<SpecConfig>,
     /// Compute prompts on a prefill node (its own allocator, prefix cache and pool, twice this
-    /// pool's size) and move their K/V into this node's pool through a `LocalTransfer`.
+    /// pool's size) and move their K/V into this node's pool through a `LocalTransfer` (or the
+    /// link given to [`Server::with_transfer`]), checking a digest of each request's K/V on
+    /// both nodes.
     pub disaggregated: bool,
     /// Token choice.
     pub sampling: Sampling,
@@ -238,6 +241,13 @@ pub struct ServeStats {
     pub spec_accepted: u64,
     /// Prompts whose K/V moved from the prefill node.
     pub transfers: u64,
+    /// Positions whose K/V moved (the decode node's prefix cache held the rest).
+    pub transferred_tokens: u64,
+    /// Transfers whose K/V digest on the decode node equals the prefill node's (every one of
+    /// them: a difference stops the server).
+    pub checksums_matched: u64,
+    /// Nanoseconds moving K/V: from each transfer's submit to the poll that saw it end.
+    pub transfer_ns: u64,
     /// Nanoseconds in kvown: the batch flow's calls and reading the table into forward batches.
     pub kvown_ns: u64,
     /// Nanoseconds in the model's forward passes.
@@ -368,10 +378,37 @@ impl Server {
     /// [`ServeError::Config`] for sizes that cannot work; [`ServeError::Pool`] when the pool
     /// cannot be allocated.
     pub fn new(model: Arc<PagedLlama>, config: ServeConfig) -> Result<Server, ServeError> {
+        Server::build(model, config, local_link)
+    }
+
+    /// A disaggregated server of `model` whose K/V moves through the link `link` makes from
+    /// handles on the prefill node's pool and this node's (a NIXL one, say, from kvown-nixl).
+    ///
+    /// # Errors
+    /// As [`Server::new`]; [`ServeError::Config`] unless `config.disaggregated`;
+    /// [`ServeError::Transfer`] with `link`'s own error.
+    pub fn with_transfer(
+        model: Arc<PagedLlama>,
+        config: ServeConfig,
+        link: impl FnOnce(TensorKvPool, TensorKvPool) -> Result<TransferLink, TransferError>,
+    ) -> Result<Server, ServeError> {
+        if !config.disaggregated {
+            return Err(ServeError::Config(
+                "a transfer link serves a disaggregated server: set disaggregated".into(),
+            ));
+        }
+        Server::build(model, config, link)
+    }
+
+    fn build(
+        model: Arc<PagedLlama>,
+        config: ServeConfig,
+        link: impl FnOnce(TensorKvPool, TensorKvPool) -> Result<TransferLink, TransferError>,
+    ) -> Result<Server, ServeError> {
         config.validate()?;
         let node = Node::new(&model, &config, config.pool_tokens, config.max_running)?;
         let prefill = match config.disaggregated {
-            true => Some(PrefillNode::new(&model, &config, &node.pool)?),
+            true => Some(PrefillNode::new(&model, &config, &node.pool, link)?),
             false => None,
         };
         Ok(Server {

@@ -6,6 +6,7 @@ mod differential;
 mod fixture;
 mod harness;
 mod mutation;
+mod nixl;
 mod oracle;
 #[cfg(feature = "tokenizers")]
 mod text;

@@ -4,8 +4,10 @@
 //!   every byte compared after every step), on seeded random batches;
 //! * `staging`: the staged mirror's device table and `out_cache_loc` against the host's under the
 //!   runtime's batch flow;
-//! * `nvrtc_compile`: every kernel source compiles with NVRTC, without warnings;
-//! * `module_layout`: the crate's modules import one another without a cycle.
+//! * `nvrtc_compile`: every kernel source compiles with NVRTC, without warnings.
+//!
+//! (No import cycle between its modules: the workspace's `tests/it/module_layout.rs` checks
+//! every crate.)
 //!
 //! The GPU tests run only where a CUDA device works; elsewhere each prints `skipped: <reason>`
 //! and passes. The same scenarios also run against the kernels compiled as host C++
@@ -14,7 +16,6 @@
 
 mod emulator;
 mod kv_pool;
-mod module_layout;
 mod nvrtc_compile;
 mod staging;
 

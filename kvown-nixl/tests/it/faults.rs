@@ -10,6 +10,7 @@ use kvown_nixl::{
 use kvown_runtime::batch::init_next_round_input;
 use kvown_runtime::batch::{Req, TransferTicket, cancel_transfer, commit_transfer};
 use kvown_runtime::error::KvError;
+use kvown_runtime::error::OutOfMemory;
 
 use crate::agent_name;
 use crate::nodes::{Geometry, Node, digest, prompts};
@@ -294,7 +295,7 @@ pub fn decode_out_of_slots_waits_or_rejects() -> Result<(), String> {
     match prealloc(&mut decode, 2, &second, &waiting)? {
         Prealloc::Wait {
             req,
-            error: KvError::OutOfMemory { .. },
+            error: KvError::OutOfMemory(_),
         } if !req.kv().holds_kv() => {}
         other => return Err(format!("expected Wait(OutOfMemory), got {other:?}")),
     }
@@ -311,7 +312,7 @@ pub fn decode_out_of_slots_waits_or_rejects() -> Result<(), String> {
     match prealloc(&mut decode, 3, &huge, &never)? {
         Prealloc::Reject {
             req,
-            error: KvError::OutOfMemory { requested, .. },
+            error: KvError::OutOfMemory(OutOfMemory { requested, .. }),
         } if !req.kv().holds_kv() && requested > 48 => {}
         other => return Err(format!("expected Reject(OutOfMemory), got {other:?}")),
     }

@@ -1,11 +1,12 @@
-//! kvown-nixl's integration tests: two processes on loopback moving K/V through NIXL, and the
-//! faults a pair of nodes must survive. The binary is also the peer process of those tests
+//! kvown-nixl's integration tests: two processes on loopback moving K/V through NIXL, the
+//! faults a pair of nodes must survive, and two agents of one process (`NixlLoopback`). The binary is also the peer process of those tests
 //! (`peer`), so it runs libtest's interface through `libtest-mimic` (`harness = false`).
 //!
 //! Without NIXL's library the tests are reported ignored, with the reason; with
 //! `KVOWN_NIXL_REQUIRED=1` (CI) they run and fail with it.
 
 mod faults;
+mod in_process;
 mod loopback;
 mod nodes;
 mod peer;
@@ -28,6 +29,14 @@ const TESTS: &[(&str, Test)] = &[
     (
         "loopback::a_prompt_cached_whole_on_the_decode_node_moves_nothing_and_frees_the_source",
         loopback::a_prompt_cached_whole_on_the_decode_node_moves_nothing_and_frees_the_source,
+    ),
+    (
+        "in_process::rows_staged_through_two_agents_arrive_whole",
+        in_process::rows_staged_through_two_agents_arrive_whole,
+    ),
+    (
+        "in_process::a_refused_submit_posts_nothing",
+        in_process::a_refused_submit_posts_nothing,
     ),
     (
         "faults::decode_killed_mid_transfer_leaves_the_prefill_node_whole",

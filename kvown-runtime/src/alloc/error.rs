@@ -2,23 +2,15 @@
 //! found by `check()` ([`InvariantViolation`]).
 
 use super::{KvSlot, PageId, PageState};
+use crate::shared_error::{OutOfMemory, PageOutOfRange};
 
 /// Why an allocator call was rejected. The allocator is unchanged after any of these.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AllocError {
-    /// Not enough free slots. Both numbers are in slots (whole pages × page size); the caller
-    /// adds the prefix cache's evictable size to `available` and evicts the difference.
-    #[error(
-        "out of KV memory: requested {requested} slots, {available} available; evict at least \
-         {} slots from the prefix cache or lower the batch size",
-        .requested.saturating_sub(*.available)
-    )]
-    OutOfMemory {
-        /// Slots the call needs in new pages.
-        requested: usize,
-        /// Slots free now (free and release lists; deferred frees excluded).
-        available: usize,
-    },
+    /// Not enough free slots: the caller adds the prefix cache's evictable size to
+    /// `available` and evicts the difference.
+    #[error(transparent)]
+    OutOfMemory(OutOfMemory),
     /// `alloc` takes whole pages only.
     #[error(
         "cannot allocate {num_tokens} slots: not a multiple of the page size {page_size} \
@@ -41,14 +33,11 @@ pub enum AllocError {
     /// `free_page_ids` named a page that no allocation hands out: page 0 (padding) or one beyond
     /// the last page.
     #[error(
-        "page {page} is not an allocatable page: pages are 1..={num_pages} (page 0 is padding)"
+        "page {} is not an allocatable page: pages are 1..{} (page 0 is padding)",
+        .0.page,
+        .0.pages
     )]
-    PageOutOfRange {
-        /// The offending page.
-        page: PageId,
-        /// Pages of this allocator.
-        num_pages: usize,
-    },
+    PageOutOfRange(PageOutOfRange),
     /// A slot of page 0, the padding page, which is never allocated.
     #[error(
         "slot {slot} lies in the reserved padding page (slots 0..{page_size}) and is never allocated"
@@ -295,15 +284,13 @@ pub enum InvariantViolation {
         /// Its state.
         state: PageState,
     },
-    /// A list holds a page id outside `1..=num_pages`.
-    #[error("the {list} list holds page {page}, outside 1..={num_pages}")]
+    /// A list holds a page id outside `1..pages`.
+    #[error("the {list} list holds a page outside 1..{}: {range}", .range.pages)]
     PageOutOfRange {
         /// `"free"`, `"release"` or `"deferred"`.
         list: &'static str,
-        /// The page id found.
-        page: PageId,
-        /// Pages the allocator manages.
-        num_pages: usize,
+        /// The page id found, and the pages there are.
+        range: PageOutOfRange,
     },
     /// A page appears twice across the free, release and deferred lists.
     #[error("page {page} appears more than once (second time in the {list} list)")]

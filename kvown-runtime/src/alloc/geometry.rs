@@ -5,6 +5,21 @@ use super::{KvSlot, PageId};
 /// The page size of one allocator and the arithmetic that maps slots and positions to pages:
 /// shifts and masks when the page size is a power of two, division otherwise. Public so that a
 /// device backend planning the same allocations uses the same arithmetic.
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::alloc::PageGeometry;
+///
+/// for page_size in [4, 6] { // a power of two (shifts) and not (division): the same answers
+///     let geometry = PageGeometry::new(page_size);
+///     assert_eq!(geometry.page_size(), page_size);
+///     assert_eq!(geometry.page_of(geometry.first_slot(3) + 1), 3);
+///     assert_eq!(geometry.offset(page_size + 1), 1);
+///     assert_eq!(geometry.whole_pages(2 * page_size + 1), 2);
+///     assert_eq!(geometry.pages_for(2 * page_size + 1), 3);
+/// }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageGeometry {
     page_size: usize,

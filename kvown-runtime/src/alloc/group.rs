@@ -63,6 +63,12 @@ impl<A: KvAllocator + ?Sized> Deferring for A {
 ///     assert_eq!(group.available_size(), 2 * 4);
 /// } // dropped: committed
 /// assert_eq!(allocator.available_size(), 4 * 4);
+/// slots.clear();
+/// allocator.alloc(4, &mut slots)?;
+/// let mut group = allocator.free_group()?;
+/// group.free(&slots)?;
+/// group.commit(); // or explicitly
+/// assert_eq!(allocator.available_size(), 4 * 4);
 /// # Ok::<(), AllocError>(())
 /// ```
 #[derive(Debug)]

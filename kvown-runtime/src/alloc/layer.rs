@@ -14,7 +14,7 @@ use super::{
 ///
 /// ```
 /// use kvown_runtime::alloc::{AllocError, AllocatorLayer, FreeOrder, PageId, PagedAllocator};
-/// use kvown_runtime::alloc::{KvAllocator, SlotCalls};
+/// use kvown_runtime::alloc::{DecodeShape, ExtendShape, KvAllocator, SlotCalls};
 ///
 /// /// Counts the pages freed, every free passing on.
 /// struct Counted(PagedAllocator, usize);
@@ -35,6 +35,16 @@ use super::{
 /// counted.alloc(8, &mut slots)?;
 /// counted.free(&slots)?; // a slot-level free, through the layer's page free
 /// assert_eq!((counted.1, counted.available_size()), (2, 16));
+/// // The calls the layer does not change reach the inner allocator.
+/// let mut pages = Vec::new();
+/// KvAllocator::alloc_page_ids(&mut counted, 1, &mut pages)?;
+/// assert!(counted.inner().is_page_allocated(pages[0]));
+/// let mut slots = Vec::new();
+/// let prompt = ExtendShape { prefix_len: 0, seq_len: 3, last_loc: None };
+/// KvAllocator::alloc_extend(&mut counted, &[prompt], &mut slots)?;
+/// let step = DecodeShape { seq_len: 4, last_loc: slots[2] };
+/// KvAllocator::alloc_decode(&mut counted, &[step], &mut slots)?;
+/// assert_eq!(counted.available_size(), 16 - 2 * 4);
 /// # Ok::<(), AllocError>(())
 /// ```
 pub trait AllocatorLayer {

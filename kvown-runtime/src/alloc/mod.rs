@@ -5,7 +5,7 @@
 //!
 //! Every fallible call is transactional: on `Err` the allocator is as before the call, with one
 //! exception that changes no ownership: in `need_sort` mode a call answered out of memory keeps
-//! the merge of the release list it made first, as sglang's does.
+//! the merge of the release list it made first (`docs/design.md`, sglang's rules by topic).
 //!
 //! [`KvAllocator`] is what an allocator is: its sizes, the batched extend and decode, whole pages
 //! by id, and free groups. The slot-level calls (`alloc`, `free`, `free_segment`,
@@ -94,6 +94,14 @@ use crate::slots::ReqRow;
 /// # Panics
 /// If `page_size` is 0, or (in debug builds; release builds wrap) if the result exceeds
 /// `usize::MAX`.
+///
+/// # Examples
+///
+/// ```
+/// # use kvown_runtime::alloc::ceil_align;
+/// assert_eq!(ceil_align(10, 4), 12);
+/// assert_eq!(ceil_align(12, 4), 12);
+/// ```
 #[inline]
 pub const fn ceil_align(n: usize, page_size: usize) -> usize {
     n.div_ceil(page_size) * page_size
@@ -103,6 +111,14 @@ pub const fn ceil_align(n: usize, page_size: usize) -> usize {
 ///
 /// # Panics
 /// If `page_size` is 0.
+///
+/// # Examples
+///
+/// ```
+/// # use kvown_runtime::alloc::floor_align;
+/// assert_eq!(floor_align(10, 4), 8);
+/// assert_eq!(floor_align(3, 4), 0);
+/// ```
 #[inline]
 pub const fn floor_align(n: usize, page_size: usize) -> usize {
     n / page_size * page_size
@@ -163,8 +179,31 @@ pub enum FreeOrder<'a> {
 /// untouched on error. Implement it for a new allocator; to change some calls of an existing
 /// one, implement [`AllocatorLayer`] instead.
 ///
+/// # Examples
+///
 /// ```
-/// use kvown_runtime::alloc::{FreeOrder, KvAllocator, PagedAllocator, SlotCalls};
+/// use kvown_runtime::alloc::{DecodeShape, ExtendShape, FreeOrder, KvAllocator, PagedAllocator};
+///
+/// let mut allocator = PagedAllocator::new(32, 4, false)?; // pages 1..=8 of 4 slots
+/// assert_eq!((allocator.page_size(), allocator.capacity()), (4, 32));
+/// let mut slots = Vec::new();
+/// let prompt = ExtendShape { prefix_len: 0, seq_len: 3, last_loc: None };
+/// allocator.alloc_extend(&[prompt], &mut slots)?; // 3 slots of one page
+/// allocator.alloc_decode(&[DecodeShape { seq_len: 4, last_loc: slots[2] }], &mut slots)?;
+/// assert_eq!(slots, [4, 5, 6, 7], "page 1, filled in order");
+/// let mut pages = Vec::new();
+/// allocator.alloc_page_ids(2, &mut pages)?;
+/// assert_eq!(allocator.available_size(), 5 * 4);
+/// allocator.free_page_ids(&pages, FreeOrder::Given)?;
+/// assert!(allocator.free_page_ids(&pages, FreeOrder::Given).is_err(), "a double free");
+/// assert_eq!(allocator.available_size(), 7 * 4);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// A free group defers frees until its guard commits:
+///
+/// ```
+/// use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
 ///
 /// let mut allocator = PagedAllocator::new(32, 4, false)?;
 /// let mut slots = Vec::new();
@@ -244,6 +283,17 @@ pub trait KvAllocator {
 /// An allocator whose bookkeeping is a host [`PageAllocator`]: the allocator itself, or a layer
 /// over it ([`AllocatorLayer`], whose inner allocator's is read). The invariant checker
 /// ([`KvCache::check`](crate::cache::KvCache::check)) reads that state.
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::alloc::{AsPageAllocator, KvAllocator, PagedAllocator};
+///
+/// let allocator = PagedAllocator::new(32, 4, false)?;
+/// let host = allocator.page_allocator(); // itself here; a layer's inner allocator otherwise
+/// assert_eq!(host.num_pages(), 8);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub trait AsPageAllocator {
     /// The reuse order of the host allocator.
     type Order: ReuseOrder;

@@ -1,6 +1,15 @@
 //! The one-byte state every page carries, used to reject double and foreign frees.
 
 /// Where a page is in its life cycle. One byte per page.
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::alloc::PageState;
+///
+/// assert!(PageState::Free.is_available() && PageState::Released.is_available());
+/// assert!(!PageState::Held.is_available() && !PageState::Deferred.is_available());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum PageState {

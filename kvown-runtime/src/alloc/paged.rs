@@ -22,6 +22,16 @@ impl PageAllocator<Lifo> {
     /// [`AllocError::ZeroPageSize`], [`AllocError::TooManySlots`] when a slot id would not fit
     /// in a `u32`, or [`AllocError::PoolTooLarge`] when the host refuses the bookkeeping (11
     /// bytes a page); nothing aborts, whatever the sizes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+    /// let allocator = PagedAllocator::new(100, 16, false)?;
+    /// assert_eq!(allocator.capacity(), 96, "rounded down to whole pages");
+    /// assert!(PagedAllocator::new(100, 0, false).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(size: usize, page_size: usize, need_sort: bool) -> Result<Self, AllocError> {
         if page_size == 0 {
             return Err(AllocError::ZeroPageSize);

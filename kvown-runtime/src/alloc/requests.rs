@@ -8,6 +8,20 @@ use super::{DecodeShape, KvSlot};
 /// One request of a decode batch, as an allocator reads it in [`DecodeRequests::assign`]: how
 /// many tokens it stores and its last stored slot, which for a request in a table is read from
 /// its row only when asked.
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::alloc::{DecodeRequests, DecodeShape};
+///
+/// let shape = DecodeShape { seq_len: 5, last_loc: 7 };
+/// let mut seen = Vec::new();
+/// (&[shape]).assign(&mut [0], |req| {
+///     seen.push((req.stored(), req.last_loc(), req.shape()));
+///     8
+/// });
+/// assert_eq!(seen, [(4, 7, shape)], "the new token goes to position 4");
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct DecodeRequest<'a> {
     stored: usize,
@@ -62,6 +76,22 @@ pub trait Sealed {}
 ///
 /// An allocator reads the shapes ([`DecodeRequests::shape`]), decides every slot, and hands
 /// them out with [`DecodeRequests::assign`] once the batch cannot fail.
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::alloc::{DecodeRequests, DecodeShape};
+///
+/// // What an allocator's decode sees of caller-given shapes.
+/// let shapes = [DecodeShape { seq_len: 5, last_loc: 7 }, DecodeShape { seq_len: 9, last_loc: 20 }];
+/// let mut reqs = &shapes;
+/// assert_eq!((DecodeRequests::len(&reqs), DecodeRequests::is_empty(&reqs)), (2, false));
+/// assert_eq!(reqs.shape(1), shapes[1]);
+/// assert_eq!(reqs.checked_new_pages(), None, "not checked by the batch flow: check each");
+/// let mut out = [0; 2];
+/// reqs.assign(&mut out, |req| req.last_loc() + 1); // the slot after the last, say
+/// assert_eq!(out, [8, 21]);
+/// ```
 pub trait DecodeRequests: Sealed {
     /// Requests in the batch.
     fn len(&self) -> usize;

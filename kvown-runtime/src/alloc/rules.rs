@@ -26,6 +26,18 @@ fn is_held(state: &[PageState], geometry: PageGeometry, slot: KvSlot) -> bool {
 /// The partially filled pages the requests of one batch continue, each with the first request
 /// that continues it: refuses a second one ([`AllocError::SharedPartialPage`]) where page states
 /// are not marked (the decode error path, kvown-cuda's planner).
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::alloc::ContinuedPages;
+///
+/// let mut continued = ContinuedPages::default();
+/// continued.note(4, 0, 5)?; // request 0 continues page 1 (slots 4..8)
+/// continued.note(4, 1, 9)?; // request 1 continues page 2
+/// assert!(continued.note(4, 2, 6).is_err(), "request 2 continues page 1 too");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Default)]
 pub struct ContinuedPages {
     first: HashMap<PageId, usize>,
@@ -99,6 +111,23 @@ impl DecodeRow {
     /// The shapes of a decode batch given by rows, read from `table`; the first request that
     /// [`DecodeRow::shape`] rejects, or that names a row named before
     /// ([`AllocError::DecodeRowRepeated`]), is the error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::alloc::{DecodeRow, DecodeShape};
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// let mut table = ReqToTokenPool::new(4, 16)?;
+    /// let rows = table.alloc(2)?;
+    /// table.write(rows[0], 0, &[4, 5, 6])?;
+    /// table.write(rows[1], 0, &[8])?;
+    /// let reqs = [DecodeRow { row: rows[0], len: 3 }, DecodeRow { row: rows[1], len: 1 }];
+    /// let shapes = DecodeRow::read_shapes(reqs, &table)?;
+    /// assert_eq!(shapes[0], DecodeShape { seq_len: 4, last_loc: 6 });
+    /// let twice = [reqs[0], reqs[0]];
+    /// assert!(DecodeRow::read_shapes(twice, &table).is_err(), "a row named twice");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn read_shapes(
         reqs: impl IntoIterator<Item = DecodeRow>,
         table: &ReqToTokenPool,
@@ -125,6 +154,20 @@ impl DecodeRow {
     /// row), as request `request` of a batch: [`AllocError::DecodeRowNotHeld`] when no
     /// request holds the row, [`AllocError::DecodePositionOutOfRange`] when `len` is not in
     /// `1..width`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::alloc::{DecodeRow, DecodeShape};
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// let mut table = ReqToTokenPool::new(4, 16)?;
+    /// let row = table.alloc(1)?[0];
+    /// table.write(row, 0, &[4, 5])?;
+    /// let shape = DecodeRow { row, len: 2 }.shape(&table, 0)?;
+    /// assert_eq!(shape, DecodeShape { seq_len: 3, last_loc: 5 });
+    /// assert!(DecodeRow { row, len: 16 }.shape(&table, 0).is_err(), "no position 16");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn shape(self, table: &ReqToTokenPool, request: usize) -> Result<DecodeShape, AllocError> {
         if !table.is_held(self.row) {
             return Err(AllocError::DecodeRowNotHeld {
@@ -151,6 +194,19 @@ impl ExtendShape {
     /// Checks the shape alone, as request `request` of a batch: `seq_len >= prefix_len`, and a
     /// `last_loc` exactly when there is a prefix. Returns the `last_loc` that a backend must
     /// still check against its pages (`None` for an empty prefix).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::alloc::ExtendShape;
+    /// let continued = ExtendShape { prefix_len: 3, seq_len: 8, last_loc: Some(6) };
+    /// assert_eq!(continued.validate(0)?, Some(6), "to check against its page");
+    /// let fresh = ExtendShape { prefix_len: 0, seq_len: 8, last_loc: None };
+    /// assert_eq!(fresh.validate(0)?, None);
+    /// assert!(ExtendShape { prefix_len: 3, seq_len: 2, last_loc: Some(6) }.validate(0).is_err());
+    /// assert!(ExtendShape { prefix_len: 3, seq_len: 8, last_loc: None }.validate(0).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn validate(&self, request: usize) -> Result<Option<KvSlot>, AllocError> {
         let ExtendShape {
             prefix_len,

@@ -3,6 +3,7 @@
 use super::geometry::PageGeometry;
 use super::rules::{push_slot_run, push_slot_runs};
 use super::{AllocError, DecodeRow, FreeOrder, KvAllocator, KvSlot, PageId};
+use crate::shared_error::PageOutOfRange;
 use crate::slots::ReqToTokenPool;
 
 /// The slot-level calls, for every [`KvAllocator`] (a blanket implementation): whole pages as
@@ -32,8 +33,9 @@ pub trait SlotCalls: KvAllocator {
     /// (unaligned, out of memory) nothing is taken and `out` is untouched.
     fn alloc(&mut self, num_tokens: usize, out: &mut Vec<KvSlot>) -> Result<(), AllocError>;
 
-    /// Frees the pages that contain `slots`, each once, as sglang's `free` puts them back
-    /// ([`FreeOrder::Unordered`]). The errors name the first slot of the page at fault.
+    /// Frees the pages that contain `slots`, each once, in a plain free's order
+    /// ([`FreeOrder::Unordered`]; sglang `free`). The errors name the first slot of the page at
+    /// fault.
     fn free(&mut self, slots: &[KvSlot]) -> Result<(), AllocError>;
 
     /// Frees `row[start_pos .. start_pos + slots.len()]` of one request, page by page in row
@@ -44,8 +46,23 @@ pub trait SlotCalls: KvAllocator {
 
     /// Frees several segments of one request's row in one call (sglang `free_segments`):
     /// segments that meet inside a page free that page once (with the earlier segment). All or
-    /// nothing. The free list ends as sglang's segment-by-segment frees leave it: with LIFO reuse
-    /// outside a free group, the last segment's pages first ([`FreeOrder::Segments`]).
+    /// nothing. The free list ends as consecutive [`SlotCalls::free_segment`] calls leave it:
+    /// with LIFO reuse outside a free group, the last segment's pages first
+    /// ([`FreeOrder::Segments`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
+    /// let mut allocator = PagedAllocator::new(32, 4, false)?;
+    /// let mut row = Vec::new();
+    /// allocator.alloc(12, &mut row)?; // pages 1, 2, 3
+    /// // Positions 2..6 and 8..12: pages 1 and 2 (from position 2), then page 3.
+    /// allocator.free_segments(&[(&row[2..6], 2), (&row[8..], 8)])?;
+    /// let head: Vec<_> = allocator.free_pages().take(3).collect();
+    /// assert_eq!(head, [3, 1, 2], "the last segment's pages first");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn free_segments(&mut self, segments: &[(&[KvSlot], usize)]) -> Result<(), AllocError>;
 
     /// [`KvAllocator::alloc_decode`] for requests given by their rows, writing the
@@ -53,6 +70,25 @@ pub trait SlotCalls: KvAllocator {
     /// its row, and `out[i]` is that slot. Its shape comes from the table (the last stored
     /// token's slot at `len - 1`); each row may appear once ([`DecodeRow::read_shapes`] names
     /// the errors). All or nothing: on error neither `table` nor `out` changed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::alloc::{DecodeRow, PagedAllocator, SlotCalls};
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// let mut allocator = PagedAllocator::new(32, 4, false)?;
+    /// let mut table = ReqToTokenPool::new(4, 16)?;
+    /// let row = table.alloc(1)?[0];
+    /// let mut slots = Vec::new();
+    /// allocator.alloc(4, &mut slots)?;
+    /// table.write(row, 0, &slots)?; // 4 tokens stored: the next one opens a page
+    /// let mut out = Vec::new();
+    /// let reqs = [DecodeRow { row, len: 4 }];
+    /// allocator.alloc_decode_table(reqs.into_iter(), &mut table, &mut out)?;
+    /// assert_eq!(out, [8], "the first slot of page 2");
+    /// assert_eq!(table.row(row)?[4], 8);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn alloc_decode_table<I>(
         &mut self,
         reqs: I,
@@ -332,7 +368,7 @@ fn refuse_segments<A: KvAllocator + ?Sized>(
 ) -> AllocError {
     pages.push(0);
     match allocator.free_page_ids(&pages, FreeOrder::Given) {
-        Err(AllocError::PageOutOfRange { page: 0, .. }) | Ok(()) => misplaced,
+        Err(AllocError::PageOutOfRange(PageOutOfRange { page: 0, .. })) | Ok(()) => misplaced,
         Err(error) => {
             let geometry = PageGeometry::new(allocator.page_size());
             name_slot(allocator, error, segment_heads(geometry, segments))
@@ -357,13 +393,13 @@ fn name_slot<A: KvAllocator + ?Sized>(
             .unwrap_or(page * page_size as KvSlot)
     };
     match error {
-        AllocError::PageOutOfRange { page: 0, .. } => AllocError::ReservedSlot {
+        AllocError::PageOutOfRange(PageOutOfRange { page: 0, .. }) => AllocError::ReservedSlot {
             slot: named(0),
             page_size,
         },
-        AllocError::PageOutOfRange { page, num_pages } => AllocError::SlotOutOfRange {
+        AllocError::PageOutOfRange(PageOutOfRange { page, pages }) => AllocError::SlotOutOfRange {
             slot: named(page),
-            slot_end: (num_pages as u64 + 1) * page_size as u64,
+            slot_end: pages as u64 * page_size as u64,
         },
         AllocError::DoubleFree { page, state, .. } => AllocError::DoubleFree {
             slot: named(page),

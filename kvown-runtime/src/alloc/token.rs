@@ -14,6 +14,21 @@ impl PageAllocator<Fifo> {
     /// the last slot, `size + 1`, must fit in a `u32` as well), or with
     /// [`AllocError::PoolTooLarge`] when the host refuses the bookkeeping (11 bytes a slot);
     /// nothing aborts, whatever the size.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::alloc::{KvAllocator, SlotCalls, TokenAllocator};
+    /// let mut allocator = TokenAllocator::new(4, false)?; // slots 1..=4
+    /// let mut slots = Vec::new();
+    /// allocator.alloc(2, &mut slots)?;
+    /// allocator.free(&slots[..1])?; // appended: reused last
+    /// slots.clear();
+    /// allocator.alloc(3, &mut slots)?;
+    /// assert_eq!(slots, [3, 4, 1]);
+    /// assert!(TokenAllocator::new(u32::MAX as usize, false).is_err(), "past the u32 range");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(size: usize, need_sort: bool) -> Result<Self, AllocError> {
         Self::with_pages(1, size, need_sort)
     }

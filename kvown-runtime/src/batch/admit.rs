@@ -20,6 +20,25 @@ use crate::radix::TreePos;
 /// A fresh or retracted request matches the prefix cache on all but its last token (which must
 /// be computed), locks the matched path and sets `cache_protected_len` to the matched length.
 /// A request that holds KV (a chunked prefill continuing) keeps its prefix.
+///
+/// # Examples
+///
+/// ```
+/// # use kvown_runtime::batch::*;
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # use kvown_runtime::radix::{RadixCache, RadixConfig};
+/// # let tree = TreeCache::Radix(RadixCache::new(RadixConfig::new(4))?);
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, tree)?;
+/// # let prepared = prepare_for_extend(ScheduleBatch::new(vec![Req::new(1, vec![7; 6])]));
+/// # let mut batch = alloc_for_extend(prepared, &mut cache).map_err(|failure| failure.error)?;
+/// release_kv_cache(&mut batch.into_reqs()[0], &mut cache, true)?; // caches [7; 4]
+/// let mut again = Req::new(2, vec![7; 6]);
+/// init_next_round_input(&mut again, &mut cache, usize::MAX)?;
+/// assert_eq!((again.prefix_len(), again.extend_end()), (4, 6), "4 tokens reused");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[owner]
 pub fn init_next_round_input<A: KvAllocator, M: TableMirror>(
     req: &mut Req,

@@ -16,6 +16,23 @@ use crate::error::KvError;
 /// back), when a request holds no KV, holds it in another cache, holds a speculative
 /// reservation ([`KvError::ReservationHeld`]: its committed length is short of its allocated
 /// one), or its row is full.
+///
+/// # Examples
+///
+/// ```
+/// # use kvown_runtime::batch::*;
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+/// # let prepared = prepare_for_extend(ScheduleBatch::new(vec![Req::new(1, vec![7; 6])]));
+/// # let mut batch = alloc_for_extend(prepared, &mut cache).map_err(|failure| failure.error)?;
+/// batch.reqs_mut()[0].push_output(8); // the sampled token, whose KV the step stores
+/// let prepared = prepare_for_decode(batch, &cache).map_err(|(_, error)| error)?;
+/// let batch = alloc_for_decode(prepared, &mut cache).map_err(|failure| failure.error)?;
+/// assert_eq!(batch.reqs()[0].kv().kv_committed_len(), 7);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[owner]
 pub fn prepare_for_decode<A: KvAllocator, M: TableMirror>(
     mut batch: ScheduleBatch<Ready>,
@@ -43,12 +60,31 @@ pub fn prepare_for_decode<A: KvAllocator, M: TableMirror>(
 
 /// Allocates one slot per request (a new page only when the new token opens one; evicting as
 /// [`KvCache::eviction_rules`] say, by default what the free slots lack of a page per request,
-/// sglang's demand), writes it at the request's old length in its row, and settles
-/// `kv_allocated_len += 1` and `kv_committed_len += 1` (sglang #37085). The allocator reads each
+/// [`EvictionDemand::Sglang`](crate::cache::EvictionDemand::Sglang)), writes it at the
+/// request's old length in its row, and settles `kv_allocated_len += 1` and
+/// `kv_committed_len += 1` (sglang #37085). The allocator reads each
 /// request's last slot from its row and writes the new one as it goes, in one pass that trusts
 /// what `prepare_for_decode` checked ([`DecodeRequests::checked_new_pages`]); the cache's
 /// [`TableMirror`] is told the writes. Transactional like `alloc_for_extend`; a batch prepared
 /// with another cache fails with [`KvError::PreparedForOtherCache`].
+///
+/// # Examples
+///
+/// ```
+/// # use kvown_runtime::batch::*;
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+/// # let prepared = prepare_for_extend(ScheduleBatch::new(vec![Req::new(1, vec![7; 6])]));
+/// # let mut batch = alloc_for_extend(prepared, &mut cache).map_err(|failure| failure.error)?;
+/// batch.reqs_mut()[0].push_output(8);
+/// let prepared = prepare_for_decode(batch, &cache).map_err(|(_, error)| error)?;
+/// let batch = alloc_for_decode(prepared, &mut cache).map_err(|failure| failure.error)?;
+/// let row = batch.reqs()[0].held_row()?;
+/// assert_eq!(cache.req_to_token().row(row)?[6], batch.out_cache_loc()[0], "position 6's slot");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[owner]
 pub fn alloc_for_decode<A: KvAllocator, M: TableMirror>(
     mut batch: ScheduleBatch<DecodePrepared>,

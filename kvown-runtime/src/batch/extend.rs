@@ -16,6 +16,21 @@ use crate::slots::ReqRow;
 /// The prefix of a request without KV is its matched prefix (`prefix_indices`); a request
 /// that holds KV (a chunked prefill continuing) extends from its committed length, whose last
 /// slot `alloc_for_extend` reads from its row.
+///
+/// # Examples
+///
+/// ```
+/// # use kvown_runtime::batch::{Req, ScheduleBatch, alloc_for_extend, prepare_for_extend};
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+/// let prepared = prepare_for_extend(ScheduleBatch::new(vec![Req::new(1, vec![7; 6])]));
+/// // The prepared batch hides its requests until the allocation settles.
+/// let batch = alloc_for_extend(prepared, &mut cache).map_err(|failure| failure.error)?;
+/// assert_eq!(batch.reqs()[0].kv().kv_allocated_len(), 6);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[owner]
 pub fn prepare_for_extend(mut batch: ScheduleBatch<Ready>) -> ScheduleBatch<ExtendPrepared> {
     let mut shapes = Vec::with_capacity(batch.reqs.len());
@@ -38,9 +53,10 @@ pub fn prepare_for_extend(mut batch: ScheduleBatch<Ready>) -> ScheduleBatch<Exte
 
 /// Allocates the extend: request rows for requests without one, KV slots for every new token
 /// (evicting from the prefix cache as [`KvCache::eviction_rules`] say: by default what the free
-/// slots lack of sglang's demand, the new tokens plus a page per request at page sizes above
-/// 1), the request-to-token rows (a new
-/// row's `[0, prefix)` <- matched prefix slots; `[prefix, seq)` <- new slots), and settles
+/// slots lack of the new tokens plus a page per request at page sizes above 1,
+/// [`EvictionDemand::Sglang`](crate::cache::EvictionDemand::Sglang)), the request-to-token
+/// rows (a new row's `[0, prefix)` <- matched prefix slots; `[prefix, seq)` <- new slots), and
+/// settles
 /// `kv_allocated_len = kv_committed_len = seq_len` ("allocation is commitment", sglang #37085).
 /// The cache's [`TableMirror`] is told each request's row writes, the prefix copied into a
 /// new row included ([`TableMirror::extend`]).
@@ -51,6 +67,25 @@ pub fn prepare_for_extend(mut batch: ScheduleBatch<Ready>) -> ScheduleBatch<Exte
 /// never do): the unlocked prefix-cache entries evicted then stay evicted. A request holding
 /// KV in another cache fails with [`KvError::OtherCache`], one holding a speculative
 /// reservation with [`KvError::ReservationHeld`].
+///
+/// # Examples
+///
+/// ```
+/// # use kvown_runtime::batch::{Req, ScheduleBatch, alloc_for_extend, prepare_for_extend};
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+/// let prepared = prepare_for_extend(ScheduleBatch::new(vec![Req::new(1, vec![7; 6])]));
+/// let batch = alloc_for_extend(prepared, &mut cache).map_err(|failure| failure.error)?;
+/// assert_eq!(batch.out_cache_loc().len(), 6);
+/// assert_eq!(cache.available_size(), 64 - 8, "two pages");
+/// let too_long = prepare_for_extend(ScheduleBatch::new(vec![Req::new(2, vec![7; 65])]));
+/// let failure = alloc_for_extend(too_long, &mut cache).unwrap_err();
+/// assert_eq!(failure.batch.cancel().len(), 1, "the batch comes back; nothing changed");
+/// assert_eq!(cache.available_size(), 64 - 8);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[owner]
 pub fn alloc_for_extend<A: KvAllocator, M: TableMirror>(
     mut batch: ScheduleBatch<ExtendPrepared>,

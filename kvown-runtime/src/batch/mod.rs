@@ -80,6 +80,33 @@ enum LastAllocation {
 }
 
 /// A batch of requests in state `S` ([`Ready`] or one of the prepared states).
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::batch::{Req, ScheduleBatch, alloc_for_extend, prepare_for_extend};
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+///
+/// let mut batch = ScheduleBatch::new(vec![Req::new(1, vec![7; 3])]);
+/// batch.extend_reqs([Req::new(2, vec![8; 2])]);
+/// assert_eq!((batch.len(), batch.is_empty()), (2, false));
+/// let batch = prepare_for_extend(batch).cancel(); // abandoned: ready again
+/// let mut batch = alloc_for_extend(prepare_for_extend(batch), &mut cache).map_err(|f| f.error)?;
+/// assert_eq!(batch.out_cache_loc().len(), 5, "3 + 2 new tokens");
+/// let positions: Vec<_> = batch.out_positions().map(|(req, range)| (req.rid(), range)).collect();
+/// assert_eq!(positions, [(1, 0..3), (2, 0..2)]);
+/// batch.reqs_mut()[0].push_output(9); // the requests may change: out_cache_loc is cleared
+/// assert!(batch.out_cache_loc().is_empty());
+/// let finished = batch.take_if(|req| req.rid() == 2);
+/// assert_eq!((finished.len(), batch.reqs().len()), (1, 1));
+/// let (reqs, buffer) = batch.into_parts();
+/// let batch = ScheduleBatch::with_buffer(reqs, buffer); // reuses out_cache_loc's storage
+/// assert_eq!(batch.into_reqs()[0].rid(), 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct ScheduleBatch<S = Ready> {
     reqs: Vec<Req>,

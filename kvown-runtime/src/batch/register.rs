@@ -25,6 +25,25 @@ use crate::radix::{Insert, InsertOutcome, RadixCache, TreePos};
 ///
 /// Cost: O(tokens committed since the last call + tree path below the request's lock), so
 /// registering each page as it fills costs O(page size) per page.
+///
+/// # Examples
+///
+/// ```
+/// # use kvown_runtime::batch::*;
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # use kvown_runtime::radix::{RadixCache, RadixConfig};
+/// # let tree = TreeCache::Radix(RadixCache::new(RadixConfig::new(4))?);
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, tree)?;
+/// # let prepared = prepare_for_extend(ScheduleBatch::new(vec![Req::new(1, vec![7; 6])]));
+/// # let mut batch = alloc_for_extend(prepared, &mut cache).map_err(|failure| failure.error)?;
+/// let req = &mut batch.reqs_mut()[0]; // a chunk of a longer prompt, say
+/// cache_unfinished_req(req, &mut cache)?;
+/// assert_eq!(req.kv().cache_protected_len(), 4, "its whole page is cached and locked");
+/// assert_eq!(cache.tree().protected_size(), 4);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[owner]
 pub fn cache_unfinished_req<A: KvAllocator, M: TableMirror>(
     req: &mut Req,

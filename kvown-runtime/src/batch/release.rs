@@ -17,6 +17,26 @@ use crate::radix::TreePos;
 /// A request that matched a prefix but was never allocated only drops its lock. A request
 /// holding neither fails with [`KvError::NotHeld`] (double release), and one holding KV in
 /// another cache with [`KvError::OtherCache`], changing nothing.
+///
+/// # Examples
+///
+/// ```
+/// # use kvown_runtime::batch::*;
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # use kvown_runtime::radix::{RadixCache, RadixConfig};
+/// # let tree = TreeCache::Radix(RadixCache::new(RadixConfig::new(4))?);
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, tree)?;
+/// # let prepared = prepare_for_extend(ScheduleBatch::new(vec![Req::new(1, vec![7; 6])]));
+/// # let mut batch = alloc_for_extend(prepared, &mut cache).map_err(|failure| failure.error)?;
+/// let mut reqs = batch.into_reqs();
+/// release_kv_cache(&mut reqs[0], &mut cache, true)?; // the whole page stays cached
+/// assert!(!reqs[0].kv().holds_kv());
+/// assert_eq!((cache.tree().evictable_size(), cache.available_size()), (4, 60));
+/// assert!(release_kv_cache(&mut reqs[0], &mut cache, true).is_err(), "a double release");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[owner]
 pub fn release_kv_cache<A: KvAllocator, M: TableMirror>(
     req: &mut Req,
@@ -58,6 +78,24 @@ pub fn release_kv_cache<A: KvAllocator, M: TableMirror>(
 ///
 /// Fails with [`KvError::AlreadyHeld`] if the request still holds KV or a prefix lock (release
 /// it first: a reset that kept the lock would leave the matched prefix unprotected).
+///
+/// # Examples
+///
+/// ```
+/// # use kvown_runtime::batch::*;
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+/// # let prepared = prepare_for_extend(ScheduleBatch::new(vec![Req::new(1, vec![7; 6])]));
+/// # let mut batch = alloc_for_extend(prepared, &mut cache).map_err(|failure| failure.error)?;
+/// let mut reqs = batch.into_reqs();
+/// assert!(reset_for_retract(&mut reqs[0]).is_err(), "release it first");
+/// release_kv_cache(&mut reqs[0], &mut cache, false)?;
+/// reset_for_retract(&mut reqs[0])?;
+/// assert!(reqs[0].is_retracted && reqs[0].retraction_count == 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[owner]
 pub fn reset_for_retract(req: &mut Req) -> Result<(), KvError> {
     if req.kv().holds_kv() || req.last_node != TreePos::ROOT {

@@ -13,6 +13,25 @@ use crate::slots::ReqRow;
 /// kv_allocated_len <= row width` while it holds a row (sglang `ReqKvInfo`, target state).
 ///
 /// Each field can be written only by the functions listed on it; reads are free.
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::batch::{Req, ScheduleBatch, alloc_for_extend, prepare_for_extend};
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+///
+/// let req = Req::new(1, vec![7; 6]);
+/// assert!(!req.kv().holds_kv());
+/// let batch = alloc_for_extend(prepare_for_extend(ScheduleBatch::new(vec![req])), &mut cache)
+///     .map_err(|failure| failure.error)?;
+/// let kv = batch.reqs()[0].kv();
+/// assert!(kv.holds_kv() && !kv.holds_reservation());
+/// assert_eq!((kv.cache_protected_len(), kv.kv_committed_len(), kv.kv_allocated_len()), (0, 6, 6));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[guarded]
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ReqKvInfo {
@@ -94,6 +113,32 @@ impl ReqKvInfo {
 ///
 /// Not `Clone`: a request that holds KV owns its request-to-token row and its lock in the
 /// prefix cache, and a copy would decode into the same row and release both twice.
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::batch::{Req, ScheduleBatch, alloc_for_extend, prepare_for_extend};
+/// use kvown_runtime::radix::{Namespace, TreePos};
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+///
+/// let req = Req::new(7, vec![1, 2, 3]);
+/// assert_eq!((req.rid(), req.namespace()), (7, Namespace::DEFAULT));
+/// assert_eq!(req.priority(), 0, "unless set with `with_priority`");
+/// assert!(req.held_row().is_err() && !req.kv().holds_kv(), "no KV before an extend");
+/// assert_eq!((req.prefix_len(), req.extend_end(), req.last_node()), (0, 3, TreePos::ROOT));
+/// let mut batch = alloc_for_extend(prepare_for_extend(ScheduleBatch::new(vec![req])), &mut cache)
+///     .map_err(|failure| failure.error)?;
+/// let req = &mut batch.reqs_mut()[0];
+/// assert!(req.held_row().is_ok() && req.kv().holds_kv() && !req.kv().holds_reservation());
+/// assert_eq!(req.kv().kv_committed_len(), 3);
+/// req.push_output(9); // sampled: the next decode backs it
+/// assert_eq!((req.origin_input_ids(), req.output_ids()), (&[1, 2, 3][..], &[9][..]));
+/// assert_eq!(req.fill_ids(), [1, 2, 3, 9]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct Req {
     rid: u64,
@@ -129,6 +174,14 @@ impl Req {
     ///
     /// # Panics
     /// If `input_ids` is empty: every request needs one token to compute.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::batch::Req;
+    /// let req = Req::new(1, vec![5, 6, 7]);
+    /// assert_eq!(req.fill_ids(), [5, 6, 7]);
+    /// ```
     pub fn new(rid: u64, input_ids: Vec<u32>) -> Req {
         Req::new_in(Namespace::DEFAULT, rid, input_ids)
     }
@@ -138,17 +191,42 @@ impl Req {
     ///
     /// # Panics
     /// If `input_ids` is empty.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::{batch::Req, radix::Namespace};
+    /// let req = Req::new_in(Namespace(3), 1, vec![5, 6, 7]);
+    /// assert_eq!(req.namespace(), Namespace(3));
+    /// ```
     pub fn new_in(namespace: Namespace, rid: u64, input_ids: Vec<u32>) -> Req {
         Req::try_new_in(namespace, rid, input_ids).unwrap_or_else(|error| panic!("{error}"))
     }
 
     /// A new request with prompt `input_ids`, or [`KvError::EmptyPrompt`] when it is empty; in
     /// [`Namespace::DEFAULT`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::batch::Req;
+    /// assert!(Req::try_new(1, vec![5]).is_ok());
+    /// assert!(Req::try_new(1, vec![]).is_err(), "an empty prompt");
+    /// ```
     pub fn try_new(rid: u64, input_ids: Vec<u32>) -> Result<Req, KvError> {
         Req::try_new_in(Namespace::DEFAULT, rid, input_ids)
     }
 
     /// [`Req::try_new`] in `namespace` (see [`Req::new_in`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::{batch::Req, radix::Namespace};
+    /// assert_eq!(Req::try_new_in(Namespace(2), 1, vec![5])?.namespace(), Namespace(2));
+    /// assert!(Req::try_new_in(Namespace(2), 1, vec![]).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn try_new_in(namespace: Namespace, rid: u64, input_ids: Vec<u32>) -> Result<Req, KvError> {
         if input_ids.is_empty() {
             return Err(KvError::EmptyPrompt { rid });

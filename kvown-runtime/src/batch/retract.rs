@@ -18,6 +18,23 @@ use crate::error::KvError;
 /// # Panics
 /// If `page_size` is 0 (pass the cache's, [`KvCache::page_size`]), whatever the batch, an
 /// empty one too.
+///
+/// # Examples
+///
+/// ```
+/// # use kvown_runtime::batch::*;
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+/// # let prepared = prepare_for_extend(ScheduleBatch::new(vec![Req::new(1, vec![7; 6])]));
+/// # let mut batch = alloc_for_extend(prepared, &mut cache).map_err(|failure| failure.error)?;
+/// // 6 tokens stored in pages of 4: the next token (position 6) fits the second page.
+/// assert_eq!(new_tokens_required_next_decode(batch.reqs(), 4, None), 0);
+/// // A reservation of 4 more tokens tops the allocation up to 12: a page more.
+/// assert_eq!(new_tokens_required_next_decode(batch.reqs(), 4, Some(4)), 4);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn new_tokens_required_next_decode<'a>(
     reqs: impl IntoIterator<Item = &'a Req>,
     page_size: usize,
@@ -51,6 +68,21 @@ pub fn new_tokens_required_next_decode<'a>(
 /// # Errors
 /// As [`KvCache::evict_shortfall`]: an eviction refused inside a free group evicts nothing; one
 /// refused by the allocator keeps what it evicted before the refusal.
+///
+/// # Examples
+///
+/// ```
+/// # use kvown_runtime::batch::*;
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+/// # let prepared = prepare_for_extend(ScheduleBatch::new(vec![Req::new(1, vec![7; 6])]));
+/// # let mut batch = alloc_for_extend(prepared, &mut cache).map_err(|failure| failure.error)?;
+/// assert!(check_decode_mem(batch.reqs(), &mut cache, None)?);
+/// assert!(!check_decode_mem(batch.reqs(), &mut cache, Some(1000))?, "more than the pool");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn check_decode_mem<'a, A: KvAllocator, M: TableMirror>(
     reqs: impl IntoIterator<Item = &'a Req>,
     cache: &mut KvCache<A, M>,
@@ -88,6 +120,25 @@ pub struct RetractOutcome {
 /// had not taken out, in retraction order, followed by those it had, in the order it took them
 /// (released and reset, except the one whose release failed, which keeps its KV as a failed
 /// release leaves it).
+///
+/// # Examples
+///
+/// ```
+/// # use kvown_runtime::batch::*;
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// // Two requests fill all 4 pages; their next tokens each need a page more.
+/// let allocator = PagedAllocator::new(16, 4, false)?;
+/// let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+/// let reqs = vec![Req::new(1, vec![7; 8]), Req::new(2, vec![8; 8])];
+/// let prepared = prepare_for_extend(ScheduleBatch::new(reqs));
+/// let mut batch = alloc_for_extend(prepared, &mut cache).map_err(|failure| failure.error)?;
+/// let outcome = retract_decode(&mut batch, &mut cache, None)?;
+/// assert_eq!((outcome.retracted.len(), outcome.aborted.len(), batch.len()), (1, 0, 1));
+/// assert!(outcome.retracted[0].is_retracted, "re-queue it");
+/// assert!(check_decode_mem(batch.reqs(), &mut cache, None)?);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn retract_decode<A: KvAllocator, M: TableMirror>(
     batch: &mut ScheduleBatch<Ready>,
     cache: &mut KvCache<A, M>,

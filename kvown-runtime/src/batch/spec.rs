@@ -16,6 +16,23 @@ use crate::error::KvError;
 /// Fails (changing nothing, no clock ticked) when a request holds no KV ([`KvError::NotHeld`]),
 /// holds it in another cache ([`KvError::OtherCache`]), or its target passes its row
 /// ([`KvError::RowTooShort`]).
+///
+/// # Examples
+///
+/// ```
+/// # use kvown_runtime::batch::*;
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+/// # let prepared = prepare_for_extend(ScheduleBatch::new(vec![Req::new(1, vec![7; 6])]));
+/// # let mut batch = alloc_for_extend(prepared, &mut cache).map_err(|failure| failure.error)?;
+/// // Reserve 4 draft positions past the 6 committed: up to ceil_align(10, 4) = 12.
+/// let prepared = prepare_for_spec_decode(batch, &cache, 4).map_err(|(_, error)| error)?;
+/// let batch = alloc_for_spec_decode(prepared, &mut cache).map_err(|failure| failure.error)?;
+/// assert_eq!(batch.reqs()[0].kv().kv_allocated_len(), 12);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[owner]
 pub fn prepare_for_spec_decode<A: KvAllocator, M: TableMirror>(
     mut batch: ScheduleBatch<Ready>,
@@ -80,6 +97,24 @@ pub(crate) fn reservation_target(
 /// cache's [`TableMirror`] is told the rows' writes. Transactional like
 /// `alloc_for_extend`; a batch prepared with another cache fails with
 /// [`KvError::PreparedForOtherCache`].
+///
+/// # Examples
+///
+/// ```
+/// # use kvown_runtime::batch::*;
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+/// # let prepared = prepare_for_extend(ScheduleBatch::new(vec![Req::new(1, vec![7; 6])]));
+/// # let mut batch = alloc_for_extend(prepared, &mut cache).map_err(|failure| failure.error)?;
+/// let prepared = prepare_for_spec_decode(batch, &cache, 4).map_err(|(_, error)| error)?;
+/// let batch = alloc_for_spec_decode(prepared, &mut cache).map_err(|failure| failure.error)?;
+/// let kv = batch.reqs()[0].kv();
+/// assert_eq!((kv.kv_committed_len(), kv.kv_allocated_len()), (6, 12), "reserved, not committed");
+/// assert!(batch.out_cache_loc().is_empty(), "drafts read their slots from the table");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[owner]
 pub fn alloc_for_spec_decode<A: KvAllocator, M: TableMirror>(
     mut batch: ScheduleBatch<SpecPrepared>,
@@ -146,6 +181,24 @@ pub fn alloc_for_spec_decode<A: KvAllocator, M: TableMirror>(
 /// ([`KvError::BatchLengthMismatch`]), a request given a non-zero count holds no KV
 /// ([`KvError::NotHeld`]), or a commit would pass the allocated length
 /// ([`KvError::CommitBeyondAllocation`]).
+///
+/// # Examples
+///
+/// ```
+/// # use kvown_runtime::batch::*;
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+/// # let prepared = prepare_for_extend(ScheduleBatch::new(vec![Req::new(1, vec![7; 6])]));
+/// # let mut batch = alloc_for_extend(prepared, &mut cache).map_err(|failure| failure.error)?;
+/// let prepared = prepare_for_spec_decode(batch, &cache, 4).map_err(|(_, error)| error)?;
+/// let mut batch = alloc_for_spec_decode(prepared, &mut cache).map_err(|failure| failure.error)?;
+/// commit_spec_tokens(&mut batch, &[3])?; // two drafts accepted, plus the bonus token
+/// assert_eq!(batch.reqs()[0].kv().kv_committed_len(), 9);
+/// assert!(commit_spec_tokens(&mut batch, &[1, 1]).is_err(), "one count per request");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[owner]
 pub fn commit_spec_tokens(
     batch: &mut ScheduleBatch<Ready>,

@@ -12,10 +12,9 @@
 //!   or cancel_transfer (a failed or cancelled transfer): everything back
 //! ```
 //!
-//! One difference from sglang is deliberate: sglang's `_pre_alloc` sets `kv_committed_len` to
-//! the fill length before the K/V arrives; here the commit waits for the transfer, so a request
-//! whose K/V is in flight never shows committed K/V that is not there (the prefix cache cannot
-//! take it, and `prepare_for_decode` refuses it: [`KvError::ReservationHeld`]).
+//! The commit waits for the transfer, so a request whose K/V is in flight never shows committed
+//! K/V that is not there: the prefix cache cannot take it, and `prepare_for_decode` refuses it
+//! ([`KvError::ReservationHeld`]). (sglang's `_pre_alloc` commits earlier: `docs/design.md`.)
 
 use std::ops::Range;
 
@@ -29,6 +28,27 @@ use crate::error::KvError;
 
 /// A request whose row and slots are preallocated and whose K/V is in flight: it can only be
 /// committed ([`commit_transfer`]) or cancelled ([`cancel_transfer`]).
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::batch::{Req, commit_transfer, prealloc_for_transfer};
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+///
+/// let mut req = Req::new(1, vec![7; 6]);
+/// req.push_output(9); // the prefill node's first token
+/// let ticket = prealloc_for_transfer(req, &mut cache).map_err(|failure| failure.error)?;
+/// assert_eq!(ticket.positions(), 0..6, "nothing matched on this node: the whole prompt");
+/// assert_eq!(ticket.destination().len(), 6);
+/// assert_eq!(ticket.req().kv().kv_committed_len(), 0, "not before the K/V arrives");
+/// // ... KvTransfer::submit(source slots, ticket.destination()), then poll ...
+/// let req = commit_transfer(ticket);
+/// assert_eq!(req.kv().kv_committed_len(), 6);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct TransferTicket {
     req: Req,
@@ -76,6 +96,17 @@ pub struct CancelFailure {
 /// The tokens whose K/V the prefill node computed: every token but the last, whose K/V the
 /// first decode step computes (sglang `_pre_alloc_fill_len`: the prompt plus the outputs but
 /// one).
+///
+/// # Examples
+///
+/// ```
+/// # use kvown_runtime::batch::{Req, transfer_fill_len};
+/// let mut req = Req::new(1, vec![7; 6]);
+/// assert_eq!(transfer_fill_len(&req), 6);
+/// req.push_output(9); // its K/V comes from the first decode step
+/// req.push_output(10);
+/// assert_eq!(transfer_fill_len(&req), 7);
+/// ```
 pub fn transfer_fill_len(req: &Req) -> usize {
     req.origin_input_ids().len() + req.output_ids().len().saturating_sub(1)
 }
@@ -91,6 +122,22 @@ pub fn transfer_fill_len(req: &Req) -> usize {
 /// ([`KvError::AlreadyHeld`]) or holds a prefix in another cache, when its row would not hold
 /// the fill length and the next token ([`KvError::RowTooShort`]), or when rows or slots run
 /// out.
+///
+/// # Examples
+///
+/// ```
+/// # use kvown_runtime::batch::{Req, prealloc_for_transfer};
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+/// let ticket = prealloc_for_transfer(Req::new(1, vec![7; 6]), &mut cache).map_err(|f| f.error)?;
+/// assert_eq!(cache.available_size(), 64 - 8, "two pages for six positions");
+/// let too_long = prealloc_for_transfer(Req::new(2, vec![7; 40]), &mut cache).unwrap_err();
+/// assert_eq!(too_long.req.rid(), 2, "handed back unchanged");
+/// assert_eq!(ticket.destination().len(), 6);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[owner]
 pub fn prealloc_for_transfer<A: KvAllocator, M: TableMirror>(
     mut req: Req,
@@ -174,6 +221,22 @@ pub fn prealloc_for_transfer<A: KvAllocator, M: TableMirror>(
 /// Commits a request whose transfer completed (sglang `DecodeTransferQueue` committing a
 /// finished transfer): `committed = allocated`, so it can join the running decode batch.
 /// Owns that write.
+///
+/// # Examples
+///
+/// ```
+/// # use kvown_runtime::batch::{Req, ScheduleBatch, commit_transfer, prealloc_for_transfer};
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+/// let ticket = prealloc_for_transfer(Req::new(1, vec![7; 6]), &mut cache).map_err(|f| f.error)?;
+/// let req = commit_transfer(ticket); // the transfer completed
+/// assert_eq!(req.kv().kv_committed_len(), 6);
+/// let running = ScheduleBatch::new(vec![req]); // decodes from here
+/// cache.check(running.reqs())?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[owner]
 pub fn commit_transfer(ticket: TransferTicket) -> Req {
     let mut req = ticket.req;
@@ -185,6 +248,21 @@ pub fn commit_transfer(ticket: TransferTicket) -> Req {
 /// Gives back everything a request whose transfer failed or was cancelled holds: its slots,
 /// its row and its prefix lock ([`release_kv_cache`] without inserting: the K/V never
 /// arrived). The request comes back holding nothing, to be retried or dropped.
+///
+/// # Examples
+///
+/// ```
+/// # use kvown_runtime::batch::{Req, cancel_transfer, prealloc_for_transfer};
+/// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+/// # use kvown_runtime::slots::ReqToTokenPool;
+/// # let allocator = PagedAllocator::new(64, 4, false)?;
+/// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+/// let ticket = prealloc_for_transfer(Req::new(1, vec![7; 6]), &mut cache).map_err(|f| f.error)?;
+/// let req = cancel_transfer(ticket, &mut cache).map_err(|failure| failure.error)?;
+/// assert!(!req.kv().holds_kv());
+/// assert_eq!(cache.available_size(), 64, "everything back");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn cancel_transfer<A: KvAllocator, M: TableMirror>(
     ticket: TransferTicket,
     cache: &mut KvCache<A, M>,

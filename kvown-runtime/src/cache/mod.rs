@@ -8,12 +8,24 @@ pub use mirror::{ExtendRow, TableMirror};
 
 use crate::alloc::{Deferring, FreeGroup, GroupStep, KvAllocator, ceil_align};
 use crate::batch::Req;
-use crate::error::KvError;
+use crate::error::{KvError, OutOfMemory, PageSizeMismatch};
 use crate::ids::CacheId;
 use crate::radix::{CacheEvent, RadixCache};
 use crate::slots::{ReqRow, ReqToTokenPool};
 
 /// The prefix cache in front of the allocator (sglang `tree_cache`).
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::cache::TreeCache;
+/// use kvown_runtime::radix::{RadixCache, RadixConfig};
+///
+/// let tree = TreeCache::Radix(RadixCache::new(RadixConfig::new(4))?);
+/// assert_eq!((tree.evictable_size(), tree.protected_size()), (0, 0));
+/// assert!(tree.radix().is_some() && TreeCache::Disabled.radix().is_none());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 #[allow(
     clippy::large_enum_variant,
@@ -65,16 +77,14 @@ impl TreeCache {
 /// ([`EvictionRules::demand`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum EvictionDemand {
-    /// sglang's over-estimate (`mem_cache/allocation.py`): before an extend (and a speculative
-    /// reservation), its new tokens plus a page per request at page sizes above 1
-    /// (`alloc_paged_token_slots_extend`), the new tokens alone at page size 1
-    /// (`alloc_token_slots`); before a decode, a page per request
-    /// (`alloc_paged_token_slots_decode`). What the free slots lack of it is evicted
-    /// (`evict_to_free_tokens`), as far as the cache can.
+    /// An over-estimate: before an extend (and a speculative reservation), its new tokens plus
+    /// a page per request at page sizes above 1, the new tokens alone at page size 1; before a
+    /// decode, a page per request. What the free slots lack of it is evicted, as far as the
+    /// cache can. Rule: sglang `mem_cache/allocation.py`.
     #[default]
     Sglang,
     /// Only what the allocation lacks: the slots of the pages it takes, less the free ones.
-    /// Evicts less, and so less often, than sglang.
+    /// Evicts less, and so less often, than [`EvictionDemand::Sglang`].
     Shortfall,
 }
 
@@ -109,6 +119,36 @@ impl Default for EvictionRules {
 ///
 /// Every batch-flow function takes it by `&mut` and leaves it consistent: after each public
 /// operation [`KvCache::check`](crate::check) passes for the requests that hold KV.
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::alloc::{KvAllocator, PagedAllocator};
+/// use kvown_runtime::cache::{EvictionDemand, EvictionRules, KvCache, TreeCache};
+/// use kvown_runtime::radix::{CacheEvent, RadixCache, RadixConfig};
+/// use kvown_runtime::slots::ReqToTokenPool;
+///
+/// let tree = TreeCache::Radix(RadixCache::new(RadixConfig::new(4))?);
+/// let allocator = PagedAllocator::new(64, 4, false)?;
+/// let mut cache = KvCache::new(allocator, ReqToTokenPool::new(8, 32)?, tree)?;
+/// assert_eq!((cache.page_size(), cache.available_size()), (4, 64));
+/// assert_eq!(cache.available_with_eviction(), 64, "nothing cached yet");
+/// assert_eq!(cache.allocator().capacity(), 64);
+/// assert_eq!(cache.req_to_token().available_size(), 8);
+/// assert_eq!(cache.tree().radix().map(|tree| tree.sizes().total()), Some(0));
+/// assert_eq!(cache.mirror(), &(), "no table mirror");
+/// assert!(!cache.in_free_group());
+/// assert_eq!(cache.evict_shortfall(16)?, 0, "16 slots free already");
+/// let rules = EvictionRules { demand: EvictionDemand::Shortfall, ..cache.eviction_rules() };
+/// cache.set_eviction_rules(rules);
+/// assert_eq!(cache.eviction_rules().demand, EvictionDemand::Shortfall);
+/// assert!(cache.enable_cache_events());
+/// assert!(matches!(cache.take_cache_events()[..], [CacheEvent::Cleared]), "an empty cache");
+/// let small = PagedAllocator::new(8, 4, false)?;
+/// let other = KvCache::new(small, ReqToTokenPool::new(1, 8)?, TreeCache::Disabled)?;
+/// assert_ne!(cache.id(), other.id(), "each cache has its own name");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct KvCache<A, M = ()> {
     pub(crate) id: CacheId,
@@ -137,6 +177,22 @@ impl<A: KvAllocator> KvCache<A> {
     /// open ([`KvError::AllocatorInUse`]) and every row of the table free
     /// ([`KvError::RowsInUse`]): slots or rows taken before the cache existed belong to no
     /// request it knows, so its accounting could never add up.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
+    /// # use kvown_runtime::cache::{KvCache, TreeCache};
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// let allocator = PagedAllocator::new(64, 4, false)?;
+    /// let cache = KvCache::new(allocator, ReqToTokenPool::new(8, 32)?, TreeCache::Disabled)?;
+    /// assert_eq!(cache.available_size(), 64);
+    /// let mut used = PagedAllocator::new(64, 4, false)?;
+    /// used.alloc(4, &mut Vec::new())?;
+    /// let refused = KvCache::new(used, ReqToTokenPool::new(8, 32)?, TreeCache::Disabled);
+    /// assert!(refused.is_err(), "slots taken before the cache existed");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(
         allocator: A,
         req_to_token: ReqToTokenPool,
@@ -148,6 +204,24 @@ impl<A: KvAllocator> KvCache<A> {
 
 impl<A: KvAllocator, M: TableMirror> KvCache<A, M> {
     /// [`KvCache::new`] with `mirror` told every write the batch flow makes to the table.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::alloc::PagedAllocator;
+    /// # use kvown_runtime::cache::{KvCache, TableMirror, TreeCache};
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// /// Follows nothing but says it is there.
+    /// #[derive(Debug, PartialEq)]
+    /// struct Quiet;
+    /// impl TableMirror for Quiet {}
+    ///
+    /// let allocator = PagedAllocator::new(64, 4, false)?;
+    /// let table = ReqToTokenPool::new(4, 32)?;
+    /// let cache = KvCache::with_mirror(allocator, table, TreeCache::Disabled, Quiet)?;
+    /// assert_eq!(cache.mirror(), &Quiet);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn with_mirror(
         mut allocator: A,
         req_to_token: ReqToTokenPool,
@@ -157,10 +231,10 @@ impl<A: KvAllocator, M: TableMirror> KvCache<A, M> {
         if let TreeCache::Radix(radix) = &tree {
             let cache = radix.config().page_size;
             if cache != allocator.page_size() {
-                return Err(KvError::PageSizeMismatch {
+                return Err(KvError::PageSizeMismatch(PageSizeMismatch {
                     allocator: allocator.page_size(),
                     cache,
-                });
+                }));
             }
             let cached = radix.sizes().total();
             if cached > 0 {
@@ -325,11 +399,11 @@ impl<A: KvAllocator, M: TableMirror> KvCache<A, M> {
         let available = self.allocator.available_size();
         let evictable = self.tree.evictable_size();
         if available.saturating_add(evictable) < needed {
-            return Err(KvError::OutOfMemory {
+            return Err(KvError::OutOfMemory(OutOfMemory {
                 requested: needed,
                 available,
                 evictable,
-            });
+            }));
         }
         let target = match self.eviction_rules.demand {
             EvictionDemand::Sglang => demand.max(needed),

@@ -5,8 +5,11 @@
 //! [`KvCache::check`]: crate::cache::KvCache::check
 
 use super::{Holder, Violation};
-use crate::alloc::{AsPageAllocator, KvAllocator, KvSlot, PageAllocator, PageState, ReuseOrder};
+use crate::alloc::{
+    AsPageAllocator, KvAllocator, KvSlot, PageAllocator, PageId, PageState, ReuseOrder,
+};
 use crate::radix::RadixCache;
+use crate::shared_error::PageOutOfRange;
 
 /// Who holds each page (by page id; `None`: no one known), and which slots the requests'
 /// runs named; a second claim by another holder is a violation that names both.
@@ -56,8 +59,10 @@ impl PageHolders {
         let pages = self.pages.len();
         let Some(held) = self.pages.get_mut(page) else {
             return Err(Violation::PageOutOfRange {
-                page,
-                pages,
+                range: PageOutOfRange {
+                    page: PageId::try_from(page).unwrap_or(PageId::MAX),
+                    pages,
+                },
                 holder,
             });
         };
@@ -180,6 +185,24 @@ impl<'a, R: ReuseOrder> PageLedger<'a, R> {
     ///
     /// # Errors
     /// What the tree's check finds, or a page held twice or out of range.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::alloc::{PagedAllocator, SlotCalls};
+    /// # use kvown_runtime::check::{Holder, PageLedger};
+    /// # use kvown_runtime::radix::{Insert, RadixCache, RadixConfig};
+    /// let mut allocator = PagedAllocator::new(32, 4, false)?;
+    /// let mut slots = Vec::new();
+    /// allocator.alloc(8, &mut slots)?;
+    /// let mut tree = RadixCache::new(RadixConfig::new(4))?;
+    /// tree.insert(Insert::new(&[1, 2, 3, 4], &slots[..4]))?;
+    /// let mut ledger = PageLedger::new(&allocator)?;
+    /// ledger.claim_tree(&tree)?; // page 1
+    /// ledger.claim_slots(Holder::Request(9), &slots[4..])?; // page 2
+    /// ledger.finish()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn claim_tree(&mut self, tree: &RadixCache) -> Result<(), Violation> {
         super::check_radix(tree)?;
         self.holders.claim_tree(tree)
@@ -207,6 +230,18 @@ impl<'a, R: ReuseOrder> PageLedger<'a, R> {
     /// # Errors
     /// [`Violation::PageNotAllocated`], or [`Violation::UnclaimedPages`] naming the lowest
     /// page nobody claims and how many there are.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::alloc::{PagedAllocator, SlotCalls};
+    /// # use kvown_runtime::check::PageLedger;
+    /// let mut allocator = PagedAllocator::new(32, 4, false)?;
+    /// allocator.alloc(4, &mut Vec::new())?; // a page nobody claims
+    /// let error = PageLedger::new(&allocator)?.finish().unwrap_err();
+    /// assert!(error.to_string().contains("1"), "{error}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn finish(self) -> Result<(), Violation> {
         for (page, holder) in self.holders.pages.iter().enumerate() {
             let state = self.allocator.page_state(page as u32);

@@ -29,6 +29,17 @@ pub struct Reclaimed {
 
 impl Reclaimed {
     /// Whether nothing had leaked.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}, check::reclaim_leaks};
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// let allocator = PagedAllocator::new(64, 4, false)?;
+    /// let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+    /// assert!(reclaim_leaks(&mut cache, [])?.is_empty(), "no request ever held anything");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty() && self.pages.is_empty() && self.locks.is_empty()
     }

@@ -5,6 +5,16 @@ use std::fmt;
 use half::{bf16, f16};
 
 /// Element type of a KV pool's buffers.
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::kv::KvDtype;
+///
+/// assert_eq!(KvDtype::F32.size_bytes(), 4);
+/// assert_eq!(KvDtype::Bf16.size_bytes(), 2);
+/// assert_eq!(KvDtype::F16.to_string(), "f16");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KvDtype {
     /// 32-bit IEEE float.
@@ -39,6 +49,15 @@ impl fmt::Display for KvDtype {
 }
 
 /// Borrowed K or V rows of one dtype, as passed to [`crate::kv::KvPool::store_kv`].
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::kv::{KvDtype, KvSlice};
+///
+/// let rows = KvSlice::F32(&[1.0, 2.0, 3.0]);
+/// assert_eq!((rows.dtype(), rows.len(), rows.is_empty()), (KvDtype::F32, 3, false));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum KvSlice<'a> {
     /// f32 elements.
@@ -75,6 +94,18 @@ impl KvSlice<'_> {
 }
 
 /// Owned K or V rows of one dtype, as returned by [`crate::kv::KvPool::load_kv`].
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::kv::{KvData, KvDtype};
+///
+/// let data = KvData::from(vec![half::f16::from_f32(0.5); 4]);
+/// assert_eq!((data.dtype(), data.len(), data.is_empty()), (KvDtype::F16, 4, false));
+/// assert_eq!(data.as_slice().len(), 4);
+/// assert_eq!(data.clone().into_vec::<f32>(), None, "not f32 data");
+/// assert_eq!(data.into_vec::<half::f16>().unwrap()[0].to_f32(), 0.5);
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub enum KvData {
     /// f32 elements.
@@ -126,6 +157,22 @@ impl<T: KvElement> From<Vec<T>> for KvData {
 ///
 /// The conversions are exact: `T::as_kv_slice(T::from_kv_slice(s)?)` is `s`, the same slice
 /// (bit for bit; `==` on floats would fail for NaN data).
+///
+/// # Examples
+///
+/// ```
+/// use half::bf16;
+/// use kvown_runtime::kv::{KvData, KvDtype, KvElement};
+///
+/// let values = vec![bf16::from_f32(1.5), bf16::from_f32(-2.0)];
+/// assert_eq!(bf16::DTYPE, KvDtype::Bf16);
+/// assert_eq!(f32::from_kv_slice(bf16::as_kv_slice(&values)), None, "a dtype mismatch");
+/// assert_eq!(bf16::from_kv_slice(bf16::as_kv_slice(&values)), Some(&values[..]));
+/// let data: KvData = bf16::into_data(values.clone());
+/// assert_eq!(bf16::from_data(data), Some(values));
+/// let one_and_a_half: bf16 = KvElement::from_f32(1.5); // rounds to nearest
+/// assert_eq!(one_and_a_half.to_f32(), 1.5);
+/// ```
 pub trait KvElement: Copy + Default + PartialEq + fmt::Debug + Send + Sync + 'static {
     /// The dtype tag of `Self`.
     const DTYPE: KvDtype;

@@ -2,6 +2,7 @@
 
 use super::element::KvDtype;
 use crate::ids::KvSlot;
+use crate::shared_error::PageOutOfRange;
 
 /// Which of the two per-layer buffers a length error refers to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,16 +44,12 @@ pub enum KvPoolError {
         slots: usize,
     },
     /// A page is outside `0..pages`.
-    #[error(
-        "page {page} (index {index} of the page list) out of range: valid pages are 0..{pages}"
-    )]
+    #[error("page list entry {index}: {range}")]
     PageOutOfRange {
         /// Position of the bad page in the caller's list.
         index: usize,
-        /// The bad page.
-        page: u32,
-        /// Pages in each buffer (`slots / page_size`).
-        pages: usize,
+        /// The bad page, and the pages in each buffer (`slots / page_size`).
+        range: PageOutOfRange,
     },
     /// K or V data does not hold exactly one row per slot.
     #[error("{tensor:?} data has {got} elements, expected {expected} ({rows} slots x {row_len})")]

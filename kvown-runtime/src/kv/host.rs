@@ -7,6 +7,19 @@ use super::layout::KvLayout;
 use crate::ids::KvSlot;
 
 /// Host-memory KV pool of element type `T`, zero-initialised, NHD layout.
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::kv::{HostKvPool, KvLayout, KvTensor};
+///
+/// let mut pool = HostKvPool::<f32>::new(KvLayout::new(2, 1, 4, 8, 4)?)?;
+/// pool.buffer_mut(1, KvTensor::V)?[4..8].fill(1.0); // V row of slot 1, layer 1
+/// assert_eq!(pool.buffer(1, KvTensor::V)?[4..8], [1.0; 4]);
+/// assert_eq!(pool.buffer(0, KvTensor::K)?.len(), 12 * 4, "12 slots of 4 elements, zeroed");
+/// assert!(pool.buffer(2, KvTensor::K).is_err(), "no layer 2");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct HostKvPool<T: KvElement> {
     layout: KvLayout,
@@ -16,6 +29,17 @@ pub struct HostKvPool<T: KvElement> {
 
 /// A boxed host pool of the given dtype, for callers that pick the dtype at run time; fails
 /// as [`HostKvPool::new`] does.
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::kv::{KvDtype, KvLayout, new_host_pool};
+///
+/// let pool = new_host_pool(KvLayout::new(2, 1, 4, 8, 4)?, KvDtype::Bf16)?;
+/// assert_eq!(pool.dtype(), KvDtype::Bf16);
+/// assert_eq!(pool.layout().slots(), 12);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn new_host_pool(layout: KvLayout, dtype: KvDtype) -> Result<Box<dyn KvPool>, KvPoolError> {
     Ok(match dtype {
         KvDtype::F32 => Box::new(HostKvPool::<f32>::new(layout)?),

@@ -3,12 +3,29 @@
 use super::element::{KvDtype, KvSlice};
 use super::error::{KvPoolError, KvTensor};
 use crate::ids::{KvSlot, PageId};
+use crate::shared_error::PageOutOfRange;
 
 /// Shape of a KV pool (sglang `MHATokenToKVPool`, NHD layout).
 ///
 /// Each of the `layers` layers has a K buffer of `slots()` rows of `kv_heads * head_dim` elements
 /// and a V buffer of `slots()` rows of `kv_heads * v_head_dim`. `slots() = capacity + page_size`:
 /// page 0 (slots `0..page_size`) is padding that dummy tokens may write.
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::kv::{KvDtype, KvLayout, KvTensor};
+///
+/// // 2 layers, 4 KV heads of 8 elements, 64 slots in pages of 16.
+/// let layout = KvLayout::new(2, 4, 8, 64, 16)?;
+/// assert_eq!((layout.layers(), layout.kv_heads(), layout.head_dim()), (2, 4, 8));
+/// assert_eq!((layout.capacity(), layout.page_size()), (64, 16));
+/// assert_eq!((layout.slots(), layout.pages()), (80, 5), "the padding page 0 included");
+/// assert_eq!(layout.v_head_dim(), 8, "the K head size unless set apart");
+/// assert_eq!(layout.row_len(KvTensor::K), 32);
+/// assert_eq!(layout.pool_bytes(KvDtype::F32), 2 * 80 * (32 + 32) * 4);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvLayout {
     layers: usize,
@@ -24,6 +41,15 @@ impl KvLayout {
     /// multiple of `page_size`, `capacity + page_size` slots do not fit in a [`KvSlot`], or the
     /// pool's K and V buffers would not fit in the address space (counted at 4 bytes an element,
     /// the widest [`KvDtype`]), so no size computed from a layout overflows.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::kv::KvLayout;
+    /// assert!(KvLayout::new(2, 4, 8, 64, 16).is_ok());
+    /// assert!(KvLayout::new(2, 4, 8, 60, 16).is_err(), "capacity not whole pages");
+    /// assert!(KvLayout::new(0, 4, 8, 64, 16).is_err(), "no layers");
+    /// ```
     pub fn new(
         layers: usize,
         kv_heads: usize,
@@ -35,6 +61,16 @@ impl KvLayout {
     }
 
     /// A layout whose V rows have `v_head_dim` elements per head (MLA-style K/V split).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::kv::{KvLayout, KvTensor};
+    /// let layout = KvLayout::with_v_head_dim(1, 1, 192, 128, 64, 16)?;
+    /// assert_eq!((layout.head_dim(), layout.v_head_dim()), (192, 128));
+    /// assert_eq!(layout.row_len(KvTensor::V), 128);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn with_v_head_dim(
         layers: usize,
         kv_heads: usize,
@@ -137,6 +173,16 @@ impl KvLayout {
     }
 
     /// Checks that `layer` exists.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::kv::KvLayout;
+    /// let layout = KvLayout::new(2, 1, 4, 8, 4)?;
+    /// assert!(layout.check_layer(1).is_ok());
+    /// assert!(layout.check_layer(2).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn check_layer(&self, layer: usize) -> Result<(), KvPoolError> {
         if layer < self.layers {
             Ok(())
@@ -149,6 +195,17 @@ impl KvLayout {
     }
 
     /// Checks that every slot is in `0..slots()`; the error names the first bad one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::kv::KvLayout;
+    /// let layout = KvLayout::new(1, 1, 4, 8, 4)?; // slots 0..12
+    /// assert!(layout.check_slots(&[0, 11]).is_ok());
+    /// let error = layout.check_slots(&[3, 12]).unwrap_err();
+    /// assert!(error.to_string().contains("12"), "{error}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn check_slots(&self, slots: &[KvSlot]) -> Result<(), KvPoolError> {
         let limit = self.slots();
         match slots.iter().position(|&slot| slot as usize >= limit) {
@@ -162,19 +219,42 @@ impl KvLayout {
     }
 
     /// Checks that every page is in `0..pages()`; the error names the first bad one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::kv::KvLayout;
+    /// let layout = KvLayout::new(1, 1, 4, 8, 4)?; // pages 0..3
+    /// assert!(layout.check_pages(&[0, 2]).is_ok());
+    /// assert!(layout.check_pages(&[3]).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn check_pages(&self, pages: &[PageId]) -> Result<(), KvPoolError> {
         let limit = self.pages();
         match pages.iter().position(|&page| page as usize >= limit) {
             None => Ok(()),
             Some(index) => Err(KvPoolError::PageOutOfRange {
                 index,
-                page: pages[index],
-                pages: limit,
+                range: PageOutOfRange {
+                    page: pages[index],
+                    pages: limit,
+                },
             }),
         }
     }
 
     /// Checks one buffer's data: dtype `dtype` and exactly one row per slot.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::kv::{KvDtype, KvLayout, KvSlice, KvTensor};
+    /// let layout = KvLayout::new(1, 2, 2, 8, 4)?; // rows of 4 elements
+    /// let rows = [0.0f32; 8];
+    /// assert!(layout.check_data(KvTensor::K, KvDtype::F32, 2, KvSlice::F32(&rows)).is_ok());
+    /// assert!(layout.check_data(KvTensor::K, KvDtype::F32, 3, KvSlice::F32(&rows)).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn check_data(
         &self,
         tensor: KvTensor,
@@ -204,6 +284,17 @@ impl KvLayout {
     }
 
     /// Everything [`crate::kv::KvPool::store_kv`] validates, in one call.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::kv::{KvDtype, KvLayout, KvSlice};
+    /// let layout = KvLayout::new(2, 1, 4, 8, 4)?;
+    /// let row = KvSlice::F32(&[1.0; 4]);
+    /// assert!(layout.check_store(KvDtype::F32, 1, &[5], row, row).is_ok());
+    /// assert!(layout.check_store(KvDtype::F32, 2, &[5], row, row).is_err(), "no layer 2");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn check_store(
         &self,
         dtype: KvDtype,
@@ -219,6 +310,16 @@ impl KvLayout {
     }
 
     /// Everything [`crate::kv::KvPool::copy_slots`] validates, in one call.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::kv::KvLayout;
+    /// let layout = KvLayout::new(1, 1, 4, 8, 4)?;
+    /// assert!(layout.check_copy(&[4, 5], &[8, 9]).is_ok());
+    /// assert!(layout.check_copy(&[4, 5], &[8]).is_err(), "lengths differ");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn check_copy(&self, src: &[KvSlot], dst: &[KvSlot]) -> Result<(), KvPoolError> {
         if src.len() != dst.len() {
             return Err(KvPoolError::CopyLengthMismatch {
@@ -236,6 +337,15 @@ impl KvLayout {
     /// # Panics
     /// In debug builds, on a page whose slots pass `u32::MAX` (one `check_pages` refuses);
     /// release builds wrap.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::kv::KvLayout;
+    /// let layout = KvLayout::new(1, 1, 4, 8, 4)?;
+    /// assert_eq!(layout.page_slots(&[2, 1]), [8, 9, 10, 11, 4, 5, 6, 7]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn page_slots(&self, pages: &[PageId]) -> Vec<KvSlot> {
         let page_size = self.page_size as KvSlot;
         pages

@@ -35,6 +35,21 @@ pub use transfer::{KvTransfer, LocalTransfer, SharedPool, TransferError, Transfe
 use crate::ids::{KvSlot, PageId};
 
 /// A backend holding the K and V buffers of every layer.
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::kv::{HostKvPool, KvDtype, KvLayout, KvPool, KvSlice};
+///
+/// let mut pool = HostKvPool::<f32>::new(KvLayout::new(1, 1, 2, 8, 4)?)?;
+/// assert_eq!((pool.dtype(), pool.layout().page_size()), (KvDtype::F32, 4));
+/// pool.store_kv(0, &[4, 5], KvSlice::F32(&[1.0, 2.0, 3.0, 4.0]), KvSlice::F32(&[0.0; 4]))?;
+/// pool.copy_slots(&[5], &[9])?; // slot 5's rows, every layer, to slot 9
+/// pool.copy_pages(&[1], &[2])?; // page 1 (slots 4..8) to page 2 (slots 8..12)
+/// let (k, _) = pool.load_kv(0, &[8, 9])?;
+/// assert_eq!(k.into_vec::<f32>().unwrap(), [1.0, 2.0, 3.0, 4.0]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub trait KvPool: Send {
     /// The pool's shape.
     fn layout(&self) -> &KvLayout;

@@ -49,6 +49,22 @@ pub enum TransferError {
 }
 
 /// Moves K/V rows between a sender's pool and a receiver's.
+///
+/// # Examples
+///
+/// ```
+/// # use kvown_runtime::kv::{HostKvPool, KvLayout, KvTransfer, LocalTransfer};
+/// # let layout = KvLayout::new(1, 1, 2, 8, 4)?;
+/// # let pool = || HostKvPool::<f32>::new(layout).map(Box::new);
+/// let mut link = LocalTransfer::new(pool()?, pool()?)?;
+/// let id = link.submit(&[4, 5], &[8, 9])?; // may return before the rows moved
+/// let mut done = Vec::new();
+/// link.poll(&mut done); // then reports each ended transfer once
+/// assert_eq!(done.len(), 1);
+/// assert!(done[0].0 == id && done[0].1.is_ok());
+/// assert!(link.submit(&[4, 5], &[8]).is_err(), "the lists pair slots one to one");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub trait KvTransfer {
     /// Starts moving the K and V rows of every layer of `src` (sender slots) to `dst`
     /// (receiver slots), pairwise. May return before the data has moved.
@@ -61,6 +77,24 @@ pub trait KvTransfer {
 /// layer by layer at once (all or nothing: every layer is read before any is written), and
 /// [`KvTransfer::poll`] reports it done. [`LocalTransfer::fail_next`] makes the next submitted
 /// transfer fail without copying, as a broken link would.
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::kv::{HostKvPool, KvLayout, KvPool, KvSlice, KvTransfer, LocalTransfer};
+///
+/// let layout = KvLayout::new(1, 1, 2, 8, 4)?;
+/// let (prefill, decode) = (HostKvPool::<f32>::new(layout)?, HostKvPool::<f32>::new(layout)?);
+/// let mut link = LocalTransfer::new(Box::new(prefill), Box::new(decode))?;
+/// link.prefill_pool().store_kv(0, &[4], KvSlice::F32(&[1.0, 2.0]), KvSlice::F32(&[3.0, 4.0]))?;
+/// let id = link.submit(&[4], &[9])?; // prefill slot 4 to decode slot 9
+/// let mut done = Vec::new();
+/// link.poll(&mut done);
+/// assert!(matches!(done[..], [(ended, Ok(()))] if ended == id));
+/// let (k, _) = link.decode_pool().load_kv(0, &[9])?;
+/// assert_eq!(k.into_vec::<f32>().unwrap(), [1.0, 2.0]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct LocalTransfer {
     prefill: Box<dyn KvPool>,
     decode: Box<dyn KvPool>,
@@ -122,6 +156,21 @@ impl LocalTransfer {
     }
 
     /// Makes the next submitted transfer fail, copying nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::kv::{HostKvPool, KvLayout, KvTransfer, LocalTransfer};
+    /// # let layout = KvLayout::new(1, 1, 2, 8, 4)?;
+    /// # let pool = || HostKvPool::<f32>::new(layout).map(Box::new);
+    /// let mut link = LocalTransfer::new(pool()?, pool()?)?;
+    /// link.fail_next();
+    /// link.submit(&[4], &[9])?;
+    /// let mut done = Vec::new();
+    /// link.poll(&mut done);
+    /// assert!(done[0].1.is_err(), "the link dropped");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn fail_next(&mut self) {
         self.fail_next = true;
     }
@@ -166,6 +215,19 @@ impl KvTransfer for LocalTransfer {
 
 /// A K/V pool with several owners: clones share one pool (behind a mutex), so a node can store
 /// and read its K/V through one clone while a [`LocalTransfer`] writes into it through another.
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::kv::{HostKvPool, KvLayout, KvPool, KvSlice, SharedPool};
+///
+/// let pool = HostKvPool::<f32>::new(KvLayout::new(1, 1, 2, 8, 4)?)?;
+/// let mut writer = SharedPool::new(Box::new(pool));
+/// let reader = writer.clone();
+/// writer.store_kv(0, &[4], KvSlice::F32(&[1.0, 2.0]), KvSlice::F32(&[0.0; 2]))?;
+/// assert_eq!(reader.load_kv(0, &[4])?.0.into_vec::<f32>().unwrap(), [1.0, 2.0]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct SharedPool {
     pool: std::sync::Arc<std::sync::Mutex<Box<dyn KvPool>>>,

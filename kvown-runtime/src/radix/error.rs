@@ -3,6 +3,7 @@
 use super::Namespace;
 use super::node::NodeId;
 use crate::alloc::AllocError;
+use crate::shared_error::PageSizeMismatch;
 
 /// Why a radix-cache call was refused. A refused call leaves the tree unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -189,13 +190,8 @@ pub enum RadixError {
         max: usize,
     },
     /// The allocator must use the cache's page size.
-    #[error("allocator page size {allocator} differs from the radix cache's {cache}")]
-    PageSizeMismatch {
-        /// The cache's page size.
-        cache: usize,
-        /// The allocator's page size.
-        allocator: usize,
-    },
+    #[error(transparent)]
+    PageSizeMismatch(PageSizeMismatch),
     /// The allocator refused to free the pages of a node an eviction chose. Eviction frees node
     /// by node (sglang `RadixCache.evict`): the nodes freed before the refused one are evicted (`evicted`
     /// tokens, often none), the others stay cached.

@@ -39,6 +39,19 @@ const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 ///
 /// For routing only: a replica matches tokens, never hashes, so a collision (or a prompt made
 /// to collide) costs a cache miss on the replica a router picked, never a wrong reuse.
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::radix::{Namespace, PageHash};
+///
+/// let key = [1, 2, 3, 4, 5]; // two pages of 2 tokens and a partial one
+/// let seed = PageHash::seed(Namespace::DEFAULT);
+/// let first = seed.chain(&key[..2]);
+/// let pages: Vec<_> = PageHash::of_pages(Namespace::DEFAULT, &key, 2).collect();
+/// assert_eq!(pages, [first, first.chain(&key[2..4])]);
+/// assert_ne!(PageHash::of_pages(Namespace(1), &key, 2).next(), Some(first), "another namespace");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PageHash(pub u64);
 

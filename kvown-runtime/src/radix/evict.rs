@@ -11,6 +11,7 @@ use super::node::NodeId;
 use super::order::{EvictionPlan, Victim};
 use super::{RadixCache, RadixError};
 use crate::alloc::{AllocError, FreeOrder, KvAllocator, PageId};
+use crate::shared_error::PageSizeMismatch;
 
 impl RadixCache {
     /// Evicts at least `num_tokens` tokens if that many are evictable, in the order of the
@@ -61,10 +62,10 @@ impl RadixCache {
     ) -> Result<usize, RadixError> {
         let page_size = self.layout.page_size();
         if alloc.page_size() != page_size {
-            return Err(RadixError::PageSizeMismatch {
+            return Err(RadixError::PageSizeMismatch(PageSizeMismatch {
                 cache: page_size,
                 allocator: alloc.page_size(),
-            });
+            }));
         }
         if num_tokens == 0 {
             return Ok(0);
@@ -186,8 +187,8 @@ impl RadixCache {
     }
 
     /// Deletes the evictable leaf `leaf`; its parent becomes a candidate when it is left an
-    /// unlocked leaf. The parent inherits the leaf's access time when newer (sglang stamps whole
-    /// paths) and absorbs its hits and priority ([`super::policy::NodeStats::absorb`]).
+    /// unlocked leaf. The parent inherits the leaf's access time when newer and absorbs its hits
+    /// and priority ([`super::policy::NodeStats::absorb`]).
     fn remove_leaf(&mut self, leaf: NodeId) {
         self.record_removed(leaf, 0);
         self.order.set_candidate(&mut self.arena, leaf, false);

@@ -158,6 +158,19 @@ impl fmt::Debug for InsertPlan<'_> {
 impl InsertPlan<'_> {
     /// Tokens of the key already cached ([`InsertOutcome::prefix_len`]): the caller's slots for
     /// `[protected, prefix_len)` are duplicates, to free before or after applying.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::radix::{Insert, RadixCache, RadixConfig};
+    /// let mut tree = RadixCache::new(RadixConfig::new(1))?;
+    /// tree.insert(Insert::new(&[1, 2], &[4, 5]))?;
+    /// let plan = tree.plan_insert(Insert::new(&[1, 2, 3], &[6, 7, 8]))?;
+    /// assert_eq!(plan.prefix_len(), 2, "slots 6 and 7 are duplicates to free");
+    /// assert_eq!(plan.apply().prefix_len, 2);
+    /// assert_eq!(tree.sizes().total(), 3);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[inline(always)]
     pub fn prefix_len(&self) -> usize {
         self.prefix_len
@@ -166,6 +179,17 @@ impl InsertPlan<'_> {
     /// Carries out the insert: the tree takes the slots of `[prefix_len, key.len())`, a node
     /// ends exactly at `key.len()` ([`InsertOutcome::last_node`], stamped as accessed, with the
     /// insert's [`InsertParams`] recorded). It cannot fail.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::radix::{Insert, RadixCache, RadixConfig};
+    /// let mut tree = RadixCache::new(RadixConfig::new(1))?;
+    /// let plan = tree.plan_insert(Insert::new(&[1, 2], &[4, 5]))?;
+    /// let outcome = plan.apply();
+    /// assert_eq!(tree.match_prefix(&[1, 2]).node, outcome.last_node);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[inline(always)]
     pub fn apply(self) -> InsertOutcome {
         let InsertPlan {
@@ -223,6 +247,18 @@ impl RadixCache {
     ///
     /// # Errors
     /// As [`RadixCache::plan_insert`]; nothing changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::radix::{Insert, RadixCache, RadixConfig};
+    /// let mut tree = RadixCache::new(RadixConfig::new(2))?;
+    /// assert_eq!(tree.insert(Insert::new(&[1, 2, 3, 4], &[4, 5, 6, 7]))?.prefix_len, 0);
+    /// let again = tree.insert(Insert::new(&[1, 2, 3, 4, 5, 6], &[8, 9, 10, 11, 2, 3]))?;
+    /// assert_eq!(again.prefix_len, 4, "slots 8..12 duplicate cached ones: free them");
+    /// assert_eq!(tree.match_prefix(&[1, 2, 3, 4, 5, 6]).len, 6);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     #[inline]
     pub fn insert(&mut self, insert: Insert<'_>) -> Result<InsertOutcome, RadixError> {
         Ok(self.plan_insert(insert)?.apply())

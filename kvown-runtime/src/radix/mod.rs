@@ -76,7 +76,7 @@
 //! Access times, hits and priorities are recorded where a match or insert ends and passed to
 //! the parent when a leaf is removed; a running request's leaf grows in place, registration by
 //! registration. Both rank the leaves as sglang's tree would (`docs/design.md`), which
-//! `tests/eviction_replay.rs` checks against a model of its rules.
+//! `tests/it/eviction_replay.rs` checks against a model of its rules.
 
 mod children;
 mod error;
@@ -219,6 +219,7 @@ pub struct InsertOutcome {
 /// let config = RadixConfig::new(16).with_policy(EvictionPolicy::Lfu);
 /// let tree = RadixCache::new(config)?;
 /// assert_eq!(tree.config(), config);
+/// assert!(!config.events && config.with_events().events);
 /// assert_eq!(RadixCache::new(RadixConfig::new(0)).unwrap_err(), RadixError::ZeroPageSize);
 /// # Ok::<(), RadixError>(())
 /// ```
@@ -259,6 +260,19 @@ impl RadixConfig {
 }
 
 /// The cache's token counters (sglang's `evictable_size()` and `protected_size()`).
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::radix::{Insert, RadixCache, RadixConfig};
+///
+/// let mut tree = RadixCache::new(RadixConfig::new(2))?;
+/// let leaf = tree.insert(Insert::new(&[1, 2, 3, 4], &[4, 5, 6, 7]))?.last_node;
+/// tree.inc_lock_ref(leaf)?;
+/// let sizes = tree.sizes();
+/// assert_eq!((sizes.evictable, sizes.protected, sizes.total()), (0, 4, 4));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RadixSizes {
     /// Cached tokens in unlocked nodes: what [`RadixCache::evict`] can free.
@@ -281,12 +295,37 @@ struct Cut {
     upper: NodeId,
     /// The node that starts there, on the path of the node that was cut.
     lower: NodeId,
-    /// Whether the position was inside a node (sglang's split) rather than where one of the
-    /// leaf's registrations ended (where sglang had a node boundary already).
+    /// Whether the position was inside a node (a split) rather than where one of a grown
+    /// leaf's registrations ended (a node boundary in sglang's tree, `docs/design.md`).
     split: bool,
 }
 
 /// The radix prefix cache of one KV pool. All lengths are in tokens.
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::radix::{CacheEvent, Insert, RadixCache, RadixConfig};
+///
+/// let mut tree = RadixCache::new(RadixConfig::new(2).with_events())?;
+/// assert!(tree.config().events);
+/// let short = tree.insert(Insert::new(&[1, 2], &[4, 5]))?.last_node;
+/// let long = tree.insert(Insert::new(&[1, 2, 3, 4], &[4, 5, 6, 7]))?.last_node;
+/// assert_eq!(tree.sizes().total(), 4);
+/// tree.inc_lock_ref(short)?; // a running request protects its prefix [1, 2]
+/// tree.move_lock(short, long)?; // ... and then all of [1, 2, 3, 4]
+/// assert_eq!((tree.sizes().evictable, tree.sizes().protected), (0, 4));
+/// let at = tree.match_prefix(&[1, 2, 3, 4, 5]);
+/// let mut slots = [0; 2];
+/// tree.path_slots_into(at, 2, &mut slots)?; // the slots of positions 2..4
+/// assert_eq!(slots, [6, 7]);
+/// tree.dec_lock_ref(long)?;
+/// assert_eq!(tree.sizes().evictable, 4);
+/// assert!(tree.take_events().iter().any(|event| matches!(event, CacheEvent::Stored { .. })));
+/// tree.enable_events(); // restarts the stream: a snapshot of what is cached
+/// assert!(matches!(tree.take_events()[0], CacheEvent::Cleared));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct RadixCache {
     layout: KeyLayout,

@@ -379,9 +379,9 @@ impl Arena {
     }
 
     /// Forgets all but the first `kept` earlier registrations of `id`: its figures absorb the
-    /// removed ones' and become the figures of registration `kept` (sglang deletes the leaves of
-    /// the newest registrations one by one, each parent absorbing its child). The caller
-    /// removes the pages past where registration `kept` ends.
+    /// removed ones' and become the figures of registration `kept`, as removing their nodes
+    /// newest first would leave them. The caller removes the pages past where registration
+    /// `kept` ends.
     pub(super) fn drop_registrations(&mut self, id: NodeId, kept: usize) {
         let figures = &mut self.figures[id.index()];
         while figures.registrations.list.len() > kept {

@@ -57,6 +57,14 @@ impl EvictionPolicy {
     ];
 
     /// The policy's name, as sglang spells it and as [`FromStr`] reads it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::radix::EvictionPolicy;
+    /// assert_eq!(EvictionPolicy::Lfu.name(), "lfu");
+    /// assert_eq!("lfu".parse::<EvictionPolicy>().ok(), Some(EvictionPolicy::Lfu));
+    /// ```
     pub fn name(self) -> &'static str {
         match self {
             EvictionPolicy::Lru => "lru",
@@ -151,8 +159,8 @@ pub(super) struct NodeStats {
 
 impl NodeStats {
     /// Figures of a node first cached at `created`, before the insert that made it is
-    /// recorded: no hits, and the lowest priority, so that the node takes the insert's (sglang's
-    /// new node starts at the insert's priority, however low).
+    /// recorded: no hits, and the lowest priority, so that the node takes the insert's, however
+    /// low.
     pub(super) fn new(created: u64) -> NodeStats {
         NodeStats {
             created,
@@ -163,7 +171,7 @@ impl NodeStats {
 
     /// The upper part cut at `now` from a node with these figures (sglang `_split_node`): a
     /// new node, created `now`, at the node's priority, and with no hits of its own (the node
-    /// keeps them and passes them on when it is removed, which adds up to sglang's copy).
+    /// keeps them and passes them on when it is removed; `docs/design.md` compares).
     pub(super) fn split_upper(&self, now: u64) -> NodeStats {
         NodeStats {
             created: now,

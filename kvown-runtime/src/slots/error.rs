@@ -1,6 +1,6 @@
 //! Errors of the request-to-token pool.
 
-use super::ReqRow;
+use crate::ids::ReqRow;
 
 /// Why a [`ReqToTokenPool`](super::ReqToTokenPool) call was rejected. The pool is unchanged
 /// after any of these.

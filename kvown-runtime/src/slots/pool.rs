@@ -3,11 +3,7 @@
 use std::iter::repeat_n;
 
 use super::SlotError;
-use crate::ids::KvSlot;
-
-/// Index of a row of the request-to-token table (sglang `req_pool_idx`). A plain index so it can
-/// go into batch index tensors as is; the pool validates every row it is given. Row 0 is padding.
-pub type ReqRow = usize;
+use crate::ids::{KvSlot, ReqRow};
 
 /// Request-to-token table: rows `1..=size` for running requests plus padding row 0, each
 /// `max_context_len` KV slots wide, zero-initialised (unwritten entries read as slot 0).
@@ -50,6 +46,17 @@ impl ReqToTokenPool {
     /// Fails with [`SlotError::TableTooLarge`] when the table, or the per-row bookkeeping,
     /// would exceed the address space (`isize::MAX` bytes) or the system allocator refuses it.
     /// The table is zeroed at once: its memory is taken now, not at the first write.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvown_runtime::slots::ReqToTokenPool;
+    ///
+    /// let pool = ReqToTokenPool::new(8, 16)?;
+    /// assert_eq!((pool.size(), pool.available_size()), (8, 8));
+    /// assert!(ReqToTokenPool::new(usize::MAX, 2).is_err(), "more than the address space");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn new(size: usize, max_context_len: usize) -> Result<Self, SlotError> {
         let too_large = SlotError::TableTooLarge {
             rows: size.saturating_add(1),
@@ -91,26 +98,79 @@ impl ReqToTokenPool {
     }
 
     /// Rows available to requests (row 0 excluded).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// let mut pool = ReqToTokenPool::new(8, 16)?;
+    /// pool.alloc(3)?;
+    /// assert_eq!(pool.size(), 8, "held rows count too");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn size(&self) -> usize {
         self.size
     }
 
     /// Positions per row.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// let pool = ReqToTokenPool::new(8, 16)?;
+    /// assert_eq!(pool.max_context_len(), 16);
+    /// assert_eq!(pool.row(1)?.len(), 16);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn max_context_len(&self) -> usize {
         self.max_context_len
     }
 
     /// Rows free now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// let mut pool = ReqToTokenPool::new(8, 16)?;
+    /// pool.alloc(3)?;
+    /// assert_eq!(pool.available_size(), 5);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn available_size(&self) -> usize {
         self.free_rows.len()
     }
 
     /// The free-row list; `alloc` takes from its end, `free` appends to it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// let mut pool = ReqToTokenPool::new(4, 16)?;
+    /// assert_eq!(pool.free_rows(), [1, 2, 3, 4]);
+    /// pool.alloc(2)?; // rows 3 and 4, from the end
+    /// pool.free(3)?; // appended: reused first
+    /// assert_eq!(pool.free_rows(), [1, 2, 3]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn free_rows(&self) -> &[ReqRow] {
         &self.free_rows
     }
 
     /// Whether `row` is held by a request (false for row 0 and out-of-range rows).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// let mut pool = ReqToTokenPool::new(8, 16)?;
+    /// let rows = pool.alloc(1)?;
+    /// assert!(pool.is_held(rows[0]));
+    /// assert!(!pool.is_held(1) && !pool.is_held(0) && !pool.is_held(99));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn is_held(&self, row: ReqRow) -> bool {
         self.held.get(row).copied().unwrap_or(false)
     }
@@ -118,6 +178,26 @@ impl ReqToTokenPool {
     /// The request (by rid) the batch flow assigned the held `row` to; `None` for a free row, an
     /// out-of-range one, or one taken with [`ReqToTokenPool::alloc`] directly. The invariant
     /// checker names it when no live request holds the row any more (a leak).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvown_runtime::batch::{Req, ScheduleBatch, alloc_for_extend, prepare_for_extend};
+    /// # use kvown_runtime::{alloc::PagedAllocator, cache::{KvCache, TreeCache}};
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// # let allocator = PagedAllocator::new(64, 4, false)?;
+    /// # let mut cache = KvCache::new(allocator, ReqToTokenPool::new(4, 32)?, TreeCache::Disabled)?;
+    ///
+    /// let batch = prepare_for_extend(ScheduleBatch::new(vec![Req::new(7, vec![1, 2, 3])]));
+    /// let batch = alloc_for_extend(batch, &mut cache).map_err(|f| f.error)?;
+    /// let row = batch.reqs()[0].held_row()?;
+    /// assert_eq!(cache.req_to_token().assigned_to(row), Some(7));
+    ///
+    /// let mut pool = ReqToTokenPool::new(4, 32)?;
+    /// let rows = pool.alloc(1)?;
+    /// assert_eq!(pool.assigned_to(rows[0]), None, "taken directly");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn assigned_to(&self, row: ReqRow) -> Option<u64> {
         self.assigned_to.get(row).copied().flatten()
     }
@@ -129,6 +209,20 @@ impl ReqToTokenPool {
     }
 
     /// How many times `row` has been assigned since the pool was created or cleared.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// let mut pool = ReqToTokenPool::new(1, 16)?;
+    /// assert_eq!(pool.req_generation(1)?, 0);
+    /// pool.alloc(1)?;
+    /// pool.free(1)?;
+    /// pool.alloc(1)?;
+    /// assert_eq!(pool.req_generation(1)?, 2);
+    /// assert!(pool.req_generation(2).is_err(), "out of range");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn req_generation(&self, row: ReqRow) -> Result<u64, SlotError> {
         self.check_range(row)?;
         Ok(self.req_generation[row])
@@ -138,6 +232,17 @@ impl ReqToTokenPool {
     /// size 8 gives `[7, 8]` for 2), bumping each row's generation. All or nothing.
     ///
     /// Requests that already hold a row keep it and are not counted here.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// let mut pool = ReqToTokenPool::new(8, 16)?;
+    /// assert_eq!(pool.alloc(2)?, [7, 8]);
+    /// assert!(pool.alloc(7).is_err(), "6 rows left: nothing taken");
+    /// assert_eq!(pool.available_size(), 6);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn alloc(&mut self, count: usize) -> Result<Vec<ReqRow>, SlotError> {
         self.next_rows(count)?;
         let rows = self.free_rows.split_off(self.free_rows.len() - count);
@@ -150,6 +255,17 @@ impl ReqToTokenPool {
 
     /// The rows [`ReqToTokenPool::alloc`] would assign for `count`, in its order, without
     /// assigning them: a caller whose next step can fail takes them only once it has not.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// let mut pool = ReqToTokenPool::new(8, 16)?;
+    /// assert_eq!(pool.next_rows(2)?, [7, 8]);
+    /// assert_eq!(pool.available_size(), 8, "nothing taken");
+    /// assert_eq!(pool.alloc(2)?, [7, 8]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn next_rows(&self, count: usize) -> Result<&[ReqRow], SlotError> {
         let available = self.free_rows.len();
         if count > available {
@@ -162,6 +278,20 @@ impl ReqToTokenPool {
     }
 
     /// Returns `row` to the free-row list (appended, so reused first). Its contents stay.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// let mut pool = ReqToTokenPool::new(8, 16)?;
+    /// let rows = pool.alloc(1)?;
+    /// pool.write(rows[0], 0, &[4, 5])?;
+    /// pool.free(rows[0])?;
+    /// assert_eq!(pool.row(rows[0])?[..2], [4, 5], "contents stay");
+    /// assert!(pool.free(rows[0]).is_err(), "a double free");
+    /// assert!(pool.free(0).is_err(), "the padding row");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn free(&mut self, row: ReqRow) -> Result<(), SlotError> {
         self.check_range(row)?;
         if row == 0 {
@@ -177,6 +307,16 @@ impl ReqToTokenPool {
     }
 
     /// The slots of `row` (any row, held or not, including padding row 0).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// let pool = ReqToTokenPool::new(8, 4)?;
+    /// assert_eq!(pool.row(0)?, [0, 0, 0, 0], "zeroed; row 0 reads too");
+    /// assert!(pool.row(9).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn row(&self, row: ReqRow) -> Result<&[KvSlot], SlotError> {
         self.check_range(row)?;
         let start = row * self.max_context_len;
@@ -195,6 +335,18 @@ impl ReqToTokenPool {
     }
 
     /// The slots of a held `row`, writable.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// let mut pool = ReqToTokenPool::new(8, 4)?;
+    /// assert!(pool.row_mut(8).is_err(), "not held");
+    /// let rows = pool.alloc(1)?;
+    /// pool.row_mut(rows[0])?[3] = 12;
+    /// assert_eq!(pool.row(rows[0])?, [0, 0, 0, 12]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn row_mut(&mut self, row: ReqRow) -> Result<&mut [KvSlot], SlotError> {
         self.check_writable(row)?;
         let start = row * self.max_context_len;
@@ -222,6 +374,19 @@ impl ReqToTokenPool {
 
     /// Writes `values` to positions `start_pos..start_pos + values.len()` of a held `row`.
     /// Nothing is written on error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// let mut pool = ReqToTokenPool::new(8, 4)?;
+    /// let row = pool.alloc(1)?[0];
+    /// pool.write(row, 1, &[8, 9])?;
+    /// assert_eq!(pool.row(row)?, [0, 8, 9, 0]);
+    /// assert!(pool.write(row, 3, &[1, 2]).is_err(), "past the row: nothing written");
+    /// assert_eq!(pool.row(row)?[3], 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn write(
         &mut self,
         row: ReqRow,
@@ -244,6 +409,18 @@ impl ReqToTokenPool {
     }
 
     /// Every row free again (`[1, …, size]`), generations zeroed. Row contents stay.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::slots::ReqToTokenPool;
+    /// let mut pool = ReqToTokenPool::new(4, 16)?;
+    /// pool.alloc(3)?;
+    /// pool.clear();
+    /// assert_eq!(pool.free_rows(), [1, 2, 3, 4]);
+    /// assert_eq!(pool.req_generation(4)?, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn clear(&mut self) {
         self.free_rows.clear();
         self.free_rows.extend(1..=self.size);

@@ -106,10 +106,12 @@ impl<R: ReuseOrder> PageAllocator<R> {
     #[inline]
     fn mark_listed(&mut self, page: PageId) -> Result<(), AllocError> {
         if page == 0 || page as usize > self.num_pages {
-            return Err(AllocError::PageOutOfRange {
-                page,
-                num_pages: self.num_pages,
-            });
+            return Err(AllocError::PageOutOfRange(
+                crate::shared_error::PageOutOfRange {
+                    page,
+                    pages: self.num_pages + 1,
+                },
+            ));
         }
         self.mark_page(page as usize, self.geometry.first_slot(page))
     }

@@ -28,15 +28,52 @@ const BYTES_PER_PAGE: usize = 1 + 2 + 2 * std::mem::size_of::<PageId>();
 ///   row order, a group end as [`deferred_pages`](Self::deferred_pages) lists them: the pages
 ///   of `free_segment(s)` and `free_page_ids` in call order, then those of `free` sorted
 ///   ascending).
-/// * With `need_sort`, frees go to a release list instead, and the two lists are merged and
-///   sorted ascending when sglang merges them: when its cheap over-estimate of the pages a call
-///   takes exceeds the free list (see [`PageAllocator::merge_released`]), so that every
-///   allocation hands out sglang's pages in sglang's order. A call answered out of memory keeps
-///   the merge it made first, as sglang's does: a refused call changes no ownership.
+/// * With `need_sort`, frees go to a release list instead, merged into the free list and sorted
+///   ascending when a call's over-estimate of the pages it takes exceeds the free list
+///   ([`PageAllocator::merge_released`]). A call answered out of memory keeps that merge, which
+///   moves no page between owners. Rule: sglang `merge_and_sort_free` and its callers.
 /// * Every page carries a [`PageState`], so double frees, frees of unallocated pages and
 ///   duplicate pages are rejected before anything changes, and a fill mark (how many of its
 ///   slots were handed out, two bytes), so that a continuation from any slot but the page's
 ///   last handed-out one is rejected too ([`AllocError::LastLocNotLatest`]).
+///
+/// # Examples
+///
+/// ```
+/// use kvown_runtime::alloc::{ExtendShape, KvAllocator, PageState, PagedAllocator};
+///
+/// let mut allocator = PagedAllocator::new(16, 4, false)?; // pages 1..=4
+/// let prompt = ExtendShape { prefix_len: 0, seq_len: 6, last_loc: None };
+/// allocator.alloc_extend(&[prompt], &mut Vec::new())?; // page 1 whole, page 2 half
+/// assert_eq!(allocator.num_pages(), 4);
+/// assert_eq!(allocator.free_pages().collect::<Vec<_>>(), [3, 4]);
+/// assert_eq!(allocator.free_page_count(), 2);
+/// assert_eq!(allocator.page_state(2), Some(PageState::Held));
+/// assert!(allocator.is_page_allocated(2) && allocator.is_page_free(3));
+/// assert_eq!(allocator.last_handed(2), Some(9), "slots 8 and 9 of page 2");
+/// assert!(allocator.bookkeeping_bytes() >= 5 * 11);
+/// allocator.check()?;
+/// allocator.clear();
+/// assert_eq!(allocator.available_size(), 16);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// A free group's pages stay deferred until its guard commits:
+///
+/// ```
+/// use kvown_runtime::alloc::{FreeOrder, KvAllocator, PagedAllocator};
+///
+/// let mut allocator = PagedAllocator::new(16, 4, false)?;
+/// let mut pages = Vec::new();
+/// allocator.alloc_page_ids(3, &mut pages)?;
+/// let mut group = allocator.free_group()?;
+/// assert!(group.in_free_group());
+/// group.free_page_ids(&[2, 1], FreeOrder::Given)?;
+/// assert_eq!((group.deferred_count(), group.deferred_pages()), (2, &[2, 1][..]));
+/// group.commit();
+/// assert_eq!((allocator.deferred_count(), allocator.in_free_group()), (0, false));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PageAllocator<R: ReuseOrder> {
     geometry: PageGeometry,
@@ -120,6 +157,20 @@ impl<R: ReuseOrder> PageAllocator<R> {
     }
 
     /// Whether frees go to a release list that is merged and sorted lazily.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
+    /// let mut allocator = PagedAllocator::new(16, 4, true)?;
+    /// assert!(allocator.need_sort());
+    /// let mut slots = Vec::new();
+    /// allocator.alloc(8, &mut slots)?;
+    /// allocator.free(&slots)?;
+    /// assert_eq!(allocator.released_pages().count(), 2, "waiting for a merge");
+    /// assert_eq!(allocator.available_size(), 16, "but available");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn need_sort(&self) -> bool {
         self.need_sort
     }
@@ -127,9 +178,22 @@ impl<R: ReuseOrder> PageAllocator<R> {
     /// Merges the release list into the free list, sorted ascending (sglang
     /// `merge_and_sort_free`); a no-op when nothing is released.
     ///
-    /// Allocations merge by themselves exactly when sglang's do, a call answered out of memory
-    /// included; this is for a caller that wants the free list merged at another point (before
-    /// reading it, or to start a phase from a sorted list).
+    /// Allocations merge by themselves when a call's over-estimate of its pages exceeds the free
+    /// list, a call answered out of memory included; this is for a caller that wants the free
+    /// list merged at another point (before reading it, or to start a phase from a sorted list).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::alloc::{FreeOrder, KvAllocator, PagedAllocator};
+    /// let mut allocator = PagedAllocator::new(16, 4, true)?;
+    /// let mut pages = Vec::new();
+    /// allocator.alloc_page_ids(4, &mut pages)?;
+    /// allocator.free_page_ids(&[3, 1], FreeOrder::Given)?;
+    /// allocator.merge_released();
+    /// assert_eq!(allocator.free_pages().collect::<Vec<_>>(), [1, 3], "merged and sorted");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn merge_released(&mut self) {
         if self.free.released_len() > 0 {
             for page in self.free.released_pages() {
@@ -155,6 +219,20 @@ impl<R: ReuseOrder> PageAllocator<R> {
     }
 
     /// The release list (`need_sort` mode), in no particular order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use kvown_runtime::alloc::{FreeOrder, KvAllocator, PagedAllocator};
+    /// let mut allocator = PagedAllocator::new(16, 4, true)?;
+    /// let mut pages = Vec::new();
+    /// allocator.alloc_page_ids(2, &mut pages)?;
+    /// allocator.free_page_ids(&pages, FreeOrder::Given)?;
+    /// let mut released: Vec<_> = allocator.released_pages().collect();
+    /// released.sort();
+    /// assert_eq!(released, [1, 2]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn released_pages(&self) -> impl Iterator<Item = PageId> + '_ {
         self.free.released_pages()
     }
@@ -277,8 +355,10 @@ impl<R: ReuseOrder> PageAllocator<R> {
             if index == 0 || index > self.num_pages {
                 return Err(V::PageOutOfRange {
                     list,
-                    page,
-                    num_pages: self.num_pages,
+                    range: crate::shared_error::PageOutOfRange {
+                        page,
+                        pages: self.num_pages + 1,
+                    },
                 });
             }
             if std::mem::replace(&mut listed[index], true) {
@@ -323,10 +403,11 @@ impl<R: ReuseOrder> PageAllocator<R> {
         if pages <= self.free.free_len() {
             return Ok(());
         }
-        Err(AllocError::OutOfMemory {
+        Err(AllocError::OutOfMemory(crate::shared_error::OutOfMemory {
             requested: pages.saturating_mul(self.geometry.page_size()),
             available: self.available_size(),
-        })
+            evictable: 0,
+        }))
     }
 
     /// Takes the head of the free list (`ensure_free(1)` made one available) and marks it held:
@@ -647,8 +728,7 @@ mod tests {
             allocator.check(),
             Err(V::PageOutOfRange {
                 list: "free",
-                page: 9,
-                num_pages: 4
+                range: crate::shared_error::PageOutOfRange { page: 9, pages: 5 }
             })
         );
     }
