@@ -22,7 +22,7 @@ use guarded::{
 };
 use kvown::cache::TableMirror;
 use kvown::radix::EvictionPolicy;
-use reference::{BareChurn, BulkChurn, DenseDecode};
+use reference::{BareChurn, BulkChurn, DenseDecode, ExtendFloor};
 use workloads::{
     DecodeLoop, EvictionChurn, ExtendBatch, Phase, PhaseTimes, PoolChurn, ReleaseOne, WideDecode,
 };
@@ -48,7 +48,7 @@ struct Args {
 
 /// The timed workloads, in the order they run; `ref_*` are reference loops, not kvown, and
 /// `A/B` is the ratio of two workloads timed in alternation ([`paired`]).
-const WORKLOADS: [&str; 50] = [
+const WORKLOADS: [&str; 52] = [
     "W1_k1",
     "W1_k32",
     "W1_k1024",
@@ -81,12 +81,14 @@ const WORKLOADS: [&str; 50] = [
     "ref_bare_churn",
     "ref_bulk_slots",
     "ref_bulk_ids",
+    "ref_extend",
     "W1_k1/W1p_k1",
     "W1_k1/ref_bare_churn",
     "W1_k1024/ref_bulk_slots",
     "W1p_k1024/ref_bulk_ids",
     "R_k1024/ref_bulk_slots",
     "R_k1024c/ref_bulk_slots",
+    "W3/ref_extend",
     "W2/ref_dense_decode_append",
     "W2c/W2",
     "W2e/W2c",
@@ -493,6 +495,18 @@ fn paired_ratios(selected: impl Fn(&str) -> bool, repeats: usize) -> Vec<Workloa
             ratios.push(paired(name, repeats, release_timer(radix), bulk_slots()));
         }
     }
+    let name = "W3/ref_extend";
+    if selected(name) {
+        let (mut w3, mut floor) = (ExtendBatch::new(false), ExtendFloor::new());
+        extend_ns_per_token(&mut w3);
+        extend_floor_ns_per_token(&mut floor);
+        let w3_timer = || extend_ns_per_token(&mut w3);
+        let floor_timer = || extend_floor_ns_per_token(&mut floor);
+        ratios.push(paired(name, repeats, w3_timer, floor_timer));
+        if let Err(violation) = w3.check() {
+            panic!("W3: invariant violated after the run: {violation}");
+        }
+    }
     let name = "W2/ref_dense_decode_append";
     if selected(name) {
         let (mut w2, mut dense) = (DecodeLoop::new(false), DenseDecode::new(true));
@@ -584,29 +598,43 @@ fn decode_phases(workload: &'static str, radix: bool, repeats: usize) -> Vec<Pha
         .collect()
 }
 
-/// W3 (`radix` false) or W3c: `BATCHES` batches of warm-up, then `repeats` measurements of
-/// `BATCHES` batches each, in tokens per second.
-fn extend(name: &str, radix: bool, repeats: usize) -> Workload {
-    const BATCHES: usize = 20;
-    let mut extend = ExtendBatch::new(radix);
-    let tokens = extend.tokens();
-    // Warm-up, as W1 and W2 have: the first batches touch the pool, the table and the heap for
-    // the first time.
-    for _ in 0..BATCHES {
+/// Batches per W3 / W3c / `ref_extend` measurement.
+const EXTEND_BATCHES: usize = 20;
+
+/// One measurement of W3 or W3c: [`EXTEND_BATCHES`] extends, in ns per token (building the
+/// requests and releasing them not timed).
+fn extend_ns_per_token(extend: &mut ExtendBatch) -> f64 {
+    let mut nanos = 0;
+    for _ in 0..EXTEND_BATCHES {
         let reqs = extend.fresh_reqs();
-        let batch = extend.extend(reqs);
+        let start = Instant::now();
+        let batch = extend.extend(black_box(reqs));
+        nanos += start.elapsed().as_nanos();
         extend.release(batch);
     }
+    nanos as f64 / (EXTEND_BATCHES * extend.tokens()) as f64
+}
+
+/// One measurement of `ref_extend`, W3's floor, as [`extend_ns_per_token`] measures W3.
+fn extend_floor_ns_per_token(floor: &mut ExtendFloor) -> f64 {
+    let mut nanos = 0;
+    for _ in 0..EXTEND_BATCHES {
+        let start = Instant::now();
+        black_box(&mut *floor).extend();
+        nanos += start.elapsed().as_nanos();
+        floor.release();
+    }
+    nanos as f64 / (EXTEND_BATCHES * ExtendFloor::tokens()) as f64
+}
+
+/// W3 (`radix` false) or W3c, warmed up with one measurement (the first batches touch the
+/// pool, the table and the heap for the first time), then `repeats` measurements in tokens per
+/// second; the invariant checker runs after them.
+fn extend(name: &str, radix: bool, repeats: usize) -> Workload {
+    let mut extend = ExtendBatch::new(radix);
+    extend_ns_per_token(&mut extend);
     let workload = repeat(name, "tokens/s", repeats, || {
-        let mut nanos = 0;
-        for _ in 0..BATCHES {
-            let reqs = extend.fresh_reqs();
-            let start = Instant::now();
-            let batch = extend.extend(black_box(reqs));
-            nanos += start.elapsed().as_nanos();
-            extend.release(batch);
-        }
-        (BATCHES * tokens) as f64 / (nanos as f64 / 1e9)
+        1e9 / extend_ns_per_token(&mut extend)
     });
     if let Err(violation) = extend.check() {
         panic!("{name}: invariant violated after the run: {violation}");
@@ -751,6 +779,13 @@ fn main() {
             let timer = churn_timer(BulkChurn::new(BULK_PAGES), BULK_PAGES, cycle);
             workloads.push(repeat(name, "ns/page", repeats, timer));
         }
+    }
+    if selected("ref_extend") {
+        let mut floor = ExtendFloor::new();
+        extend_floor_ns_per_token(&mut floor);
+        workloads.push(repeat("ref_extend", "tokens/s", repeats, || {
+            1e9 / extend_floor_ns_per_token(&mut floor)
+        }));
     }
     workloads.extend(paired_ratios(selected, repeats));
     workloads.push(figure(

@@ -723,7 +723,7 @@ impl ExtendBatch {
     /// Prompts per batch.
     pub const BATCH: usize = 64;
     /// Longest prompt.
-    const MAX_LEN: usize = 4096;
+    pub const MAX_LEN: usize = 4096;
 
     /// An empty pool large enough for one batch, with the prefix cache on (`radix`, W3c) or
     /// off (W3).
@@ -741,7 +741,7 @@ impl ExtendBatch {
     }
 
     /// Prompt length of request `i` of a batch.
-    fn prompt_len(i: usize) -> usize {
+    pub fn prompt_len(i: usize) -> usize {
         512 + (i * 7919) % 3585
     }
 

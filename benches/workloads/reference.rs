@@ -1,9 +1,9 @@
 //! Reference loops that are not kvown, as floors for what a workload can cost on the machine at
-//! hand (`benches/README.md`, "Notes on the misses"): W1's cycle over a bare page stack, and the
-//! W2 decode rule alone over dense arrays. No typed errors, no per-request records, no prefix
+//! hand (`benches/README.md`, "Notes on the misses"): W1's cycle over a bare page stack, the
+//! W2 decode rule alone over dense arrays, W3's extend as two streaming writes. No typed errors, no per-request records, no prefix
 //! cache.
 
-use crate::workloads::{DecodeLoop, PAGE_SIZE, PoolChurn};
+use crate::workloads::{DecodeLoop, ExtendBatch, PAGE_SIZE, PoolChurn};
 
 /// W1_k1 with nothing but what its cycle must do: a free stack of page ids (LIFO, as
 /// `PagedAllocator`), a held flag per page checked and set on both sides, the page's 16 slots
@@ -221,5 +221,84 @@ impl BulkChurn {
             Self::give_back(&mut self.held, &mut self.free, page);
         }
         self.out = out;
+    }
+}
+
+/// The floor of W3: an extend of W3's 64 prompts with nothing but its bytes to move. Each
+/// prompt's pages come off a stack of page ids as one slice, their slot runs are written into
+/// `out_cache_loc` (the last page's run cut at the prompt's end), then each prompt's slots are
+/// copied into its row of a dense request-to-token table. No requests, no checks, no errors.
+pub struct ExtendFloor {
+    free: Vec<u32>,
+    out: Vec<u32>,
+    table: Vec<u32>,
+    /// Pages taken by the last [`ExtendFloor::extend`], given back by [`ExtendFloor::release`].
+    taken: usize,
+}
+
+impl ExtendFloor {
+    /// A stack holding as many pages as W3's pool, all free.
+    pub fn new() -> Self {
+        let rows = ExtendBatch::BATCH;
+        let pages = (rows * (ExtendBatch::MAX_LEN + PAGE_SIZE) / PAGE_SIZE) as u32;
+        ExtendFloor {
+            free: (1..=pages).rev().collect(),
+            out: Vec::new(),
+            table: vec![0; rows * ExtendBatch::MAX_LEN],
+            taken: 0,
+        }
+    }
+
+    /// Tokens extended per batch (W3's).
+    pub fn tokens() -> usize {
+        (0..ExtendBatch::BATCH).map(ExtendBatch::prompt_len).sum()
+    }
+
+    /// `ref_extend`, the measured part: every prompt's slot runs written to `out_cache_loc`,
+    /// then copied into its row.
+    #[inline]
+    pub fn extend(&mut self) {
+        const SLOTS: u32 = PAGE_SIZE as u32;
+        self.out.clear();
+        for i in 0..ExtendBatch::BATCH {
+            let len = ExtendBatch::prompt_len(i);
+            let pages = len.div_ceil(PAGE_SIZE);
+            let start = self.free.len() - pages;
+            let end = self.out.len() + len;
+            for &page in self.free[start..].iter().rev() {
+                let first = page * SLOTS;
+                let run: [u32; PAGE_SIZE] = std::array::from_fn(|i| first + i as u32);
+                self.out.extend_from_slice(&run);
+            }
+            self.out.truncate(end);
+            self.free.truncate(start);
+            self.taken += pages;
+        }
+        let mut offset = 0;
+        for (i, row) in self
+            .table
+            .chunks_exact_mut(ExtendBatch::MAX_LEN)
+            .enumerate()
+        {
+            let len = ExtendBatch::prompt_len(i);
+            row[..len].copy_from_slice(&self.out[offset..offset + len]);
+            offset += len;
+        }
+        std::hint::black_box(&self.table);
+    }
+
+    /// Gives the pages of the last extend back (not measured).
+    pub fn release(&mut self) {
+        let before = self.free.len();
+        let runs = self
+            .out
+            .chunk_by(|a, b| a / PAGE_SIZE as u32 == b / PAGE_SIZE as u32);
+        self.free.extend(runs.map(|run| run[0] / PAGE_SIZE as u32));
+        let given = self.free.len() - before;
+        assert_eq!(
+            given,
+            std::mem::take(&mut self.taken),
+            "every page taken is given back"
+        );
     }
 }
