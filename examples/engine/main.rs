@@ -643,6 +643,49 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_the_prefill_node_refuses_is_offered_again_a_request_fewer() {
+        // Found by the property test above: two admitted prompts that fit the decode node
+        // (thanks to its prefix cache) did not fit the prefill node's pool of 80 slots together,
+        // and the same pair was offered to it every step, stalling the run.
+        let flags = [
+            "--requests",
+            "18",
+            "--prompt-len",
+            "18..49",
+            "--output-len",
+            "22..24",
+            "--shared-prefix-fraction",
+            "1",
+            "--adapters",
+            "2",
+            "--priorities",
+            "3",
+            "--spec",
+            "--spec-tokens",
+            "2",
+            "--eviction-policy",
+            "filo",
+            "--page-size",
+            "2",
+            "--pool-tokens",
+            "80",
+            "--max-running",
+            "2",
+            "--chunk-size",
+            "29",
+            "--admission",
+            "next-step",
+            "--seed",
+            "89",
+            "--check",
+            "--disaggregated",
+            "--cache-events",
+        ];
+        let summary = run_with("prefill-refuses-the-pair", &flags);
+        assert_eq!((summary.finished, summary.aborted), (18, 0));
+    }
+
+    #[test]
     fn a_request_that_fits_the_pool_alone_is_not_aborted_for_the_chunked_one() {
         // Each request's life takes the whole pool (1 + 81 tokens, 81 of them computed, in six
         // pages of 16). The second one, prefilling a chunk per step, held pages outside the

@@ -464,18 +464,28 @@ impl<'a, M: TableMirror + DeviceCopy> Engine<'a, M> {
 
     /// `--disaggregated`: the admitted requests' prompts computed on `node`, their K/V moved
     /// into the slots this node preallocates for them, then committed and running here. When
-    /// the prefill node cannot take them now, they wait (their prefix locks here dropped).
+    /// the prefill node cannot take them all now, the last admitted waits (its prefix locks
+    /// here dropped) and the rest are tried again: the prefill node holds no request between
+    /// steps, so one request, which fits the pool alone, is always taken. (Offering the same
+    /// batch again every step could refuse it forever: the two nodes' prefix caches differ, so
+    /// a batch that fits here may not fit there.)
     fn extend_remotely(
         &mut self,
         node: &mut PrefillLink,
-        admitted: Vec<Req>,
+        mut admitted: Vec<Req>,
     ) -> Result<bool, String> {
-        let Some((remote, computed)) = node.prefill(&admitted, &mut self.step_ns)? else {
-            for mut req in admitted.into_iter().rev() {
-                self.unlock(&mut req)?;
-                self.waiting.push_front(req);
+        let (remote, computed) = loop {
+            if let Some(prefilled) = node.prefill(&admitted, &mut self.step_ns)? {
+                break prefilled;
             }
-            return Ok(false);
+            let Some(mut req) = admitted.pop() else {
+                return Ok(false);
+            };
+            self.unlock(&mut req)?;
+            self.waiting.push_front(req);
+            if admitted.is_empty() {
+                return Ok(false);
+            }
         };
         self.stats.tokens_prefilled += computed;
         for (mut req, remote) in admitted.into_iter().zip(remote) {

@@ -624,9 +624,10 @@ mod tests {
                 let before = allocator.clone();
                 let error = allocator.free_page_ids(&pages, order).unwrap_err();
                 let named = match error {
-                    AllocError::PageOutOfRange { page, .. }
-                    | AllocError::NotAllocated { page, .. }
-                    | AllocError::DoubleFree { page, .. } => page,
+                    AllocError::PageOutOfRange(range) => range.page,
+                    AllocError::NotAllocated { page, .. } | AllocError::DoubleFree { page, .. } => {
+                        page
+                    }
                     AllocError::ReservedSlot { .. } => 0,
                     other => panic!("{other:?}"),
                 };

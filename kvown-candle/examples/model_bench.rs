@@ -1,4 +1,4 @@
-//! kvown-candle's bench: `cargo run --release -p kvown-candle --example bench`.
+//! kvown-candle's bench: `cargo run --release -p kvown-candle --example model_bench`.
 //!
 //! Prints a table and JSON (`--json PATH` writes it to a file) of:
 //! * kvown's share of a model step (its batch-flow calls and the table reads that build each
@@ -30,7 +30,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 #[derive(Debug, Parser)]
-#[command(name = "bench")]
+#[command(name = "model_bench")]
 struct Args {
     /// Repeats of each timed comparison (medians are reported).
     #[arg(long, default_value_t = 3)]
