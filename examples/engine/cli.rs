@@ -435,6 +435,18 @@ impl Args {
         self.lifetime_slots(self.prompt_len.max, self.output_len.max)
     }
 
+    /// Steps in a row without an arrival or a completion after which the run is a stall
+    /// (`--check` runs take long enough that a stall should fail, not hang): a running request
+    /// takes at most its prompt and output in steps, each retraction starting it again, so 64
+    /// times that per request of the workload, plus 10,000, capped at `cap`.
+    pub fn stall_steps(&self, cap: u64) -> u64 {
+        let life = self.prompt_len.max.saturating_add(self.output_len.max) as u64;
+        life.saturating_mul(64)
+            .saturating_mul(self.requests as u64)
+            .saturating_add(10_000)
+            .min(cap)
+    }
+
     /// Whether the pair runs in two processes linked by NIXL.
     pub fn transfer_over_nixl(&self) -> bool {
         self.disaggregated && self.transfer == TransferChoice::Nixl
@@ -471,6 +483,22 @@ impl Args {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_small_workload_is_a_stall_long_before_the_cap() {
+        let small = Args::from_flags(&[
+            "--requests",
+            "3",
+            "--prompt-len",
+            "4..8",
+            "--output-len",
+            "2..4",
+        ]);
+        // (8 + 4) tokens x 64 x 3 requests + 10,000.
+        assert_eq!(small.stall_steps(10_000_000), 12 * 64 * 3 + 10_000);
+        assert_eq!(Args::from_flags(&[]).stall_steps(10_000_000), 10_000_000);
+        assert_eq!(small.stall_steps(100), 100);
+    }
 
     #[test]
     fn the_defaults_run() {

@@ -47,8 +47,9 @@ use disagg::nixl::NixlLink;
 use report::Summary;
 use scheduler::Engine;
 
-/// Steps in a row in which no request arrives or completes after which the loop gives up (a
-/// scheduler that stops making progress).
+/// The most steps in a row in which no request arrives or completes before the loop gives up (a
+/// scheduler that stops making progress); a small workload gives up sooner
+/// ([`Args::stall_steps`]).
 const MAX_STALLED_STEPS: u64 = 10_000_000;
 
 /// Gives the run up when, for `limit` steps in a row, no request arrives and none completes.
@@ -114,8 +115,10 @@ fn backend(args: &Args) -> Result<(Option<Arc<CudaDevice>>, String), String> {
 }
 
 /// The request-to-token table: rows for the running requests, wide enough for the longest job
-/// or for the whole pool, whichever is less (a request that cannot fit the pool is aborted
-/// before it takes a row).
+/// or for the whole pool and one more position, whichever is less (a request that cannot fit
+/// the pool is aborted before it takes a row; the one more is the next token's position that
+/// `prealloc_for_transfer` asks a row to have, which a request filling the pool needs under
+/// `--disaggregated`).
 fn request_table(args: &Args, jobs: &[workload::Job]) -> Result<ReqToTokenPool, String> {
     let longest = jobs
         .iter()
@@ -125,7 +128,7 @@ fn request_table(args: &Args, jobs: &[workload::Job]) -> Result<ReqToTokenPool, 
     let pool = args.pool_tokens / args.page_size * args.page_size;
     let width = longest
         .saturating_add(args.spec_reserve().unwrap_or(1) + args.page_size)
-        .min(pool);
+        .min(pool.saturating_add(1));
     // One row per running request (no more than there are requests) and one for the request
     // whose chunked prefill continues next step.
     let rows = args.max_running.min(jobs.len()) + 1;
@@ -258,7 +261,7 @@ fn serve<M: TableMirror + DeviceCopy>(
         ProgressStyle::with_template("{bar:40} {pos}/{len} requests  {msg}")
             .map_err(|e| e.to_string())?,
     );
-    let mut watchdog = Watchdog::new(MAX_STALLED_STEPS);
+    let mut watchdog = Watchdog::new(args.stall_steps(MAX_STALLED_STEPS));
     let start = Instant::now();
     while !engine.is_done() {
         engine.step()?;
