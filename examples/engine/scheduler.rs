@@ -478,9 +478,9 @@ impl<'a, M: TableMirror + DeviceCopy> Engine<'a, M> {
             if let Some(prefilled) = node.prefill(&admitted, &mut self.step_ns)? {
                 break prefilled;
             }
-            let Some(mut req) = admitted.pop() else {
-                return Ok(false);
-            };
+            let mut req = admitted
+                .pop()
+                .expect("the caller admits at least one request");
             self.unlock(&mut req)?;
             self.waiting.push_front(req);
             if admitted.is_empty() {

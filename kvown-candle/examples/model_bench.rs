@@ -201,25 +201,34 @@ fn run_dense(
     let start = Instant::now();
     let mut decode = Duration::ZERO;
     for prompt in prompts {
-        let mut cache = dense::Cache::new(true, DType::F32, config, &Device::Cpu).unwrap();
-        let input = Tensor::new(prompt.as_slice(), &Device::Cpu)
+        decode += generate_dense(model, config, prompt, new).1;
+    }
+    (start.elapsed(), decode)
+}
+
+/// `new` greedy tokens of `prompt` through candle-transformers' Llama with a dense cache of its
+/// own; returns the cache and the time of the decode steps (all but the prefill).
+fn generate_dense(
+    model: &dense::Llama,
+    config: &dense::Config,
+    prompt: &[u32],
+    new: usize,
+) -> (dense::Cache, Duration) {
+    let mut cache = dense::Cache::new(true, DType::F32, config, &Device::Cpu).unwrap();
+    let forward = |tokens: &[u32], position, cache: &mut dense::Cache| {
+        let input = Tensor::new(tokens, &Device::Cpu)
             .unwrap()
             .unsqueeze(0)
             .unwrap();
-        let logits = model.forward(&input, 0, &mut cache).unwrap();
-        let mut token = argmax(&logits.squeeze(0).unwrap().to_vec1::<f32>().unwrap());
-        let decode_start = Instant::now();
-        for position in prompt.len()..prompt.len() + new - 1 {
-            let input = Tensor::new(&[token], &Device::Cpu)
-                .unwrap()
-                .unsqueeze(0)
-                .unwrap();
-            let logits = model.forward(&input, position, &mut cache).unwrap();
-            token = argmax(&logits.squeeze(0).unwrap().to_vec1::<f32>().unwrap());
-        }
-        decode += decode_start.elapsed();
+        let logits = model.forward(&input, position, cache).unwrap();
+        argmax(&logits.squeeze(0).unwrap().to_vec1::<f32>().unwrap())
+    };
+    let mut token = forward(prompt, 0, &mut cache);
+    let decode_start = Instant::now();
+    for position in prompt.len()..prompt.len() + new - 1 {
+        token = forward(&[token], position, &mut cache);
     }
-    (start.elapsed(), decode)
+    (cache, decode_start.elapsed())
 }
 
 /// One row of the results table.
@@ -443,22 +452,7 @@ fn rss_child(side: &str) {
             // Every request's dense cache alive at once, as a server holding them would.
             let mut caches = Vec::new();
             for prompt in &requests {
-                let mut cache = dense::Cache::new(true, DType::F32, &config, &Device::Cpu).unwrap();
-                let input = Tensor::new(prompt.as_slice(), &Device::Cpu)
-                    .unwrap()
-                    .unsqueeze(0)
-                    .unwrap();
-                let logits = model.forward(&input, 0, &mut cache).unwrap();
-                let mut token = argmax(&logits.squeeze(0).unwrap().to_vec1::<f32>().unwrap());
-                for position in prompt.len()..prompt.len() + new - 1 {
-                    let input = Tensor::new(&[token], &Device::Cpu)
-                        .unwrap()
-                        .unsqueeze(0)
-                        .unwrap();
-                    let logits = model.forward(&input, position, &mut cache).unwrap();
-                    token = argmax(&logits.squeeze(0).unwrap().to_vec1::<f32>().unwrap());
-                }
-                caches.push(cache);
+                caches.push(generate_dense(&model, &config, prompt, new).0);
             }
             (baseline, 64 * (144 + new - 1) * kv_bytes_per_token)
         }
