@@ -3,6 +3,7 @@
 
 use super::PageAllocator;
 use crate::alloc::{AllocError, FreeOrder, GroupStep, KvSlot, PageId, PageState, ReuseOrder};
+use crate::shared_error::PageOutOfRange;
 
 impl<R: ReuseOrder> PageAllocator<R> {
     /// [`KvAllocator::free_page_ids`](crate::alloc::KvAllocator::free_page_ids): one held page
@@ -106,12 +107,10 @@ impl<R: ReuseOrder> PageAllocator<R> {
     #[inline]
     fn mark_listed(&mut self, page: PageId) -> Result<(), AllocError> {
         if page == 0 || page as usize > self.num_pages {
-            return Err(AllocError::PageOutOfRange(
-                crate::shared_error::PageOutOfRange {
-                    page,
-                    pages: self.num_pages + 1,
-                },
-            ));
+            return Err(AllocError::PageOutOfRange(PageOutOfRange {
+                page,
+                pages: self.num_pages + 1,
+            }));
         }
         self.mark_page(page as usize, self.geometry.first_slot(page))
     }

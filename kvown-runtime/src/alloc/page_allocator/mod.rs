@@ -15,6 +15,7 @@ use super::{
     AllocError, DecodeRequests, ExtendShape, FreeOrder, GroupStep, KvAllocator, KvSlot, PageId,
     PageState, ReuseOrder,
 };
+use crate::shared_error::{OutOfMemory, PageOutOfRange};
 
 /// Bookkeeping bytes per page: the state byte, the two-byte fill mark, and a page id each in
 /// the free/release ring and the deferred list ([`PageAllocator::bookkeeping_bytes`]).
@@ -355,7 +356,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
             if index == 0 || index > self.num_pages {
                 return Err(V::PageOutOfRange {
                     list,
-                    range: crate::shared_error::PageOutOfRange {
+                    range: PageOutOfRange {
                         page,
                         pages: self.num_pages + 1,
                     },
@@ -403,7 +404,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
         if pages <= self.free.free_len() {
             return Ok(());
         }
-        Err(AllocError::OutOfMemory(crate::shared_error::OutOfMemory {
+        Err(AllocError::OutOfMemory(OutOfMemory {
             requested: pages.saturating_mul(self.geometry.page_size()),
             available: self.available_size(),
             evictable: 0,
@@ -729,7 +730,7 @@ mod tests {
             allocator.check(),
             Err(V::PageOutOfRange {
                 list: "free",
-                range: crate::shared_error::PageOutOfRange { page: 9, pages: 5 }
+                range: PageOutOfRange { page: 9, pages: 5 }
             })
         );
     }
