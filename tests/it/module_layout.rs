@@ -85,23 +85,31 @@ pub(crate) fn members(root: &Path) -> Vec<String> {
     members
 }
 
+/// Every `.rs` file under `dir`, at any depth.
+pub(crate) fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            out.push(path);
+        }
+    }
+}
+
 /// The `.rs` files under `src/` and the module each one is (`src/bin/` left out: its files are
 /// crates of their own).
 fn module_files(src: &Path) -> Vec<(PathBuf, ModPath)> {
-    let mut files = Vec::new();
-    let mut stack = vec![src.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                if path != src.join("bin") {
-                    stack.push(path);
-                }
-                continue;
-            }
-            if path.extension().is_none_or(|ext| ext != "rs") {
-                continue;
-            }
+    let mut paths = Vec::new();
+    rust_files(src, &mut paths);
+    let bin = src.join("bin");
+    paths
+        .into_iter()
+        .filter(|path| !path.starts_with(&bin))
+        .map(|path| {
             let relative = path.strip_prefix(src).unwrap().with_extension("");
             let mut module: ModPath = relative
                 .components()
@@ -113,10 +121,9 @@ fn module_files(src: &Path) -> Vec<(PathBuf, ModPath)> {
             ) {
                 module.pop();
             }
-            files.push((path, module));
-        }
-    }
-    files
+            (path, module)
+        })
+        .collect()
 }
 
 /// `text` with comments, string and character literals blanked out.

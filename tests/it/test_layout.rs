@@ -30,21 +30,6 @@ fn test_binaries(dir: &Path) -> BTreeSet<String> {
     binaries
 }
 
-/// Every `.rs` file under `dir`.
-fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|ext| ext == "rs") {
-            out.push(path);
-        }
-    }
-}
-
 #[test]
 fn every_crate_has_at_most_two_test_binaries_and_no_test_includes_an_example() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -63,7 +48,7 @@ fn every_crate_has_at_most_two_test_binaries_and_no_test_includes_an_example() {
             binaries.len()
         );
         let mut files = Vec::new();
-        rust_files(&dir.join("tests"), &mut files);
+        super::module_layout::rust_files(&dir.join("tests"), &mut files);
         for file in files {
             let text = std::fs::read_to_string(&file).unwrap();
             for line in text
