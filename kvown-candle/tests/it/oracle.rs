@@ -1,8 +1,11 @@
 //! The oracle: candle-transformers' `models::llama::Llama` on the same checkpoint, one dense
-//! `Cache` per request, fed the tokens the server's requests hold.
+//! `Cache` per request, fed the tokens the server's requests hold. The logits after a token
+//! sequence are kept for the whole test binary: the differential tests serve the same workload
+//! under every eviction policy, and the oracle computes each sequence once.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
@@ -12,17 +15,22 @@ use candle_transformers::models::llama::{Cache, Config, Llama, LlamaConfig};
 struct Dense {
     cache: Cache,
     fed: Vec<u32>,
-    /// The logits after each position it returned, by position.
-    logits: HashMap<usize, Vec<f32>>,
+}
+
+/// The logits after each token sequence computed in this test binary, by checkpoint.
+type Computed = HashMap<(PathBuf, Vec<u32>), Vec<f32>>;
+
+fn computed() -> &'static Mutex<Computed> {
+    static COMPUTED: OnceLock<Mutex<Computed>> = OnceLock::new();
+    COMPUTED.get_or_init(Mutex::default)
 }
 
 /// candle-transformers' Llama with a dense cache per request.
 pub struct Oracle {
+    dir: PathBuf,
     model: Llama,
     config: Config,
     requests: HashMap<u64, Dense>,
-    /// Tokens the oracle computed (for the test's own accounting).
-    pub tokens_computed: usize,
 }
 
 impl Oracle {
@@ -35,51 +43,55 @@ impl Oracle {
             .expect("candle reads the weights");
         let vb = VarBuilder::from_tensors(tensors, DType::F32, &Device::Cpu);
         Oracle {
+            dir: dir.to_path_buf(),
             model: Llama::load(vb, &config).expect("candle-transformers loads the model"),
             config,
             requests: HashMap::new(),
-            tokens_computed: 0,
         }
     }
 
-    /// The logits after `tokens[..=position]` of request `rid`. Its dense cache grows by the
-    /// tokens it has not seen; a request whose tokens do not extend what was fed (a position
-    /// computed again after a retraction) is answered from the logits kept, or fed again from
-    /// scratch.
+    /// The logits after `tokens[..=position]` of request `rid`: the ones computed for the same
+    /// sequence earlier in this test binary, or else computed now on the request's dense cache.
     pub fn logits(&mut self, rid: u64, tokens: &[u32], position: usize) -> Vec<f32> {
         let want = &tokens[..=position];
-        let config = &self.config;
-        let dense = self.requests.entry(rid).or_insert_with(|| Dense {
-            cache: Cache::new(true, DType::F32, config, &Device::Cpu).expect("a dense cache"),
-            fed: Vec::new(),
-            logits: HashMap::new(),
-        });
-        if dense.fed.len() >= want.len()
-            && dense.fed[..want.len()] == *want
-            && let Some(logits) = dense.logits.get(&position)
-        {
+        let key = (self.dir.clone(), want.to_vec());
+        if let Some(logits) = computed().lock().expect("the oracle's table").get(&key) {
             return logits.clone();
         }
+        let logits = self.compute(rid, want);
+        computed()
+            .lock()
+            .expect("the oracle's table")
+            .insert(key, logits.clone());
+        logits
+    }
+
+    /// Runs candle-transformers' model over the tokens of `want` that request `rid`'s dense
+    /// cache lacks; a request whose tokens do not extend what was fed (a position computed again
+    /// after a retraction) is fed again from scratch.
+    fn compute(&mut self, rid: u64, want: &[u32]) -> Vec<f32> {
+        let fresh = |config: &Config| Dense {
+            cache: Cache::new(true, DType::F32, config, &Device::Cpu).expect("a dense cache"),
+            fed: Vec::new(),
+        };
+        let dense = self
+            .requests
+            .entry(rid)
+            .or_insert_with(|| fresh(&self.config));
         if dense.fed.len() >= want.len() || dense.fed[..] != want[..dense.fed.len()] {
-            *dense = Dense {
-                cache: Cache::new(true, DType::F32, config, &Device::Cpu).expect("a dense cache"),
-                fed: Vec::new(),
-                logits: HashMap::new(),
-            };
+            *dense = fresh(&self.config);
         }
         let start = dense.fed.len();
         let input = Tensor::new(&want[start..], &Device::Cpu)
             .and_then(|t| t.unsqueeze(0))
             .expect("an input tensor");
-        let logits: Vec<f32> = self
+        let logits = self
             .model
             .forward(&input, start, &mut dense.cache)
             .and_then(|logits| logits.squeeze(0))
             .and_then(|logits| logits.to_vec1())
             .expect("the oracle computes");
-        self.tokens_computed += want.len() - start;
         dense.fed = want.to_vec();
-        dense.logits.insert(position, logits.clone());
         logits
     }
 
