@@ -81,7 +81,6 @@
 mod children;
 mod error;
 mod events;
-mod evict;
 mod insert;
 mod layout;
 mod lock;
@@ -102,7 +101,7 @@ pub(crate) use view::TreeView;
 use crate::ids::{KvSlot, PageId};
 use children::ChildIndex;
 use events::EventLog;
-pub(crate) use layout::KeyLayout;
+use layout::KeyLayout;
 use node::{Arena, Node};
 use order::EvictionOrder;
 use page_index::PageIndex;
@@ -473,6 +472,27 @@ impl RadixCache {
         } else {
             Err(RadixError::UnknownNode { node })
         }
+    }
+
+    /// The node on whose key `at.len` lies (`at.node` or an ancestor split off above it);
+    /// [`RadixError::HintOutOfRange`] names `key_len` as the length of the key `at` is in.
+    fn node_at(&self, at: TreePos, key_len: usize) -> Result<NodeId, RadixError> {
+        self.ensure_live(at.node)?;
+        let mut node = at.node;
+        while self.arena[node].start() > at.len {
+            node = self.arena[node].parent;
+        }
+        let node_end = self.arena[node].end(self.layout);
+        if at.len > node_end || !self.layout.is_aligned(at.len) {
+            return Err(RadixError::HintOutOfRange {
+                node: at.node,
+                len: at.len,
+                node_end,
+                key_len,
+                page_size: self.layout.page_size(),
+            });
+        }
+        Ok(node)
     }
 
     /// Counts `tokens` new tokens of `node` as evictable or protected by its lock state.
