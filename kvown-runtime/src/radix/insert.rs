@@ -5,8 +5,7 @@
 use std::fmt;
 
 use super::layout::KeyLayout;
-use super::node::{Node, NodeId};
-use super::policy::NodeStats;
+use super::node::NodeId;
 use super::{InsertOutcome, InsertParams, Key, RadixCache, RadixError, TreePos};
 use crate::alloc::{AsPageAllocator, KvSlot, PageAllocator, PageState, ReuseOrder};
 use crate::ids::PageId;
@@ -690,10 +689,7 @@ impl RadixCache {
         let mut data = Vec::with_capacity(layout.key_words(key.len() - pos));
         append_pages(&mut data, &key[pos..], &slots[pos..], layout);
         self.hold_pages(&slots[pos..]);
-        let leaf = self.arena.alloc(
-            Node::new(data, parent, namespace, pos, now),
-            NodeStats::new(now),
-        );
+        let leaf = self.arena.add_node(data, parent, namespace, pos, now);
         self.children.link(&mut self.arena, layout, leaf);
         self.arena[parent].child_count += 1;
         self.refresh_candidate(parent);

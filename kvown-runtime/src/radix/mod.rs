@@ -102,7 +102,7 @@ use crate::ids::{KvSlot, PageId};
 use children::ChildIndex;
 use events::EventLog;
 use layout::KeyLayout;
-use node::{Arena, Node};
+use node::Arena;
 use order::EvictionOrder;
 use page_index::PageIndex;
 
@@ -625,9 +625,8 @@ impl RadixCache {
     }
 
     /// Splits `node` at path position `pos` (strictly inside its key, page-aligned) at time
-    /// `now`. The new upper node takes the key before `pos` and is returned, created `now`
-    /// ([`policy::NodeStats::split_upper`]); `node` keeps its handle, children, lock
-    /// count, candidacy and figures with the key from `pos`. Counters do not change.
+    /// `now` ([`Arena::split`]) and relinks both parts in the child index; returns the new
+    /// upper part. Counters do not change.
     fn split(&mut self, node: NodeId, pos: usize, now: u64) -> NodeId {
         debug_assert_eq!(
             self.arena.registration_count(node),
@@ -636,26 +635,8 @@ impl RadixCache {
         );
         let layout = self.layout;
         self.children.unlink(&mut self.arena, layout, node);
-        let entry = &mut self.arena[node];
-        let cut = layout.key_words(pos - entry.start());
-        let lower = entry.data.split_off(cut);
-        let mut upper_data = std::mem::replace(&mut entry.data, lower);
-        upper_data.shrink_to_fit();
-        let mut upper = Node::new(
-            upper_data,
-            entry.parent,
-            entry.namespace,
-            entry.start(),
-            entry.last_access,
-        );
-        upper.lock_ref = entry.lock_ref;
-        upper.child_count = 1;
-        let upper_stats = self.arena.stats(node).split_upper(now);
-        let upper = self.arena.alloc(upper, upper_stats);
+        let upper = self.arena.split(node, pos, layout, now);
         self.children.link(&mut self.arena, layout, upper);
-        let entry = &mut self.arena[node];
-        entry.parent = upper;
-        entry.set_start(pos);
         self.children.link(&mut self.arena, layout, node);
         upper
     }

@@ -16,14 +16,17 @@ use std::ops::Range;
 
 use super::children::KeyHasher;
 use super::layout::KeyLayout;
-use super::node::{Arena, NOT_EVICTABLE, NodeId};
-use super::policy::{EvictionPolicy, NodeStats, Rank};
+use super::node::{Arena, NOT_EVICTABLE, NodeId, NodeStats};
+use super::policy::EvictionPolicy;
 use super::{RadixCache, RadixError};
 use crate::alloc::{AllocError, FreeOrder, KvAllocator, PageId};
 use crate::shared_error::PageSizeMismatch;
 
 /// Outdated entries of the heap tolerated beyond twice the candidates before a rebuild.
 const ORDER_SLACK: usize = 64;
+
+/// Sort key of an eviction candidate ([`NodeStats::rank`]).
+type Rank = (u64, u64);
 
 /// An entry of the heap: a candidate's rank when it was listed, and the candidate.
 type OrderEntry = Reverse<(Rank, NodeId)>;
@@ -115,7 +118,7 @@ impl EvictionOrder {
 
     /// The rank of `node` as it stands: candidates are evicted in increasing rank.
     fn rank(&self, arena: &Arena, node: NodeId) -> Rank {
-        self.policy.rank(arena[node].last_access, arena.stats(node))
+        arena.stats(node).rank(self.policy, arena[node].last_access)
     }
 
     /// Whether an entry of the heap at `rank` still describes candidate `node`.
@@ -194,7 +197,7 @@ impl EvictionOrder {
             planned.last_access = planned.last_access.max(last_access);
             planned.stats.absorb(&stats);
             if planned.children_left == 0 && parent != NodeId::ROOT && arena[parent].lock_ref == 0 {
-                let rank = self.policy.rank(planned.last_access, &planned.stats);
+                let rank = planned.stats.rank(self.policy, planned.last_access);
                 scratch.orphans.push(Reverse((rank, parent)));
             }
         }
@@ -241,7 +244,7 @@ impl EvictionOrder {
             figures.absorb(&planned.stats);
             planned.stats = figures;
             let tokens = (end - keep) * layout.page_size();
-            let rank = self.policy.rank(planned.last_access, &planned.stats);
+            let rank = planned.stats.rank(self.policy, planned.last_access);
             if tokens >= wanted || left == 0 || Some(Reverse((rank, victim))) < rival {
                 planned.registrations_left = left as u32;
                 scratch.orphans.push(Reverse((rank, victim)));
