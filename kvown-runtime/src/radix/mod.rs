@@ -58,13 +58,14 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! The parts: `node.rs` (the arena of nodes, each with its eviction figures and a grown leaf's
-//! registrations), `children.rs` (the child index), `page_index.rs` (the pages the tree holds),
-//! `order.rs` (the eviction order: candidates, policy, clock, plans); this file holds the cache's
-//! state and what every operation shares (splitting a node, turning registrations into nodes,
-//! counting tokens, stamping), then one file per operation: `match_prefix.rs`,
-//! `insert.rs`, `lock.rs`, `evict.rs`, `events.rs`; `view.rs` is the read-only view the
-//! checker in [`crate::check`] reads.
+//! The parts: `node.rs` (the arena of nodes, each with its eviction figures, their rank under a
+//! policy, and a grown leaf's registrations), `children.rs` (the child index), `page_index.rs`
+//! (the pages the tree holds), `order.rs` (eviction: the order's candidates, clock and plans,
+//! and [`RadixCache::evict`], which frees the victims), `policy.rs` (the policies by name);
+//! this file holds the cache's state and what every operation shares (splitting a node,
+//! turning registrations into nodes, finding a position's node, counting tokens, stamping),
+//! then one file per operation: `match_prefix.rs`, `insert.rs`, `lock.rs`, `events.rs`;
+//! `view.rs` is the read-only view the checker in [`crate::check`] reads.
 //!
 //! Storage: an arena of 72-byte nodes indexed by [`NodeId`] (an entry and its generation, so
 //! a handle kept past its node's eviction is refused), with 48 bytes of eviction figures (16 of
