@@ -348,7 +348,7 @@ impl RadixCache {
 
     /// With events on, the hash recorded for each page id (stale for a page the tree no
     /// longer holds); `None` with events off.
-    pub(super) fn event_hashes(&self) -> Option<&[PageHash]> {
+    pub(crate) fn event_hashes(&self) -> Option<&[PageHash]> {
         Some(&self.events.as_ref()?.hashes)
     }
 }

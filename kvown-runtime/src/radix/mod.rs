@@ -97,7 +97,6 @@ pub use events::{CacheEvent, PageHash, StoredPage};
 pub use insert::{Insert, InsertPlan};
 pub use node::NodeId;
 pub use policy::{EvictionPolicy, InsertParams, SLRU_PROTECTED_HITS, UnknownEvictionPolicy};
-pub(crate) use view::TreeView;
 
 use crate::ids::{KvSlot, PageId};
 use children::ChildIndex;
@@ -460,12 +459,6 @@ impl RadixCache {
             + self.events.as_ref().map_or(0, |events| events.heap_bytes())
     }
 
-    /// The page arithmetic of this cache's keys.
-    #[inline(always)]
-    pub(crate) fn layout(&self) -> KeyLayout {
-        self.layout
-    }
-
     #[inline]
     fn ensure_live(&self, node: NodeId) -> Result<(), RadixError> {
         if self.arena.is_live(node) {
@@ -597,13 +590,16 @@ impl RadixCache {
     }
 
     /// The prompt split of a request's registration: after the request's key was inserted up to
-    /// `end` (live, on its path), its first `prompt_len` tokens (page-aligned,
-    /// `0 < prompt_len < end.len`) are inserted again with `priority` and no hit, so that a node
-    /// (or a grown leaf's registration) ends at `prompt_len`, split off now if none did, and
-    /// records the insert; access times stay as they are. sglang
-    /// `RadixCache._insert_cache(split_prompt=True)`.
-    pub(crate) fn split_prompt(&mut self, end: TreePos, prompt_len: usize, priority: i32) {
-        debug_assert!(0 < prompt_len && prompt_len < end.len);
+    /// `end` (live, on its path), the whole pages of its first `prompt_len` tokens are inserted
+    /// again with `priority` and no hit, so that a node (or a grown leaf's registration) ends
+    /// where they do, split off now if none did, and records the insert; access times stay as
+    /// they are. Applies, and returns `true`, only when those pages are a non-empty prefix
+    /// shorter than `end.len`. sglang `RadixCache._insert_cache(split_prompt=True)`.
+    pub(crate) fn split_prompt(&mut self, end: TreePos, prompt_len: usize, priority: i32) -> bool {
+        let prompt_len = self.layout.floor_align(prompt_len);
+        if prompt_len == 0 || prompt_len >= end.len {
+            return false;
+        }
         let params = InsertParams {
             priority,
             chunked: true,
@@ -617,12 +613,13 @@ impl RadixCache {
             let end_page = layout.whole_pages(prompt_len - self.arena[node].start());
             let record = self.order.policy().reads_insert_figures().then_some(params);
             if self.arena.record_at_registration(node, end_page, record) {
-                return;
+                return true;
             }
             let now = self.order.tick();
             node = self.cut(node, prompt_len, now).upper;
         }
         self.record_insert(node, params);
+        true
     }
 
     /// Splits `node` at path position `pos` (strictly inside its key, page-aligned) at time
