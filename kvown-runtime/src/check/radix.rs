@@ -265,7 +265,7 @@ pub(crate) fn path_difference(
     while node.span().start > at.len {
         node = tree.node_view(node.parent())?;
     }
-    if at.len > node.span().end || at.len % page_size != 0 {
+    if at.len > node.span().end || !at.len.is_multiple_of(page_size) {
         return None;
     }
     // The path's nodes with the part of each key on it, root side first.
