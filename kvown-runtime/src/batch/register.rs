@@ -7,7 +7,7 @@
 use kvown_macros::owner;
 
 use crate::alloc::KvSlot;
-use crate::alloc::{KvAllocator, SlotCalls, ceil_align};
+use crate::alloc::{KvAllocator, SlotCalls, ceil_align, floor_align};
 use crate::batch::Req;
 use crate::cache::{KvCache, TableMirror, TreeCache};
 use crate::error::KvError;
@@ -62,7 +62,7 @@ pub fn cache_unfinished_req<A: KvAllocator, M: TableMirror>(
         // A decode step commits a position before its token is known (sglang's overlap
         // schedule), so `committed` may exceed the tokens: only those with a token are keyed.
         let token_count = committed.min(req.fill_ids().len());
-        let key_len = tree.layout().floor_align(token_count);
+        let key_len = floor_align(token_count, allocator.page_size());
         let key = req.namespace().key(&req.fill_ids()[..key_len]);
         let slots = &req_to_token.row(row)?[..key_len];
         let insert = Insert::new(key, slots)
@@ -138,14 +138,8 @@ fn insert_unfinished<A: KvAllocator>(
 /// ([`RadixCache::split_prompt`]), so that eviction can take the outputs and keep the prompt.
 /// Returns whether it applied.
 fn split_prompt(tree: &mut RadixCache, req: &Req, up_to: usize, end: TreePos) -> bool {
-    let prompt_len = tree
-        .layout()
-        .floor_align(up_to.min(req.origin_input_ids().len()));
-    let applies = 0 < prompt_len && prompt_len < end.len;
-    if applies {
-        tree.split_prompt(end, prompt_len, req.priority().saturating_add(1));
-    }
-    applies
+    let prompt_len = up_to.min(req.origin_input_ids().len());
+    tree.split_prompt(end, prompt_len, req.priority().saturating_add(1))
 }
 
 /// The KV part of releasing a request that holds a row: the prefix cache takes `[0, committed)`
@@ -176,7 +170,7 @@ pub(crate) fn cache_finished_req<A: KvAllocator, M: TableMirror>(
     match tree {
         TreeCache::Radix(tree) => {
             let token_count = committed.min(req.fill_ids().len());
-            let key_len = tree.layout().floor_align(token_count);
+            let key_len = floor_align(token_count, allocator.page_size());
             let key = req.namespace().key(&req.fill_ids()[..key_len]);
             // Everything that can fail comes before the tree changes: the request's lock is
             // checked to be its own and the insert planned (read-only), then the one free, then

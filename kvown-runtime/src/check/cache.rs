@@ -227,12 +227,12 @@ impl<A, M> KvCache<A, M> {
             });
         }
         match radix::path_difference(tree, req.last_node(), req.fill_ids(), slots) {
-            Ok(Some((position, part))) => Err(Violation::PrefixMismatch {
+            Some((position, part)) => Err(Violation::PrefixMismatch {
                 rid: req.rid(),
                 position,
                 part,
             }),
-            Ok(None) | Err(_) => Ok(()),
+            None => Ok(()),
         }
     }
 }

@@ -1,12 +1,12 @@
 //! The radix cache's checker: every counter and index of a [`RadixCache`] recomputed from its
 //! nodes, the path a request's lock holds compared with the request, and the locks its holders
-//! account for. It reads the tree through its read-only view ([`TreeView`]).
+//! account for. It reads the tree through its read-only view of the nodes.
 
 use std::cmp::Reverse;
 use std::collections::HashSet;
 
 use crate::ids::{KvSlot, PageId};
-use crate::radix::{Namespace, NodeId, PageHash, RadixCache, RadixError, TreePos, TreeView};
+use crate::radix::{Namespace, NodeId, PageHash, RadixCache, RadixError, TreePos};
 
 /// Which part of a request's protected prefix differs from the path its lock holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,8 +28,8 @@ impl std::fmt::Display for PrefixPart {
 
 /// One more than the largest [`NodeId::index`] of a live node: the length of a table of
 /// per-node figures.
-fn entries(view: TreeView<'_>) -> usize {
-    view.nodes()
+fn entries(tree: &RadixCache) -> usize {
+    tree.node_views()
         .map(|node| node.id().index() + 1)
         .max()
         .unwrap_or(1)
@@ -80,21 +80,20 @@ fn expect_eq(
 /// # Errors
 /// [`RadixError::Inconsistent`] naming the first node and invariant found broken.
 pub fn check_radix(tree: &RadixCache) -> Result<(), RadixError> {
-    let view = tree.view();
-    let stride = view.page_size() + 1;
-    let root = view.node(NodeId::ROOT).expect("the root is live");
+    let stride = tree.config().page_size + 1;
+    let root = tree.node_view(NodeId::ROOT).expect("the root is live");
     expect_eq(NodeId::ROOT, "root lock count", 1, root.locks().0)?;
     expect_eq(NodeId::ROOT, "root key length", 0, root.words())?;
-    let mut child_counts = vec![0usize; entries(view)];
-    let mut child_locks = vec![0usize; entries(view)];
-    let indexed: HashSet<PageId> = view.indexed_pages().collect();
+    let mut child_counts = vec![0usize; entries(tree)];
+    let mut child_locks = vec![0usize; entries(tree)];
+    let indexed: HashSet<PageId> = tree.indexed_pages().collect();
     let mut pages = HashSet::new();
-    let ranked = view.ranked();
+    let ranked = tree.ranked();
     let (mut evictable, mut protected, mut live, mut candidates) = (0, 0, 0, 0);
-    for node in view.nodes().filter(|node| node.id() != NodeId::ROOT) {
+    for node in tree.node_views().filter(|node| node.id() != NodeId::ROOT) {
         let id = node.id();
         live += 1;
-        let parent = view.node(node.parent());
+        let parent = tree.node_view(node.parent());
         expect_eq(id, "parent is live", 1, usize::from(parent.is_some()))?;
         let parent = parent.expect("checked live");
         expect_eq(id, "key is non-empty", 1, usize::from(node.words() != 0))?;
@@ -108,14 +107,7 @@ pub fn check_radix(tree: &RadixCache) -> Result<(), RadixError> {
                 usize::from(node.namespace() == parent.namespace()),
             )?;
         }
-        let (first_page, _) = node.pages().next().expect("checked non-empty");
-        let found = view.child(parent.id(), node.namespace(), first_page);
-        expect_eq(
-            id,
-            "child index entry",
-            id.index(),
-            found.map_or(usize::MAX, NodeId::index),
-        )?;
+        expect_eq(id, "child index entry", 1, usize::from(node.is_indexed()))?;
         if let Some(wrong) = registration_inconsistency(node.registrations()) {
             expect_eq(id, wrong, 1, 0)?;
         }
@@ -132,7 +124,7 @@ pub fn check_radix(tree: &RadixCache) -> Result<(), RadixError> {
             expect_eq(id, "page indexed", 1, usize::from(indexed.contains(&page)))?;
         }
     }
-    for node in view.nodes() {
+    for node in tree.node_views() {
         let id = node.id();
         let (lock_ref, own_locks) = node.locks();
         expect_eq(
@@ -167,15 +159,16 @@ pub fn check_radix(tree: &RadixCache) -> Result<(), RadixError> {
         )?;
     }
     let root = NodeId::ROOT;
-    expect_eq(root, "indexed children", live, view.indexed_children())?;
+    let (indexed_children, listed_candidates) = tree.index_sizes();
+    expect_eq(root, "indexed children", live, indexed_children)?;
     expect_eq(
         root,
         "evictable-leaf set size",
         candidates,
-        view.candidates(),
+        listed_candidates,
     )?;
     expect_eq(root, "indexed pages", pages.len(), indexed.len())?;
-    check_event_hashes(view)?;
+    check_event_hashes(tree)?;
     let sizes = tree.sizes();
     expect_eq(root, "evictable tokens", evictable, sizes.evictable)?;
     expect_eq(root, "protected tokens", protected, sizes.protected)
@@ -213,27 +206,26 @@ fn registration_inconsistency(
 /// and for a handle that names no node.
 pub(crate) fn namespace_of(tree: &RadixCache, node: NodeId) -> Option<Namespace> {
     let node = tree
-        .view()
-        .node(node)
+        .node_view(node)
         .filter(|node| node.id() != NodeId::ROOT)?;
     Some(node.namespace())
 }
 
 /// With events on, checks that every cached page's recorded hash is its path's (each node
 /// against its parent's last page, parents first); nothing to check with events off.
-fn check_event_hashes(view: TreeView<'_>) -> Result<(), RadixError> {
-    let Some(hashes) = view.event_hashes() else {
+fn check_event_hashes(tree: &RadixCache) -> Result<(), RadixError> {
+    let Some(hashes) = tree.event_hashes() else {
         return Ok(());
     };
     let recorded = |page: PageId| hashes.get(page as usize).copied();
     // A node starts where its parent ends: by start position, parents come first.
-    let mut nodes: Vec<_> = view
-        .nodes()
+    let mut nodes: Vec<_> = tree
+        .node_views()
         .filter(|node| node.id() != NodeId::ROOT)
         .collect();
     nodes.sort_unstable_by_key(|node| (node.span().start, node.id()));
     for node in nodes {
-        let parent = view.node(node.parent()).expect("checked live");
+        let parent = tree.node_view(node.parent()).expect("checked live");
         let mut hash = match parent.pages().last() {
             Some((_, page)) => recorded(page).unwrap_or(PageHash(0)),
             None => PageHash::seed(node.namespace()),
@@ -257,7 +249,8 @@ fn check_event_hashes(view: TreeView<'_>) -> Result<(), RadixError> {
 
 /// The first position of the path `[0, at.len)` of `tree` at which `tokens` or `slots` differ
 /// from the tree's (the token where both do; a side that ends early differs where it ends), or
-/// `None` when both agree with it. Fails when `at` is not a live position.
+/// `None` when both agree with it or when `at` is not a live position (its node gone, or
+/// `at.len` not a page boundary on its path).
 ///
 /// Cost: O(at.len + nodes on the path); for the cache-level checker.
 pub(crate) fn path_difference(
@@ -265,19 +258,24 @@ pub(crate) fn path_difference(
     at: TreePos,
     tokens: &[u32],
     slots: &[KvSlot],
-) -> Result<Option<(usize, PrefixPart)>, RadixError> {
-    let view = tree.view();
-    let page_size = view.page_size();
+) -> Option<(usize, PrefixPart)> {
+    let page_size = tree.config().page_size;
+    // The node on whose key `at.len` lies: `at.node`, or an ancestor split off above it.
+    let mut node = tree.node_view(at.node)?;
+    while node.span().start > at.len {
+        node = tree.node_view(node.parent())?;
+    }
+    if at.len > node.span().end || !at.len.is_multiple_of(page_size) {
+        return None;
+    }
     // The path's nodes with the part of each key on it, root side first.
     let mut path = Vec::new();
-    let (mut node, mut end) = (view.node_at(at)?, at.len);
+    let mut end = at.len;
     while end > 0 {
         let start = node.span().start;
         path.push((node, start, end));
         end = start;
-        node = view
-            .node(node.parent())
-            .expect("a live node's parent is live");
+        node = tree.node_view(node.parent())?;
     }
     for &(node, start, end) in path.iter().rev() {
         for (page, (page_tokens, page_id)) in
@@ -288,15 +286,15 @@ pub(crate) fn path_difference(
             for (offset, &token) in page_tokens.iter().enumerate() {
                 let position = first + offset;
                 if tokens.get(position) != Some(&token) {
-                    return Ok(Some((position, PrefixPart::Token)));
+                    return Some((position, PrefixPart::Token));
                 }
                 if slots.get(position).map(|&slot| slot as usize) != Some(first_slot + offset) {
-                    return Ok(Some((position, PrefixPart::Slot)));
+                    return Some((position, PrefixPart::Slot));
                 }
             }
         }
     }
-    Ok(None)
+    None
 }
 
 /// A node whose lock count differs from the locks the given holders account for.
@@ -319,10 +317,9 @@ pub(crate) fn check_lock_holders(
     tree: &RadixCache,
     holders: impl IntoIterator<Item = NodeId>,
 ) -> Result<(), LockMismatch> {
-    let view = tree.view();
-    let held = held_locks(view, holders);
-    let mismatch = view
-        .nodes()
+    let held = held_locks(tree, holders);
+    let mismatch = tree
+        .node_views()
         .filter(|node| node.id() != NodeId::ROOT && node.locks().0 != held[node.id().index()])
         .max_by_key(|node| node.span().start);
     match mismatch {
@@ -346,16 +343,15 @@ pub(crate) fn leaked_locks(
     tree: &RadixCache,
     holders: impl IntoIterator<Item = NodeId>,
 ) -> Result<Vec<(NodeId, usize)>, LockMismatch> {
-    let view = tree.view();
-    let held = held_locks(view, holders);
-    let mut nodes: Vec<_> = view
-        .nodes()
+    let held = held_locks(tree, holders);
+    let mut nodes: Vec<_> = tree
+        .node_views()
         .filter(|node| node.id() != NodeId::ROOT)
         .collect();
     // Descendants first: a node ends strictly deeper than its parent.
     nodes.sort_unstable_by_key(|node| Reverse(node.span().end));
     // Locks found leaked at or below each node: a node's count includes its descendants'.
-    let mut leaked_below = vec![0usize; entries(view)];
+    let mut leaked_below = vec![0usize; entries(tree)];
     let mut leaked = Vec::new();
     for node in nodes {
         let index = node.id().index();
@@ -378,12 +374,12 @@ pub(crate) fn leaked_locks(
 
 /// The locks `holders` (one each, on the node given) account for on every node, indexed by
 /// arena entry: the holders at the node or below it. Unknown holders count nowhere.
-fn held_locks(view: TreeView<'_>, holders: impl IntoIterator<Item = NodeId>) -> Vec<usize> {
-    let mut held = vec![0usize; entries(view)];
+fn held_locks(tree: &RadixCache, holders: impl IntoIterator<Item = NodeId>) -> Vec<usize> {
+    let mut held = vec![0usize; entries(tree)];
     for holder in holders {
         let mut node = holder;
         while node != NodeId::ROOT {
-            let Some(live) = view.node(node) else {
+            let Some(live) = tree.node_view(node) else {
                 break;
             };
             held[node.index()] += 1;

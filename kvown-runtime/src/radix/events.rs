@@ -294,27 +294,19 @@ impl RadixCache {
         })
     }
 
-    /// When events are on, queues the storing of the pages `tokens` / `slots` (whole pages) as
-    /// a new leaf under `parent` in `namespace`.
+    /// When events are on, queues the storing of the pages `tokens` / `slots` (whole pages)
+    /// right after the end of `parent`: a new leaf under it in `namespace`, or, when `None`,
+    /// pages about to be appended to the leaf `parent` (whose key has not grown yet).
     #[inline(always)]
     pub(super) fn record_stored(
         &mut self,
         parent: NodeId,
-        namespace: Namespace,
+        namespace: Option<Namespace>,
         tokens: &[u32],
         slots: &[KvSlot],
     ) {
         if self.events.is_some() {
-            self.queue_stored(parent, Some(namespace), tokens, slots);
-        }
-    }
-
-    /// When events are on, queues the storing of the pages `tokens` / `slots` (whole pages)
-    /// about to be appended to the leaf `node` (whose key has not grown yet).
-    #[inline(always)]
-    pub(super) fn record_extended(&mut self, node: NodeId, tokens: &[u32], slots: &[KvSlot]) {
-        if self.events.is_some() {
-            self.queue_stored(node, None, tokens, slots);
+            self.queue_stored(parent, namespace, tokens, slots);
         }
     }
 
@@ -356,7 +348,7 @@ impl RadixCache {
 
     /// With events on, the hash recorded for each page id (stale for a page the tree no
     /// longer holds); `None` with events off.
-    pub(super) fn event_hashes(&self) -> Option<&[PageHash]> {
+    pub(crate) fn event_hashes(&self) -> Option<&[PageHash]> {
         Some(&self.events.as_ref()?.hashes)
     }
 }

@@ -5,8 +5,7 @@
 use std::fmt;
 
 use super::layout::KeyLayout;
-use super::node::{Node, NodeId};
-use super::policy::NodeStats;
+use super::node::NodeId;
 use super::{InsertOutcome, InsertParams, Key, RadixCache, RadixError, TreePos};
 use crate::alloc::{AsPageAllocator, KvSlot, PageAllocator, PageState, ReuseOrder};
 use crate::ids::PageId;
@@ -686,14 +685,11 @@ impl RadixCache {
         now: u64,
     ) -> NodeId {
         let layout = self.layout;
-        self.record_stored(parent, namespace, &key[pos..], &slots[pos..]);
+        self.record_stored(parent, Some(namespace), &key[pos..], &slots[pos..]);
         let mut data = Vec::with_capacity(layout.key_words(key.len() - pos));
         append_pages(&mut data, &key[pos..], &slots[pos..], layout);
         self.hold_pages(&slots[pos..]);
-        let leaf = self.arena.alloc(
-            Node::new(data, parent, namespace, pos, now),
-            NodeStats::new(now),
-        );
+        let leaf = self.arena.add_node(data, parent, namespace, pos, now);
         self.children.link(&mut self.arena, layout, leaf);
         self.arena[parent].child_count += 1;
         self.refresh_candidate(parent);
@@ -707,7 +703,7 @@ impl RadixCache {
     #[inline(always)]
     fn extend_leaf(&mut self, node: NodeId, suffix: &[u32], slots: &[KvSlot]) {
         let layout = self.layout;
-        self.record_extended(node, suffix, slots);
+        self.record_stored(node, None, suffix, slots);
         let data = &mut self.arena[node].data;
         reserve_growth(data, layout.key_words(suffix.len()));
         append_pages(data, suffix, slots, layout);
@@ -720,7 +716,7 @@ impl RadixCache {
     #[inline(always)]
     fn append_page(&mut self, node: NodeId, tokens: &[u32], slots: &[KvSlot]) {
         let layout = self.layout;
-        self.record_extended(node, tokens, slots);
+        self.record_stored(node, None, tokens, slots);
         let data = &mut self.arena[node].data;
         reserve_growth(data, layout.words_per_page());
         append_page(data, tokens, slots[0], layout);

@@ -14,7 +14,7 @@ use crate::alloc::{KvSlot, PageGeometry, PageId};
 /// The page size of one tree and the arithmetic of its keys: pages of `page_size` tokens,
 /// stored as `page_size + 1` words each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct KeyLayout {
+pub(super) struct KeyLayout {
     geometry: PageGeometry,
     /// `page_size + 1`: a page's tokens and its page id.
     words_per_page: usize,
@@ -91,7 +91,7 @@ impl KeyLayout {
 
     /// `n` rounded down to a multiple of the page size.
     #[inline(always)]
-    pub(crate) fn floor_align(self, n: usize) -> usize {
+    pub(super) fn floor_align(self, n: usize) -> usize {
         n - self.offset(n)
     }
 

@@ -115,25 +115,4 @@ impl RadixCache {
         }
         Ok(())
     }
-
-    /// The node on whose key `at.len` lies (`at.node` or an ancestor split off above it);
-    /// [`RadixError::HintOutOfRange`] names `key_len` as the length of the key `at` is in.
-    pub(super) fn node_at(&self, at: TreePos, key_len: usize) -> Result<NodeId, RadixError> {
-        self.ensure_live(at.node)?;
-        let mut node = at.node;
-        while self.arena[node].start() > at.len {
-            node = self.arena[node].parent;
-        }
-        let node_end = self.arena[node].end(self.layout);
-        if at.len > node_end || !self.layout.is_aligned(at.len) {
-            return Err(RadixError::HintOutOfRange {
-                node: at.node,
-                len: at.len,
-                node_end,
-                key_len,
-                page_size: self.layout.page_size(),
-            });
-        }
-        Ok(node)
-    }
 }

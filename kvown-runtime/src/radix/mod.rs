@@ -58,13 +58,14 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! The parts: `node.rs` (the arena of nodes, each with its eviction figures and a grown leaf's
-//! registrations), `children.rs` (the child index), `page_index.rs` (the pages the tree holds),
-//! `order.rs` (the eviction order: candidates, policy, clock, plans); this file holds the cache's
-//! state and what every operation shares (splitting a node, turning registrations into nodes,
-//! counting tokens, stamping), then one file per operation: `match_prefix.rs`,
-//! `insert.rs`, `lock.rs`, `evict.rs`, `events.rs`; `view.rs` is the read-only view the
-//! checker in [`crate::check`] reads.
+//! The parts: `node.rs` (the arena of nodes, each with its eviction figures, their rank under a
+//! policy, and a grown leaf's registrations), `children.rs` (the child index), `page_index.rs`
+//! (the pages the tree holds), `order.rs` (eviction: the order's candidates, clock and plans,
+//! and [`RadixCache::evict`], which frees the victims), `policy.rs` (the policies by name);
+//! this file holds the cache's state and what every operation shares (splitting a node,
+//! turning registrations into nodes, finding a position's node, counting tokens, stamping),
+//! then one file per operation: `match_prefix.rs`, `insert.rs`, `lock.rs`, `events.rs`;
+//! `view.rs` is the read-only view the checker in [`crate::check`] reads.
 //!
 //! Storage: an arena of 72-byte nodes indexed by [`NodeId`] (an entry and its generation, so
 //! a handle kept past its node's eviction is refused), with 48 bytes of eviction figures (16 of
@@ -81,7 +82,6 @@
 mod children;
 mod error;
 mod events;
-mod evict;
 mod insert;
 mod layout;
 mod lock;
@@ -97,13 +97,12 @@ pub use events::{CacheEvent, PageHash, StoredPage};
 pub use insert::{Insert, InsertPlan};
 pub use node::NodeId;
 pub use policy::{EvictionPolicy, InsertParams, SLRU_PROTECTED_HITS, UnknownEvictionPolicy};
-pub(crate) use view::TreeView;
 
 use crate::ids::{KvSlot, PageId};
 use children::ChildIndex;
 use events::EventLog;
-pub(crate) use layout::KeyLayout;
-use node::{Arena, Node};
+use layout::KeyLayout;
+use node::Arena;
 use order::EvictionOrder;
 use page_index::PageIndex;
 
@@ -460,12 +459,6 @@ impl RadixCache {
             + self.events.as_ref().map_or(0, |events| events.heap_bytes())
     }
 
-    /// The page arithmetic of this cache's keys.
-    #[inline(always)]
-    pub(crate) fn layout(&self) -> KeyLayout {
-        self.layout
-    }
-
     #[inline]
     fn ensure_live(&self, node: NodeId) -> Result<(), RadixError> {
         if self.arena.is_live(node) {
@@ -473,6 +466,27 @@ impl RadixCache {
         } else {
             Err(RadixError::UnknownNode { node })
         }
+    }
+
+    /// The node on whose key `at.len` lies (`at.node` or an ancestor split off above it);
+    /// [`RadixError::HintOutOfRange`] names `key_len` as the length of the key `at` is in.
+    fn node_at(&self, at: TreePos, key_len: usize) -> Result<NodeId, RadixError> {
+        self.ensure_live(at.node)?;
+        let mut node = at.node;
+        while self.arena[node].start() > at.len {
+            node = self.arena[node].parent;
+        }
+        let node_end = self.arena[node].end(self.layout);
+        if at.len > node_end || !self.layout.is_aligned(at.len) {
+            return Err(RadixError::HintOutOfRange {
+                node: at.node,
+                len: at.len,
+                node_end,
+                key_len,
+                page_size: self.layout.page_size(),
+            });
+        }
+        Ok(node)
     }
 
     /// Counts `tokens` new tokens of `node` as evictable or protected by its lock state.
@@ -576,13 +590,16 @@ impl RadixCache {
     }
 
     /// The prompt split of a request's registration: after the request's key was inserted up to
-    /// `end` (live, on its path), its first `prompt_len` tokens (page-aligned,
-    /// `0 < prompt_len < end.len`) are inserted again with `priority` and no hit, so that a node
-    /// (or a grown leaf's registration) ends at `prompt_len`, split off now if none did, and
-    /// records the insert; access times stay as they are. sglang
-    /// `RadixCache._insert_cache(split_prompt=True)`.
-    pub(crate) fn split_prompt(&mut self, end: TreePos, prompt_len: usize, priority: i32) {
-        debug_assert!(0 < prompt_len && prompt_len < end.len);
+    /// `end` (live, on its path), the whole pages of its first `prompt_len` tokens are inserted
+    /// again with `priority` and no hit, so that a node (or a grown leaf's registration) ends
+    /// where they do, split off now if none did, and records the insert; access times stay as
+    /// they are. Applies, and returns `true`, only when those pages are a non-empty prefix
+    /// shorter than `end.len`. sglang `RadixCache._insert_cache(split_prompt=True)`.
+    pub(crate) fn split_prompt(&mut self, end: TreePos, prompt_len: usize, priority: i32) -> bool {
+        let prompt_len = self.layout.floor_align(prompt_len);
+        if prompt_len == 0 || prompt_len >= end.len {
+            return false;
+        }
         let params = InsertParams {
             priority,
             chunked: true,
@@ -596,18 +613,18 @@ impl RadixCache {
             let end_page = layout.whole_pages(prompt_len - self.arena[node].start());
             let record = self.order.policy().reads_insert_figures().then_some(params);
             if self.arena.record_at_registration(node, end_page, record) {
-                return;
+                return true;
             }
             let now = self.order.tick();
             node = self.cut(node, prompt_len, now).upper;
         }
         self.record_insert(node, params);
+        true
     }
 
     /// Splits `node` at path position `pos` (strictly inside its key, page-aligned) at time
-    /// `now`. The new upper node takes the key before `pos` and is returned, created `now`
-    /// ([`policy::NodeStats::split_upper`]); `node` keeps its handle, children, lock
-    /// count, candidacy and figures with the key from `pos`. Counters do not change.
+    /// `now` ([`Arena::split`]) and relinks both parts in the child index; returns the new
+    /// upper part. Counters do not change.
     fn split(&mut self, node: NodeId, pos: usize, now: u64) -> NodeId {
         debug_assert_eq!(
             self.arena.registration_count(node),
@@ -616,26 +633,8 @@ impl RadixCache {
         );
         let layout = self.layout;
         self.children.unlink(&mut self.arena, layout, node);
-        let entry = &mut self.arena[node];
-        let cut = layout.key_words(pos - entry.start());
-        let lower = entry.data.split_off(cut);
-        let mut upper_data = std::mem::replace(&mut entry.data, lower);
-        upper_data.shrink_to_fit();
-        let mut upper = Node::new(
-            upper_data,
-            entry.parent,
-            entry.namespace,
-            entry.start(),
-            entry.last_access,
-        );
-        upper.lock_ref = entry.lock_ref;
-        upper.child_count = 1;
-        let upper_stats = self.arena.stats(node).split_upper(now);
-        let upper = self.arena.alloc(upper, upper_stats);
+        let upper = self.arena.split(node, pos, layout, now);
         self.children.link(&mut self.arena, layout, upper);
-        let entry = &mut self.arena[node];
-        entry.parent = upper;
-        entry.set_start(pos);
         self.children.link(&mut self.arena, layout, node);
         upper
     }

@@ -16,7 +16,7 @@ use std::ops::{Index, IndexMut};
 
 use super::Namespace;
 use super::layout::KeyLayout;
-use super::policy::{InsertParams, NodeStats};
+use super::policy::{EvictionPolicy, InsertParams, SLRU_PROTECTED_HITS};
 use crate::ids::PageId;
 
 /// Handle of one tree node. Stays valid until that node is evicted; a locked node is never
@@ -116,7 +116,7 @@ impl Node {
 
     /// A fresh node holding `data`, starting at path position `start`, neither linked nor
     /// locked.
-    pub(super) fn new(
+    fn new(
         data: Vec<u32>,
         parent: NodeId,
         namespace: Namespace,
@@ -151,11 +151,6 @@ impl Node {
         self.depth as usize
     }
 
-    /// Moves the start of the key to path position `start` (the node's upper part was split off).
-    pub(super) fn set_start(&mut self, start: usize) {
-        self.depth = start as u32;
-    }
-
     /// Position just past the key on its path.
     #[inline(always)]
     pub(super) fn end(&self, layout: KeyLayout) -> usize {
@@ -179,6 +174,79 @@ impl Node {
         self.data
             .chunks_exact(layout.words_per_page())
             .map(move |page| page[page_size])
+    }
+}
+
+/// What the policies read of a node besides its access time (kept beside the node table, so
+/// that the nodes stay 72 bytes).
+///
+/// An insert records them at the node where it ends, and a removed leaf passes its own on to
+/// its parent ([`NodeStats::absorb`]), so that a leaf, the only node ever evicted, carries the
+/// hits and the priority of every insert through it (`docs/design.md`: eviction figures per
+/// node, not per path).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct NodeStats {
+    /// Logical time at which the node was made: an insert's new leaf, or the upper part of a
+    /// split, which is a new node (sglang `_split_node`).
+    pub(super) created: u64,
+    /// Inserts of finished requests that ended at the node, plus those of its removed children
+    /// (kept only under a policy that reads it: [`EvictionPolicy::reads_insert_figures`]).
+    hits: u32,
+    /// Highest priority of an insert that ended at the node or at a removed child (kept as
+    /// `hits` is).
+    priority: i32,
+}
+
+impl NodeStats {
+    /// Figures of a node first cached at `created`, before the insert that made it is
+    /// recorded: no hits, and the lowest priority, so that the node takes the insert's, however
+    /// low.
+    fn new(created: u64) -> NodeStats {
+        NodeStats {
+            created,
+            hits: 0,
+            priority: i32::MIN,
+        }
+    }
+
+    /// The upper part cut at `now` from a node with these figures (sglang `_split_node`): a
+    /// new node, created `now`, at the node's priority, and with no hits of its own (the node
+    /// keeps them and passes them on when it is removed; `docs/design.md` compares).
+    fn split_upper(&self, now: u64) -> NodeStats {
+        NodeStats {
+            created: now,
+            hits: 0,
+            priority: self.priority,
+        }
+    }
+
+    /// Records an insert of `params` that ended at the node.
+    #[inline]
+    pub(super) fn record(&mut self, params: InsertParams) {
+        self.hits = self.hits.saturating_add(u32::from(!params.chunked));
+        self.priority = self.priority.max(params.priority);
+    }
+
+    /// Takes on the figures of a removed child.
+    pub(super) fn absorb(&mut self, child: &NodeStats) {
+        self.hits = self.hits.saturating_add(child.hits);
+        self.priority = self.priority.max(child.priority);
+    }
+
+    /// The sort key of a candidate with these figures and access time `last_access` under
+    /// `policy`: candidates are evicted in increasing order.
+    #[inline]
+    pub(super) fn rank(&self, policy: EvictionPolicy, last_access: u64) -> (u64, u64) {
+        match policy {
+            EvictionPolicy::Lru => (0, last_access),
+            EvictionPolicy::Lfu => (u64::from(self.hits), last_access),
+            EvictionPolicy::Fifo => (0, self.created),
+            EvictionPolicy::Mru => (0, !last_access),
+            EvictionPolicy::Filo => (0, !self.created),
+            // Flipping the sign bit maps i32's order onto u32's.
+            EvictionPolicy::Priority => (u64::from(self.priority as u32 ^ 1 << 31), last_access),
+            EvictionPolicy::Slru => (u64::from(self.hits >= SLRU_PROTECTED_HITS), last_access),
+        }
     }
 }
 
@@ -295,7 +363,7 @@ impl Arena {
 
     /// Stores `node` with its eviction figures in a free entry (or a new one) and returns its
     /// handle.
-    pub(super) fn alloc(&mut self, node: Node, stats: NodeStats) -> NodeId {
+    fn alloc(&mut self, node: Node, stats: NodeStats) -> NodeId {
         if self.free_head == NodeId::NONE {
             let index = u32::try_from(self.nodes.len()).expect("radix arena exceeds u32 ids");
             self.nodes.push(node);
@@ -311,6 +379,48 @@ impl Arena {
         self.nodes[id.index()] = node;
         self.figures[id.index()] = Figures::new(stats);
         id
+    }
+
+    /// Stores a new node holding `data` under `parent` in `namespace`, starting at path
+    /// position `start`, created `now` and neither linked nor locked; returns its handle.
+    pub(super) fn add_node(
+        &mut self,
+        data: Vec<u32>,
+        parent: NodeId,
+        namespace: Namespace,
+        start: usize,
+        now: u64,
+    ) -> NodeId {
+        let node = Node::new(data, parent, namespace, start, now);
+        self.alloc(node, NodeStats::new(now))
+    }
+
+    /// Splits `id` at path position `pos` (strictly inside its key, page-aligned) at time `now`.
+    /// The new upper node takes the key before `pos` and is returned, created `now`
+    /// ([`NodeStats::split_upper`]) with `id` as its one child; `id` keeps its handle,
+    /// children, lock count, candidacy and figures with the key from `pos`. The caller
+    /// relinks both in the child index.
+    pub(super) fn split(&mut self, id: NodeId, pos: usize, layout: KeyLayout, now: u64) -> NodeId {
+        let entry = &mut self[id];
+        let cut = layout.key_words(pos - entry.start());
+        let lower = entry.data.split_off(cut);
+        let mut upper_data = std::mem::replace(&mut entry.data, lower);
+        upper_data.shrink_to_fit();
+        let mut upper = Node::new(
+            upper_data,
+            entry.parent,
+            entry.namespace,
+            entry.start(),
+            entry.last_access,
+        );
+        upper.lock_ref = entry.lock_ref;
+        upper.child_count = 1;
+        let upper_stats = self.stats(id).split_upper(now);
+        let upper = self.alloc(upper, upper_stats);
+        let entry = &mut self[id];
+        entry.parent = upper;
+        entry.depth = pos as u32;
+        upper
     }
 
     /// Frees the entry of `id` (its key memory too) for reuse.
@@ -674,5 +784,86 @@ mod tests {
         let mut allocator = allocator();
         assert_eq!(cache.evict(1, &mut allocator).unwrap(), 1);
         assert_eq!(cache.match_prefix(&[1, 2, 3]).len, 2);
+    }
+
+    #[test]
+    fn ranks_order_candidates_as_each_policy_says() {
+        let at = |created, hits, priority| NodeStats {
+            created,
+            hits,
+            priority,
+        };
+        // (access time, stats): `old` was created and used first, `new` later; `new` has more
+        // hits, `old` a higher priority.
+        let old = (10, at(1, 1, 5));
+        let new = (20, at(2, 3, -5));
+        let first = |policy: EvictionPolicy| {
+            if old.1.rank(policy, old.0) < new.1.rank(policy, new.0) {
+                "old"
+            } else {
+                "new"
+            }
+        };
+        let expected = [
+            (EvictionPolicy::Lru, "old"),
+            (EvictionPolicy::Lfu, "old"),
+            (EvictionPolicy::Fifo, "old"),
+            (EvictionPolicy::Mru, "new"),
+            (EvictionPolicy::Filo, "new"),
+            (EvictionPolicy::Priority, "new"),
+            (EvictionPolicy::Slru, "old"),
+        ];
+        for (policy, goes_first) in expected {
+            assert_eq!(first(policy), goes_first, "{policy}");
+        }
+        // SLRU: a newer node below the threshold still goes first; above it, hits no longer
+        // count (where LFU keeps counting them).
+        let probation = (30, at(3, SLRU_PROTECTED_HITS - 1, 0));
+        let protected = (6, at(0, SLRU_PROTECTED_HITS, 0));
+        let (slru, lfu) = (EvictionPolicy::Slru, EvictionPolicy::Lfu);
+        assert!(probation.1.rank(slru, probation.0) < protected.1.rank(slru, protected.0));
+        let hot = (5, at(0, SLRU_PROTECTED_HITS + 5, 0));
+        assert!(hot.1.rank(slru, hot.0) < protected.1.rank(slru, protected.0));
+        assert!(protected.1.rank(lfu, protected.0) < hot.1.rank(lfu, hot.0));
+        // Priorities compare as signed numbers.
+        let low = at(0, 0, i32::MIN);
+        let high = at(0, 0, i32::MAX);
+        let priority = EvictionPolicy::Priority;
+        assert!(low.rank(priority, 9) < at(0, 0, -1).rank(priority, 1));
+        assert!(at(0, 0, 0).rank(priority, 9) < high.rank(priority, 1));
+    }
+
+    #[test]
+    fn inserts_count_hits_unless_chunked_and_keep_the_highest_priority() {
+        let mut stats = NodeStats::new(7);
+        stats.record(InsertParams {
+            priority: 3,
+            chunked: true,
+        });
+        assert_eq!((stats.created, stats.hits, stats.priority), (7, 0, 3));
+        stats.record(InsertParams {
+            priority: -1,
+            chunked: false,
+        });
+        assert_eq!((stats.hits, stats.priority), (1, 3));
+        let upper = stats.split_upper(9);
+        assert_eq!((upper.created, upper.hits, upper.priority), (9, 0, 3));
+        let mut parent = NodeStats::new(1);
+        parent.record(InsertParams::default());
+        parent.absorb(&stats);
+        let mut other_child = NodeStats::new(2);
+        other_child.record(InsertParams {
+            priority: 9,
+            chunked: false,
+        });
+        parent.absorb(&other_child);
+        assert_eq!((parent.created, parent.hits, parent.priority), (1, 3, 9));
+        let mut saturated = NodeStats {
+            hits: u32::MAX,
+            ..NodeStats::default()
+        };
+        saturated.record(InsertParams::default());
+        saturated.absorb(&parent);
+        assert_eq!(saturated.hits, u32::MAX);
     }
 }

@@ -1,24 +1,32 @@
-//! The eviction order: which unlocked leaves an eviction may take (the candidates), in the
-//! order of the cache's [`EvictionPolicy`], and the plan of one eviction.
+//! Eviction: the eviction order, which unlocked leaves an eviction may take (the candidates) in
+//! the order of the cache's [`EvictionPolicy`], and the eviction that frees them.
 //!
 //! The order is kept across calls: every candidate has an entry in a heap at its current rank;
 //! an entry made outdated by a later access is skipped when it comes up, and the heap is rebuilt
 //! from the candidates once outdated entries make up most of it (sglang `RadixCache.evict`
 //! builds a heap of every leaf per call). Planning an eviction takes the victims from the heap
-//! in order and changes nothing else: the cache frees them afterwards ([`super::evict`]).
+//! in order and changes nothing else. Then each victim's pages are freed with one allocator
+//! call and the node deleted, victim after victim ([`RadixCache::evict`]). An allocator that
+//! refuses a victim's pages leaves it and the later victims cached.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::hash::BuildHasherDefault;
+use std::ops::Range;
 
 use super::children::KeyHasher;
 use super::layout::KeyLayout;
-use super::node::{Arena, NOT_EVICTABLE, NodeId};
-use super::policy::{EvictionPolicy, NodeStats, Rank};
-use crate::ids::PageId;
+use super::node::{Arena, NOT_EVICTABLE, NodeId, NodeStats};
+use super::policy::EvictionPolicy;
+use super::{RadixCache, RadixError};
+use crate::alloc::{AllocError, FreeOrder, KvAllocator, PageId};
+use crate::shared_error::PageSizeMismatch;
 
 /// Outdated entries of the heap tolerated beyond twice the candidates before a rebuild.
 const ORDER_SLACK: usize = 64;
+
+/// Sort key of an eviction candidate ([`NodeStats::rank`]).
+type Rank = (u64, u64);
 
 /// An entry of the heap: a candidate's rank when it was listed, and the candidate.
 type OrderEntry = Reverse<(Rank, NodeId)>;
@@ -94,7 +102,7 @@ impl EvictionOrder {
 
     /// Records candidate `node` at its current rank (after its figures changed); rebuilds the
     /// heap from the candidates when outdated entries make up most of it.
-    pub(super) fn rank_again(&mut self, arena: &Arena, node: NodeId) {
+    fn rank_again(&mut self, arena: &Arena, node: NodeId) {
         self.heap.push(Reverse((self.rank(arena, node), node)));
         if self.heap.len() > 2 * self.candidates.len() + ORDER_SLACK {
             let mut entries = std::mem::take(&mut self.heap).into_vec();
@@ -110,7 +118,7 @@ impl EvictionOrder {
 
     /// The rank of `node` as it stands: candidates are evicted in increasing rank.
     fn rank(&self, arena: &Arena, node: NodeId) -> Rank {
-        self.policy.rank(arena[node].last_access, arena.stats(node))
+        arena.stats(node).rank(self.policy, arena[node].last_access)
     }
 
     /// Whether an entry of the heap at `rank` still describes candidate `node`.
@@ -153,12 +161,7 @@ impl EvictionOrder {
     /// inherit from them. A grown leaf gives up its newest registration, and what is left of it
     /// competes again with the figures of the registration before: it gives up that one too in
     /// the same step while it still ranks first.
-    pub(super) fn plan(
-        &mut self,
-        arena: &Arena,
-        layout: KeyLayout,
-        num_tokens: usize,
-    ) -> EvictionPlan {
+    fn plan(&mut self, arena: &Arena, layout: KeyLayout, num_tokens: usize) -> EvictionPlan {
         let mut scratch = self.scratch.take().unwrap_or_default();
         let page_size = layout.page_size();
         let mut tokens = 0;
@@ -194,7 +197,7 @@ impl EvictionOrder {
             planned.last_access = planned.last_access.max(last_access);
             planned.stats.absorb(&stats);
             if planned.children_left == 0 && parent != NodeId::ROOT && arena[parent].lock_ref == 0 {
-                let rank = self.policy.rank(planned.last_access, &planned.stats);
+                let rank = planned.stats.rank(self.policy, planned.last_access);
                 scratch.orphans.push(Reverse((rank, parent)));
             }
         }
@@ -203,7 +206,7 @@ impl EvictionOrder {
 
     /// Takes back the buffers of `plan`; when the eviction was `refused` partway, first puts
     /// back the heap entries the plan took (the victims not freed stay candidates).
-    pub(super) fn finish(&mut self, plan: EvictionPlan, refused: bool) {
+    fn finish(&mut self, plan: EvictionPlan, refused: bool) {
         let mut scratch = plan.scratch;
         if refused {
             self.heap.extend(scratch.taken.drain(..));
@@ -241,7 +244,7 @@ impl EvictionOrder {
             figures.absorb(&planned.stats);
             planned.stats = figures;
             let tokens = (end - keep) * layout.page_size();
-            let rank = self.policy.rank(planned.last_access, &planned.stats);
+            let rank = planned.stats.rank(self.policy, planned.last_access);
             if tokens >= wanted || left == 0 || Some(Reverse((rank, victim))) < rival {
                 planned.registrations_left = left as u32;
                 scratch.orphans.push(Reverse((rank, victim)));
@@ -297,7 +300,7 @@ impl EvictionOrder {
 
 /// What an eviction frees, in eviction order.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Victim {
+enum Victim {
     /// A node, whole: what is left of it once this plan's earlier victims are gone.
     Node(NodeId),
     /// Registrations `kept + 1..=had` of a grown leaf, newest first; it keeps the others.
@@ -313,7 +316,7 @@ pub(super) enum Victim {
 
 /// The victims of one eviction, in order, with the buffer their pages are freed from.
 #[derive(Debug)]
-pub(super) struct EvictionPlan {
+struct EvictionPlan {
     scratch: Box<Scratch>,
     /// Tokens the victims hold.
     tokens: usize,
@@ -321,12 +324,12 @@ pub(super) struct EvictionPlan {
 
 impl EvictionPlan {
     /// Tokens the victims hold.
-    pub(super) fn tokens(&self) -> usize {
+    fn tokens(&self) -> usize {
         self.tokens
     }
 
     /// The victims, in eviction order, and a buffer for the page ids of the one being freed.
-    pub(super) fn victims(&mut self) -> (&[Victim], &mut Vec<PageId>) {
+    fn victims(&mut self) -> (&[Victim], &mut Vec<PageId>) {
         (&self.scratch.victims, &mut self.scratch.pages)
     }
 }
@@ -396,6 +399,203 @@ impl Scratch {
         self.orphans.clear();
         self.nodes.clear();
         self.pages.clear();
+    }
+}
+
+impl RadixCache {
+    /// Evicts at least `num_tokens` tokens if that many are evictable, in the order of the
+    /// cache's [`EvictionPolicy`] (least recently used leaf first by default), and returns
+    /// the tokens evicted. To evict only what the allocator lacks for `n` more slots (sglang
+    /// `evict_from_tree_cache`), ask for `n.saturating_sub(alloc.available_size())`.
+    ///
+    /// Whole nodes are evicted, so the result may exceed `num_tokens`; it is smaller only when
+    /// everything evictable is gone. Locked nodes are never touched. A parent left without
+    /// children and unlocked becomes a candidate in the same call, with the latest access time,
+    /// the highest priority and the sum of the hits of it and its evicted children. A leaf that
+    /// a running request grew in place is evicted registration by registration, newest first,
+    /// the rest competing again with the figures of the registration that now ends it.
+    ///
+    /// The victims are chosen first; then each one's pages are freed with one
+    /// `alloc.free_page_ids(pages)` call, in key order, and the node deleted, victim after
+    /// victim in eviction order (a grown leaf's registrations one call each), so a LIFO
+    /// allocator reuses the last victim's pages first. sglang `RadixCache.evict`.
+    ///
+    /// ```
+    /// use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
+    /// use kvown_runtime::radix::{Insert, RadixCache, RadixConfig};
+    ///
+    /// let mut allocator = PagedAllocator::new(16, 4, false)?;
+    /// let mut tree = RadixCache::new(RadixConfig::new(4))?;
+    /// let mut slots = Vec::new();
+    /// allocator.alloc(12, &mut slots)?; // 3 of the 4 pages
+    /// tree.insert(Insert::new(&[1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3], &slots))?;
+    /// // 8 more slots: the allocator has 4, so evict the 4 it lacks (a whole page).
+    /// let wanted = 8usize.saturating_sub(allocator.available_size());
+    /// assert_eq!(tree.evict(wanted, &mut allocator)?, 12, "the whole leaf goes");
+    /// assert_eq!(allocator.available_size(), 16);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// Cost: O(log leaves + node tokens) per evicted node, amortized: the eviction order is kept
+    /// across calls.
+    ///
+    /// # Errors
+    /// [`RadixError::PageSizeMismatch`], evicting nothing; [`RadixError::Free`] when the
+    /// allocator refuses a victim's pages: the victims freed before it stay evicted (the error
+    /// counts their tokens), that one and the rest stay cached, and the tree and the allocator
+    /// agree.
+    pub fn evict<A: KvAllocator + ?Sized>(
+        &mut self,
+        num_tokens: usize,
+        alloc: &mut A,
+    ) -> Result<usize, RadixError> {
+        let page_size = self.layout.page_size();
+        if alloc.page_size() != page_size {
+            return Err(RadixError::PageSizeMismatch(PageSizeMismatch {
+                cache: page_size,
+                allocator: alloc.page_size(),
+            }));
+        }
+        if num_tokens == 0 {
+            return Ok(0);
+        }
+        let mut plan = self.order.plan(&self.arena, self.layout, num_tokens);
+        let result = self.free_victims(&mut plan, alloc);
+        self.order.finish(plan, result.is_err());
+        result
+    }
+
+    /// Frees and deletes the victims of `plan` in order, one allocator call per node sglang
+    /// would delete (a grown leaf's registration is one); returns the tokens of the plan.
+    fn free_victims<A: KvAllocator + ?Sized>(
+        &mut self,
+        plan: &mut EvictionPlan,
+        alloc: &mut A,
+    ) -> Result<usize, RadixError> {
+        let tokens = plan.tokens();
+        let page_size = self.layout.page_size();
+        let (victims, pages) = plan.victims();
+        let mut evicted = 0;
+        for &victim in victims {
+            let result = match victim {
+                Victim::Node(node) => {
+                    let range = 0..self.arena.registration_end(node, 0, self.layout);
+                    let freed = self.free_pages(node, range, alloc, pages);
+                    if freed.is_ok() {
+                        self.remove_leaf(node);
+                    }
+                    freed
+                }
+                Victim::Registrations { node, kept, had } => {
+                    self.free_registrations(node, kept as usize, had as usize, alloc, pages)
+                }
+            };
+            match result {
+                Ok(freed) => evicted += freed * page_size,
+                Err((freed, source)) => {
+                    return Err(RadixError::Free {
+                        tokens,
+                        evicted: evicted + freed * page_size,
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(tokens)
+    }
+
+    /// Frees pages `range` of `node` in key order with one allocator call (sglang's `evict`
+    /// frees each node's value with one `free_segment`); returns how many, or the refusal.
+    fn free_pages<A: KvAllocator + ?Sized>(
+        &self,
+        node: NodeId,
+        range: Range<usize>,
+        alloc: &mut A,
+        buffer: &mut Vec<PageId>,
+    ) -> Result<usize, (usize, AllocError)> {
+        let entry = &self.arena[node];
+        buffer.clear();
+        buffer.extend(range.map(|page| entry.page_id(page, self.layout)));
+        alloc
+            .free_page_ids(buffer, FreeOrder::Given)
+            .map(|()| buffer.len())
+            .map_err(|source| (0, source))
+    }
+
+    /// Frees registrations `kept + 1..=had` of the grown leaf `node`, newest first, one
+    /// allocator call each, and forgets them; returns the pages freed. When the allocator
+    /// refuses one, the newer ones stay freed and forgotten, and the refusal comes back with
+    /// their pages.
+    fn free_registrations<A: KvAllocator + ?Sized>(
+        &mut self,
+        node: NodeId,
+        kept: usize,
+        had: usize,
+        alloc: &mut A,
+        buffer: &mut Vec<PageId>,
+    ) -> Result<usize, (usize, AllocError)> {
+        let mut freed = 0;
+        for index in (kept + 1..=had).rev() {
+            let end = |index| self.arena.registration_end(node, index, self.layout);
+            let range = end(index - 1)..end(index);
+            if let Err((_, source)) = self.free_pages(node, range, alloc, buffer) {
+                if index < had {
+                    self.remove_registrations(node, index);
+                }
+                return Err((freed, source));
+            }
+            freed += buffer.len();
+        }
+        self.remove_registrations(node, kept);
+        Ok(freed)
+    }
+
+    /// Forgets all but the first `kept` earlier registrations of the evictable grown leaf
+    /// `node`, whose pages the caller has freed: the leaf keeps the pages up to where
+    /// registration `kept` ends, with its figures having absorbed the removed ones', and
+    /// competes again at its new rank.
+    fn remove_registrations(&mut self, node: NodeId, kept: usize) {
+        let layout = self.layout;
+        let keep = self.arena.registration_end(node, kept, layout);
+        self.arena.drop_registrations(node, kept);
+        self.record_removed(node, keep);
+        let entry = &mut self.arena[node];
+        for page in keep..entry.num_pages(layout) {
+            self.pages.remove(entry.page_id(page, layout));
+        }
+        let tokens = entry.len(layout) - keep * layout.page_size();
+        entry
+            .data
+            .truncate(layout.key_words(keep * layout.page_size()));
+        // Halving keeps the copies amortized O(1) per page, as the growth's doubling does.
+        if entry.data.capacity() > 2 * entry.data.len() {
+            entry.data.shrink_to_fit();
+        }
+        self.sizes.evictable -= tokens;
+        self.order.rank_again(&self.arena, node);
+    }
+
+    /// Deletes the evictable leaf `leaf`; its parent becomes a candidate when it is left an
+    /// unlocked leaf. The parent inherits the leaf's access time when newer and absorbs its hits
+    /// and priority ([`NodeStats::absorb`]).
+    fn remove_leaf(&mut self, leaf: NodeId) {
+        self.record_removed(leaf, 0);
+        self.order.set_candidate(&mut self.arena, leaf, false);
+        self.children.unlink(&mut self.arena, self.layout, leaf);
+        let entry = &self.arena[leaf];
+        for page in entry.page_ids(self.layout) {
+            self.pages.remove(page);
+        }
+        let (tokens, parent, last_access) =
+            (entry.len(self.layout), entry.parent, entry.last_access);
+        let stats = *self.arena.stats(leaf);
+        self.sizes.evictable -= tokens;
+        self.arena.release(leaf);
+        let parent_entry = &mut self.arena[parent];
+        parent_entry.child_count -= 1;
+        parent_entry.last_access = parent_entry.last_access.max(last_access);
+        self.arena.stats_mut(parent).absorb(&stats);
+        self.refresh_candidate(parent);
     }
 }
 

@@ -1,5 +1,6 @@
 //! Eviction policies: the order in which an eviction takes the unlocked leaves (sglang's
-//! eviction strategies, `mem_cache/evict_policy.py`), and the per-node figures they read.
+//! eviction strategies, `mem_cache/evict_policy.py`), and what an insert records for
+//! them.
 
 use std::fmt;
 use std::str::FromStr;
@@ -86,22 +87,6 @@ impl EvictionPolicy {
             EvictionPolicy::Lfu | EvictionPolicy::Priority | EvictionPolicy::Slru
         )
     }
-
-    /// The sort key of a candidate with access time `last_access` and `stats`: candidates are
-    /// evicted in increasing order.
-    #[inline]
-    pub(super) fn rank(self, last_access: u64, stats: &NodeStats) -> Rank {
-        match self {
-            EvictionPolicy::Lru => (0, last_access),
-            EvictionPolicy::Lfu => (u64::from(stats.hits), last_access),
-            EvictionPolicy::Fifo => (0, stats.created),
-            EvictionPolicy::Mru => (0, !last_access),
-            EvictionPolicy::Filo => (0, !stats.created),
-            // Flipping the sign bit maps i32's order onto u32's.
-            EvictionPolicy::Priority => (u64::from(stats.priority as u32 ^ 1 << 31), last_access),
-            EvictionPolicy::Slru => (u64::from(stats.hits >= SLRU_PROTECTED_HITS), last_access),
-        }
-    }
 }
 
 impl fmt::Display for EvictionPolicy {
@@ -134,66 +119,6 @@ impl FromStr for EvictionPolicy {
     }
 }
 
-/// Sort key of an eviction candidate (see [`EvictionPolicy::rank`]).
-pub(super) type Rank = (u64, u64);
-
-/// What the policies read of a node besides its access time (kept beside the node table, so
-/// that the nodes stay 72 bytes).
-///
-/// An insert records them at the node where it ends, and a removed leaf passes its own on to
-/// its parent ([`NodeStats::absorb`]), so that a leaf, the only node ever evicted, carries the
-/// hits and the priority of every insert through it (`docs/design.md`: eviction figures per
-/// node, not per path).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) struct NodeStats {
-    /// Logical time at which the node was made: an insert's new leaf, or the upper part of a
-    /// split, which is a new node (sglang `_split_node`).
-    pub(super) created: u64,
-    /// Inserts of finished requests that ended at the node, plus those of its removed children
-    /// (kept only under a policy that reads it: [`EvictionPolicy::reads_insert_figures`]).
-    pub(super) hits: u32,
-    /// Highest priority of an insert that ended at the node or at a removed child (kept as
-    /// `hits` is).
-    pub(super) priority: i32,
-}
-
-impl NodeStats {
-    /// Figures of a node first cached at `created`, before the insert that made it is
-    /// recorded: no hits, and the lowest priority, so that the node takes the insert's, however
-    /// low.
-    pub(super) fn new(created: u64) -> NodeStats {
-        NodeStats {
-            created,
-            hits: 0,
-            priority: i32::MIN,
-        }
-    }
-
-    /// The upper part cut at `now` from a node with these figures (sglang `_split_node`): a
-    /// new node, created `now`, at the node's priority, and with no hits of its own (the node
-    /// keeps them and passes them on when it is removed; `docs/design.md` compares).
-    pub(super) fn split_upper(&self, now: u64) -> NodeStats {
-        NodeStats {
-            created: now,
-            hits: 0,
-            priority: self.priority,
-        }
-    }
-
-    /// Records an insert of `params` that ended at the node.
-    #[inline]
-    pub(super) fn record(&mut self, params: InsertParams) {
-        self.hits = self.hits.saturating_add(u32::from(!params.chunked));
-        self.priority = self.priority.max(params.priority);
-    }
-
-    /// Takes on the figures of a removed child.
-    pub(super) fn absorb(&mut self, child: &NodeStats) {
-        self.hits = self.hits.saturating_add(child.hits);
-        self.priority = self.priority.max(child.priority);
-    }
-}
-
 /// How an insert counts for eviction (sglang `InsertParams`' `priority` and `chunked`). The
 /// default, priority 0 and not chunked, is what an [`Insert`](super::Insert) records unless
 /// given others ([`Insert::params`](super::Insert::params)).
@@ -221,86 +146,5 @@ mod tests {
         let error = "random".parse::<EvictionPolicy>().unwrap_err();
         assert_eq!(error.name, "random");
         assert!(error.to_string().contains("\"random\""), "{error}");
-    }
-
-    #[test]
-    fn ranks_order_candidates_as_each_policy_says() {
-        let at = |created, hits, priority| NodeStats {
-            created,
-            hits,
-            priority,
-        };
-        // (access time, stats): `old` was created and used first, `new` later; `new` has more
-        // hits, `old` a higher priority.
-        let old = (10, at(1, 1, 5));
-        let new = (20, at(2, 3, -5));
-        let first = |policy: EvictionPolicy| {
-            if policy.rank(old.0, &old.1) < policy.rank(new.0, &new.1) {
-                "old"
-            } else {
-                "new"
-            }
-        };
-        let expected = [
-            (EvictionPolicy::Lru, "old"),
-            (EvictionPolicy::Lfu, "old"),
-            (EvictionPolicy::Fifo, "old"),
-            (EvictionPolicy::Mru, "new"),
-            (EvictionPolicy::Filo, "new"),
-            (EvictionPolicy::Priority, "new"),
-            (EvictionPolicy::Slru, "old"),
-        ];
-        for (policy, goes_first) in expected {
-            assert_eq!(first(policy), goes_first, "{policy}");
-        }
-        // SLRU: a newer node below the threshold still goes first; above it, hits no longer
-        // count (where LFU keeps counting them).
-        let probation = (30, at(3, SLRU_PROTECTED_HITS - 1, 0));
-        let protected = (6, at(0, SLRU_PROTECTED_HITS, 0));
-        let (slru, lfu) = (EvictionPolicy::Slru, EvictionPolicy::Lfu);
-        assert!(slru.rank(probation.0, &probation.1) < slru.rank(protected.0, &protected.1));
-        let hot = (5, at(0, SLRU_PROTECTED_HITS + 5, 0));
-        assert!(slru.rank(hot.0, &hot.1) < slru.rank(protected.0, &protected.1));
-        assert!(lfu.rank(protected.0, &protected.1) < lfu.rank(hot.0, &hot.1));
-        // Priorities compare as signed numbers.
-        let low = at(0, 0, i32::MIN);
-        let high = at(0, 0, i32::MAX);
-        let priority = EvictionPolicy::Priority;
-        assert!(priority.rank(9, &low) < priority.rank(1, &at(0, 0, -1)));
-        assert!(priority.rank(9, &at(0, 0, 0)) < priority.rank(1, &high));
-    }
-
-    #[test]
-    fn inserts_count_hits_unless_chunked_and_keep_the_highest_priority() {
-        let mut stats = NodeStats::new(7);
-        stats.record(InsertParams {
-            priority: 3,
-            chunked: true,
-        });
-        assert_eq!((stats.created, stats.hits, stats.priority), (7, 0, 3));
-        stats.record(InsertParams {
-            priority: -1,
-            chunked: false,
-        });
-        assert_eq!((stats.hits, stats.priority), (1, 3));
-        let upper = stats.split_upper(9);
-        assert_eq!((upper.created, upper.hits, upper.priority), (9, 0, 3));
-        let mut parent = NodeStats::new(1);
-        parent.record(InsertParams::default());
-        parent.absorb(&stats);
-        let mut other_child = NodeStats::new(2);
-        other_child.record(InsertParams {
-            priority: 9,
-            chunked: false,
-        });
-        parent.absorb(&other_child);
-        assert_eq!((parent.created, parent.hits, parent.priority), (1, 3, 9));
-        let mut saturated = NodeStats {
-            hits: u32::MAX,
-            ..NodeStats::default()
-        };
-        saturated.record(InsertParams::default());
-        saturated.absorb(&parent);
-        assert_eq!(saturated.hits, u32::MAX);
     }
 }

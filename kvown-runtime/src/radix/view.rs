@@ -4,16 +4,10 @@
 use std::collections::HashSet;
 
 use super::node::{Node, NodeId};
-use super::{Namespace, PageHash, RadixCache, RadixError, TreePos};
+use super::{Namespace, RadixCache};
 use crate::ids::PageId;
 
-/// The bookkeeping of one [`RadixCache`], read-only.
-#[derive(Clone, Copy)]
-pub(crate) struct TreeView<'a> {
-    cache: &'a RadixCache,
-}
-
-/// One live node of a [`TreeView`].
+/// One live node of a [`RadixCache`], read-only.
 #[derive(Clone, Copy)]
 pub(crate) struct NodeView<'a> {
     id: NodeId,
@@ -21,81 +15,44 @@ pub(crate) struct NodeView<'a> {
     cache: &'a RadixCache,
 }
 
+/// The read-only view of the tree's bookkeeping: its nodes and what the indexes beside them
+/// hold.
 impl RadixCache {
-    /// The tree's bookkeeping, read-only.
-    pub(crate) fn view(&self) -> TreeView<'_> {
-        TreeView { cache: self }
-    }
-}
-
-impl<'a> TreeView<'a> {
-    /// Slots per page.
-    pub(crate) fn page_size(self) -> usize {
-        self.cache.layout.page_size()
-    }
-
     /// Every live node, the root first.
-    pub(crate) fn nodes(self) -> impl Iterator<Item = NodeView<'a>> {
-        let cache = self.cache;
-        cache
-            .arena
-            .live()
-            .map(move |(id, node)| NodeView { id, node, cache })
-    }
-
-    /// The node `id` names, if it is live.
-    pub(crate) fn node(self, id: NodeId) -> Option<NodeView<'a>> {
-        let cache = self.cache;
-        cache.arena.is_live(id).then(|| NodeView {
+    pub(crate) fn node_views(&self) -> impl Iterator<Item = NodeView<'_>> {
+        self.arena.live().map(move |(id, node)| NodeView {
             id,
-            node: &cache.arena[id],
-            cache,
+            node,
+            cache: self,
         })
     }
 
-    /// The node on whose key `at.len` lies (`at.node` or an ancestor split off above it).
-    pub(crate) fn node_at(self, at: TreePos) -> Result<NodeView<'a>, RadixError> {
-        let id = self.cache.node_at(at, at.len)?;
-        Ok(self.node(id).expect("node_at finds a live node"))
+    /// The node `id` names, if it is live.
+    pub(crate) fn node_view(&self, id: NodeId) -> Option<NodeView<'_>> {
+        self.arena.is_live(id).then(|| NodeView {
+            id,
+            node: &self.arena[id],
+            cache: self,
+        })
     }
 
-    /// What the child index finds under `parent` for `namespace` and `first_page`.
-    pub(crate) fn child(
-        self,
-        parent: NodeId,
-        namespace: Namespace,
-        first_page: &[u32],
-    ) -> Option<NodeId> {
-        let cache = self.cache;
-        cache
-            .children
-            .find(&cache.arena, cache.layout, parent, namespace, first_page)
-    }
-
-    /// Nodes reachable through the child index.
-    pub(crate) fn indexed_children(self) -> usize {
-        self.cache.children.indexed(&self.cache.arena)
-    }
-
-    /// Nodes the eviction order lists as candidates.
-    pub(crate) fn candidates(self) -> usize {
-        self.cache.order.candidates().len()
+    /// Nodes reachable through the child index, and nodes the eviction order lists as
+    /// candidates.
+    pub(crate) fn index_sizes(&self) -> (usize, usize) {
+        (
+            self.children.indexed(&self.arena),
+            self.order.candidates().len(),
+        )
     }
 
     /// Live nodes the eviction order holds an entry for at their current rank.
-    pub(crate) fn ranked(self) -> HashSet<NodeId> {
-        self.cache.order.ranked(&self.cache.arena)
+    pub(crate) fn ranked(&self) -> HashSet<NodeId> {
+        self.order.ranked(&self.arena)
     }
 
     /// The pages the page index holds, in increasing order.
-    pub(crate) fn indexed_pages(self) -> impl Iterator<Item = PageId> + 'a {
-        self.cache.pages.iter()
-    }
-
-    /// With events on, the hash recorded for each page id (stale for pages the tree no longer
-    /// holds); `None` with events off.
-    pub(crate) fn event_hashes(self) -> Option<&'a [PageHash]> {
-        self.cache.event_hashes()
+    pub(crate) fn indexed_pages(&self) -> impl Iterator<Item = PageId> + '_ {
+        self.pages.iter()
     }
 }
 
@@ -140,6 +97,19 @@ impl<'a> NodeView<'a> {
     /// Its live children, as it counts them.
     pub(crate) fn child_count(self) -> usize {
         self.node.child_count as usize
+    }
+
+    /// Whether the child index finds it under its parent by its namespace and first page.
+    pub(crate) fn is_indexed(self) -> bool {
+        let (cache, node) = (self.cache, self.node);
+        node.num_pages(cache.layout) > 0
+            && cache.children.find(
+                &cache.arena,
+                cache.layout,
+                node.parent,
+                node.namespace,
+                node.page_tokens(0, cache.layout),
+            ) == Some(self.id)
     }
 
     /// Whether the eviction order lists it as a candidate (at the place it records).
