@@ -42,7 +42,7 @@ impl ChildIndex {
         let mut node = *self.heads.get(&child_key(parent, namespace, first_page))?;
         while node != NodeId::NONE {
             let entry = &arena[node];
-            if entry.namespace == namespace && entry.page_tokens(0, layout) == first_page {
+            if entry.namespace() == namespace && entry.page_tokens(0, layout) == first_page {
                 return Some(node);
             }
             node = arena[node].hash_next;
@@ -106,7 +106,7 @@ impl ChildIndex {
 }
 
 fn key_of(node: &Node, layout: KeyLayout) -> u64 {
-    child_key(node.parent, node.namespace, node.page_tokens(0, layout))
+    child_key(node.parent(), node.namespace(), node.page_tokens(0, layout))
 }
 
 /// Hasher for keys of one 64-bit word (already hashes, or node handles): a splitmix64

@@ -251,10 +251,10 @@ impl RadixCache {
         let page_size = layout.page_size();
         for id in self.nodes_parents_first() {
             let node = &self.arena[id];
-            let parent_hash = self.last_page_hash(&log, node.parent);
+            let parent_hash = self.last_page_hash(&log, node.parent());
             let pages = (0..node.num_pages(layout))
                 .map(|page| (node.page_tokens(page, layout), node.page_id(page, layout)));
-            log.store(node.namespace, parent_hash, pages, page_size);
+            log.store(node.namespace(), parent_hash, pages, page_size);
         }
         self.events = Some(log);
     }
@@ -325,7 +325,7 @@ impl RadixCache {
         let mut log = self.events.take().expect("events are on");
         let layout = self.layout;
         let page_size = layout.page_size();
-        let namespace = namespace.unwrap_or(self.arena[parent].namespace);
+        let namespace = namespace.unwrap_or(self.arena[parent].namespace());
         let parent_hash = self.last_page_hash(&log, parent);
         let pages = tokens
             .chunks_exact(page_size)

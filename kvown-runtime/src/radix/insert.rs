@@ -333,7 +333,7 @@ impl RadixCache {
         if allocator.is_some() || !(one_page && fits && self.is_own_leaf_end(from)) {
             return None;
         }
-        if self.arena[from.node].namespace != key.namespace {
+        if self.arena[from.node].namespace() != key.namespace {
             return None;
         }
         let new = &slots[from.len..];
@@ -380,7 +380,7 @@ impl RadixCache {
         }
         if from.len < key.tokens.len() && self.is_own_leaf_end(from) {
             // Registering pages as they fill: no walk, and the hint is known to be good.
-            let held = self.arena[from.node].namespace;
+            let held = self.arena[from.node].namespace();
             if held != key.namespace {
                 return Err(RadixError::NamespaceMismatch {
                     node: from.node,
@@ -508,7 +508,7 @@ impl RadixCache {
                 if pos == self.arena[node].start() {
                     // Entered by the hint at a node start and the first page differs: the key
                     // continues in a sibling.
-                    node = self.arena[node].parent;
+                    node = self.arena[node].parent();
                     continue;
                 }
                 if pos < node_end {
@@ -521,8 +521,8 @@ impl RadixCache {
             let entry = &self.arena[node];
             if extend_in_place
                 && node != NodeId::ROOT
-                && entry.child_count == 0
-                && entry.lock_ref == 1
+                && entry.child_count() == 0
+                && entry.locks().0 == 1
             {
                 break InsertStep::ExtendLeaf;
             }
@@ -614,7 +614,7 @@ impl RadixCache {
     fn is_own_leaf_end(&self, from: TreePos) -> bool {
         from.node != NodeId::ROOT && self.arena.is_live(from.node) && {
             let entry = &self.arena[from.node];
-            entry.child_count == 0 && entry.lock_ref == 1 && entry.end(self.layout) == from.len
+            entry.child_count() == 0 && entry.locks().0 == 1 && entry.end(self.layout) == from.len
         }
     }
 
@@ -629,7 +629,7 @@ impl RadixCache {
         let page_size = layout.page_size();
         self.validate_key(key, slots)?;
         self.ensure_live(from.node)?;
-        if self.arena[from.node].lock_ref == 0 {
+        if self.arena[from.node].locks().0 == 0 {
             return Err(RadixError::HintNotLocked { node: from.node });
         }
         if from.len > key.len() {
@@ -691,7 +691,6 @@ impl RadixCache {
         self.hold_pages(&slots[pos..]);
         let leaf = self.arena.add_node(data, parent, namespace, pos, now);
         self.children.link(&mut self.arena, layout, leaf);
-        self.arena[parent].child_count += 1;
         self.refresh_candidate(parent);
         self.refresh_candidate(leaf);
         self.add_tokens(leaf, key.len() - pos);

@@ -6,7 +6,7 @@
 //! they move only when `lock_ref` crosses between 0 and 1. The root holds one lock forever.
 
 use super::node::NodeId;
-use super::{RadixCache, RadixError};
+use super::{RadixCache, RadixError, refresh_candidate};
 
 impl RadixCache {
     /// Locks `node` and every ancestor: none of them can be evicted until the matching
@@ -20,9 +20,7 @@ impl RadixCache {
     /// locks; nothing changes.
     pub fn inc_lock_ref(&mut self, node: NodeId) -> Result<(), RadixError> {
         self.ensure_live(node)?;
-        self.lock_path(node, NodeId::ROOT)?;
-        self.count_own_lock(node, true);
-        Ok(())
+        self.lock(node, NodeId::ROOT)
     }
 
     /// Releases one lock taken by [`RadixCache::inc_lock_ref`] on `node`.
@@ -34,8 +32,7 @@ impl RadixCache {
     /// (one held on a descendant is that node's to release).
     pub fn dec_lock_ref(&mut self, node: NodeId) -> Result<(), RadixError> {
         self.ensure_unlockable(node)?;
-        self.unlock_path(node, NodeId::ROOT);
-        self.count_own_lock(node, false);
+        self.unlock(node, NodeId::ROOT);
         Ok(())
     }
 
@@ -56,10 +53,8 @@ impl RadixCache {
         }
         self.ensure_live(to)?;
         let common = self.common_ancestor(from, to);
-        self.lock_path(to, common)?;
-        self.unlock_path(from, common);
-        self.count_own_lock(to, true);
-        self.count_own_lock(from, false);
+        self.lock(to, common)?;
+        self.unlock(from, common);
         Ok(())
     }
 
@@ -68,7 +63,7 @@ impl RadixCache {
     #[inline]
     pub(crate) fn ensure_unlockable(&self, node: NodeId) -> Result<(), RadixError> {
         self.ensure_live(node)?;
-        if self.arena[node].own_locks == 0 {
+        if self.arena[node].locks().1 == 0 {
             return Err(RadixError::LockUnderflow { node });
         }
         Ok(())
@@ -79,67 +74,42 @@ impl RadixCache {
     pub(crate) fn release_leaked_locks(&mut self, leaked: &[(NodeId, usize)]) {
         for &(node, count) in leaked {
             for _ in 0..count {
-                self.unlock_path(node, NodeId::ROOT);
-            }
-            self.arena[node].own_locks -= count as u32;
-        }
-    }
-
-    /// Counts a lock `taken` on (or released from) `node` itself; the root's one lock stays.
-    fn count_own_lock(&mut self, node: NodeId, taken: bool) {
-        if node != NodeId::ROOT {
-            let own = &mut self.arena[node].own_locks;
-            if taken {
-                *own += 1;
-            } else {
-                *own -= 1;
+                self.unlock(node, NodeId::ROOT);
             }
         }
     }
 
-    /// Increments the lock count of `node` and its ancestors below `stop`, or refuses with
-    /// [`RadixError::LockLimit`], changing nothing, when one of them already counts `u32::MAX`
-    /// locks (the counts are checked as the walk goes: the nodes it passed are unlocked again,
-    /// which is rare, instead of every lock walking the path twice).
-    fn lock_path(&mut self, mut node: NodeId, stop: NodeId) -> Result<(), RadixError> {
-        let start = node;
-        while node != stop && node != NodeId::ROOT {
-            let entry = &mut self.arena[node];
-            if entry.lock_ref == u32::MAX {
-                let locks = entry.lock_ref;
-                self.unlock_path(start, node);
-                return Err(RadixError::LockLimit { node, locks });
-            }
-            if entry.lock_ref == 0 {
-                let tokens = entry.len(self.layout);
-                self.sizes.evictable -= tokens;
-                self.sizes.protected += tokens;
-            }
-            entry.lock_ref += 1;
-            let parent = entry.parent;
-            self.refresh_candidate(node);
-            node = parent;
-        }
-        Ok(())
+    /// Takes one lock on `node` itself, counted on the path below `stop` ([`Arena::lock`](super::node::Arena::lock)),
+    /// keeping the eviction candidates current; [`RadixError::LockLimit`], changing nothing,
+    /// when a node of the path already counts `u32::MAX` locks.
+    fn lock(&mut self, node: NodeId, stop: NodeId) -> Result<(), RadixError> {
+        let RadixCache {
+            layout,
+            arena,
+            order,
+            sizes,
+            ..
+        } = self;
+        arena
+            .lock(node, stop, *layout, sizes, |arena, id| {
+                refresh_candidate(order, arena, id)
+            })
+            .map_err(|(node, locks)| RadixError::LockLimit { node, locks })
     }
 
-    /// Decrements the lock count of `node` and its ancestors below `stop` (all at least 1, as
-    /// `node`'s is).
-    fn unlock_path(&mut self, mut node: NodeId, stop: NodeId) {
-        while node != stop && node != NodeId::ROOT {
-            let entry = &mut self.arena[node];
-            entry.lock_ref -= 1;
-            let parent = entry.parent;
-            if entry.lock_ref == 0 {
-                let tokens = entry.len(self.layout);
-                self.sizes.protected -= tokens;
-                self.sizes.evictable += tokens;
-                // Only a locked node is extended in place: its spare capacity goes back.
-                self.arena.shrink_to_fit(node);
-            }
-            self.refresh_candidate(node);
-            node = parent;
-        }
+    /// Releases one lock taken on `node` itself, uncounted on the path below `stop`
+    /// ([`Arena::unlock`](super::node::Arena::unlock)), keeping the eviction candidates current.
+    fn unlock(&mut self, node: NodeId, stop: NodeId) {
+        let RadixCache {
+            layout,
+            arena,
+            order,
+            sizes,
+            ..
+        } = self;
+        arena.unlock(node, stop, *layout, sizes, |arena, id| {
+            refresh_candidate(order, arena, id)
+        });
     }
 
     /// Deepest node on both root paths. Walks up from whichever side ends deeper; a node ends
@@ -149,73 +119,12 @@ impl RadixCache {
             let end_a = self.arena[a].end(self.layout);
             let end_b = self.arena[b].end(self.layout);
             if end_a >= end_b {
-                a = self.arena[a].parent;
+                a = self.arena[a].parent();
             }
             if end_b >= end_a {
-                b = self.arena[b].parent;
+                b = self.arena[b].parent();
             }
         }
         a
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::{Insert, RadixCache, RadixConfig, RadixError};
-    use crate::alloc::{PagedAllocator, SlotCalls};
-
-    /// A node whose count reached `u32::MAX` (2^32 - 1 `inc_lock_ref` calls, set directly here)
-    /// refuses one more lock, on it or below it, changing nothing; the counts never wrap.
-    #[test]
-    fn a_lock_at_the_counters_limit_is_refused_and_changes_nothing() {
-        let mut allocator = PagedAllocator::new(64, 4, false).unwrap();
-        let mut cache = RadixCache::new(RadixConfig::new(4)).unwrap();
-        let mut slots = Vec::new();
-        allocator.alloc(8, &mut slots).unwrap();
-        let top = cache
-            .insert(Insert::new(&[1, 2, 3, 4], &slots[..4]))
-            .unwrap()
-            .last_node;
-        let below = cache
-            .insert(Insert::new(&[1, 2, 3, 4, 5, 6, 7, 8], &slots))
-            .unwrap()
-            .last_node;
-        cache.inc_lock_ref(top).unwrap();
-        cache.arena[top].lock_ref = u32::MAX;
-        cache.arena[top].own_locks = u32::MAX;
-        let sizes = cache.sizes();
-        for node in [top, below] {
-            assert_eq!(
-                cache.inc_lock_ref(node),
-                Err(RadixError::LockLimit {
-                    node: top,
-                    locks: u32::MAX
-                })
-            );
-        }
-        let message = cache.inc_lock_ref(top).unwrap_err().to_string();
-        assert!(message.contains("dec_lock_ref"), "{message}");
-        assert_eq!(cache.sizes(), sizes);
-        // Moving a lock onto the path is refused the same way, the lock staying where it was.
-        let mut other_slots = Vec::new();
-        allocator.alloc(4, &mut other_slots).unwrap();
-        let other = cache
-            .insert(Insert::new(&[9, 9, 9, 9], &other_slots))
-            .unwrap()
-            .last_node;
-        cache.inc_lock_ref(other).unwrap();
-        let sizes = cache.sizes();
-        assert!(matches!(
-            cache.move_lock(other, below),
-            Err(RadixError::LockLimit { node, .. }) if node == top
-        ));
-        assert_eq!(cache.arena[other].own_locks, 1);
-        assert_eq!(cache.arena[top].lock_ref, u32::MAX);
-        assert_eq!(cache.arena[below].lock_ref, 0);
-        assert_eq!(cache.sizes(), sizes);
-        // Releasing one makes room for one.
-        cache.dec_lock_ref(top).unwrap();
-        cache.inc_lock_ref(below).unwrap();
-        assert_eq!(cache.arena[top].lock_ref, u32::MAX);
     }
 }

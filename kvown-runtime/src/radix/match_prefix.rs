@@ -111,7 +111,7 @@ impl RadixCache {
                 position += run;
             }
             end = from;
-            node = entry.parent;
+            node = entry.parent();
         }
         Ok(())
     }

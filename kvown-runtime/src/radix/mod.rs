@@ -474,7 +474,7 @@ impl RadixCache {
         self.ensure_live(at.node)?;
         let mut node = at.node;
         while self.arena[node].start() > at.len {
-            node = self.arena[node].parent;
+            node = self.arena[node].parent();
         }
         let node_end = self.arena[node].end(self.layout);
         if at.len > node_end || !self.layout.is_aligned(at.len) {
@@ -491,19 +491,16 @@ impl RadixCache {
 
     /// Counts `tokens` new tokens of `node` as evictable or protected by its lock state.
     fn add_tokens(&mut self, node: NodeId, tokens: usize) {
-        if self.arena[node].lock_ref == 0 {
+        if self.arena[node].locks().0 == 0 {
             self.sizes.evictable += tokens;
         } else {
             self.sizes.protected += tokens;
         }
     }
 
-    /// Makes `node` an eviction candidate or not, to match its state: an unlocked non-root
-    /// node without children.
+    /// Makes `node` an eviction candidate or not, to match its state ([`refresh_candidate`]).
     fn refresh_candidate(&mut self, node: NodeId) {
-        let entry = &self.arena[node];
-        let candidate = node != NodeId::ROOT && entry.lock_ref == 0 && entry.child_count == 0;
-        self.order.set_candidate(&mut self.arena, node, candidate);
+        refresh_candidate(&mut self.order, &mut self.arena, node);
     }
 
     /// Sets `node`'s access time, keeping the eviction order current.
@@ -524,7 +521,7 @@ impl RadixCache {
     /// The namespace of the live non-root `node`; `None` for the root (shared by all) and for
     /// a handle that names no node.
     fn namespace_of(&self, node: NodeId) -> Option<Namespace> {
-        (node != NodeId::ROOT && self.arena.is_live(node)).then(|| self.arena[node].namespace)
+        (node != NodeId::ROOT && self.arena.is_live(node)).then(|| self.arena[node].namespace())
     }
 
     /// Number of leading whole pages of `key` equal to the pages of `node` from `first_page`.
@@ -545,10 +542,10 @@ impl RadixCache {
         self.materialize(node);
         let mut lower = node;
         while self.arena[lower].start() > pos {
-            lower = self.arena[lower].parent;
+            lower = self.arena[lower].parent();
         }
         if self.arena[lower].start() == pos {
-            let upper = self.arena[lower].parent;
+            let upper = self.arena[lower].parent();
             return Cut {
                 upper,
                 lower,
@@ -607,7 +604,7 @@ impl RadixCache {
         let layout = self.layout;
         let mut node = end.node;
         while self.arena[node].start() >= prompt_len {
-            node = self.arena[node].parent;
+            node = self.arena[node].parent();
         }
         if prompt_len < self.arena[node].end(layout) {
             let end_page = layout.whole_pages(prompt_len - self.arena[node].start());
@@ -638,4 +635,12 @@ impl RadixCache {
         self.children.link(&mut self.arena, layout, node);
         upper
     }
+}
+
+/// Makes `node` an eviction candidate of `order` or not, to match its state in `arena`: an
+/// unlocked non-root node without children.
+fn refresh_candidate(order: &mut EvictionOrder, arena: &mut Arena, node: NodeId) {
+    let entry = &arena[node];
+    let candidate = node != NodeId::ROOT && entry.locks().0 == 0 && entry.child_count() == 0;
+    order.set_candidate(arena, node, candidate);
 }

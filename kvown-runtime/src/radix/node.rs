@@ -14,9 +14,9 @@
 use std::fmt;
 use std::ops::{Index, IndexMut};
 
-use super::Namespace;
 use super::layout::KeyLayout;
 use super::policy::{EvictionPolicy, InsertParams, SLRU_PROTECTED_HITS};
+use super::{Namespace, RadixSizes};
 use crate::ids::PageId;
 
 /// Handle of one tree node. Stays valid until that node is evicted; a locked node is never
@@ -80,18 +80,18 @@ pub(super) struct Node {
     /// Logical time of the last match or insert that ended here, or of a removed child's.
     pub(super) last_access: u64,
     /// `NodeId::NONE` for the root and for free arena entries.
-    pub(super) parent: NodeId,
+    parent: NodeId,
     /// Tokens on the path before this node's key (the key's start position).
     depth: u32,
     /// Locks held on this node or any descendant (the root holds one forever).
-    pub(super) lock_ref: u32,
+    lock_ref: u32,
     /// The locks of `lock_ref` taken on this node itself: only these can be released here.
-    pub(super) own_locks: u32,
+    own_locks: u32,
     /// Live children.
-    pub(super) child_count: u32,
+    child_count: u32,
     /// The key space of the node's path ([`Namespace::DEFAULT`] for the root, which is shared):
     /// every node below a child of the root has that child's.
-    pub(super) namespace: Namespace,
+    namespace: Namespace,
     /// Next node in the same child-index chain; next free entry while the entry is free.
     pub(super) hash_next: NodeId,
     /// Position in the evictable-leaf set, or [`NOT_EVICTABLE`].
@@ -155,6 +155,30 @@ impl Node {
     #[inline(always)]
     pub(super) fn end(&self, layout: KeyLayout) -> usize {
         self.start() + self.len(layout)
+    }
+
+    /// The node's parent ([`NodeId::NONE`] for the root).
+    #[inline(always)]
+    pub(super) fn parent(&self) -> NodeId {
+        self.parent
+    }
+
+    /// The key space of the node's path.
+    #[inline(always)]
+    pub(super) fn namespace(&self) -> Namespace {
+        self.namespace
+    }
+
+    /// Locks held on the node or any descendant, and those taken on the node itself.
+    #[inline(always)]
+    pub(super) fn locks(&self) -> (usize, usize) {
+        (self.lock_ref as usize, self.own_locks as usize)
+    }
+
+    /// Live children.
+    #[inline(always)]
+    pub(super) fn child_count(&self) -> usize {
+        self.child_count as usize
     }
 
     /// Token ids of page `page` of the key.
@@ -381,8 +405,9 @@ impl Arena {
         id
     }
 
-    /// Stores a new node holding `data` under `parent` in `namespace`, starting at path
-    /// position `start`, created `now` and neither linked nor locked; returns its handle.
+    /// Stores a new leaf holding `data` under `parent` in `namespace`, starting at path
+    /// position `start`, created `now`, unlocked and not yet in the child index; returns its
+    /// handle. The parent counts it as a child.
     pub(super) fn add_node(
         &mut self,
         data: Vec<u32>,
@@ -392,7 +417,9 @@ impl Arena {
         now: u64,
     ) -> NodeId {
         let node = Node::new(data, parent, namespace, start, now);
-        self.alloc(node, NodeStats::new(now))
+        let leaf = self.alloc(node, NodeStats::new(now));
+        self[parent].child_count += 1;
+        leaf
     }
 
     /// Splits `id` at path position `pos` (strictly inside its key, page-aligned) at time `now`.
@@ -423,8 +450,106 @@ impl Arena {
         upper
     }
 
+    /// Deletes the unlocked leaf `leaf` (out of the child index and the eviction order) and
+    /// returns its parent, which counts one child less, inherits the leaf's access time when
+    /// newer and absorbs its figures ([`NodeStats::absorb`]).
+    pub(super) fn remove_leaf(&mut self, leaf: NodeId) -> NodeId {
+        let (parent, last_access) = (self[leaf].parent, self[leaf].last_access);
+        let stats = *self.stats(leaf);
+        self.release(leaf);
+        let parent_entry = &mut self[parent];
+        parent_entry.child_count -= 1;
+        parent_entry.last_access = parent_entry.last_access.max(last_access);
+        self.stats_mut(parent).absorb(&stats);
+        parent
+    }
+
+    /// Takes one lock on `node` itself, counting it on `node` and its ancestors below `stop`
+    /// (`stop` is `node`'s ancestor, or the root); their tokens move from evictable to
+    /// protected in `sizes` as their counts leave 0, and `changed` is told of each node whose
+    /// count changed, in path order. Refuses with the node and its count, changing nothing,
+    /// when one of them already counts `u32::MAX` locks (the counts are checked as the walk
+    /// goes: the nodes it passed are unlocked again, which is rare, instead of every lock
+    /// walking the path twice). Locking the root changes nothing.
+    #[inline]
+    pub(super) fn lock(
+        &mut self,
+        node: NodeId,
+        stop: NodeId,
+        layout: KeyLayout,
+        sizes: &mut RadixSizes,
+        mut changed: impl FnMut(&mut Arena, NodeId),
+    ) -> Result<(), (NodeId, u32)> {
+        let mut at = node;
+        while at != stop && at != NodeId::ROOT {
+            let entry = &mut self[at];
+            if entry.lock_ref == u32::MAX {
+                let locks = entry.lock_ref;
+                self.unlock_path(node, at, layout, sizes, &mut changed);
+                return Err((at, locks));
+            }
+            if entry.lock_ref == 0 {
+                let tokens = entry.len(layout);
+                sizes.evictable -= tokens;
+                sizes.protected += tokens;
+            }
+            entry.lock_ref += 1;
+            let parent = entry.parent;
+            changed(self, at);
+            at = parent;
+        }
+        if node != NodeId::ROOT {
+            self[node].own_locks += 1;
+        }
+        Ok(())
+    }
+
+    /// Releases one lock taken on `node` itself (it holds one, or is the root, whose lock
+    /// stays), uncounting it on `node` and its ancestors below `stop`, as [`Arena::lock`]
+    /// counted it.
+    #[inline]
+    pub(super) fn unlock(
+        &mut self,
+        node: NodeId,
+        stop: NodeId,
+        layout: KeyLayout,
+        sizes: &mut RadixSizes,
+        mut changed: impl FnMut(&mut Arena, NodeId),
+    ) {
+        self.unlock_path(node, stop, layout, sizes, &mut changed);
+        if node != NodeId::ROOT {
+            self[node].own_locks -= 1;
+        }
+    }
+
+    /// Decrements the lock count of `node` and its ancestors below `stop` (all at least 1, as
+    /// `node`'s is): tokens of counts reaching 0 move to evictable, and their nodes give back
+    /// the spare capacity of their keys (only a locked node is extended in place).
+    fn unlock_path(
+        &mut self,
+        mut node: NodeId,
+        stop: NodeId,
+        layout: KeyLayout,
+        sizes: &mut RadixSizes,
+        changed: &mut impl FnMut(&mut Arena, NodeId),
+    ) {
+        while node != stop && node != NodeId::ROOT {
+            let entry = &mut self[node];
+            entry.lock_ref -= 1;
+            let parent = entry.parent;
+            if entry.lock_ref == 0 {
+                let tokens = entry.len(layout);
+                sizes.protected -= tokens;
+                sizes.evictable += tokens;
+                self.shrink_to_fit(node);
+            }
+            changed(self, node);
+            node = parent;
+        }
+    }
+
     /// Frees the entry of `id` (its key memory too) for reuse.
-    pub(super) fn release(&mut self, id: NodeId) {
+    fn release(&mut self, id: NodeId) {
         self.nodes[id.index()] = Node {
             hash_next: self.free_head,
             ..Node::empty()
@@ -537,7 +662,7 @@ impl Arena {
     }
 
     /// Gives back the spare capacity of `id`'s key and registrations (it stopped growing).
-    pub(super) fn shrink_to_fit(&mut self, id: NodeId) {
+    fn shrink_to_fit(&mut self, id: NodeId) {
         self.nodes[id.index()].data.shrink_to_fit();
         self.figures[id.index()].registrations.list.shrink_to_fit();
     }
@@ -865,5 +990,164 @@ mod tests {
         saturated.record(InsertParams::default());
         saturated.absorb(&parent);
         assert_eq!(saturated.hits, u32::MAX);
+    }
+
+    // The checker finds a broken node table, counter or index (read through the views of
+    // `view.rs`).
+
+    /// Page size 2: `[0, 1 | 2, 3]` on pages 1 and 2, then `[0, 1 | 9, 9]` on page 3 splits it
+    /// into a shared node (page 1) with two leaves, the first locked.
+    fn small_tree() -> (RadixCache, NodeId) {
+        let mut cache = RadixCache::new(RadixConfig::new(2)).unwrap();
+        let locked = cache
+            .insert(Insert::new(&[0, 1, 2, 3], &[2, 3, 4, 5]))
+            .unwrap()
+            .last_node;
+        cache
+            .insert(Insert::new(&[0, 1, 9, 9], &[2, 3, 6, 7]))
+            .unwrap();
+        cache.inc_lock_ref(locked).unwrap();
+        check_radix(&cache).unwrap();
+        (cache, locked)
+    }
+
+    /// The `what` of the check's [`RadixError::Inconsistent`].
+    fn broken(cache: &RadixCache) -> &'static str {
+        match check_radix(cache) {
+            Err(RadixError::Inconsistent { what, .. }) => what,
+            other => panic!("expected an inconsistency, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_check_finds_a_counter_off() {
+        let (mut cache, _) = small_tree();
+        cache.sizes.evictable += 2;
+        assert_eq!(broken(&cache), "evictable tokens");
+        let (mut cache, _) = small_tree();
+        cache.sizes.protected -= 2;
+        assert_eq!(broken(&cache), "protected tokens");
+    }
+
+    #[test]
+    fn the_check_finds_a_lock_count_below_its_childrens() {
+        let (mut cache, locked) = small_tree();
+        let shared = cache.arena[locked].parent;
+        cache.arena[shared].lock_ref = 0;
+        // Its page moves from protected to evictable, as an unlock would count it.
+        cache.sizes.protected -= 2;
+        cache.sizes.evictable += 2;
+        assert_eq!(broken(&cache), "lock count is own locks plus children's");
+    }
+
+    #[test]
+    fn the_check_finds_a_child_count_off_and_a_page_cached_twice() {
+        let (mut cache, locked) = small_tree();
+        let shared = cache.arena[locked].parent;
+        cache.arena[shared].child_count += 1;
+        assert_eq!(broken(&cache), "child count");
+        let (mut cache, locked) = small_tree();
+        // The locked leaf claims the shared node's page id.
+        let page_id = cache.arena[locked].data.len() - 1;
+        cache.arena[locked].data[page_id] = 1;
+        assert_eq!(broken(&cache), "page cached once");
+    }
+
+    #[test]
+    fn the_check_finds_a_node_in_another_namespace_than_its_parent_or_its_index_entry() {
+        let (mut cache, locked) = small_tree();
+        // Unlinked and linked again in its new namespace, so that the index agrees with it.
+        cache
+            .children
+            .unlink(&mut cache.arena, cache.layout, locked);
+        cache.arena[locked].namespace = Namespace(1);
+        cache.children.link(&mut cache.arena, cache.layout, locked);
+        assert_eq!(broken(&cache), "namespace is the parent's");
+        // A child of the root in another namespace than the one it is indexed under.
+        let mut cache = RadixCache::new(RadixConfig::new(2)).unwrap();
+        let leaf = cache
+            .insert(Insert::new(&[0, 1], &[2, 3]))
+            .unwrap()
+            .last_node;
+        cache.arena[leaf].namespace = Namespace(1);
+        assert_eq!(broken(&cache), "child index entry");
+    }
+
+    #[test]
+    fn the_check_finds_a_page_index_that_differs_from_the_nodes() {
+        let (mut cache, _) = small_tree();
+        cache.pages.remove(3);
+        assert_eq!(broken(&cache), "page indexed");
+        let (mut cache, _) = small_tree();
+        cache.pages.insert(40);
+        assert_eq!(broken(&cache), "indexed pages");
+    }
+
+    #[test]
+    fn the_check_finds_a_leaf_pointing_at_another_leafs_place_in_the_evictable_set() {
+        let (mut cache, locked) = small_tree();
+        let shared = cache.arena[locked].parent;
+        let evictable = cache.order.candidates()[0];
+        assert_ne!(evictable, locked);
+        cache.dec_lock_ref(locked).unwrap();
+        // Both leaves are evictable now; the second claims the first's place in the set.
+        cache.arena[locked].leaf_pos = cache.arena[evictable].leaf_pos;
+        cache.order.set_candidate(&mut cache.arena, shared, true);
+        assert_eq!(broken(&cache), "evictable-leaf set membership");
+    }
+
+    /// A node whose count reached `u32::MAX` (2^32 - 1 `inc_lock_ref` calls, set directly here)
+    /// refuses one more lock, on it or below it, changing nothing; the counts never wrap.
+    #[test]
+    fn a_lock_at_the_counters_limit_is_refused_and_changes_nothing() {
+        let mut allocator = PagedAllocator::new(64, 4, false).unwrap();
+        let mut cache = RadixCache::new(RadixConfig::new(4)).unwrap();
+        let mut slots = Vec::new();
+        allocator.alloc(8, &mut slots).unwrap();
+        let top = cache
+            .insert(Insert::new(&[1, 2, 3, 4], &slots[..4]))
+            .unwrap()
+            .last_node;
+        let below = cache
+            .insert(Insert::new(&[1, 2, 3, 4, 5, 6, 7, 8], &slots))
+            .unwrap()
+            .last_node;
+        cache.inc_lock_ref(top).unwrap();
+        cache.arena[top].lock_ref = u32::MAX;
+        cache.arena[top].own_locks = u32::MAX;
+        let sizes = cache.sizes();
+        for node in [top, below] {
+            assert_eq!(
+                cache.inc_lock_ref(node),
+                Err(RadixError::LockLimit {
+                    node: top,
+                    locks: u32::MAX
+                })
+            );
+        }
+        let message = cache.inc_lock_ref(top).unwrap_err().to_string();
+        assert!(message.contains("dec_lock_ref"), "{message}");
+        assert_eq!(cache.sizes(), sizes);
+        // Moving a lock onto the path is refused the same way, the lock staying where it was.
+        let mut other_slots = Vec::new();
+        allocator.alloc(4, &mut other_slots).unwrap();
+        let other = cache
+            .insert(Insert::new(&[9, 9, 9, 9], &other_slots))
+            .unwrap()
+            .last_node;
+        cache.inc_lock_ref(other).unwrap();
+        let sizes = cache.sizes();
+        assert!(matches!(
+            cache.move_lock(other, below),
+            Err(RadixError::LockLimit { node, .. }) if node == top
+        ));
+        assert_eq!(cache.arena[other].own_locks, 1);
+        assert_eq!(cache.arena[top].lock_ref, u32::MAX);
+        assert_eq!(cache.arena[below].lock_ref, 0);
+        assert_eq!(cache.sizes(), sizes);
+        // Releasing one makes room for one.
+        cache.dec_lock_ref(top).unwrap();
+        cache.inc_lock_ref(below).unwrap();
+        assert_eq!(cache.arena[top].lock_ref, u32::MAX);
     }
 }

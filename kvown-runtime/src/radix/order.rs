@@ -187,7 +187,7 @@ impl EvictionOrder {
             }
             scratch.victims.push(Victim::Node(victim));
             tokens += arena.registration_end(victim, 0, layout) * page_size;
-            let parent = arena[victim].parent;
+            let parent = arena[victim].parent();
             let planned = scratch
                 .nodes
                 .entry(parent)
@@ -196,7 +196,8 @@ impl EvictionOrder {
             planned.children_left -= 1;
             planned.last_access = planned.last_access.max(last_access);
             planned.stats.absorb(&stats);
-            if planned.children_left == 0 && parent != NodeId::ROOT && arena[parent].lock_ref == 0 {
+            if planned.children_left == 0 && parent != NodeId::ROOT && arena[parent].locks().0 == 0
+            {
                 let rank = planned.stats.rank(self.policy, planned.last_access);
                 scratch.orphans.push(Reverse((rank, parent)));
             }
@@ -357,7 +358,7 @@ impl PlannedNode {
     fn of(arena: &Arena, node: NodeId) -> PlannedNode {
         let entry = &arena[node];
         PlannedNode {
-            children_left: entry.child_count,
+            children_left: entry.child_count() as u32,
             registrations_left: arena.registration_count(node) as u32,
             last_access: entry.last_access,
             stats: *arena.stats(node),
@@ -586,15 +587,8 @@ impl RadixCache {
         for page in entry.page_ids(self.layout) {
             self.pages.remove(page);
         }
-        let (tokens, parent, last_access) =
-            (entry.len(self.layout), entry.parent, entry.last_access);
-        let stats = *self.arena.stats(leaf);
-        self.sizes.evictable -= tokens;
-        self.arena.release(leaf);
-        let parent_entry = &mut self.arena[parent];
-        parent_entry.child_count -= 1;
-        parent_entry.last_access = parent_entry.last_access.max(last_access);
-        self.arena.stats_mut(parent).absorb(&stats);
+        self.sizes.evictable -= entry.len(self.layout);
+        let parent = self.arena.remove_leaf(leaf);
         self.refresh_candidate(parent);
     }
 }
