@@ -11,6 +11,26 @@ use std::collections::VecDeque;
 
 use super::PageId;
 
+/// The free list in the ring's order: its head is the last page of `near`, and the pages after
+/// the first of `near` continue from the last of `far`.
+#[derive(Clone, Copy)]
+pub(crate) struct FreeHeads<'a> {
+    near: &'a [PageId],
+    far: &'a [PageId],
+}
+
+impl FreeHeads<'_> {
+    /// The `index`-th page of the free list (0 is the head), if the list is that long.
+    #[inline(always)]
+    pub(crate) fn get(self, index: usize) -> Option<PageId> {
+        if index < self.near.len() {
+            return Some(self.near[self.near.len() - 1 - index]);
+        }
+        let index = index - self.near.len();
+        (index < self.far.len()).then(|| self.far[self.far.len() - 1 - index])
+    }
+}
+
 /// Free pages in allocation order, followed by released pages awaiting a merge.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FreeList {
@@ -92,13 +112,17 @@ impl FreeList {
         self.pages.truncate(rest);
     }
 
-    /// The `index`-th page of the free list (0 is the head), if the list is that long.
+    /// The free list as the (at most two) slices of the ring that hold it, for reading its
+    /// first pages by index without the ring's index arithmetic per page.
     #[inline]
-    pub(crate) fn peek(&self, index: usize) -> Option<PageId> {
-        if index < self.free_len() {
-            self.pages.get(self.pages.len() - 1 - index).copied()
-        } else {
-            None
+    pub(crate) fn heads(&self) -> FreeHeads<'_> {
+        let (front, back) = self.pages.as_slices();
+        match front.get(self.released..) {
+            Some(far) => FreeHeads { near: back, far },
+            None => FreeHeads {
+                near: &back[self.released - front.len()..],
+                far: &[],
+            },
         }
     }
 
@@ -146,5 +170,41 @@ impl FreeList {
             .make_contiguous()
             .sort_unstable_by(|a, b| b.cmp(a));
         self.released = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `heads().get(i)` is the `i`-th page of `free_pages()` (and `None` past the list) for
+    /// rings wrapped anywhere, with and without released pages.
+    #[test]
+    fn heads_read_the_free_list_in_order() {
+        for num_pages in [1, 2, 5, 8] {
+            for (rotated, popped) in
+                (0..num_pages).flat_map(|r| (0..=num_pages).map(move |p| (r, p)))
+            {
+                for released in 0..=popped {
+                    let mut list = FreeList::try_full(num_pages).expect("room");
+                    // Pages moved from the head to the tail move the ring's start.
+                    let moved: Vec<PageId> = (0..rotated).map(|_| list.pop_front()).collect();
+                    list.append(&moved);
+                    let taken: Vec<PageId> = (0..popped).map(|_| list.pop_front()).collect();
+                    list.release(&taken[..released]);
+                    list.prepend(&taken[released..]);
+                    let free: Vec<PageId> = list.free_pages().collect();
+                    let heads = list.heads();
+                    for index in 0..=num_pages {
+                        assert_eq!(
+                            heads.get(index),
+                            free.get(index).copied(),
+                            "{num_pages} pages, rotated {rotated}, {popped} popped, \
+                             {released} released, index {index}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -1,9 +1,8 @@
 //! The batched extend and decode rules (sglang `alloc_extend_kernel` / `alloc_decode_kernel`)
 //! as CPU code: per-request validation with page counts, and the extend's slot writer.
 //!
-//! Every page carries a fill mark besides its state: the low 16 bits of the slot after its last
-//! handed-out one ([`fill_mark`]), so that a continuation can be checked to start right after
-//! that slot.
+//! Every page carries a fill mark besides its state: the low 16 bits of its last handed-out
+//! slot ([`fill_mark`]), so that a continuation can be checked to start right after that slot.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -324,18 +323,18 @@ pub(crate) fn check_latest(
     })
 }
 
-/// The fill mark of a page whose last handed-out slot is `slot`: the low 16 bits of the slot
-/// after it, which tell the slots of a page of up to 2^16 apart (larger pages are told apart
-/// modulo 2^16).
+/// The fill mark of a page whose last handed-out slot is `slot`: its low 16 bits, which tell
+/// the slots of a page of up to 2^16 apart (larger pages are told apart modulo 2^16). The slot
+/// itself, not the one after it: the decode pass stores the slot it hands out as it is.
 #[inline(always)]
 pub(crate) fn fill_mark(slot: KvSlot) -> u16 {
-    slot.wrapping_add(1) as u16
+    slot as u16
 }
 
 /// The last handed-out slot of `page` by its fill `mark`.
 pub(crate) fn last_handed(geometry: PageGeometry, page: PageId, mark: u16) -> KvSlot {
     let first = geometry.first_slot(page);
-    first + KvSlot::from(mark.wrapping_sub(1).wrapping_sub(first as u16))
+    first + KvSlot::from(mark.wrapping_sub(first as u16))
 }
 
 /// `last_loc` must be a slot of an allocated page at the page offset `prefix_len` implies.

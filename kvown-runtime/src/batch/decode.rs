@@ -7,6 +7,7 @@ use crate::alloc::{DecodeRequest, DecodeRequests, DecodeShape, KvAllocator, KvSl
 use crate::batch::{Req, ReqKvInfo};
 use crate::cache::{KvCache, TableMirror};
 use crate::error::KvError;
+use crate::ids::CacheId;
 
 /// Checks that each request's next position (`kv_allocated_len`) exists in its row, ticks its
 /// decode clock and counts the pages the step takes, in one pass over the requests. Owns
@@ -202,33 +203,61 @@ fn check_and_tick<A: KvAllocator, M: TableMirror>(
     cache: &KvCache<A, M>,
     mut tick: impl FnMut(&mut ReqKvInfo),
 ) -> Result<usize, (usize, KvError)> {
-    let table = &cache.req_to_token;
     let page_size = cache.page_size();
-    let own = Some(cache.id());
-    let width = table.max_context_len();
-    let rows = table.size();
+    let rule = DecodeRule::of(cache);
     let page_mask = page_size.is_power_of_two().then(|| page_size - 1);
     let mut opening = 0;
-    for ticked in 0..reqs.len() {
-        let kv = reqs[ticked].kv_mut();
-        let seq_len = kv.kv_allocated_len();
-        // The new token goes to position `seq_len`, which must exist: `1 <= seq_len < width`,
-        // and be the committed length's (no speculative reservation in between).
-        let valid = seq_len.wrapping_sub(1) < width.saturating_sub(1)
-            && kv.req_pool_idx().is_some_and(|row| row <= rows)
-            && kv.kv_committed_len() == seq_len
-            && kv.kv_cache() == own;
-        if !valid {
-            return Err((ticked, first_decode_error(reqs, cache)));
+    let admitted = reqs.iter_mut().all(|req| {
+        let kv = req.kv_mut();
+        if !rule.admits(kv) {
+            return false;
         }
         tick(kv);
+        let seq_len = kv.kv_allocated_len();
         // A mask, not a division, for powers of two.
         opening += usize::from(match page_mask {
             Some(mask) => seq_len & mask == 0,
             None => seq_len.is_multiple_of(page_size),
         });
+        true
+    });
+    if !admitted {
+        // The pass keeps no count of the requests it ticked: those before the first refused.
+        let ticked = reqs.iter().take_while(|req| rule.admits(req.kv())).count();
+        return Err((ticked, first_decode_error(reqs, cache)));
     }
     Ok(opening)
+}
+
+/// What `prepare_for_decode` asks of each request of a cache: its new token's position
+/// (`kv_allocated_len`) exists in a row it holds of this cache, and equals its committed
+/// length (no speculative reservation in between).
+#[derive(Clone, Copy)]
+struct DecodeRule {
+    own: Option<CacheId>,
+    width: usize,
+    rows: usize,
+}
+
+impl DecodeRule {
+    fn of<A: KvAllocator, M: TableMirror>(cache: &KvCache<A, M>) -> Self {
+        DecodeRule {
+            own: Some(cache.id()),
+            width: cache.req_to_token.max_context_len(),
+            rows: cache.req_to_token.size(),
+        }
+    }
+
+    /// Whether `kv` may decode: `1 <= seq_len < width`, its row in range (rows are
+    /// `1..=rows`), its committed length `seq_len`, and its cache this one.
+    #[inline(always)]
+    fn admits(self, kv: &ReqKvInfo) -> bool {
+        let seq_len = kv.kv_allocated_len();
+        seq_len.wrapping_sub(1) < self.width.saturating_sub(1)
+            && kv.req_pool_idx().is_some_and(|row| row <= self.rows)
+            && kv.kv_committed_len() == seq_len
+            && kv.kv_cache() == self.own
+    }
 }
 
 /// The typed error of the first request `check_and_tick` rejects.

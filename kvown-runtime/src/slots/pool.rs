@@ -317,6 +317,7 @@ impl ReqToTokenPool {
     /// assert!(pool.row(9).is_err());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[inline]
     pub fn row(&self, row: ReqRow) -> Result<&[KvSlot], SlotError> {
         self.check_range(row)?;
         let start = row * self.max_context_len;

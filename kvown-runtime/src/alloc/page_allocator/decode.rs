@@ -3,7 +3,7 @@
 //! (written in the same pass).
 
 use super::PageAllocator;
-use crate::alloc::free_list::FreeList;
+use crate::alloc::free_list::FreeHeads;
 use crate::alloc::geometry::{PageMath, Specialised};
 use crate::alloc::rules::{ContinuedPages, check_decode, check_latest, fill_mark, unmark_pages};
 use crate::alloc::{
@@ -33,14 +33,14 @@ impl DecodePass {
         math: M,
         state: &mut [PageState],
         fill: &mut [u16],
-        free: &FreeList,
+        free: FreeHeads<'_>,
         req: DecodeRequest<'_>,
     ) -> KvSlot {
         let stored = req.stored();
         let offset = math.offset(stored);
         if CHECKED {
             let slot = if offset == 0 {
-                let page = free.peek(self.new_pages);
+                let page = free.get(self.new_pages);
                 self.new_pages += 1;
                 page.map_or(0, |page| math.first_slot(page))
             } else {
@@ -58,7 +58,7 @@ impl DecodePass {
         if offset == 0 {
             let held = matches!(page_state, Some(PageState::Held | PageState::Pending));
             self.valid &= checked & held;
-            let page = free.peek(self.new_pages);
+            let page = free.get(self.new_pages);
             self.new_pages += 1;
             page.map_or(0, |page| math.first_slot(page))
         } else {
@@ -81,7 +81,7 @@ fn decode_pass<M: PageMath, D: DecodeRequests, const CHECKED: bool>(
     math: M,
     state: &mut [PageState],
     fill: &mut [u16],
-    free: &FreeList,
+    free: FreeHeads<'_>,
     reqs: &mut D,
     out: &mut [KvSlot],
 ) -> DecodePass {
@@ -126,7 +126,7 @@ impl<R: ReuseOrder> PageAllocator<R> {
         }
         let start = out.len();
         out.resize(start + len, 0);
-        let (state, fill, free) = (&mut self.state[..], &mut self.fill[..], &self.free);
+        let (state, fill, free) = (&mut self.state[..], &mut self.fill[..], self.free.heads());
         let slots = &mut out[start..];
         let pass = match (self.geometry.specialised(), checked.is_some()) {
             (Specialised::PowerOfTwo(math), true) => {

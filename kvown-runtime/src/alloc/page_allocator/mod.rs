@@ -34,8 +34,8 @@ const BYTES_PER_PAGE: usize = 1 + 2 + 2 * std::mem::size_of::<PageId>();
 ///   ([`PageAllocator::merge_released`]). A call answered out of memory keeps that merge, which
 ///   moves no page between owners. Rule: sglang `merge_and_sort_free` and its callers.
 /// * Every page carries a [`PageState`], so double frees, frees of unallocated pages and
-///   duplicate pages are rejected before anything changes, and a fill mark (how many of its
-///   slots were handed out, two bytes), so that a continuation from any slot but the page's
+///   duplicate pages are rejected before anything changes, and a fill mark (the low 16 bits of
+///   its last handed-out slot, two bytes), so that a continuation from any slot but the page's
 ///   last handed-out one is rejected too ([`AllocError::LastLocNotLatest`]).
 ///
 /// # Examples
@@ -81,8 +81,8 @@ pub struct PageAllocator<R: ReuseOrder> {
     num_pages: usize,
     need_sort: bool,
     state: Vec<PageState>,
-    /// Per page, the low 16 bits of the slot after its last handed-out one: its fill mark,
-    /// meaningful while the page is held.
+    /// Per page, the low 16 bits of its last handed-out slot: its fill mark, meaningful while
+    /// the page is held.
     fill: Vec<u16>,
     free: FreeList,
     /// Pages deferred by the open free group. Outside a group it is empty between calls and
