@@ -324,6 +324,17 @@ pub enum InvariantViolation {
         /// Deferred pages.
         count: usize,
     },
+    /// A held page's fill mark names no slot of the page, so a continuation of it would be
+    /// judged against a slot it does not have.
+    #[error("held page {page}'s fill mark {mark} names no slot of its {page_size} slots")]
+    FillMarkOutsidePage {
+        /// The page.
+        page: usize,
+        /// Its fill mark (the low 16 bits of its last handed-out slot).
+        mark: u16,
+        /// Slots per page.
+        page_size: usize,
+    },
     /// Pages wait in the release list although `need_sort` is off.
     #[error("{count} pages are in the release list although need_sort is off")]
     ReleaseWithoutNeedSort {

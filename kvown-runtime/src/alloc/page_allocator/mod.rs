@@ -298,7 +298,8 @@ impl<R: ReuseOrder> PageAllocator<R> {
 
     /// Verifies the bookkeeping: page 0 reserved, the free, release and deferred lists hold
     /// distinct in-range pages whose states agree with the list, every page marked free,
-    /// released or deferred is in its list, and nothing is left pending. O(num_pages); allocates
+    /// released or deferred is in its list, nothing is left pending, and each held page's fill
+    /// mark names one of its slots. O(num_pages); allocates
     /// a temporary bitmap, so meant for tests and debug checks.
     pub fn check(&self) -> Result<(), super::InvariantViolation> {
         use super::InvariantViolation as V;
@@ -337,6 +338,27 @@ impl<R: ReuseOrder> PageAllocator<R> {
             let must_be_listed = !matches!(state, PageState::Reserved | PageState::Held);
             if must_be_listed && !listed[page] {
                 return Err(V::MissingFromList { page, state });
+            }
+        }
+        self.check_fill_marks()
+    }
+
+    /// Checks that each held page's fill mark names one of its slots. A mark tells slots apart
+    /// modulo 2^16, so for larger pages every mark names one.
+    fn check_fill_marks(&self) -> Result<(), super::InvariantViolation> {
+        let page_size = self.geometry.page_size();
+        if page_size > 1 << 16 {
+            return Ok(());
+        }
+        for (page, (&state, &mark)) in self.state.iter().zip(&self.fill).enumerate() {
+            let first = self.geometry.first_slot(page as PageId);
+            let offset = usize::from(mark.wrapping_sub(first as u16));
+            if state == PageState::Held && offset >= page_size {
+                return Err(super::InvariantViolation::FillMarkOutsidePage {
+                    page,
+                    mark,
+                    page_size,
+                });
             }
         }
         Ok(())
@@ -768,6 +790,26 @@ mod tests {
                 state: PageState::Pending
             })
         );
+    }
+
+    #[test]
+    fn check_reports_a_fill_mark_outside_its_page() {
+        let mut allocator = held_two();
+        // Page 2 holds slots 8..12; a mark of slot 12 is page 3's first slot.
+        allocator.fill[2] = 12;
+        assert_eq!(
+            allocator.check(),
+            Err(V::FillMarkOutsidePage {
+                page: 2,
+                mark: 12,
+                page_size: 4
+            })
+        );
+        allocator.fill[2] = 11;
+        assert_eq!(allocator.check(), Ok(()));
+        // A free page's mark is never read: anything goes.
+        allocator.fill[3] = 0;
+        assert_eq!(allocator.check(), Ok(()));
     }
 
     #[test]
