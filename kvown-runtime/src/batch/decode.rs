@@ -3,9 +3,11 @@
 use kvown_macros::owner;
 
 use super::{AllocFailure, DecodePrepared, LastAllocation, Ready, ScheduleBatch};
-use crate::alloc::{DecodeRequest, DecodeRequests, DecodeShape, KvAllocator, KvSlot, Sealed};
+use crate::alloc::{
+    AllocError, DecodeRequest, DecodeRequests, DecodeShape, KvAllocator, KvSlot, Sealed,
+};
 use crate::batch::{Req, ReqKvInfo};
-use crate::cache::{KvCache, TableMirror};
+use crate::cache::{DecodeStep, KvCache, TableMirror};
 use crate::error::KvError;
 use crate::ids::CacheId;
 
@@ -66,7 +68,7 @@ pub fn prepare_for_decode<A: KvAllocator, M: TableMirror>(
 /// `kv_committed_len += 1` (sglang #37085). The allocator reads each
 /// request's last slot from its row and writes the new one as it goes, in one pass that trusts
 /// what `prepare_for_decode` checked ([`DecodeRequests::checked_new_pages`]); the cache's
-/// [`TableMirror`] is told the writes. Transactional like `alloc_for_extend`; a batch prepared
+/// [`TableMirror`] runs that pass and sees each write in it ([`TableMirror::decode`]). Transactional like `alloc_for_extend`; a batch prepared
 /// with another cache fails with [`KvError::PreparedForOtherCache`].
 ///
 /// # Examples
@@ -111,34 +113,30 @@ pub fn alloc_for_decode<A: KvAllocator, M: TableMirror>(
     // `prepare_for_decode` checked every request: it holds a row of this cache (its own: a
     // request is not `Clone`), and its next position exists. The batch stayed sealed since.
     let table = cache.req_to_token.entries_mut();
-    let width = table.width;
-    let rows = CheckedRows {
+    let step = CheckedStep {
+        allocator: &mut cache.allocator,
         reqs: &mut batch.reqs,
         entries: table.entries,
-        width,
+        width: table.width,
         new_pages,
         settle: |kv: &mut ReqKvInfo| {
             *kv.kv_allocated_len_mut(owner) += 1;
             *kv.kv_committed_len_mut(owner) += 1;
         },
+        out: &mut batch.out_cache_loc,
     };
-    if let Err(error) = cache.allocator.alloc_decode(rows, &mut batch.out_cache_loc) {
+    // The mirror runs the allocator's pass, seeing each write as it is made.
+    if let Err(error) = cache.mirror.decode(step) {
         return Err(batch.fail(error.into()));
     }
-    let writes = batch.reqs.iter().map(|req| {
-        let kv = req.kv();
-        kv.req_pool_idx().unwrap_or(0) * width + kv.kv_allocated_len() - 1
-    });
-    cache.mirror.decode(writes, &batch.out_cache_loc);
     batch.last_allocation = LastAllocation::Decode;
     Ok(batch.into_state(Ready))
 }
 
-/// The requests of a decode batch that `prepare_for_decode` checked, as the allocator reads
-/// them: each request's shape from its row (its last slot at `kv_allocated_len - 1`), and its
-/// new slot written to the row, and its record settled by `settle`, as the allocator hands it
-/// out.
-struct CheckedRows<'a, F> {
+/// One decode step over the requests `prepare_for_decode` checked, for the cache's
+/// [`TableMirror`] to run: the allocator's pass over [`CheckedRows`], appending to `out`.
+struct CheckedStep<'a, A, F> {
+    allocator: &'a mut A,
     reqs: &'a mut [Req],
     /// The table's entries, row by row.
     entries: &'a mut [KvSlot],
@@ -147,9 +145,53 @@ struct CheckedRows<'a, F> {
     /// Pages the batch opens, as `prepare_for_decode` counted them.
     new_pages: usize,
     settle: F,
+    out: &'a mut Vec<KvSlot>,
 }
 
-impl<F> CheckedRows<'_, F> {
+impl<A, F> Sealed for CheckedStep<'_, A, F> {}
+
+impl<'a, A: KvAllocator, F: FnMut(&mut ReqKvInfo)> DecodeStep<'a> for CheckedStep<'a, A, F> {
+    fn writes(&self) -> usize {
+        self.reqs.len()
+    }
+
+    fn index_bound(&self) -> usize {
+        self.entries.len()
+    }
+
+    #[inline(always)]
+    fn run(self, record: impl FnMut(usize, usize)) -> Result<&'a [KvSlot], AllocError> {
+        let rows = CheckedRows {
+            reqs: self.reqs,
+            entries: self.entries,
+            width: self.width,
+            new_pages: self.new_pages,
+            settle: self.settle,
+            record,
+        };
+        self.allocator.alloc_decode(rows, self.out)?;
+        let out: &'a Vec<KvSlot> = self.out;
+        Ok(out)
+    }
+}
+
+/// The requests of a decode batch that `prepare_for_decode` checked, as the allocator reads
+/// them: each request's shape from its row (its last slot at `kv_allocated_len - 1`), and its
+/// new slot written to the row, its record settled by `settle` and the request and the write's
+/// flat index told to `record`, as the allocator hands it out.
+struct CheckedRows<'a, F, R> {
+    reqs: &'a mut [Req],
+    /// The table's entries, row by row.
+    entries: &'a mut [KvSlot],
+    /// Positions per row.
+    width: usize,
+    /// Pages the batch opens, as `prepare_for_decode` counted them.
+    new_pages: usize,
+    settle: F,
+    record: R,
+}
+
+impl<F, R> CheckedRows<'_, F, R> {
     /// The flat index of the position `req`'s new token goes to.
     #[inline(always)]
     fn position(&self, req: &Req) -> usize {
@@ -158,9 +200,9 @@ impl<F> CheckedRows<'_, F> {
     }
 }
 
-impl<F: FnMut(&mut ReqKvInfo)> Sealed for CheckedRows<'_, F> {}
+impl<F: FnMut(&mut ReqKvInfo), R: FnMut(usize, usize)> Sealed for CheckedRows<'_, F, R> {}
 
-impl<F: FnMut(&mut ReqKvInfo)> DecodeRequests for CheckedRows<'_, F> {
+impl<F: FnMut(&mut ReqKvInfo), R: FnMut(usize, usize)> DecodeRequests for CheckedRows<'_, F, R> {
     fn len(&self) -> usize {
         self.reqs.len()
     }
@@ -183,12 +225,13 @@ impl<F: FnMut(&mut ReqKvInfo)> DecodeRequests for CheckedRows<'_, F> {
         out: &mut [KvSlot],
         mut slot_for: impl FnMut(DecodeRequest<'_>) -> KvSlot,
     ) {
-        for (slot, req) in out.iter_mut().zip(self.reqs.iter_mut()) {
+        for (request, (slot, req)) in out.iter_mut().zip(self.reqs.iter_mut()).enumerate() {
             let len = req.kv().kv_allocated_len();
             let position = req.kv().req_pool_idx().unwrap_or(0) * self.width + len;
             *slot = slot_for(DecodeRequest::new(len, self.entries, position));
             self.entries[position] = *slot;
             (self.settle)(req.kv_mut());
+            (self.record)(request, position);
         }
     }
 }
