@@ -121,6 +121,8 @@ struct Counts {
     prefix_hits: usize,
     decodes: usize,
     refused: usize,
+    /// Of `refused`, the decode steps (the allocator ran out of pages).
+    refused_decodes: usize,
     retracted: usize,
     released: usize,
     groups: usize,
@@ -391,6 +393,7 @@ impl<R: ReuseOrder, L: ReadBack> Sim<R, L> {
         match result {
             Err((error, batch)) => {
                 self.counts.refused += 1;
+                self.counts.refused_decodes += 1;
                 self.running = batch;
                 assert_eq!(
                     self.snapshot(),
@@ -602,6 +605,7 @@ fn scenarios(
                     total.prefix_hits += counts.prefix_hits;
                     total.decodes += counts.decodes;
                     total.refused += counts.refused;
+                    total.refused_decodes += counts.refused_decodes;
                     total.retracted += counts.retracted;
                     total.groups += counts.groups;
                     total.evicted += counts.evicted;
@@ -618,6 +622,7 @@ fn scenarios(
         ("prefix hits", total.prefix_hits),
         ("decodes", total.decodes),
         ("refused allocations", total.refused),
+        ("refused decodes", total.refused_decodes),
         ("retractions", total.retracted),
         ("free groups", total.groups),
         ("evictions", total.evicted),
