@@ -63,9 +63,11 @@ pub trait ReadBack: StepLink {
 /// # Panics
 ///
 /// A step panics when the link fails (a driver error) after the host applied it: the host
-/// cannot take it back, and the device table would be stale for good. A write outside the
-/// device table (a mirror built for another table: the cache's rows are checked at
-/// construction) panics before anything is shipped.
+/// cannot take it back, and the device table would be stale for good (a decode step waits for
+/// its ring slot before the allocator's pass, and a failed wait panics before that pass). A
+/// write outside the device table (a mirror built for another table: the cache's rows are
+/// checked at construction) panics before anything is shipped, and for a decode step before
+/// the host's pass.
 #[derive(Debug)]
 pub struct StagedMirror<L: StepLink> {
     ring: StagingRing<L>,
