@@ -115,13 +115,15 @@ pub fn alloc_for_decode<A: KvAllocator, M: TableMirror>(
     let table = cache.req_to_token.entries_mut();
     let step = CheckedStep {
         allocator: &mut cache.allocator,
-        reqs: &mut batch.reqs,
-        entries: table.entries,
-        width: table.width,
-        new_pages,
-        settle: |kv: &mut ReqKvInfo| {
-            *kv.kv_allocated_len_mut(owner) += 1;
-            *kv.kv_committed_len_mut(owner) += 1;
+        rows: CheckedRows {
+            reqs: &mut batch.reqs,
+            entries: table.entries,
+            width: table.width,
+            new_pages,
+            settle: |kv: &mut ReqKvInfo| {
+                *kv.kv_allocated_len_mut(owner) += 1;
+                *kv.kv_committed_len_mut(owner) += 1;
+            },
         },
         out: &mut batch.out_cache_loc,
     };
@@ -134,17 +136,10 @@ pub fn alloc_for_decode<A: KvAllocator, M: TableMirror>(
 }
 
 /// One decode step over the requests `prepare_for_decode` checked, for the cache's
-/// [`TableMirror`] to run: the allocator's pass over [`CheckedRows`], appending to `out`.
+/// [`TableMirror`] to run: the allocator's pass over `rows`, appending to `out`.
 struct CheckedStep<'a, A, F> {
     allocator: &'a mut A,
-    reqs: &'a mut [Req],
-    /// The table's entries, row by row.
-    entries: &'a mut [KvSlot],
-    /// Positions per row.
-    width: usize,
-    /// Pages the batch opens, as `prepare_for_decode` counted them.
-    new_pages: usize,
-    settle: F,
+    rows: CheckedRows<'a, F>,
     out: &'a mut Vec<KvSlot>,
 }
 
@@ -152,21 +147,17 @@ impl<A, F> Sealed for CheckedStep<'_, A, F> {}
 
 impl<'a, A: KvAllocator, F: FnMut(&mut ReqKvInfo)> DecodeStep<'a> for CheckedStep<'a, A, F> {
     fn writes(&self) -> usize {
-        self.reqs.len()
+        self.rows.reqs.len()
     }
 
     fn index_bound(&self) -> usize {
-        self.entries.len()
+        self.rows.entries.len()
     }
 
     #[inline(always)]
     fn run(self, record: impl FnMut(usize, usize)) -> Result<&'a [KvSlot], AllocError> {
-        let rows = CheckedRows {
-            reqs: self.reqs,
-            entries: self.entries,
-            width: self.width,
-            new_pages: self.new_pages,
-            settle: self.settle,
+        let rows = Recorded {
+            rows: self.rows,
             record,
         };
         self.allocator.alloc_decode(rows, self.out)?;
@@ -175,11 +166,10 @@ impl<'a, A: KvAllocator, F: FnMut(&mut ReqKvInfo)> DecodeStep<'a> for CheckedSte
     }
 }
 
-/// The requests of a decode batch that `prepare_for_decode` checked, as the allocator reads
-/// them: each request's shape from its row (its last slot at `kv_allocated_len - 1`), and its
-/// new slot written to the row, its record settled by `settle` and the request and the write's
-/// flat index told to `record`, as the allocator hands it out.
-struct CheckedRows<'a, F, R> {
+/// The requests of a decode batch that `prepare_for_decode` checked: their records, the
+/// table's entries, and `settle`, which settles a request's record once its new slot is
+/// written.
+struct CheckedRows<'a, F> {
     reqs: &'a mut [Req],
     /// The table's entries, row by row.
     entries: &'a mut [KvSlot],
@@ -188,10 +178,9 @@ struct CheckedRows<'a, F, R> {
     /// Pages the batch opens, as `prepare_for_decode` counted them.
     new_pages: usize,
     settle: F,
-    record: R,
 }
 
-impl<F, R> CheckedRows<'_, F, R> {
+impl<F> CheckedRows<'_, F> {
     /// The flat index of the position `req`'s new token goes to.
     #[inline(always)]
     fn position(&self, req: &Req) -> usize {
@@ -200,23 +189,33 @@ impl<F, R> CheckedRows<'_, F, R> {
     }
 }
 
-impl<F: FnMut(&mut ReqKvInfo), R: FnMut(usize, usize)> Sealed for CheckedRows<'_, F, R> {}
+/// [`CheckedRows`] as the allocator reads them: each request's shape from its row (its last
+/// slot at `kv_allocated_len - 1`), and its new slot written to the row, its record settled
+/// and the request and the write's flat index told to `record`, as the allocator hands it
+/// out.
+struct Recorded<'a, F, R> {
+    rows: CheckedRows<'a, F>,
+    record: R,
+}
 
-impl<F: FnMut(&mut ReqKvInfo), R: FnMut(usize, usize)> DecodeRequests for CheckedRows<'_, F, R> {
+impl<F: FnMut(&mut ReqKvInfo), R: FnMut(usize, usize)> Sealed for Recorded<'_, F, R> {}
+
+impl<F: FnMut(&mut ReqKvInfo), R: FnMut(usize, usize)> DecodeRequests for Recorded<'_, F, R> {
     fn len(&self) -> usize {
-        self.reqs.len()
+        self.rows.reqs.len()
     }
 
     fn shape(&self, request: usize) -> DecodeShape {
-        let req = &self.reqs[request];
+        let rows = &self.rows;
+        let req = &rows.reqs[request];
         DecodeShape {
             seq_len: req.kv().kv_allocated_len() + 1,
-            last_loc: self.entries[self.position(req) - 1],
+            last_loc: rows.entries[rows.position(req) - 1],
         }
     }
 
     fn checked_new_pages(&self) -> Option<usize> {
-        Some(self.new_pages)
+        Some(self.rows.new_pages)
     }
 
     #[inline(always)]
@@ -225,12 +224,13 @@ impl<F: FnMut(&mut ReqKvInfo), R: FnMut(usize, usize)> DecodeRequests for Checke
         out: &mut [KvSlot],
         mut slot_for: impl FnMut(DecodeRequest<'_>) -> KvSlot,
     ) {
-        for (request, (slot, req)) in out.iter_mut().zip(self.reqs.iter_mut()).enumerate() {
+        let rows = &mut self.rows;
+        for (request, (slot, req)) in out.iter_mut().zip(rows.reqs.iter_mut()).enumerate() {
             let len = req.kv().kv_allocated_len();
-            let position = req.kv().req_pool_idx().unwrap_or(0) * self.width + len;
-            *slot = slot_for(DecodeRequest::new(len, self.entries, position));
-            self.entries[position] = *slot;
-            (self.settle)(req.kv_mut());
+            let position = req.kv().req_pool_idx().unwrap_or(0) * rows.width + len;
+            *slot = slot_for(DecodeRequest::new(len, rows.entries, position));
+            rows.entries[position] = *slot;
+            (rows.settle)(req.kv_mut());
             (self.record)(request, position);
         }
     }
