@@ -1,7 +1,7 @@
 //! [`StagedMirror`]: the batch flow's table writes, staged for the device.
 
 use kvown_runtime::alloc::{AllocError, ExtendShape, KvSlot};
-use kvown_runtime::cache::{DecodeStep, ExtendRow, TableMirror};
+use kvown_runtime::cache::{DecodeDone, DecodeStep, ExtendRow, TableMirror};
 use kvown_runtime::slots::{ReqRow, ReqToTokenPool};
 
 use super::packet::{DecodeWriter, HEADER, Layout, RUN_WORDS, Run, write_run};
@@ -329,7 +329,7 @@ impl<L: StepLink> TableMirror for StagedMirror<L> {
     /// laid out for the decode graph when the batch fits one. A refused step ships nothing:
     /// the slot it was recorded in is written afresh by the next packet. A step whose table is
     /// larger than the device's panics before it runs.
-    fn decode<'o>(&mut self, step: impl DecodeStep<'o>) -> Result<(), AllocError> {
+    fn decode<'o>(&mut self, step: impl DecodeStep<'o>) -> Result<DecodeDone<'o>, AllocError> {
         let n = step.writes();
         let graph = self.ring.link().decode_graph_batch().filter(|&b| n <= b);
         let layout = Layout::decode(n, graph.unwrap_or(n));
@@ -340,10 +340,10 @@ impl<L: StepLink> TableMirror for StagedMirror<L> {
             step.index_bound()
         );
         let mut writer = DecodeWriter::new(acquire(&mut self.ring), &layout);
-        let out = step.run(|request, index| writer.record(request, index))?;
-        writer.finish(out);
+        let done = step.run(|request, index| writer.record(request, index))?;
+        writer.finish(done.out());
         self.ship_out(layout.words(), graph.is_some(), n);
-        Ok(())
+        Ok(done)
     }
 
     fn row_written(&mut self, row: ReqRow, start_pos: usize, slots: &[KvSlot]) {

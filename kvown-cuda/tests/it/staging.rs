@@ -748,7 +748,7 @@ fn rows_outside_the_device_table_panic_before_anything_is_shipped() {
                 indices: &[(ROWS + 1) * WIDTH],
                 out: &[4],
             };
-            mirror.decode(step).unwrap()
+            mirror.decode(step).unwrap();
         }),
     ] {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(&mut mirror)));

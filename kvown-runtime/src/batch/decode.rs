@@ -7,7 +7,7 @@ use crate::alloc::{
     AllocError, DecodeRequest, DecodeRequests, DecodeShape, KvAllocator, KvSlot, Sealed,
 };
 use crate::batch::{Req, ReqKvInfo};
-use crate::cache::{DecodeStep, KvCache, TableMirror};
+use crate::cache::{DecodeDone, DecodeStep, KvCache, TableMirror};
 use crate::error::KvError;
 use crate::ids::CacheId;
 
@@ -155,14 +155,14 @@ impl<'a, A: KvAllocator, F: FnMut(&mut ReqKvInfo)> DecodeStep<'a> for CheckedSte
     }
 
     #[inline(always)]
-    fn run(self, record: impl FnMut(usize, usize)) -> Result<&'a [KvSlot], AllocError> {
+    fn run(self, record: impl FnMut(usize, usize)) -> Result<DecodeDone<'a>, AllocError> {
         let rows = Recorded {
             rows: self.rows,
             record,
         };
         self.allocator.alloc_decode(rows, self.out)?;
         let out: &'a Vec<KvSlot> = self.out;
-        Ok(out)
+        Ok(DecodeDone::new(out))
     }
 }
 

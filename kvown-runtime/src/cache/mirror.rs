@@ -27,7 +27,7 @@ pub struct ExtendRow<'a> {
 /// ```
 /// use kvown_runtime::alloc::{AllocError, ExtendShape, KvSlot, PagedAllocator};
 /// use kvown_runtime::batch::*;
-/// use kvown_runtime::cache::{DecodeStep, ExtendRow, KvCache, TableMirror, TreeCache};
+/// use kvown_runtime::cache::{DecodeDone, DecodeStep, ExtendRow, KvCache, TableMirror, TreeCache};
 /// use kvown_runtime::slots::ReqToTokenPool;
 ///
 /// /// Counts the table positions written.
@@ -44,11 +44,11 @@ pub struct ExtendRow<'a> {
 ///         self.0 += shapes.iter().map(|shape| shape.seq_len).sum::<usize>();
 ///     }
 ///
-///     fn decode<'o>(&mut self, step: impl DecodeStep<'o>) -> Result<(), AllocError> {
+///     fn decode<'o>(&mut self, step: impl DecodeStep<'o>) -> Result<DecodeDone<'o>, AllocError> {
 ///         let mut written = 0;
-///         step.run(|_request, _index| written += 1)?;
+///         let done = step.run(|_request, _index| written += 1)?;
 ///         self.0 += written; // only once the step succeeded
-///         Ok(())
+///         Ok(done)
 ///     }
 /// }
 ///
@@ -81,11 +81,13 @@ pub trait TableMirror {
 
     /// A decode step: runs `step`, the allocator's pass that hands each request its slot and
     /// writes it to the request's row, telling each write to the recorder it is given as the
-    /// write is made ([`DecodeStep::run`]), and returns the step's error unchanged. The writes
-    /// of a refused step are to be dropped: the allocator refuses before it writes anything.
+    /// write is made ([`DecodeStep::run`]), and returns what the run returned: its
+    /// [`DecodeDone`] (which only a run makes, so a mirror cannot skip the step) or its error
+    /// unchanged. The writes of a refused step are to be dropped: the allocator refuses before
+    /// it writes anything.
     #[inline(always)]
-    fn decode<'o>(&mut self, step: impl DecodeStep<'o>) -> Result<(), AllocError> {
-        step.run(|_, _| {}).map(drop)
+    fn decode<'o>(&mut self, step: impl DecodeStep<'o>) -> Result<DecodeDone<'o>, AllocError> {
+        step.run(|_, _| {})
     }
 
     /// The batch flow wrote `slots` to positions `[start_pos, start_pos + slots.len())` of
@@ -112,10 +114,29 @@ pub trait DecodeStep<'o>: Sealed {
 
     /// Makes the writes, calling `record(request, index)` once for each request
     /// `0..writes()`, in order, with its write's flat index into the table's entries
-    /// (`row * max_context_len + position`), and returns the step's `out_cache_loc`:
-    /// `out[request]` is the slot written at that index. A refused step returns the
-    /// allocator's error, and whatever `record` saw is no write.
-    fn run(self, record: impl FnMut(usize, usize)) -> Result<&'o [KvSlot], AllocError>;
+    /// (`row * max_context_len + position`), and returns the step's `out_cache_loc`
+    /// ([`DecodeDone::out`]): `out[request]` is the slot written at that index. A refused step
+    /// returns the allocator's error, and whatever `record` saw is no write.
+    fn run(self, record: impl FnMut(usize, usize)) -> Result<DecodeDone<'o>, AllocError>;
+}
+
+/// A decode step that ran ([`DecodeStep::run`]): what [`TableMirror::decode`] returns, made
+/// only by a run, so that a mirror cannot answer a step it did not run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeDone<'o> {
+    out: &'o [KvSlot],
+}
+
+impl<'o> DecodeDone<'o> {
+    /// What a step that wrote `out` returns.
+    pub(crate) fn new(out: &'o [KvSlot]) -> DecodeDone<'o> {
+        DecodeDone { out }
+    }
+
+    /// The step's `out_cache_loc`: each request's new slot, in request order.
+    pub fn out(&self) -> &'o [KvSlot] {
+        self.out
+    }
 }
 
 /// A decode step whose writes were made outside the batch flow: `out[i]` at flat index
@@ -127,7 +148,7 @@ pub trait DecodeStep<'o>: Sealed {
 /// let step = WrittenDecode { indices: &[35, 70], out: &[21, 30] };
 /// assert_eq!((step.writes(), step.index_bound()), (2, 71));
 /// let mut seen = Vec::new();
-/// assert_eq!(step.run(|request, index| seen.push((request, index)))?, [21, 30]);
+/// assert_eq!(step.run(|request, index| seen.push((request, index)))?.out(), [21, 30]);
 /// assert_eq!(seen, [(0, 35), (1, 70)]);
 /// # Ok::<(), kvown_runtime::alloc::AllocError>(())
 /// ```
@@ -151,10 +172,10 @@ impl<'o> DecodeStep<'o> for WrittenDecode<'o> {
         self.indices.iter().max().map_or(0, |&index| index + 1)
     }
 
-    fn run(self, mut record: impl FnMut(usize, usize)) -> Result<&'o [KvSlot], AllocError> {
+    fn run(self, mut record: impl FnMut(usize, usize)) -> Result<DecodeDone<'o>, AllocError> {
         for (request, &index) in self.indices.iter().enumerate() {
             record(request, index);
         }
-        Ok(self.out)
+        Ok(DecodeDone::new(self.out))
     }
 }
