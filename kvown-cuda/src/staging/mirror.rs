@@ -1,7 +1,7 @@
 //! [`StagedMirror`]: the batch flow's table writes, staged for the device.
 
-use kvown_runtime::alloc::{ExtendShape, KvSlot};
-use kvown_runtime::cache::{ExtendRow, TableMirror};
+use kvown_runtime::alloc::{AllocError, ExtendShape, KvSlot};
+use kvown_runtime::cache::{DecodeDone, DecodeStep, ExtendRow, TableMirror};
 use kvown_runtime::slots::{ReqRow, ReqToTokenPool};
 
 use super::packet::{DecodeWriter, HEADER, Layout, RUN_WORDS, Run, write_run};
@@ -63,9 +63,11 @@ pub trait ReadBack: StepLink {
 /// # Panics
 ///
 /// A step panics when the link fails (a driver error) after the host applied it: the host
-/// cannot take it back, and the device table would be stale for good. A write outside the
-/// device table (a mirror built for another table: the cache's rows are checked at
-/// construction) panics before anything is shipped.
+/// cannot take it back, and the device table would be stale for good (a decode step waits for
+/// its ring slot before the allocator's pass, and a failed wait panics before that pass). A
+/// write outside the device table (a mirror built for another table: the cache's rows are
+/// checked at construction) panics before anything is shipped, and for a decode step before
+/// the host's pass.
 #[derive(Debug)]
 pub struct StagedMirror<L: StepLink> {
     ring: StagingRing<L>,
@@ -322,20 +324,26 @@ impl<L: StepLink> TableMirror for StagedMirror<L> {
         self.stage_extend(shapes, &rows, out);
     }
 
-    /// The step's packet: each write's flat table index, then its slots as one copy of the
-    /// `out_cache_loc`, laid out for the decode graph when the batch fits one.
-    fn decode(&mut self, writes: impl ExactSizeIterator<Item = usize>, out: &[KvSlot]) {
-        let n = writes.len();
+    /// The step's packet: each write's flat table index, recorded in the ring slot as the
+    /// allocator's pass makes the write, then its slots as one copy of the `out_cache_loc`,
+    /// laid out for the decode graph when the batch fits one. A refused step ships nothing:
+    /// the slot it was recorded in is written afresh by the next packet. A step whose table is
+    /// larger than the device's panics before it runs.
+    fn decode<'o>(&mut self, step: impl DecodeStep<'o>) -> Result<DecodeDone<'o>, AllocError> {
+        let n = step.writes();
         let graph = self.ring.link().decode_graph_batch().filter(|&b| n <= b);
         let layout = Layout::decode(n, graph.unwrap_or(n));
         let entries = self.rows * self.width;
-        let mut writer = DecodeWriter::new(acquire(&mut self.ring), &layout);
         assert!(
-            writer.record(writes, entries),
-            "decode: a table index lies outside the device table of {entries} entries"
+            step.index_bound() <= entries,
+            "decode: table indices up to {} lie outside the device table of {entries} entries",
+            step.index_bound()
         );
-        writer.finish(out);
+        let mut writer = DecodeWriter::new(acquire(&mut self.ring), &layout);
+        let done = step.run(|request, index| writer.record(request, index))?;
+        writer.finish(done.out());
         self.ship_out(layout.words(), graph.is_some(), n);
+        Ok(done)
     }
 
     fn row_written(&mut self, row: ReqRow, start_pos: usize, slots: &[KvSlot]) {
@@ -354,6 +362,7 @@ impl<L: StepLink> TableMirror for StagedMirror<L> {
 #[cfg(test)]
 mod tests {
     use kvown_runtime::alloc::{KvAllocator, PagedAllocator, SlotCalls};
+    use kvown_runtime::cache::WrittenDecode;
 
     use super::super::packet::PacketView;
     use super::super::ring::HostLink;
@@ -381,7 +390,11 @@ mod tests {
         let table = ReqToTokenPool::new(4, 64).unwrap();
         let link = HostLink::new(2, default_slot_words(64, 5, 0), (5, 64));
         let mut mirror = StagedMirror::new(link, &table, 64).unwrap();
-        mirror.decode([64 + 3, 2 * 64 + 9].into_iter(), &[21, 30]);
+        let step = WrittenDecode {
+            indices: &[64 + 3, 2 * 64 + 9],
+            out: &[21, 30],
+        };
+        mirror.decode(step).unwrap();
         let shipped = mirror.last_out_cache_loc().unwrap();
         let view = PacketView::parse(mirror.ring().link().shipped(shipped.slot)).unwrap();
         assert_eq!(view.out_cache_loc(), [21, 30]);

@@ -133,12 +133,12 @@ pub(crate) fn write_run(packet: &mut [u32], layout: &Layout, index: usize, run: 
     packet[at..at + RUN_WORDS].copy_from_slice(&run.words());
 }
 
-/// A decode packet being filled as the allocator writes the table: the `i`-th write's flat
-/// table index goes to the decode section as the write is made, and the slots (the step's
+/// A decode packet being filled as the allocator writes the table: request `i`'s flat table
+/// index goes to the decode section as its write is made, and the slots (the step's
 /// `out_cache_loc`) are copied in one piece at the end.
 pub(crate) struct DecodeWriter<'a> {
     slots: &'a mut [u32],
-    flats: std::slice::IterMut<'a, u32>,
+    flats: &'a mut [u32],
 }
 
 impl<'a> DecodeWriter<'a> {
@@ -148,34 +148,30 @@ impl<'a> DecodeWriter<'a> {
         let (head, flats) = packet.split_at_mut(layout.flat_at);
         DecodeWriter {
             slots: &mut head[HEADER..HEADER + layout.n_decode],
-            flats: flats[..layout.n_decode].iter_mut(),
+            flats: &mut flats[..layout.n_decode],
         }
     }
 
-    /// Records the writes' flat table indices, in order; `false` when one is not below
-    /// `entries` (the device table's). Writes past the packet's count are dropped, and
-    /// [`DecodeWriter::finish`] reports them.
-    #[inline]
-    pub(crate) fn record(&mut self, flats: impl Iterator<Item = usize>, entries: usize) -> bool {
-        let mut outside = false;
-        for (word, flat) in self.flats.by_ref().zip(flats) {
-            outside |= flat >= entries;
-            *word = flat as u32;
-        }
-        !outside
-    }
-
-    /// Copies the writes' slots, in write order, and checks that every write was recorded.
+    /// Records request `request`'s flat table index (which the caller checked against the
+    /// device table). The caller records every request of the packet.
     ///
     /// # Panics
-    /// When `slots` or the writes recorded are not the packet's count.
+    /// When `request` is not below the packet's count.
+    #[inline(always)]
+    pub(crate) fn record(&mut self, request: usize, flat: usize) {
+        self.flats[request] = flat as u32;
+    }
+
+    /// Copies the writes' slots, in request order.
+    ///
+    /// # Panics
+    /// When `slots` are not the packet's count.
     pub(crate) fn finish(self, slots: &[u32]) {
         assert!(
-            self.flats.len() == 0 && slots.len() == self.slots.len(),
-            "a decode packet of {} writes got {} slots and {} indices",
+            slots.len() == self.slots.len(),
+            "a decode packet of {} writes got {} slots",
             self.slots.len(),
-            slots.len(),
-            self.slots.len() - self.flats.len()
+            slots.len()
         );
         self.slots.copy_from_slice(slots);
     }
@@ -273,7 +269,9 @@ mod tests {
             let layout = Layout::decode(3, stride);
             let mut packet = vec![u32::MAX; layout.words()];
             let mut writer = DecodeWriter::new(&mut packet, &layout);
-            assert!(writer.record([17, 40, 99].into_iter(), 100));
+            for (request, flat) in [17, 40, 99].into_iter().enumerate() {
+                writer.record(request, flat);
+            }
             writer.finish(&[5, 6, 12]);
             let view = PacketView::parse(&packet).unwrap();
             assert_eq!(view.out_cache_loc(), [5, 6, 12]);

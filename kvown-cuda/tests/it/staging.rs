@@ -26,7 +26,7 @@ use kvown_runtime::batch::{
     release_kv_cache, retract_decode,
 };
 use kvown_runtime::batch::{cache_unfinished_req, init_next_round_input};
-use kvown_runtime::cache::{ExtendRow, KvCache, TableMirror, TreeCache};
+use kvown_runtime::cache::{ExtendRow, KvCache, TableMirror, TreeCache, WrittenDecode};
 use kvown_runtime::check::reclaim_leaks;
 use kvown_runtime::error::KvError;
 use kvown_runtime::radix::{RadixCache, RadixConfig, TreePos};
@@ -121,6 +121,8 @@ struct Counts {
     prefix_hits: usize,
     decodes: usize,
     refused: usize,
+    /// Of `refused`, the decode steps (the allocator ran out of pages).
+    refused_decodes: usize,
     retracted: usize,
     released: usize,
     groups: usize,
@@ -391,6 +393,7 @@ impl<R: ReuseOrder, L: ReadBack> Sim<R, L> {
         match result {
             Err((error, batch)) => {
                 self.counts.refused += 1;
+                self.counts.refused_decodes += 1;
                 self.running = batch;
                 assert_eq!(
                     self.snapshot(),
@@ -602,6 +605,7 @@ fn scenarios(
                     total.prefix_hits += counts.prefix_hits;
                     total.decodes += counts.decodes;
                     total.refused += counts.refused;
+                    total.refused_decodes += counts.refused_decodes;
                     total.retracted += counts.retracted;
                     total.groups += counts.groups;
                     total.evicted += counts.evicted;
@@ -618,6 +622,7 @@ fn scenarios(
         ("prefix hits", total.prefix_hits),
         ("decodes", total.decodes),
         ("refused allocations", total.refused),
+        ("refused decodes", total.refused_decodes),
         ("retractions", total.retracted),
         ("free groups", total.groups),
         ("evictions", total.evicted),
@@ -703,7 +708,11 @@ fn the_mirror_ships_table_writes_only() {
         .verify(&table, std::iter::once((row, 6)), Some(&out))
         .unwrap();
     table.write(row, 6, &[77]).unwrap();
-    mirror.decode(std::iter::once(row * WIDTH + 6), &[77]);
+    let step = WrittenDecode {
+        indices: &[row * WIDTH + 6],
+        out: &[77],
+    };
+    mirror.decode(step).unwrap();
     mirror
         .verify(&table, std::iter::once((row, 7)), Some(&[77]))
         .unwrap();
@@ -734,7 +743,13 @@ fn rows_outside_the_device_table_panic_before_anything_is_shipped() {
     for write in [
         Box::new(|mirror: &mut StagedMirror<EmulatedLink>| mirror.row_written(ROWS + 1, 0, &[4]))
             as Box<dyn Fn(&mut StagedMirror<EmulatedLink>)>,
-        Box::new(|mirror| mirror.decode(std::iter::once((ROWS + 1) * WIDTH), &[4])),
+        Box::new(|mirror| {
+            let step = WrittenDecode {
+                indices: &[(ROWS + 1) * WIDTH],
+                out: &[4],
+            };
+            mirror.decode(step).unwrap();
+        }),
     ] {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(&mut mirror)));
         assert!(result.is_err(), "a write outside the table must be refused");

@@ -66,7 +66,8 @@ impl<'a> DecodeRequest<'a> {
     }
 }
 
-/// Seals [`DecodeRequests`]: only this crate says which batches are checked.
+/// Seals [`DecodeRequests`] and [`DecodeStep`](crate::cache::DecodeStep): only this crate says
+/// which batches are checked, and which steps record every write.
 pub trait Sealed {}
 
 /// The requests of one decode step: the [`DecodeShape`]s a caller gives (a slice, an array or

@@ -3,9 +3,11 @@
 use kvown_macros::owner;
 
 use super::{AllocFailure, DecodePrepared, LastAllocation, Ready, ScheduleBatch};
-use crate::alloc::{DecodeRequest, DecodeRequests, DecodeShape, KvAllocator, KvSlot, Sealed};
+use crate::alloc::{
+    AllocError, DecodeRequest, DecodeRequests, DecodeShape, KvAllocator, KvSlot, Sealed,
+};
 use crate::batch::{Req, ReqKvInfo};
-use crate::cache::{KvCache, TableMirror};
+use crate::cache::{DecodeDone, DecodeStep, KvCache, TableMirror};
 use crate::error::KvError;
 use crate::ids::CacheId;
 
@@ -66,7 +68,7 @@ pub fn prepare_for_decode<A: KvAllocator, M: TableMirror>(
 /// `kv_committed_len += 1` (sglang #37085). The allocator reads each
 /// request's last slot from its row and writes the new one as it goes, in one pass that trusts
 /// what `prepare_for_decode` checked ([`DecodeRequests::checked_new_pages`]); the cache's
-/// [`TableMirror`] is told the writes. Transactional like `alloc_for_extend`; a batch prepared
+/// [`TableMirror`] runs that pass and sees each write in it ([`TableMirror::decode`]). Transactional like `alloc_for_extend`; a batch prepared
 /// with another cache fails with [`KvError::PreparedForOtherCache`].
 ///
 /// # Examples
@@ -111,33 +113,62 @@ pub fn alloc_for_decode<A: KvAllocator, M: TableMirror>(
     // `prepare_for_decode` checked every request: it holds a row of this cache (its own: a
     // request is not `Clone`), and its next position exists. The batch stayed sealed since.
     let table = cache.req_to_token.entries_mut();
-    let width = table.width;
-    let rows = CheckedRows {
-        reqs: &mut batch.reqs,
-        entries: table.entries,
-        width,
-        new_pages,
-        settle: |kv: &mut ReqKvInfo| {
-            *kv.kv_allocated_len_mut(owner) += 1;
-            *kv.kv_committed_len_mut(owner) += 1;
+    let step = CheckedStep {
+        allocator: &mut cache.allocator,
+        rows: CheckedRows {
+            reqs: &mut batch.reqs,
+            entries: table.entries,
+            width: table.width,
+            new_pages,
+            settle: |kv: &mut ReqKvInfo| {
+                *kv.kv_allocated_len_mut(owner) += 1;
+                *kv.kv_committed_len_mut(owner) += 1;
+            },
         },
+        out: &mut batch.out_cache_loc,
     };
-    if let Err(error) = cache.allocator.alloc_decode(rows, &mut batch.out_cache_loc) {
+    // The mirror runs the allocator's pass, seeing each write as it is made.
+    if let Err(error) = cache.mirror.decode(step) {
         return Err(batch.fail(error.into()));
     }
-    let writes = batch.reqs.iter().map(|req| {
-        let kv = req.kv();
-        kv.req_pool_idx().unwrap_or(0) * width + kv.kv_allocated_len() - 1
-    });
-    cache.mirror.decode(writes, &batch.out_cache_loc);
     batch.last_allocation = LastAllocation::Decode;
     Ok(batch.into_state(Ready))
 }
 
-/// The requests of a decode batch that `prepare_for_decode` checked, as the allocator reads
-/// them: each request's shape from its row (its last slot at `kv_allocated_len - 1`), and its
-/// new slot written to the row, and its record settled by `settle`, as the allocator hands it
-/// out.
+/// One decode step over the requests `prepare_for_decode` checked, for the cache's
+/// [`TableMirror`] to run: the allocator's pass over `rows`, appending to `out`.
+struct CheckedStep<'a, A, F> {
+    allocator: &'a mut A,
+    rows: CheckedRows<'a, F>,
+    out: &'a mut Vec<KvSlot>,
+}
+
+impl<A, F> Sealed for CheckedStep<'_, A, F> {}
+
+impl<'a, A: KvAllocator, F: FnMut(&mut ReqKvInfo)> DecodeStep<'a> for CheckedStep<'a, A, F> {
+    fn writes(&self) -> usize {
+        self.rows.reqs.len()
+    }
+
+    fn index_bound(&self) -> usize {
+        self.rows.entries.len()
+    }
+
+    #[inline(always)]
+    fn run(self, record: impl FnMut(usize, usize)) -> Result<DecodeDone<'a>, AllocError> {
+        let rows = Recorded {
+            rows: self.rows,
+            record,
+        };
+        self.allocator.alloc_decode(rows, self.out)?;
+        let out: &'a Vec<KvSlot> = self.out;
+        Ok(DecodeDone::new(out))
+    }
+}
+
+/// The requests of a decode batch that `prepare_for_decode` checked: their records, the
+/// table's entries, and `settle`, which settles a request's record once its new slot is
+/// written.
 struct CheckedRows<'a, F> {
     reqs: &'a mut [Req],
     /// The table's entries, row by row.
@@ -158,23 +189,33 @@ impl<F> CheckedRows<'_, F> {
     }
 }
 
-impl<F: FnMut(&mut ReqKvInfo)> Sealed for CheckedRows<'_, F> {}
+/// [`CheckedRows`] as the allocator reads them: each request's shape from its row (its last
+/// slot at `kv_allocated_len - 1`), and its new slot written to the row, its record settled
+/// and the request and the write's flat index told to `record`, as the allocator hands it
+/// out.
+struct Recorded<'a, F, R> {
+    rows: CheckedRows<'a, F>,
+    record: R,
+}
 
-impl<F: FnMut(&mut ReqKvInfo)> DecodeRequests for CheckedRows<'_, F> {
+impl<F: FnMut(&mut ReqKvInfo), R: FnMut(usize, usize)> Sealed for Recorded<'_, F, R> {}
+
+impl<F: FnMut(&mut ReqKvInfo), R: FnMut(usize, usize)> DecodeRequests for Recorded<'_, F, R> {
     fn len(&self) -> usize {
-        self.reqs.len()
+        self.rows.reqs.len()
     }
 
     fn shape(&self, request: usize) -> DecodeShape {
-        let req = &self.reqs[request];
+        let rows = &self.rows;
+        let req = &rows.reqs[request];
         DecodeShape {
             seq_len: req.kv().kv_allocated_len() + 1,
-            last_loc: self.entries[self.position(req) - 1],
+            last_loc: rows.entries[rows.position(req) - 1],
         }
     }
 
     fn checked_new_pages(&self) -> Option<usize> {
-        Some(self.new_pages)
+        Some(self.rows.new_pages)
     }
 
     #[inline(always)]
@@ -183,12 +224,14 @@ impl<F: FnMut(&mut ReqKvInfo)> DecodeRequests for CheckedRows<'_, F> {
         out: &mut [KvSlot],
         mut slot_for: impl FnMut(DecodeRequest<'_>) -> KvSlot,
     ) {
-        for (slot, req) in out.iter_mut().zip(self.reqs.iter_mut()) {
+        let rows = &mut self.rows;
+        for (request, (slot, req)) in out.iter_mut().zip(rows.reqs.iter_mut()).enumerate() {
             let len = req.kv().kv_allocated_len();
-            let position = req.kv().req_pool_idx().unwrap_or(0) * self.width + len;
-            *slot = slot_for(DecodeRequest::new(len, self.entries, position));
-            self.entries[position] = *slot;
-            (self.settle)(req.kv_mut());
+            let position = req.kv().req_pool_idx().unwrap_or(0) * rows.width + len;
+            *slot = slot_for(DecodeRequest::new(len, rows.entries, position));
+            rows.entries[position] = *slot;
+            (rows.settle)(req.kv_mut());
+            (self.record)(request, position);
         }
     }
 }

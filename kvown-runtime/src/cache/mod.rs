@@ -4,7 +4,7 @@
 
 mod mirror;
 
-pub use mirror::{ExtendRow, TableMirror};
+pub use mirror::{DecodeDone, DecodeStep, ExtendRow, TableMirror, WrittenDecode};
 
 use crate::alloc::{Deferring, FreeGroup, GroupStep, KvAllocator, ceil_align};
 use crate::batch::Req;
