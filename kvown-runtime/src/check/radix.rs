@@ -260,14 +260,7 @@ pub(crate) fn path_difference(
     slots: &[KvSlot],
 ) -> Option<(usize, PrefixPart)> {
     let page_size = tree.config().page_size;
-    // The node on whose key `at.len` lies: `at.node`, or an ancestor split off above it.
-    let mut node = tree.node_view(at.node)?;
-    while node.span().start > at.len {
-        node = tree.node_view(node.parent())?;
-    }
-    if at.len > node.span().end || !at.len.is_multiple_of(page_size) {
-        return None;
-    }
+    let mut node = tree.node_view(tree.node_at(at, at.len).ok()?)?;
     // The path's nodes with the part of each key on it, root side first.
     let mut path = Vec::new();
     let mut end = at.len;
