@@ -382,26 +382,35 @@ fn held_locks(tree: &RadixCache, holders: impl IntoIterator<Item = NodeId>) -> V
     held
 }
 
+/// Test fixture (page size 2): `[0, 1 | 2, 3]` on pages 1 and 2, then `[0, 1 | 9, 9]` on
+/// page 3 splits it into a shared node (page 1) with two leaves, the first (returned) locked
+/// once; the tree checks clean.
+#[cfg(test)]
+pub(crate) fn small_tree() -> (RadixCache, NodeId) {
+    use crate::radix::{Insert, RadixConfig};
+    let mut cache = RadixCache::new(RadixConfig::new(2)).unwrap();
+    let locked = cache
+        .insert(Insert::new(&[0, 1, 2, 3], &[2, 3, 4, 5]))
+        .unwrap()
+        .last_node;
+    cache
+        .insert(Insert::new(&[0, 1, 9, 9], &[2, 3, 6, 7]))
+        .unwrap();
+    cache.inc_lock_ref(locked).unwrap();
+    check_radix(&cache).unwrap();
+    (cache, locked)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::radix::{Insert, RadixConfig};
 
     #[test]
     fn leaked_locks_are_found_where_they_were_taken_and_released_exactly() {
-        // Page size 2: `[0, 1 | 2, 3]`, then `[0, 1 | 9, 9]` splits it into a shared node
-        // (page 1) with two leaves, the first locked by its holder. Besides the holder's lock
-        // on the leaf: a second lock on the leaf and two on the shared node above it, none of
-        // them accounted for.
-        let mut cache = RadixCache::new(RadixConfig::new(2)).unwrap();
-        let locked = cache
-            .insert(Insert::new(&[0, 1, 2, 3], &[2, 3, 4, 5]))
-            .unwrap()
-            .last_node;
-        cache
-            .insert(Insert::new(&[0, 1, 9, 9], &[2, 3, 6, 7]))
-            .unwrap();
-        cache.inc_lock_ref(locked).unwrap();
+        // A shared node with two leaves, the first locked by its holder (`small_tree`).
+        // Besides the holder's lock on the leaf: a second lock on the leaf and two on the
+        // shared node above it, none of them accounted for.
+        let (mut cache, locked) = small_tree();
         let shared = cache.match_prefix(&[0, 1]).node;
         cache.inc_lock_ref(locked).unwrap();
         cache.inc_lock_ref(shared).unwrap();
