@@ -22,3 +22,6 @@ pub use ledger::PageLedger;
 pub use radix::{PrefixPart, check_radix};
 pub use reclaim::{ReclaimError, Reclaimed, reclaim_leaks};
 pub use violation::{Holder, Violation};
+
+#[cfg(test)]
+pub(crate) use radix::small_tree;

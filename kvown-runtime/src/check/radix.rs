@@ -260,14 +260,7 @@ pub(crate) fn path_difference(
     slots: &[KvSlot],
 ) -> Option<(usize, PrefixPart)> {
     let page_size = tree.config().page_size;
-    // The node on whose key `at.len` lies: `at.node`, or an ancestor split off above it.
-    let mut node = tree.node_view(at.node)?;
-    while node.span().start > at.len {
-        node = tree.node_view(node.parent())?;
-    }
-    if at.len > node.span().end || !at.len.is_multiple_of(page_size) {
-        return None;
-    }
+    let mut node = tree.node_view(tree.node_at(at, at.len).ok()?)?;
     // The path's nodes with the part of each key on it, root side first.
     let mut path = Vec::new();
     let mut end = at.len;
@@ -389,26 +382,35 @@ fn held_locks(tree: &RadixCache, holders: impl IntoIterator<Item = NodeId>) -> V
     held
 }
 
+/// Test fixture (page size 2): `[0, 1 | 2, 3]` on pages 1 and 2, then `[0, 1 | 9, 9]` on
+/// page 3 splits it into a shared node (page 1) with two leaves, the first (returned) locked
+/// once; the tree checks clean.
+#[cfg(test)]
+pub(crate) fn small_tree() -> (RadixCache, NodeId) {
+    use crate::radix::{Insert, RadixConfig};
+    let mut cache = RadixCache::new(RadixConfig::new(2)).unwrap();
+    let locked = cache
+        .insert(Insert::new(&[0, 1, 2, 3], &[2, 3, 4, 5]))
+        .unwrap()
+        .last_node;
+    cache
+        .insert(Insert::new(&[0, 1, 9, 9], &[2, 3, 6, 7]))
+        .unwrap();
+    cache.inc_lock_ref(locked).unwrap();
+    check_radix(&cache).unwrap();
+    (cache, locked)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::radix::{Insert, RadixConfig};
 
     #[test]
     fn leaked_locks_are_found_where_they_were_taken_and_released_exactly() {
-        // Page size 2: `[0, 1 | 2, 3]`, then `[0, 1 | 9, 9]` splits it into a shared node
-        // (page 1) with two leaves, the first locked by its holder. Besides the holder's lock
-        // on the leaf: a second lock on the leaf and two on the shared node above it, none of
-        // them accounted for.
-        let mut cache = RadixCache::new(RadixConfig::new(2)).unwrap();
-        let locked = cache
-            .insert(Insert::new(&[0, 1, 2, 3], &[2, 3, 4, 5]))
-            .unwrap()
-            .last_node;
-        cache
-            .insert(Insert::new(&[0, 1, 9, 9], &[2, 3, 6, 7]))
-            .unwrap();
-        cache.inc_lock_ref(locked).unwrap();
+        // A shared node with two leaves, the first locked by its holder (`small_tree`).
+        // Besides the holder's lock on the leaf: a second lock on the leaf and two on the
+        // shared node above it, none of them accounted for.
+        let (mut cache, locked) = small_tree();
         let shared = cache.match_prefix(&[0, 1]).node;
         cache.inc_lock_ref(locked).unwrap();
         cache.inc_lock_ref(shared).unwrap();

@@ -470,7 +470,7 @@ impl RadixCache {
 
     /// The node on whose key `at.len` lies (`at.node` or an ancestor split off above it);
     /// [`RadixError::HintOutOfRange`] names `key_len` as the length of the key `at` is in.
-    fn node_at(&self, at: TreePos, key_len: usize) -> Result<NodeId, RadixError> {
+    pub(crate) fn node_at(&self, at: TreePos, key_len: usize) -> Result<NodeId, RadixError> {
         self.ensure_live(at.node)?;
         let mut node = at.node;
         while self.arena[node].start() > at.len {

@@ -732,7 +732,7 @@ mod tests {
     };
     use super::*;
     use crate::alloc::{PagedAllocator, SlotCalls};
-    use crate::check::check_radix;
+    use crate::check::{check_radix, small_tree};
 
     #[test]
     fn released_entries_are_all_reused_before_the_arena_grows() {
@@ -994,22 +994,6 @@ mod tests {
 
     // The checker finds a broken node table, counter or index (read through the views of
     // `view.rs`).
-
-    /// Page size 2: `[0, 1 | 2, 3]` on pages 1 and 2, then `[0, 1 | 9, 9]` on page 3 splits it
-    /// into a shared node (page 1) with two leaves, the first locked.
-    fn small_tree() -> (RadixCache, NodeId) {
-        let mut cache = RadixCache::new(RadixConfig::new(2)).unwrap();
-        let locked = cache
-            .insert(Insert::new(&[0, 1, 2, 3], &[2, 3, 4, 5]))
-            .unwrap()
-            .last_node;
-        cache
-            .insert(Insert::new(&[0, 1, 9, 9], &[2, 3, 6, 7]))
-            .unwrap();
-        cache.inc_lock_ref(locked).unwrap();
-        check_radix(&cache).unwrap();
-        (cache, locked)
-    }
 
     /// The `what` of the check's [`RadixError::Inconsistent`].
     fn broken(cache: &RadixCache) -> &'static str {
