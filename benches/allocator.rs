@@ -119,7 +119,7 @@ fn extend(c: &mut Criterion) {
     let mut group = c.benchmark_group("W3_extend");
     for (name, radix) in [("batch64", false), ("batch64_prefix_cache", true)] {
         let mut extend = ExtendBatch::new(radix);
-        group.throughput(Throughput::Elements(extend.tokens() as u64));
+        group.throughput(Throughput::Elements(ExtendBatch::tokens() as u64));
         group.bench_function(name, |b| {
             b.iter_custom(|iters| {
                 let mut measured = Duration::ZERO;

@@ -612,7 +612,7 @@ fn extend_ns_per_token(extend: &mut ExtendBatch) -> f64 {
         nanos += start.elapsed().as_nanos();
         extend.release(batch);
     }
-    nanos as f64 / (EXTEND_BATCHES * extend.tokens()) as f64
+    nanos as f64 / (EXTEND_BATCHES * ExtendBatch::tokens()) as f64
 }
 
 /// One measurement of `ref_extend`, W3's floor, as [`extend_ns_per_token`] measures W3.
@@ -624,7 +624,7 @@ fn extend_floor_ns_per_token(floor: &mut ExtendFloor) -> f64 {
         nanos += start.elapsed().as_nanos();
         floor.release();
     }
-    nanos as f64 / (EXTEND_BATCHES * ExtendFloor::tokens()) as f64
+    nanos as f64 / (EXTEND_BATCHES * ExtendBatch::tokens()) as f64
 }
 
 /// W3 (`radix` false) or W3c, warmed up with one measurement (the first batches touch the

@@ -745,8 +745,8 @@ impl ExtendBatch {
         512 + (i * 7919) % 3585
     }
 
-    /// Tokens extended per batch.
-    pub fn tokens(&self) -> usize {
+    /// Tokens extended per batch (W3's, and its floor `ref_extend`'s).
+    pub fn tokens() -> usize {
         (0..Self::BATCH).map(Self::prompt_len).sum()
     }
 

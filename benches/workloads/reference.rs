@@ -246,11 +246,6 @@ impl ExtendFloor {
         }
     }
 
-    /// Tokens extended per batch (W3's).
-    pub fn tokens() -> usize {
-        (0..ExtendBatch::BATCH).map(ExtendBatch::prompt_len).sum()
-    }
-
     /// `ref_extend`, the measured part: every prompt's slot runs written to `out_cache_loc`,
     /// then copied into its row.
     #[inline]

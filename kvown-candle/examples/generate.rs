@@ -278,7 +278,6 @@ fn summary(
         ("spec_accepted", stats.spec_accepted.into()),
         ("transfers", stats.transfers.into()),
         ("transferred_tokens", stats.transferred_tokens.into()),
-        ("checksums_matched", stats.checksums_matched.into()),
         (
             "transfer_us_per_request",
             (stats.transfer_ns as f64 / 1e3 / stats.transfers.max(1) as f64).into(),

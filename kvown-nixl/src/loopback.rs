@@ -47,8 +47,9 @@ impl LoopbackCounters {
         *self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn set(&self, stats: LoopbackStats) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = stats;
+    /// Changes the stats in place.
+    fn update(&self, change: impl FnOnce(&mut LoopbackStats)) {
+        change(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner));
     }
 }
 
@@ -75,7 +76,7 @@ pub struct NixlLoopback {
     next_tag: u64,
     pending: Vec<Pending>,
     ended: Vec<(TransferId, Result<(), TransferError>)>,
-    stats: LoopbackStats,
+    /// The stats, shared with every [`LoopbackCounters`] handed out.
     counters: LoopbackCounters,
 }
 
@@ -131,7 +132,6 @@ impl NixlLoopback {
             next_tag: 0,
             pending: Vec::new(),
             ended: Vec::new(),
-            stats: LoopbackStats::default(),
             counters: LoopbackCounters::default(),
         })
     }
@@ -151,7 +151,7 @@ impl NixlLoopback {
 
     /// What the transfers did so far.
     pub fn stats(&self) -> LoopbackStats {
-        self.stats
+        self.counters.get()
     }
 
     /// A live view of [`NixlLoopback::stats`] that outlives handing the transfer away.
@@ -175,10 +175,14 @@ impl NixlLoopback {
                 "staging copy {id:?} did not end"
             ))),
         };
-        self.stats.staging += started.elapsed();
-        if outcome.is_ok() {
-            self.stats.staged_bytes += (src.len() * self.link.peer().pool.slot_bytes()) as u64;
-        }
+        let staged = match outcome {
+            Ok(()) => (src.len() * self.link.peer().pool.slot_bytes()) as u64,
+            Err(_) => 0,
+        };
+        self.counters.update(|stats| {
+            stats.staging += started.elapsed();
+            stats.staged_bytes += staged;
+        });
         outcome
     }
 
@@ -221,7 +225,7 @@ impl NixlLoopback {
             };
             match why {
                 Released::Read => {
-                    self.stats.notices += 1;
+                    self.counters.update(|stats| stats.notices += 1);
                     self.pending[index].noticed = true;
                 }
                 Released::Expired | Released::Dropped | Released::ReaderLost => {
@@ -239,10 +243,10 @@ impl NixlLoopback {
         }
     }
 
-    /// Publishes the stats to the counters.
-    fn publish(&mut self) {
-        self.stats.link = self.link.stats();
-        self.counters.set(self.stats);
+    /// Brings the counters' copy of the READs' stats up to date.
+    fn publish(&self) {
+        let link = self.link.stats();
+        self.counters.update(|stats| stats.link = link);
     }
 }
 
@@ -262,7 +266,7 @@ impl KvTransfer for NixlLoopback {
         self.next_tag += 1;
         let noticed = match self.holds.hold(tag, id) {
             Ok(Some(_)) => {
-                self.stats.notices += 1;
+                self.counters.update(|stats| stats.notices += 1);
                 true
             }
             Ok(None) | Err(_) => false,

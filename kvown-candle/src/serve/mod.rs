@@ -239,13 +239,11 @@ pub struct ServeStats {
     pub spec_drafted: u64,
     /// Draft tokens accepted.
     pub spec_accepted: u64,
-    /// Prompts whose K/V moved from the prefill node.
+    /// Prompts whose K/V moved from the prefill node, each with its digest equal on both nodes
+    /// (a difference stops the server with [`ServeError::TransferCorrupt`]).
     pub transfers: u64,
     /// Positions whose K/V moved (the decode node's prefix cache held the rest).
     pub transferred_tokens: u64,
-    /// Transfers whose K/V digest on the decode node equals the prefill node's (every one of
-    /// them: a difference stops the server).
-    pub checksums_matched: u64,
     /// Nanoseconds moving K/V: from each transfer's submit to the poll that saw it end.
     pub transfer_ns: u64,
     /// Nanoseconds in kvown: the batch flow's calls and reading the table into forward batches.

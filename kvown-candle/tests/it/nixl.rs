@@ -109,11 +109,11 @@ fn greedy_tokens_over_nixl_equal_one_node(dtype: KvDtype, name: &str) {
         assert_eq!(got.get(rid), Some(tokens), "request {rid}'s greedy tokens");
     }
     // Every admitted prompt moved, some in part (the decode node's prefix cache held the
-    // rest), and the retracted ones again after their re-prefill; every digest matched.
+    // rest), and the retracted ones again after their re-prefill (each counted only once its
+    // digest matched: a mismatch fails the step).
     assert!(stats.prefix_hit_tokens > 0, "{stats:?}");
     assert!(stats.retractions > 0, "{stats:?}");
     assert!(stats.transfers > expected.len() as u64, "{stats:?}");
-    assert_eq!(stats.checksums_matched, stats.transfers);
     assert!(stats.transferred_tokens > 0);
     let nixl = counters.get();
     let model = tiny_model();

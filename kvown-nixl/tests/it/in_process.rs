@@ -6,18 +6,18 @@ use std::time::{Duration, Instant};
 use kvown_nixl::{AgentOptions, NixlLoopback, slot_runs};
 use kvown_runtime::ids::KvSlot;
 use kvown_runtime::kv::{
-    KvDtype, KvLayout, KvPool, KvSlice, KvTransfer, TransferError, TransferId, new_host_pool,
+    KvDtype, KvPool, KvSlice, KvTensor, KvTransfer, TransferError, TransferId, new_host_pool,
 };
 
 use crate::agent_name;
-use crate::nodes::{LAYERS, digest};
+use crate::nodes::{LAYERS, digest, layout};
 
 /// Slots of each test pool.
 const SLOTS: usize = 64;
 
-/// A pool of the tests' geometry (2 heads of 8), `SLOTS` slots in pages of 4.
+/// A pool of the tests' layout, `SLOTS` slots.
 fn pool() -> Box<dyn KvPool> {
-    new_host_pool(KvLayout::new(LAYERS, 2, 8, SLOTS, 4).unwrap(), KvDtype::F32).unwrap()
+    new_host_pool(layout(SLOTS), KvDtype::F32).unwrap()
 }
 
 /// A loopback pair between a pool whose `src` slots hold distinct rows and an empty pool;
@@ -27,7 +27,7 @@ fn pair(test: &str, src: &[KvSlot]) -> Result<(NixlLoopback, SharedPools), Strin
     let decode = kvown_runtime::kv::SharedPool::new(pool());
     let mut writer = prefill.clone();
     for layer in 0..LAYERS {
-        let k: Vec<f32> = (0..src.len() * 16)
+        let k: Vec<f32> = (0..src.len() * layout(SLOTS).row_len(KvTensor::K))
             .map(|i| (i + 1000 * layer) as f32)
             .collect();
         let v: Vec<f32> = k.iter().map(|x| -x).collect();
@@ -80,7 +80,8 @@ pub fn rows_staged_through_two_agents_arrive_whole() -> Result<(), String> {
         ));
     }
     let stats = link.stats();
-    let slot_bytes = (2 * 16 * LAYERS * 4) as u64;
+    let row = layout(SLOTS).row_len(KvTensor::K) + layout(SLOTS).row_len(KvTensor::V);
+    let slot_bytes = (row * LAYERS * KvDtype::F32.size_bytes()) as u64;
     let descriptors = (slot_runs(&src, &dst, true).len() * 2 * LAYERS) as u64;
     let expected = (1, 0, 1, src.len() as u64 * slot_bytes, descriptors);
     let got = (

@@ -36,6 +36,12 @@ pub struct Geometry {
     pub pages: usize,
 }
 
+/// The tests' K/V layout: `LAYERS` layers of `KV_HEADS` heads of `HEAD_DIM`, `slots` slots in
+/// pages of `PAGE_SIZE`.
+pub fn layout(slots: usize) -> KvLayout {
+    KvLayout::new(LAYERS, KV_HEADS, HEAD_DIM, slots, PAGE_SIZE).expect("layout")
+}
+
 /// The K (V is its negation) row of the token at `position` after `tokens[..position]`, in
 /// `layer`.
 fn k_row(tokens: &[u32], position: usize, layer: usize) -> [f32; KV_HEADS * HEAD_DIM] {
@@ -108,8 +114,7 @@ impl Node {
     pub fn new(name: &str, options: &AgentOptions, geometry: Geometry) -> Result<Node, NixlError> {
         let agent = Agent::with_options(name, options)?;
         let slots = geometry.pages * PAGE_SIZE;
-        let layout = KvLayout::new(LAYERS, KV_HEADS, HEAD_DIM, slots, PAGE_SIZE).expect("layout");
-        let pool = RegisteredPool::new(&agent, layout, KvDtype::F32)?;
+        let pool = RegisteredPool::new(&agent, layout(slots), KvDtype::F32)?;
         let allocator = PagedAllocator::new(slots, PAGE_SIZE, true).expect("allocator");
         let table = ReqToTokenPool::new(ROWS, WIDTH).expect("table");
         let tree = TreeCache::Radix(RadixCache::new(RadixConfig::new(PAGE_SIZE)).unwrap());
