@@ -478,7 +478,6 @@ mod tests {
             // transferred again when re-admitted).
             if let Some(report) = summary.transfers {
                 prop_assert!(disaggregated && report.transfers >= requests as u64);
-                prop_assert_eq!(report.checksums_matched, report.transfers);
             }
         }
     }
@@ -512,7 +511,7 @@ mod tests {
         );
         assert_eq!((pair.finished, pair.retractions), (60, 0));
         let report = pair.transfers.expect("a pair's transfers");
-        assert_eq!((report.transfers, report.checksums_matched), (60, 60));
+        assert_eq!(report.transfers, 60);
         assert_eq!(single.transfers, None);
         assert_eq!(pair.tokens_decoded, single.tokens_decoded);
         assert!(pair.kv_samples_verified > 0);
@@ -563,7 +562,6 @@ mod tests {
         assert_eq!((over_nixl.link, in_process.link), ("nixl", "local"));
         assert_eq!(over_nixl.transfers, in_process.transfers);
         assert_eq!(over_nixl.bytes, in_process.bytes);
-        assert_eq!(over_nixl.checksums_matched, over_nixl.transfers);
         let descriptors = over_nixl.descriptors.expect("NIXL counts its descriptors");
         // At least one run (two layers, K and V) per transfer, fewer than one per slot.
         let slots = over_nixl.bytes / kv_data::SLOT_BYTES as u64;
