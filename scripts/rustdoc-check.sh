@@ -7,7 +7,7 @@
 # crate), both with warnings as errors. Then greps the HTML for each struct's page, its getter,
 # setter and `_mut` accessor, its `Init` struct, and the owner functions, and checks that no
 # page lives under or links to a hidden `sealed_*` module. Last, documents every compile-pass
-# case of the trybuild suite.
+# case of the ui suite.
 # Exit status 0: everything found; 1: a miss (each miss is printed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -82,23 +82,25 @@ has private "journal/struct.Journal.html" "id=\"method.into_init\"" "Journal::in
 has private "journal/struct.Journal.html" "id=\"method.clear\"" "private method owner Journal::clear"
 hidden_pages private
 
-# Every compile-pass case of the trybuild suite also documents (as a binary crate, with private
-# items): the form rustdoc sees is not the compiled one, so each pattern that must compile must
-# document too.
+# Every compile-pass case (`tests/ui/pass/`, modules of the `ui` test binary) also documents,
+# private items included: the form rustdoc sees is not the compiled one, so each pattern that must
+# compile must document too. One rustdoc run over `tests/ui.rs` as a library renders them all
+# (its tests are compiled out there, so trybuild is not needed).
 rlib=$(cargo build --quiet -p kvown --message-format=json |
     grep -o '"filenames":\["[^"]*/libkvown\.rlib"' | tail -n1 | sed 's/.*\["//; s/"$//')
 [[ -f "$rlib" ]] || { echo "no kvown rlib from cargo build"; exit 1; }
 out=$(mktemp -d)
-for case in tests/ui/pass/*/*.rs; do
-    if ! log=$(rustdoc --edition 2024 --crate-type bin --crate-name pass_case \
-        --document-private-items -D warnings -L "dependency=$target/debug/deps" \
-        --extern "kvown=$rlib" -o "$out" "$case" 2>&1); then
-        miss pass-cases "rustdoc fails on $case:
+if ! log=$(rustdoc --edition 2024 --crate-type lib --crate-name ui_pass_cases \
+    --document-private-items -D warnings -L "dependency=$target/debug/deps" \
+    --extern "kvown=$rlib" -o "$out" tests/ui.rs 2>&1); then
+    miss pass-cases "rustdoc fails on the compile-pass cases:
 $log"
-    fi
-done
+fi
+cases=$(find "$out/ui_pass_cases/pass" -mindepth 3 -maxdepth 3 -name index.html | wc -l)
+expected=$(ls tests/ui/pass/*/*.rs | wc -l)
+((cases == expected)) || miss pass-cases "$cases of $expected compile-pass cases rendered"
 rm -rf "$out"
-echo "documented: $(ls tests/ui/pass/*/*.rs | wc -l) compile-pass cases"
+echo "documented: $cases compile-pass cases"
 
 if ((misses > 0)); then
     echo "rustdoc check: $misses miss(es)"

@@ -1,8 +1,7 @@
 //! A crate that renames kvown passes `crate = path` (serde-style) so expansions find the support
 //! items. (The downstream crates under `examples/` check the same with a real renamed
-//! dependency, where `::kvown` does not exist.)
-
-extern crate kvown as renamed;
+//! dependency, where `::kvown` does not exist.) `renamed` is kvown under another name in the extern
+//! prelude, as a renamed dependency is: `tests/ui.rs` declares it at its crate root.
 
 #[renamed::guarded(crate = renamed)]
 #[derive(Default)]
@@ -26,7 +25,8 @@ impl Batch {
     }
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut batch = Batch(Req::default());
     alloc(&mut batch.0);
     batch.grow();

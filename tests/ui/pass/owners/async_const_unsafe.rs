@@ -43,7 +43,8 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
     }
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut req = Req::default();
     block_on(commit_async(&mut req, 7));
     assert_eq!(req.len(), 8);

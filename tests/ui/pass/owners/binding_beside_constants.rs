@@ -51,7 +51,8 @@ pub mod with_static_and_unit_struct {
     }
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut req = with_const::Req::default();
     with_const::grow(&mut req);
     with_const::grow(&mut req);

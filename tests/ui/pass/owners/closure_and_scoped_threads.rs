@@ -17,11 +17,16 @@ pub fn alloc_batch(reqs: &mut [Req]) {
     let (left, right) = reqs.split_at_mut(1);
     std::thread::scope(|scope| {
         scope.spawn(|| left.iter_mut().for_each(|r| r.set_len(owner, r.len() + 10)));
-        scope.spawn(|| right.iter_mut().for_each(|r| r.set_len(owner, r.len() + 100)));
+        scope.spawn(|| {
+            right
+                .iter_mut()
+                .for_each(|r| r.set_len(owner, r.len() + 100))
+        });
     });
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut reqs: Vec<Req> = (0..3).map(|_| Req::default()).collect();
     alloc_batch(&mut reqs);
     let lens: Vec<usize> = reqs.iter().map(Req::len).collect();

@@ -36,7 +36,8 @@ pub fn reserve(req: &mut Req, len: usize) {
     bump_len(req, owner);
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut req = Req::default();
     grow(&mut req);
     grow(&mut req);

@@ -30,7 +30,8 @@ impl Batch {
 }
 
 #[allow(deprecated)]
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut frame = Frame::default();
     fill(&mut frame);
     assert_eq!(frame.head(), 1);

@@ -28,7 +28,8 @@ pub fn extend_each(req: &mut Req, items: impl Iterator<Item = u8>, scale: impl F
     }
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut req = Req::default();
     assert_eq!(extend_from(&mut req, [1u8, 2, 3]), 3);
     assert_eq!(extend_from(&mut req, vec![4u16]), 4);

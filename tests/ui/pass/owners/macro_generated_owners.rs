@@ -55,7 +55,8 @@ owner_methods! {
     grow(r: &mut Req) { *r.len_mut(owner) += 10; }
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut req = Req::from(ReqInit { len: 0 });
     in_macro(&mut req);
     from_caller(&mut req);

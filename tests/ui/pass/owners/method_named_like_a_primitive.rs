@@ -23,7 +23,8 @@ impl Batch {
     }
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut batch = Batch::default();
     assert_eq!(batch.u8(), 8);
     assert_eq!(batch.req.len(), 8);

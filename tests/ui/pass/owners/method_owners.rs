@@ -18,7 +18,10 @@ mod batch {
     #[kvown::owners]
     impl<T: Clone> Batch<T> {
         pub fn new(tag: T) -> Self {
-            Self { reqs: vec![Req::default(); 2], tag }
+            Self {
+                reqs: vec![Req::default(); 2],
+                tag,
+            }
         }
 
         #[owner]
@@ -52,7 +55,8 @@ impl Pool {
     }
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut b = batch::Batch::new("decode");
     assert_eq!(b.alloc_for_decode(), "decode");
     b.alloc_for_decode();

@@ -22,7 +22,7 @@ mod app {
             }
 
             mod inner {
-                use super::{super::base as outer_base};
+                use super::super::base as outer_base;
 
                 pub(super) fn one() -> usize {
                     super::super::base() + outer_base() - 1
@@ -45,7 +45,8 @@ mod app {
 
 use app::{Req, alloc};
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut req = Req::default();
     alloc(&mut req);
     assert_eq!(req.len(), 11);

@@ -57,7 +57,8 @@ pub mod child {
     }
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let (mut parent, mut own) = (Req::default(), child::Req::default());
     child::call_both(&mut parent, &mut own);
     assert_eq!((parent.len(), own.len()), (1, 10));

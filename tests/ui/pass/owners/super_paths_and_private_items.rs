@@ -6,7 +6,11 @@ pub mod req {
     #[kvown::guarded]
     #[derive(Default)]
     pub struct Req {
-        #[owned_by(super::sched::alloc, crate::sched::retract, self::local_reset)]
+        #[owned_by(
+            super::sched::alloc,
+            crate::pass::owners::super_paths_and_private_items::sched::retract,
+            self::local_reset
+        )]
         pub(super) len: usize,
     }
 
@@ -52,7 +56,8 @@ pub mod sched {
     }
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut req = req::Req::default();
     let mut stats = sched::Stats { allocs: 0 };
     assert_eq!(sched::alloc(&mut req, &mut stats, 20), 3);

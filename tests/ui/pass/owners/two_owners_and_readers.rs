@@ -29,7 +29,8 @@ pub fn prepare_for_decode(reqs: &mut [ReqKvInfo]) -> usize {
     before
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut reqs = vec![ReqKvInfo::default(), ReqKvInfo::default()];
     alloc_for_extend(&mut reqs[0], 5);
     alloc_for_extend(&mut reqs[1], 20);

@@ -25,7 +25,8 @@ pub fn prepare_for_decode(req: &mut ReqKvInfo) {
     alloc_for_decode(req);
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut req = ReqKvInfo::default();
     alloc_for_extend(&mut req, 7);
     prepare_for_decode(&mut req);

@@ -2,6 +2,9 @@
 //! compiled-out field or owner is compiled out with it, also when the `#[cfg]` comes from a
 //! `#[cfg_attr(predicate, cfg(..))]`.
 
+// `cfg(all())` and `cfg(any())` are the always-on and always-off predicates under test.
+#![allow(clippy::non_minimal_cfg)]
+
 #[kvown::guarded]
 #[derive(Debug, Default)]
 pub struct Req {
@@ -46,10 +49,15 @@ pub fn also_gone(req: &mut Req) {
     req.set_missing(owner, 5);
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut req = Req::default();
     alloc(&mut req);
     assert_eq!((req.len(), req.pages()), (1, 2));
     assert_eq!(req.kept(), 3);
-    let _ = Req::from(ReqInit { len: 0, pages: 0, kept: 0 });
+    let _ = Req::from(ReqInit {
+        len: 0,
+        pages: 0,
+        kept: 0,
+    });
 }

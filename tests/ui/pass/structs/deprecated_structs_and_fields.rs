@@ -33,7 +33,8 @@ pub fn fill(frame: &mut Frame, old: &mut Old) {
 }
 
 #[allow(deprecated)]
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut frame = Frame::from(FrameInit {
         head: 0,
         tail: 0,
@@ -42,5 +43,8 @@ fn main() {
     let mut old = Old::default();
     fill(&mut frame, &mut old);
     *frame.fields_mut().tail = 5;
-    assert_eq!((frame.head(), frame.tail, frame.size, old.len()), (2, 5, 4, 3));
+    assert_eq!(
+        (frame.head(), frame.tail, frame.size, old.len()),
+        (2, 5, 4, 3)
+    );
 }

@@ -37,9 +37,16 @@ pub fn commit_twice(req: &mut ReqKvInfo, owner: &impl ReqKvInfoKvCommittedLenOwn
     *req.kv_committed_len_mut(owner) += 2;
 }
 
-fn main() {
-    assert_eq!(std::mem::size_of::<ReqKvInfo>(), std::mem::size_of::<Plain>());
-    assert_eq!(std::mem::align_of::<ReqKvInfo>(), std::mem::align_of::<Plain>());
+#[test]
+fn compiles_and_runs() {
+    assert_eq!(
+        std::mem::size_of::<ReqKvInfo>(),
+        std::mem::size_of::<Plain>()
+    );
+    assert_eq!(
+        std::mem::align_of::<ReqKvInfo>(),
+        std::mem::align_of::<Plain>()
+    );
     assert_eq!(
         std::mem::offset_of!(ReqKvInfo, rid),
         std::mem::offset_of!(Plain, rid)

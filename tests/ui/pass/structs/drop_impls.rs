@@ -69,7 +69,12 @@ pub struct Pool<T: Clone + Debug> {
 
 impl<T: Clone + Debug> Drop for Pool<T> {
     fn drop(&mut self) {
-        record(format!("{:?} {:?} {:?}", self.slots(), self.last(), self.spare));
+        record(format!(
+            "{:?} {:?} {:?}",
+            self.slots(),
+            self.last(),
+            self.spare
+        ));
     }
 }
 
@@ -82,7 +87,8 @@ impl<T: Clone + Debug> Pool<T> {
     }
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     {
         let mut span = Span::from(SpanInit {
             name: "req".to_string(),

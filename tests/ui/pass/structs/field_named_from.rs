@@ -16,7 +16,8 @@ pub fn widen(span: &mut Span) {
     *span.from_mut(owner) += 1;
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut span: Span = SpanInit { from: 3, to: 9 }.into();
     widen(&mut span);
     assert_eq!((span.from(), span.fields_mut().to), (1, &mut 9));

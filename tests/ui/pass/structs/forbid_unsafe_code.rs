@@ -28,7 +28,8 @@ impl Batch {
     }
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut batch = Batch(Req::default());
     alloc(&mut batch.0);
     batch.grow();

@@ -27,7 +27,8 @@ pub fn fill<'a, T: Clone + Debug + PartialEq, const N: usize>(
     slots.set_label(owner, label);
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut slots: Slots<'_, String, 3> = Slots::from(SlotsInit {
         values: Default::default(),
         label: "empty",

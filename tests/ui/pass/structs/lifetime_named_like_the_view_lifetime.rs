@@ -20,8 +20,13 @@ pub fn fill<'a>(req: &mut Req<'a, '_>, name: &'a str) {
     req.set_pick(owner, first);
 }
 
-fn main() {
-    let mut req = Req::from(ReqInit { name: "", pick: |s| s, tag: "t" });
+#[test]
+fn compiles_and_runs() {
+    let mut req = Req::from(ReqInit {
+        name: "",
+        pick: |s| s,
+        tag: "t",
+    });
     fill(&mut req, "kv");
     let view = req.fields_mut();
     *view.tag = "u";

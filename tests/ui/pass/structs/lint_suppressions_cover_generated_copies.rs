@@ -89,7 +89,8 @@ pub fn fill(frame: &mut Frame, slot: &mut Slot) {
 }
 
 #[allow(deprecated)]
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut frame = Frame::from(FrameInit {
         head: [0; Frame::LEN],
         tail: [0; 2],

@@ -23,7 +23,8 @@ pub fn bump(counter: &mut Counter) {
     counter.label_mut(owner).push('!');
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut counter: Counter = CounterInit {
         hits: init,
         label: String::new(),

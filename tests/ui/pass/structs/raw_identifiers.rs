@@ -23,7 +23,8 @@ pub fn alloc(req: &mut r#Req) {
     req.set_type(owner, 1);
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut req = Req::from(ReqInit { r#type: 0 });
     alloc(&mut req);
     Batch::r#move(&mut req);

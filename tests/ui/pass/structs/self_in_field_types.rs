@@ -35,7 +35,8 @@ pub fn fill(frame: &mut Frame) {
     frame.head_mut(owner)[0] = 1;
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut frame = Frame::from(FrameInit {
         head: [0; Frame::LEN],
         tail: [0; 2],

@@ -32,7 +32,8 @@ pub fn grow(req: &mut Req<Tag>) {
     *req.len_mut(owner) += 1;
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut req = Req::from(ReqInit { len: 1, tag: Tag });
     grow(&mut req);
     let view = req.fields_mut();

@@ -27,7 +27,8 @@ pub fn alloc(req: &mut Req) {
     req.set_span(owner, Span { start: 1, end: 3 });
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut req = Req::default();
     alloc(&mut req);
     let view = req.fields_mut();

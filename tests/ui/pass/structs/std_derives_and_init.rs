@@ -27,8 +27,12 @@ pub fn alloc(req: &mut Req, slot: &mut Slot) {
     slot.set_index(owner, slot.index() + 1);
 }
 
-fn main() {
-    let mut req = Req::from(ReqInit { rid: 9, ..Default::default() });
+#[test]
+fn compiles_and_runs() {
+    let mut req = Req::from(ReqInit {
+        rid: 9,
+        ..Default::default()
+    });
     let mut slot = Slot::from(PartsOfSlot { index: 4 });
     alloc(&mut req, &mut slot);
     let twin = req.clone();
@@ -36,7 +40,10 @@ fn main() {
     assert!(Req::default() < req);
     assert_eq!(format!("{req:?}"), "Req { len: 3, pages: [4], rid: 9 }");
     let init = req.into_init();
-    assert_eq!(format!("{init:?}"), "ReqInit { len: 3, pages: [4], rid: 9 }");
+    assert_eq!(
+        format!("{init:?}"),
+        "ReqInit { len: 3, pages: [4], rid: 9 }"
+    );
     assert_eq!(init.clone().pages, vec![4]);
     assert_eq!(slot.index(), 5);
     let _: PartsOfSlot = slot.into_init();

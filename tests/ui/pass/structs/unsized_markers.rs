@@ -41,7 +41,8 @@ pub fn retarget<'a>(view: &mut View<'a, str, [u8]>, to: &'a str) {
     view.set_raw(owner, to.as_bytes() as *const [u8]);
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut id: Id<str> = Id::from(IdInit {
         raw: 1,
         _of: PhantomData,

@@ -17,7 +17,8 @@ mod counters {
     }
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut counter = counters::Counter::default();
     assert_eq!(counters::bump(&mut counter), 1);
 }

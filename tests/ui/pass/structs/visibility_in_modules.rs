@@ -18,7 +18,11 @@ mod kv {
     }
 
     pub(crate) fn make() -> Entry {
-        Entry::from(EntryInit { len: 0, tag: "t", secret: 1 })
+        Entry::from(EntryInit {
+            len: 0,
+            tag: "t",
+            secret: 1,
+        })
     }
 
     pub(crate) fn secret(entry: &Entry) -> u8 {
@@ -27,7 +31,11 @@ mod kv {
 
     pub(crate) mod child {
         pub(crate) fn make() -> super::Entry {
-            super::Entry::from(super::EntryInit { len: 5, tag: "c", secret: 2 })
+            super::Entry::from(super::EntryInit {
+                len: 5,
+                tag: "c",
+                secret: 2,
+            })
         }
     }
 }
@@ -43,11 +51,15 @@ fn touch(p: &mut Private) {
     p.set_n(owner, 1);
 }
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let mut entry = kv::make();
     kv::commit(&mut entry);
     entry.tag = "changed";
-    assert_eq!((entry.len(), entry.tag, kv::secret(&entry)), (1, "changed", 1));
+    assert_eq!(
+        (entry.len(), entry.tag, kv::secret(&entry)),
+        (1, "changed", 1)
+    );
     assert_eq!(kv::child::make().len(), 5);
     let mut p = Private::from(PrivateInit { n: 0 });
     touch(&mut p);

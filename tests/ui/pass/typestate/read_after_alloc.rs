@@ -1,12 +1,13 @@
 //! After `alloc_for_extend` the batch is ready again and the settled ladder is readable.
 
 use kvown::alloc::PagedAllocator;
+use kvown::batch::Req;
 use kvown::batch::{ScheduleBatch, alloc_for_extend, prepare_for_extend};
 use kvown::cache::{KvCache, TreeCache};
-use kvown::batch::Req;
 use kvown::slots::ReqToTokenPool;
 
-fn main() {
+#[test]
+fn compiles_and_runs() {
     let allocator = PagedAllocator::new(256, 4, false).unwrap();
     let pool = ReqToTokenPool::new(4, 64).unwrap();
     let mut cache = KvCache::new(allocator, pool, TreeCache::Disabled).unwrap();
