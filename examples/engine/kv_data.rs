@@ -6,7 +6,7 @@
 use half::f16;
 use kvown::alloc::KvSlot;
 use kvown::batch::ScheduleBatch;
-use kvown::kv::{KvData, KvDtype, KvLayout, KvPool, KvSlice};
+use kvown::kv::{self, KvData, KvDtype, KvLayout, KvPool, KvSlice};
 use kvown::radix::Namespace;
 
 use crate::workload::mix;
@@ -111,25 +111,11 @@ impl KvStore {
         Ok(())
     }
 
-    /// A hash of the K and V rows of `slots` in every layer, in slot order: equal on two nodes
-    /// exactly when they hold the same bytes there (both processes run this binary, whose
-    /// `DefaultHasher::new` hashes alike).
+    /// [`kv::digest`] of `slots`: equal on two nodes exactly when they hold the same bytes there
+    /// (both processes run this binary).
     pub fn digest(&self, slots: &[KvSlot]) -> Result<u64, String> {
-        use std::hash::{DefaultHasher, Hasher};
-        let mut hasher = DefaultHasher::new();
-        for layer in 0..LAYERS {
-            let (k, v) = self
-                .pool
-                .load_kv(layer, slots)
-                .map_err(|e| format!("load_kv layer {layer}: {e}"))?;
-            for rows in [k, v] {
-                let KvData::F16(rows) = rows else {
-                    return Err(format!("the pool holds {}, not {DTYPE}", rows.dtype()));
-                };
-                rows.iter().for_each(|x| hasher.write_u16(x.to_bits()));
-            }
-        }
-        Ok(hasher.finish())
+        kv::digest(self.pool.as_ref(), slots)
+            .map_err(|e| format!("digest of {} rows: {e}", slots.len()))
     }
 
     /// Reads `sample` back in every layer and compares it with what was stored for it.

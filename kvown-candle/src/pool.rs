@@ -145,27 +145,6 @@ impl TensorKvPool {
         })
     }
 
-    /// A hash of the K and V rows of `slots` in every layer, in slot order: two pools of one
-    /// process hash alike exactly when they hold the same bytes there (up to hash collisions).
-    pub fn digest(&self, slots: &[KvSlot]) -> Result<u64, KvPoolError> {
-        use std::hash::{DefaultHasher, Hasher};
-        let mut hasher = DefaultHasher::new();
-        if slots.is_empty() {
-            return Ok(hasher.finish());
-        }
-        for layer in 0..self.layout.layers() {
-            let (k, v) = self.load_kv(layer, slots)?;
-            for rows in [k, v] {
-                match rows {
-                    KvData::F32(rows) => rows.iter().for_each(|x| hasher.write_u32(x.to_bits())),
-                    KvData::F16(rows) => rows.iter().for_each(|x| hasher.write_u16(x.to_bits())),
-                    KvData::Bf16(rows) => rows.iter().for_each(|x| hasher.write_u16(x.to_bits())),
-                }
-            }
-        }
-        Ok(hasher.finish())
-    }
-
     fn slot_index(slots: &[KvSlot]) -> Result<Tensor, KvPoolError> {
         Tensor::from_slice(slots, slots.len(), &Device::Cpu).map_err(backend)
     }

@@ -10,7 +10,7 @@ use kvown_runtime::batch::{
     Req, ScheduleBatch, alloc_for_extend, cancel_transfer, commit_transfer, init_next_round_input,
     prealloc_for_transfer, prepare_for_extend, release_kv_cache,
 };
-use kvown_runtime::kv::{KvTransfer, LocalTransfer, TransferError};
+use kvown_runtime::kv::{KvTransfer, LocalTransfer, TransferError, digest};
 
 use super::{Node, ServeConfig, Server, StepOutput, timed};
 use crate::error::{ModelError, ServeError};
@@ -96,7 +96,7 @@ impl PrefillNode {
         dst: &[u32],
         decode: &TensorKvPool,
     ) -> Result<(), ServeError> {
-        let (sent, received) = (self.node.pool.digest(src)?, decode.digest(dst)?);
+        let (sent, received) = (digest(&self.node.pool, src)?, digest(decode, dst)?);
         if sent != received {
             return Err(ServeError::TransferCorrupt {
                 rid,

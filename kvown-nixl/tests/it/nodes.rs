@@ -12,7 +12,7 @@ use kvown_runtime::batch::{
     prepare_for_decode, prepare_for_extend, release_kv_cache,
 };
 use kvown_runtime::cache::{KvCache, TreeCache};
-use kvown_runtime::kv::{KvData, KvDtype, KvLayout, KvPool, KvSlice};
+use kvown_runtime::kv::{self, KvDtype, KvLayout, KvPool, KvSlice};
 use kvown_runtime::radix::{RadixCache, RadixConfig, TreePos};
 use kvown_runtime::slots::ReqToTokenPool;
 
@@ -65,19 +65,9 @@ fn store(pool: &mut dyn KvPool, tokens: &[u32], positions: Range<usize>, slots: 
     }
 }
 
-/// A hash of every K and V byte of `slots`, every layer, in slot order.
+/// [`kv::digest`] of `slots`, which are the pool's.
 pub fn digest(pool: &dyn KvPool, slots: &[KvSlot]) -> u64 {
-    let mut bytes = Vec::new();
-    for layer in 0..LAYERS {
-        let (k, v) = pool.load_kv(layer, slots).expect("slots of the pool");
-        for data in [k, v] {
-            let KvData::F32(values) = data else {
-                panic!("an f32 pool");
-            };
-            bytes.extend(values.iter().flat_map(|x| x.to_le_bytes()));
-        }
-    }
-    xxhash_rust::xxh3::xxh3_64(&bytes)
+    kv::digest(pool, slots).expect("slots of the pool")
 }
 
 /// The toy model's next token after the K/V at `slots`.

@@ -20,12 +20,14 @@
 //! assert!(pool.store_kv(0, &[12], KvSlice::F32(&k[..4]), KvSlice::F32(&v[..4])).is_err());
 //! ```
 
+mod digest;
 mod element;
 mod error;
 mod host;
 mod layout;
 mod transfer;
 
+pub use digest::digest;
 pub use element::{KvData, KvDtype, KvElement, KvSlice};
 pub use error::{KvPoolError, KvTensor};
 pub use host::{HostKvPool, new_host_pool};
