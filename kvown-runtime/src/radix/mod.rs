@@ -391,7 +391,7 @@ impl RadixCache {
     /// The configuration the cache was built with, its events as they are now.
     pub fn config(&self) -> RadixConfig {
         RadixConfig {
-            page_size: self.layout.page_size(),
+            page_size: self.layout.geometry().page_size(),
             policy: self.order.policy(),
             events: self.events.is_some(),
         }
@@ -477,13 +477,13 @@ impl RadixCache {
             node = self.arena[node].parent();
         }
         let node_end = self.arena[node].end(self.layout);
-        if at.len > node_end || !self.layout.is_aligned(at.len) {
+        if at.len > node_end || !self.layout.geometry().is_aligned(at.len) {
             return Err(RadixError::HintOutOfRange {
                 node: at.node,
                 len: at.len,
                 node_end,
                 key_len,
-                page_size: self.layout.page_size(),
+                page_size: self.layout.geometry().page_size(),
             });
         }
         Ok(node)
@@ -528,7 +528,7 @@ impl RadixCache {
     fn common_pages(&self, node: NodeId, first_page: usize, key: &[u32]) -> usize {
         let entry = &self.arena[node];
         let layout = self.layout;
-        let page_size = layout.page_size();
+        let page_size = layout.geometry().page_size();
         (first_page..entry.num_pages(layout))
             .zip(key.chunks_exact(page_size))
             .take_while(|&(page, tokens)| entry.page_tokens(page, layout) == tokens)
@@ -565,7 +565,7 @@ impl RadixCache {
     /// `node` keeps its handle, locks and children with its newest registration's pages.
     fn materialize(&mut self, node: NodeId) {
         let start = self.arena[node].start();
-        let page_size = self.layout.page_size();
+        let page_size = self.layout.geometry().page_size();
         let mut lower = node;
         for (end_page, stats) in self.arena.take_registrations(node) {
             let upper = self.split(lower, start + end_page * page_size, stats.created);
@@ -593,7 +593,7 @@ impl RadixCache {
     /// they are. Applies, and returns `true`, only when those pages are a non-empty prefix
     /// shorter than `end.len`. sglang `RadixCache._insert_cache(split_prompt=True)`.
     pub(crate) fn split_prompt(&mut self, end: TreePos, prompt_len: usize, priority: i32) -> bool {
-        let prompt_len = self.layout.floor_align(prompt_len);
+        let prompt_len = self.layout.geometry().floor_align(prompt_len);
         if prompt_len == 0 || prompt_len >= end.len {
             return false;
         }
@@ -607,7 +607,9 @@ impl RadixCache {
             node = self.arena[node].parent();
         }
         if prompt_len < self.arena[node].end(layout) {
-            let end_page = layout.whole_pages(prompt_len - self.arena[node].start());
+            let end_page = layout
+                .geometry()
+                .whole_pages(prompt_len - self.arena[node].start());
             let record = self.order.policy().reads_insert_figures().then_some(params);
             if self.arena.record_at_registration(node, end_page, record) {
                 return true;

@@ -142,7 +142,7 @@ impl Node {
     /// Tokens in the key.
     #[inline(always)]
     pub(super) fn len(&self, layout: KeyLayout) -> usize {
-        self.num_pages(layout) * layout.page_size()
+        self.num_pages(layout) * layout.geometry().page_size()
     }
 
     /// Start position of the key on its path.
@@ -184,17 +184,17 @@ impl Node {
     /// Token ids of page `page` of the key.
     pub(super) fn page_tokens(&self, page: usize, layout: KeyLayout) -> &[u32] {
         let at = page * layout.words_per_page();
-        &self.data[at..at + layout.page_size()]
+        &self.data[at..at + layout.geometry().page_size()]
     }
 
     /// Page id of page `page` of the key.
     pub(super) fn page_id(&self, page: usize, layout: KeyLayout) -> PageId {
-        self.data[page * layout.words_per_page() + layout.page_size()]
+        self.data[page * layout.words_per_page() + layout.geometry().page_size()]
     }
 
     /// Page ids of the whole key, in key order.
     pub(super) fn page_ids(&self, layout: KeyLayout) -> impl Iterator<Item = PageId> + '_ {
-        let page_size = layout.page_size();
+        let page_size = layout.geometry().page_size();
         self.data
             .chunks_exact(layout.words_per_page())
             .map(move |page| page[page_size])

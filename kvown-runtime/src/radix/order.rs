@@ -163,7 +163,7 @@ impl EvictionOrder {
     /// the same step while it still ranks first.
     fn plan(&mut self, arena: &Arena, layout: KeyLayout, num_tokens: usize) -> EvictionPlan {
         let mut scratch = self.scratch.take().unwrap_or_default();
-        let page_size = layout.page_size();
+        let page_size = layout.geometry().page_size();
         let mut tokens = 0;
         while tokens < num_tokens {
             let Some(Reverse((_, victim))) = self.next_victim(arena, &mut scratch) else {
@@ -244,7 +244,7 @@ impl EvictionOrder {
             let (keep, mut figures) = arena.registration(victim, left);
             figures.absorb(&planned.stats);
             planned.stats = figures;
-            let tokens = (end - keep) * layout.page_size();
+            let tokens = (end - keep) * layout.geometry().page_size();
             let rank = planned.stats.rank(self.policy, planned.last_access);
             if tokens >= wanted || left == 0 || Some(Reverse((rank, victim))) < rival {
                 planned.registrations_left = left as u32;
@@ -450,7 +450,7 @@ impl RadixCache {
         num_tokens: usize,
         alloc: &mut A,
     ) -> Result<usize, RadixError> {
-        let page_size = self.layout.page_size();
+        let page_size = self.layout.geometry().page_size();
         if alloc.page_size() != page_size {
             return Err(RadixError::PageSizeMismatch(PageSizeMismatch {
                 cache: page_size,
@@ -474,7 +474,7 @@ impl RadixCache {
         alloc: &mut A,
     ) -> Result<usize, RadixError> {
         let tokens = plan.tokens();
-        let page_size = self.layout.page_size();
+        let page_size = self.layout.geometry().page_size();
         let (victims, pages) = plan.victims();
         let mut evicted = 0;
         for &victim in victims {
@@ -564,10 +564,10 @@ impl RadixCache {
         for page in keep..entry.num_pages(layout) {
             self.pages.remove(entry.page_id(page, layout));
         }
-        let tokens = entry.len(layout) - keep * layout.page_size();
+        let tokens = entry.len(layout) - keep * layout.geometry().page_size();
         entry
             .data
-            .truncate(layout.key_words(keep * layout.page_size()));
+            .truncate(layout.key_words(keep * layout.geometry().page_size()));
         // Halving keeps the copies amortized O(1) per page, as the growth's doubling does.
         if entry.data.capacity() > 2 * entry.data.len() {
             entry.data.shrink_to_fit();
