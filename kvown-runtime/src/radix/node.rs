@@ -74,7 +74,7 @@ pub(super) const NOT_EVICTABLE: u32 = u32::MAX;
 
 /// One node: a run of whole pages on a path from the root.
 #[derive(Debug)]
-pub(super) struct Node {
+pub(crate) struct Node {
     /// Per page: `page_size` token ids, then the page id.
     pub(super) data: Vec<u32>,
     /// Logical time of the last match or insert that ended here, or of a removed child's.
@@ -159,25 +159,25 @@ impl Node {
 
     /// The node's parent ([`NodeId::NONE`] for the root).
     #[inline(always)]
-    pub(super) fn parent(&self) -> NodeId {
+    pub(crate) fn parent(&self) -> NodeId {
         self.parent
     }
 
     /// The key space of the node's path.
     #[inline(always)]
-    pub(super) fn namespace(&self) -> Namespace {
+    pub(crate) fn namespace(&self) -> Namespace {
         self.namespace
     }
 
     /// Locks held on the node or any descendant, and those taken on the node itself.
     #[inline(always)]
-    pub(super) fn locks(&self) -> (usize, usize) {
+    pub(crate) fn locks(&self) -> (usize, usize) {
         (self.lock_ref as usize, self.own_locks as usize)
     }
 
     /// Live children.
     #[inline(always)]
-    pub(super) fn child_count(&self) -> usize {
+    pub(crate) fn child_count(&self) -> usize {
         self.child_count as usize
     }
 

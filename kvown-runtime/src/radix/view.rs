@@ -3,8 +3,8 @@
 
 use std::collections::HashSet;
 
+use super::RadixCache;
 use super::node::{Node, NodeId};
-use super::{Namespace, RadixCache};
 use crate::ids::PageId;
 
 /// One live node of a [`RadixCache`], read-only.
@@ -56,20 +56,20 @@ impl RadixCache {
     }
 }
 
+/// A view reads the node's own accessors ([`Node::parent`], [`Node::locks`], ...) directly; its
+/// methods are those that need the tree around the node.
+impl std::ops::Deref for NodeView<'_> {
+    type Target = Node;
+
+    fn deref(&self) -> &Node {
+        self.node
+    }
+}
+
 impl<'a> NodeView<'a> {
     /// The node's handle.
     pub(crate) fn id(self) -> NodeId {
         self.id
-    }
-
-    /// Its parent's handle ([`NodeId::ROOT`]'s is no live node).
-    pub(crate) fn parent(self) -> NodeId {
-        self.node.parent()
-    }
-
-    /// The key space of its path.
-    pub(crate) fn namespace(self) -> Namespace {
-        self.node.namespace()
     }
 
     /// Path positions its key spans.
@@ -87,16 +87,6 @@ impl<'a> NodeView<'a> {
         let (node, layout) = (self.node, self.cache.layout);
         (0..node.num_pages(layout))
             .map(move |page| (node.page_tokens(page, layout), node.page_id(page, layout)))
-    }
-
-    /// Locks held on it or below it, and those taken on it itself.
-    pub(crate) fn locks(self) -> (usize, usize) {
-        self.node.locks()
-    }
-
-    /// Its live children, as it counts them.
-    pub(crate) fn child_count(self) -> usize {
-        self.node.child_count()
     }
 
     /// Whether the child index finds it under its parent by its namespace and first page.
