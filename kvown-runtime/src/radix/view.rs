@@ -113,13 +113,9 @@ impl<'a> NodeView<'a> {
     /// did not grow in place.
     pub(crate) fn registrations(self) -> impl Iterator<Item = (usize, u64)> {
         let (arena, id, layout) = (&self.cache.arena, self.id, self.cache.layout);
-        let earlier = (0..arena.registration_count(id)).map(move |index| {
-            let (end_page, stats) = arena.registration(id, index);
+        (0..=arena.registration_count(id)).map(move |index| {
+            let (end_page, stats) = arena.registration(id, index, layout);
             (end_page, stats.created)
-        });
-        earlier.chain(std::iter::once((
-            self.node.num_pages(layout),
-            arena.stats(id).created,
-        )))
+        })
     }
 }
