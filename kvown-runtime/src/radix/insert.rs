@@ -690,7 +690,7 @@ impl RadixCache {
         append_pages(&mut data, &key[pos..], &slots[pos..], layout);
         self.hold_pages(&slots[pos..]);
         let leaf = self.arena.add_node(data, parent, namespace, pos, now);
-        self.children.link(&mut self.arena, layout, leaf);
+        self.children.link(&self.arena, layout, leaf);
         self.refresh_candidate(parent);
         self.refresh_candidate(leaf);
         self.add_tokens(leaf, key.len() - pos);

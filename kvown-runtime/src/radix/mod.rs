@@ -67,12 +67,14 @@
 //! then one file per operation: `match_prefix.rs`, `insert.rs`, `lock.rs`, `events.rs`;
 //! `view.rs` is the read-only view the checker in [`crate::check`] reads.
 //!
-//! Storage: an arena of 72-byte nodes indexed by [`NodeId`] (an entry and its generation, so
+//! Storage: an arena of 64-byte nodes indexed by [`NodeId`] (an entry and its generation, so
 //! a handle kept past its node's eviction is refused), with 48 bytes of eviction figures (16 of
 //! them the node's own, 32 the header of a grown leaf's registrations, which take 16 bytes
 //! each) and 4 of generation per node beside it; each node stores its key pages interleaved
 //! with their page ids (4 bytes per page); one hash map indexes children by (parent,
-//! namespace, first page). See [`RadixCache::bookkeeping_bytes`].
+//! namespace, first page), chaining colliding children through a link per node (8 bytes)
+//! that the index keeps, and the eviction order keeps each candidate's position (4 bytes per
+//! node). See [`RadixCache::bookkeeping_bytes`].
 //!
 //! Access times, hits and priorities are recorded where a match or insert ends and passed to
 //! the parent when a leaf is removed; a running request's leaf grows in place, registration by
@@ -631,17 +633,17 @@ impl RadixCache {
             "a grown leaf is cut, not split"
         );
         let layout = self.layout;
-        self.children.unlink(&mut self.arena, layout, node);
+        self.children.unlink(&self.arena, layout, node);
         let upper = self.arena.split(node, pos, layout, now);
-        self.children.link(&mut self.arena, layout, upper);
-        self.children.link(&mut self.arena, layout, node);
+        self.children.link(&self.arena, layout, upper);
+        self.children.link(&self.arena, layout, node);
         upper
     }
 }
 
 /// Makes `node` an eviction candidate of `order` or not, to match its state in `arena`: an
 /// unlocked non-root node without children.
-fn refresh_candidate(order: &mut EvictionOrder, arena: &mut Arena, node: NodeId) {
+fn refresh_candidate(order: &mut EvictionOrder, arena: &Arena, node: NodeId) {
     let entry = &arena[node];
     let candidate = node != NodeId::ROOT && entry.locks().0 == 0 && entry.child_count() == 0;
     order.set_candidate(arena, node, candidate);

@@ -39,10 +39,7 @@ impl RadixCache {
     /// Nodes reachable through the child index, and nodes the eviction order lists as
     /// candidates.
     pub(crate) fn index_sizes(&self) -> (usize, usize) {
-        (
-            self.children.indexed(&self.arena),
-            self.order.candidates().len(),
-        )
+        (self.children.indexed(), self.order.candidates().len())
     }
 
     /// Live nodes the eviction order holds an entry for at their current rank.
@@ -104,8 +101,7 @@ impl<'a> NodeView<'a> {
 
     /// Whether the eviction order lists it as a candidate (at the place it records).
     pub(crate) fn is_candidate(self) -> bool {
-        let candidates = self.cache.order.candidates();
-        candidates.get(self.node.leaf_pos as usize) == Some(&self.id)
+        self.cache.order.lists(self.id)
     }
 
     /// Its registrations, oldest first: where each ends (in pages of the node) and when it was
