@@ -58,6 +58,7 @@ impl RadixCache {
 impl std::ops::Deref for NodeView<'_> {
     type Target = Node;
 
+    #[inline(always)]
     fn deref(&self) -> &Node {
         self.node
     }
@@ -101,7 +102,8 @@ impl<'a> NodeView<'a> {
 
     /// Whether the eviction order lists it as a candidate (at the place it records).
     pub(crate) fn is_candidate(self) -> bool {
-        self.cache.order.lists(self.id)
+        let candidates = self.cache.order.candidates();
+        candidates.get(self.node.leaf_pos as usize) == Some(&self.id)
     }
 
     /// Its registrations, oldest first: where each ends (in pages of the node) and when it was
