@@ -582,7 +582,7 @@ impl RadixCache {
     fn remove_leaf(&mut self, leaf: NodeId) {
         self.record_removed(leaf, 0);
         self.order.set_candidate(&mut self.arena, leaf, false);
-        self.children.unlink(&mut self.arena, self.layout, leaf);
+        self.children.unlink(&self.arena, self.layout, leaf);
         let entry = &self.arena[leaf];
         for page in entry.page_ids(self.layout) {
             self.pages.remove(page);
