@@ -574,21 +574,20 @@ impl Arena {
         self.figures[id.index()].registrations.list.len()
     }
 
-    /// Where registration `index` of `id` ends, in pages, and the figures its node would
-    /// carry: its earlier registrations oldest first from 0, and the newest (the leaf's own
-    /// figures) as the last, number [`Arena::registration_count`].
-    #[inline]
-    pub(super) fn registration(
-        &self,
-        id: NodeId,
-        index: usize,
-        layout: KeyLayout,
-    ) -> (usize, NodeStats) {
-        let figures = &self.figures[id.index()];
-        if index < figures.registrations.list.len() {
-            figures.registrations.get(index)
-        } else {
-            (self[id].num_pages(layout), figures.stats)
+    /// Where earlier registration `index` of `id` ends (in pages of the leaf) and the figures
+    /// its node would carry.
+    pub(super) fn registration(&self, id: NodeId, index: usize) -> (usize, NodeStats) {
+        self.figures[id.index()].registrations.get(index)
+    }
+
+    /// Where registration `index` of `id` ends, in pages, counting its earlier registrations
+    /// oldest first from 0 and the newest (what the leaf's own figures describe) as the last,
+    /// number [`Arena::registration_count`].
+    pub(super) fn registration_end(&self, id: NodeId, index: usize, layout: KeyLayout) -> usize {
+        let registrations = &self.figures[id.index()].registrations;
+        match registrations.list.get(index) {
+            Some(registration) => registration.end_page as usize,
+            None => self[id].num_pages(layout),
         }
     }
 

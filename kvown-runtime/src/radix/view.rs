@@ -111,9 +111,13 @@ impl<'a> NodeView<'a> {
     /// did not grow in place.
     pub(crate) fn registrations(self) -> impl Iterator<Item = (usize, u64)> {
         let (arena, id, layout) = (&self.cache.arena, self.id, self.cache.layout);
-        (0..=arena.registration_count(id)).map(move |index| {
-            let (end_page, stats) = arena.registration(id, index, layout);
+        let earlier = (0..arena.registration_count(id)).map(move |index| {
+            let (end_page, stats) = arena.registration(id, index);
             (end_page, stats.created)
-        })
+        });
+        earlier.chain(std::iter::once((
+            self.node.num_pages(layout),
+            arena.stats(id).created,
+        )))
     }
 }
