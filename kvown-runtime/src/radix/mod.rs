@@ -73,7 +73,8 @@
 //! each) and 4 of generation per node beside it; each node stores its key pages interleaved
 //! with their page ids (4 bytes per page); one hash map indexes children by (parent,
 //! namespace, first page), chaining colliding children through a link per node (8 bytes)
-//! that the index keeps. See [`RadixCache::bookkeeping_bytes`].
+//! that the index keeps, and the eviction order keeps each candidate's position (4 bytes per
+//! node). See [`RadixCache::bookkeeping_bytes`].
 //!
 //! Access times, hits and priorities are recorded where a match or insert ends and passed to
 //! the parent when a leaf is removed; a running request's leaf grows in place, registration by
@@ -501,7 +502,7 @@ impl RadixCache {
 
     /// Makes `node` an eviction candidate or not, to match its state ([`refresh_candidate`]).
     fn refresh_candidate(&mut self, node: NodeId) {
-        refresh_candidate(&mut self.order, &mut self.arena, node);
+        refresh_candidate(&mut self.order, &self.arena, node);
     }
 
     /// Sets `node`'s access time, keeping the eviction order current.
@@ -642,7 +643,7 @@ impl RadixCache {
 
 /// Makes `node` an eviction candidate of `order` or not, to match its state in `arena`: an
 /// unlocked non-root node without children.
-fn refresh_candidate(order: &mut EvictionOrder, arena: &mut Arena, node: NodeId) {
+fn refresh_candidate(order: &mut EvictionOrder, arena: &Arena, node: NodeId) {
     let entry = &arena[node];
     let candidate = node != NodeId::ROOT && entry.locks().0 == 0 && entry.child_count() == 0;
     order.set_candidate(arena, node, candidate);

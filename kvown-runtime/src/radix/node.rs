@@ -69,9 +69,6 @@ impl fmt::Display for NodeId {
     }
 }
 
-/// `leaf_pos` of a node that is not in the evictable-leaf set.
-pub(super) const NOT_EVICTABLE: u32 = u32::MAX;
-
 /// One node: a run of whole pages on a path from the root.
 #[derive(Debug)]
 pub(crate) struct Node {
@@ -92,10 +89,6 @@ pub(crate) struct Node {
     /// The key space of the node's path ([`Namespace::DEFAULT`] for the root, which is shared):
     /// every node below a child of the root has that child's.
     namespace: Namespace,
-    /// Position in the evictable-leaf set, or [`NOT_EVICTABLE`]: the eviction order's, kept
-    /// here beside the access time that every stamp writes and then tests it with (a table of
-    /// the order's own cost the registration path a second load).
-    pub(super) leaf_pos: u32,
 }
 
 impl Node {
@@ -109,7 +102,6 @@ impl Node {
             own_locks: 0,
             child_count: 0,
             namespace: Namespace::DEFAULT,
-            leaf_pos: NOT_EVICTABLE,
         }
     }
 
@@ -1059,19 +1051,6 @@ mod tests {
         let (mut cache, _) = small_tree();
         cache.pages.insert(40);
         assert_eq!(broken(&cache), "indexed pages");
-    }
-
-    #[test]
-    fn the_check_finds_a_leaf_pointing_at_another_leafs_place_in_the_evictable_set() {
-        let (mut cache, locked) = small_tree();
-        let shared = cache.arena[locked].parent;
-        let evictable = cache.order.candidates()[0];
-        assert_ne!(evictable, locked);
-        cache.dec_lock_ref(locked).unwrap();
-        // Both leaves are evictable now; the second claims the first's place in the set.
-        cache.arena[locked].leaf_pos = cache.arena[evictable].leaf_pos;
-        cache.order.set_candidate(&mut cache.arena, shared, true);
-        assert_eq!(broken(&cache), "evictable-leaf set membership");
     }
 
     /// A node whose count reached `u32::MAX` (2^32 - 1 `inc_lock_ref` calls, set directly here)

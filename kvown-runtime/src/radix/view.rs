@@ -102,8 +102,7 @@ impl<'a> NodeView<'a> {
 
     /// Whether the eviction order lists it as a candidate (at the place it records).
     pub(crate) fn is_candidate(self) -> bool {
-        let candidates = self.cache.order.candidates();
-        candidates.get(self.node.leaf_pos as usize) == Some(&self.id)
+        self.cache.order.lists(self.id)
     }
 
     /// Its registrations, oldest first: where each ends (in pages of the node) and when it was
