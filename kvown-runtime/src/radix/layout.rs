@@ -4,10 +4,10 @@
 //! id, so finding how many pages a node holds divides its word count by `page_size + 1`, which
 //! is never a power of two for the usual page sizes. A hardware divide takes tens of cycles, and
 //! inserting a page used to take about four of them (finding its page id, checking its
-//! alignment, indexing it, appending it); [`KeyLayout`] does the page size's own arithmetic with
-//! the allocator's [`PageGeometry`] (shifts and masks for powers of two) and the division by
-//! `page_size + 1` with a precomputed reciprocal. Caching prompts (the W3c workload) ran 6-7%
-//! faster for it (`benches/README.md`).
+//! alignment, indexing it, appending it); [`KeyLayout`] hands out the allocator's
+//! [`PageGeometry`] for the page size's own arithmetic (shifts and masks for powers of two) and
+//! does the division by `page_size + 1` itself, with a precomputed reciprocal. Caching prompts
+//! (the W3c workload) ran 6-7% faster for it (`benches/README.md`).
 
 use crate::alloc::PageGeometry;
 
