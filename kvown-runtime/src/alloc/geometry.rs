@@ -84,6 +84,35 @@ impl PageGeometry {
         }
     }
 
+    /// Whether `n` (a position, length or slot) is a multiple of the page size.
+    ///
+    /// ```
+    /// use kvown_runtime::alloc::PageGeometry;
+    ///
+    /// let geometry = PageGeometry::new(4);
+    /// assert!(geometry.is_aligned(0) && geometry.is_aligned(8));
+    /// assert!(!geometry.is_aligned(6));
+    /// ```
+    #[inline]
+    pub fn is_aligned(self, n: usize) -> bool {
+        self.offset(n) == 0
+    }
+
+    /// `n` rounded down to a multiple of the page size: the whole pages of `n` tokens, in
+    /// tokens.
+    ///
+    /// ```
+    /// use kvown_runtime::alloc::PageGeometry;
+    ///
+    /// let geometry = PageGeometry::new(6);
+    /// assert_eq!(geometry.floor_align(13), 12);
+    /// assert_eq!(geometry.floor_align(5), 0);
+    /// ```
+    #[inline]
+    pub fn floor_align(self, n: usize) -> usize {
+        n - self.offset(n)
+    }
+
     /// `ceil(n / page_size)`: the pages that back `n` tokens, without overflow.
     #[inline]
     pub fn pages_for(self, n: usize) -> usize {

@@ -2,8 +2,8 @@
 //! O(page_size).
 //!
 //! One hash map for the whole tree, keyed by the parent's id and a 32-bit hash of the child's
-//! namespace and first page. Children whose keys collide are chained through
-//! [`Node::hash_next`], so a lookup compares the actual namespace and first page and is exact.
+//! namespace and first page. Children whose keys collide are chained through the index's own
+//! table of links, so a lookup compares the actual namespace and first page and is exact.
 //! (Only the root's children differ in namespace; below them a node's children share its.)
 
 use std::collections::HashMap;
@@ -13,10 +13,13 @@ use super::Namespace;
 use super::layout::KeyLayout;
 use super::node::{Arena, Node, NodeId};
 
-/// Map from (parent, first-page hash) to the head of a chain of children.
+/// Map from (parent, first-page hash) to the head of a chain of children, and the chains.
 #[derive(Debug, Default)]
 pub(super) struct ChildIndex {
     heads: HashMap<u64, NodeId, BuildHasherDefault<KeyHasher>>,
+    /// Per arena entry ([`NodeId::index`]): the next node of its chain, [`NodeId::NONE`] at a
+    /// chain's end.
+    next: Vec<NodeId>,
 }
 
 /// The map key of a child of `parent` in `namespace` whose key starts with `first_page`.
@@ -45,22 +48,25 @@ impl ChildIndex {
             if entry.namespace() == namespace && entry.page_tokens(0, layout) == first_page {
                 return Some(node);
             }
-            node = arena[node].hash_next;
+            node = self.next[node.index()];
         }
         None
     }
 
     /// Indexes `child` under its current parent and first page.
-    pub(super) fn link(&mut self, arena: &mut Arena, layout: KeyLayout, child: NodeId) {
+    pub(super) fn link(&mut self, arena: &Arena, layout: KeyLayout, child: NodeId) {
         let key = key_of(&arena[child], layout);
         let next = self.heads.insert(key, child).unwrap_or(NodeId::NONE);
-        arena[child].hash_next = next;
+        if child.index() >= self.next.len() {
+            self.next.resize(child.index() + 1, NodeId::NONE);
+        }
+        self.next[child.index()] = next;
     }
 
     /// Removes `child` from the index (it must be indexed under its current parent and key).
-    pub(super) fn unlink(&mut self, arena: &mut Arena, layout: KeyLayout, child: NodeId) {
+    pub(super) fn unlink(&mut self, arena: &Arena, layout: KeyLayout, child: NodeId) {
         let key = key_of(&arena[child], layout);
-        let next = std::mem::replace(&mut arena[child].hash_next, NodeId::NONE);
+        let next = std::mem::replace(&mut self.next[child.index()], NodeId::NONE);
         let head = self
             .heads
             .get_mut(&key)
@@ -74,26 +80,27 @@ impl ChildIndex {
             return;
         }
         let mut prev = *head;
-        while arena[prev].hash_next != child {
-            prev = arena[prev].hash_next;
+        while self.next[prev.index()] != child {
+            prev = self.next[prev.index()];
         }
-        arena[prev].hash_next = next;
+        self.next[prev.index()] = next;
     }
 
     /// Nodes reachable through the index (every chain walked to its end).
-    pub(super) fn indexed(&self, arena: &Arena) -> usize {
+    pub(super) fn indexed(&self) -> usize {
         let mut count = 0;
         for &head in self.heads.values() {
             let mut node = head;
             while node != NodeId::NONE {
                 count += 1;
-                node = arena[node].hash_next;
+                node = self.next[node.index()];
             }
         }
         count
     }
 
-    /// Approximate heap bytes of the map: buckets of (key, head) plus one control byte each.
+    /// Approximate heap bytes of the map (buckets of (key, head) plus one control byte each)
+    /// and of the chain links.
     pub(super) fn heap_bytes(&self) -> usize {
         let capacity = self.heads.capacity();
         let buckets = if capacity == 0 {
@@ -101,7 +108,7 @@ impl ChildIndex {
         } else {
             (capacity * 8 / 7).next_power_of_two()
         };
-        buckets * (size_of::<(u64, NodeId)>() + 1)
+        buckets * (size_of::<(u64, NodeId)>() + 1) + self.next.capacity() * size_of::<NodeId>()
     }
 }
 

@@ -248,7 +248,7 @@ impl RadixCache {
         log.queue.clear();
         log.queue.push(CacheEvent::Cleared);
         let layout = self.layout;
-        let page_size = layout.page_size();
+        let page_size = layout.geometry().page_size();
         for id in self.nodes_parents_first() {
             let node = &self.arena[id];
             let parent_hash = self.last_page_hash(&log, node.parent());
@@ -324,13 +324,18 @@ impl RadixCache {
     ) {
         let mut log = self.events.take().expect("events are on");
         let layout = self.layout;
-        let page_size = layout.page_size();
+        let page_size = layout.geometry().page_size();
         let namespace = namespace.unwrap_or(self.arena[parent].namespace());
         let parent_hash = self.last_page_hash(&log, parent);
         let pages = tokens
             .chunks_exact(page_size)
             .zip(slots.chunks_exact(page_size))
-            .map(|(page_tokens, page_slots)| (page_tokens, layout.page_of(page_slots[0])));
+            .map(|(page_tokens, page_slots)| {
+                (
+                    page_tokens,
+                    layout.geometry().page_of(page_slots[0]) as PageId,
+                )
+            });
         log.store(namespace, parent_hash, pages, page_size);
         self.events = Some(log);
     }

@@ -326,7 +326,7 @@ impl RadixCache {
             ..
         } = *insert;
         let layout = self.layout;
-        let page_size = layout.page_size();
+        let page_size = layout.geometry().page_size();
         // `from.len` ends a node, so it is page-aligned, and so is the key.
         let one_page = key.tokens.len() == from.len + page_size && slots.len() == key.tokens.len();
         let fits = key.tokens.len() <= u32::MAX as usize;
@@ -342,7 +342,7 @@ impl RadixCache {
         {
             return Some(Err(error));
         }
-        let page = layout.page_of(new[0]);
+        let page = layout.geometry().page_of(new[0]) as PageId;
         if self.pages.contains(page) {
             return Some(Err(RadixError::PageCached {
                 position: from.len,
@@ -390,7 +390,7 @@ impl RadixCache {
             }
             self.validate_key(key.tokens, slots)?;
             let new = &slots[from.len..];
-            if self.layout.page_size() > 1 {
+            if self.layout.geometry().page_size() > 1 {
                 validate_pages(new, from.len, self.layout)?;
             }
             self.validate_new_pages(new, from.len)?;
@@ -409,12 +409,12 @@ impl RadixCache {
         start: usize,
         slots: &[KvSlot],
     ) -> Result<(), RadixError> {
-        let page_size = self.layout.page_size();
+        let page_size = self.layout.geometry().page_size();
         let Some(taken) = slots.get(start..) else {
             return Ok(());
         };
         for (index, page_slots) in taken.chunks(page_size).enumerate() {
-            let page = self.layout.page_of(page_slots[0]);
+            let page = self.layout.geometry().page_of(page_slots[0]) as PageId;
             let state = allocator.page_state(page);
             if state != Some(PageState::Held) {
                 return Err(RadixError::PageNotAllocated {
@@ -431,11 +431,11 @@ impl RadixCache {
     /// tree are not cached yet and each named once; leaves the page index as it found it.
     fn validate_new_pages(&mut self, slots: &[KvSlot], start: usize) -> Result<(), RadixError> {
         let layout = self.layout;
-        let page_size = layout.page_size();
+        let page_size = layout.geometry().page_size();
         let pages = || {
             slots
                 .chunks_exact(page_size)
-                .map(move |page_slots| layout.page_of(page_slots[0]))
+                .map(move |page_slots| layout.geometry().page_of(page_slots[0]) as PageId)
         };
         // One read-only pass finds a cached page and whether the pages run one way (as the
         // allocators hand them out), which rules out a repeat.
@@ -495,7 +495,7 @@ impl RadixCache {
         }
         let (namespace, key) = (key.namespace, key.tokens);
         let layout = self.layout;
-        let page_size = layout.page_size();
+        let page_size = layout.geometry().page_size();
         let mut node = self.validate_insert(from, key, slots)?;
         let mut pos = from.len;
         let mut extend_in_place = node == from.node;
@@ -503,7 +503,7 @@ impl RadixCache {
             let entry = &self.arena[node];
             let node_end = entry.end(layout);
             if pos < node_end {
-                let first_page = layout.whole_pages(pos - entry.start());
+                let first_page = layout.geometry().whole_pages(pos - entry.start());
                 pos += self.common_pages(node, first_page, &key[pos..]) * page_size;
                 if pos == self.arena[node].start() {
                     // Entered by the hint at a node start and the first page differs: the key
@@ -626,7 +626,7 @@ impl RadixCache {
         slots: &[KvSlot],
     ) -> Result<NodeId, RadixError> {
         let layout = self.layout;
-        let page_size = layout.page_size();
+        let page_size = layout.geometry().page_size();
         self.validate_key(key, slots)?;
         self.ensure_live(from.node)?;
         if self.arena[from.node].locks().0 == 0 {
@@ -651,8 +651,8 @@ impl RadixCache {
     #[inline(always)]
     fn validate_key(&self, key: &[u32], slots: &[KvSlot]) -> Result<(), RadixError> {
         let layout = self.layout;
-        let page_size = layout.page_size();
-        if !layout.is_aligned(key.len()) {
+        let page_size = layout.geometry().page_size();
+        if !layout.geometry().is_aligned(key.len()) {
             return Err(RadixError::UnalignedKey {
                 len: key.len(),
                 page_size,
@@ -690,7 +690,7 @@ impl RadixCache {
         append_pages(&mut data, &key[pos..], &slots[pos..], layout);
         self.hold_pages(&slots[pos..]);
         let leaf = self.arena.add_node(data, parent, namespace, pos, now);
-        self.children.link(&mut self.arena, layout, leaf);
+        self.children.link(&self.arena, layout, leaf);
         self.refresh_candidate(parent);
         self.refresh_candidate(leaf);
         self.add_tokens(leaf, key.len() - pos);
@@ -719,18 +719,22 @@ impl RadixCache {
         let data = &mut self.arena[node].data;
         reserve_growth(data, layout.words_per_page());
         append_page(data, tokens, slots[0], layout);
-        let fresh = self.pages.insert(layout.page_of(slots[0]));
+        let fresh = self
+            .pages
+            .insert(layout.geometry().page_of(slots[0]) as PageId);
         debug_assert!(fresh, "plan_insert refuses a page the tree holds");
-        self.add_tokens(node, layout.page_size());
+        self.add_tokens(node, layout.geometry().page_size());
     }
 
     /// Records the pages of `slots` (whole pages that [`RadixCache::plan_insert`] found new)
     /// in the page index.
     fn hold_pages(&mut self, slots: &[KvSlot]) {
         let layout = self.layout;
-        let page_size = layout.page_size();
+        let page_size = layout.geometry().page_size();
         for page_slots in slots.chunks_exact(page_size) {
-            let fresh = self.pages.insert(layout.page_of(page_slots[0]));
+            let fresh = self
+                .pages
+                .insert(layout.geometry().page_of(page_slots[0]) as PageId);
             debug_assert!(fresh, "plan_insert refuses a page the tree holds");
         }
     }
@@ -748,7 +752,7 @@ fn reserve_growth(data: &mut Vec<u32>, needed: usize) {
 
 /// Appends each page of `key` followed by its page id (taken from the page's first slot).
 fn append_pages(data: &mut Vec<u32>, key: &[u32], slots: &[KvSlot], layout: KeyLayout) {
-    let page_size = layout.page_size();
+    let page_size = layout.geometry().page_size();
     for (tokens, page_slots) in key
         .chunks_exact(page_size)
         .zip(slots.chunks_exact(page_size))
@@ -761,7 +765,7 @@ fn append_pages(data: &mut Vec<u32>, key: &[u32], slots: &[KvSlot], layout: KeyL
 #[inline(always)]
 fn append_page(data: &mut Vec<u32>, tokens: &[u32], first_slot: KvSlot, layout: KeyLayout) {
     data.extend_from_slice(tokens);
-    data.push(layout.page_of(first_slot));
+    data.push(layout.geometry().page_of(first_slot) as PageId);
 }
 
 /// Checks that `slots` (starting at key position `start`, page-aligned) are whole pages: each
@@ -769,7 +773,7 @@ fn append_page(data: &mut Vec<u32>, tokens: &[u32], first_slot: KvSlot, layout: 
 /// pass per page (vectorised); the offending slot is looked for only when a page fails.
 #[inline(always)]
 fn validate_pages(slots: &[KvSlot], start: usize, layout: KeyLayout) -> Result<(), RadixError> {
-    let page_size = layout.page_size();
+    let page_size = layout.geometry().page_size();
     let mut broken = false;
     for page_slots in slots.chunks_exact(page_size) {
         let first = page_slots[0];
@@ -780,7 +784,7 @@ fn validate_pages(slots: &[KvSlot], start: usize, layout: KeyLayout) -> Result<(
             .fold(0, |differs, (&found, expected)| {
                 differs | (found ^ expected)
             });
-        broken |= differs != 0 || !layout.is_aligned(first as usize);
+        broken |= differs != 0 || !layout.geometry().is_aligned(first as usize);
     }
     if broken {
         return Err(first_broken_page(slots, start, page_size));

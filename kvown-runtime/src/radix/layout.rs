@@ -4,12 +4,12 @@
 //! id, so finding how many pages a node holds divides its word count by `page_size + 1`, which
 //! is never a power of two for the usual page sizes. A hardware divide takes tens of cycles, and
 //! inserting a page used to take about four of them (finding its page id, checking its
-//! alignment, indexing it, appending it); [`KeyLayout`] does the page size's own arithmetic with
-//! the allocator's [`PageGeometry`] (shifts and masks for powers of two) and the division by
-//! `page_size + 1` with a precomputed reciprocal. Caching prompts (the W3c workload) ran 6-7%
-//! faster for it (`benches/README.md`).
+//! alignment, indexing it, appending it); [`KeyLayout`] hands out the allocator's
+//! [`PageGeometry`] for the page size's own arithmetic (shifts and masks for powers of two) and
+//! does the division by `page_size + 1` itself, with a precomputed reciprocal. Caching prompts
+//! (the W3c workload) ran 6-7% faster for it (`benches/README.md`).
 
-use crate::alloc::{KvSlot, PageGeometry, PageId};
+use crate::alloc::PageGeometry;
 
 /// The page size of one tree and the arithmetic of its keys: pages of `page_size` tokens,
 /// stored as `page_size + 1` words each.
@@ -43,10 +43,10 @@ impl KeyLayout {
         }
     }
 
-    /// Tokens per page.
+    /// The page size's own arithmetic (page of a slot, offsets, alignment, whole pages).
     #[inline(always)]
-    pub(super) fn page_size(self) -> usize {
-        self.geometry.page_size()
+    pub(super) fn geometry(self) -> PageGeometry {
+        self.geometry
     }
 
     /// Words a page takes in a node: its tokens and its page id.
@@ -69,36 +69,6 @@ impl KeyLayout {
     #[inline(always)]
     pub(super) fn key_words(self, tokens: usize) -> usize {
         self.geometry.whole_pages(tokens) * self.words_per_page
-    }
-
-    /// The page that holds `slot`.
-    #[inline(always)]
-    pub(super) fn page_of(self, slot: KvSlot) -> PageId {
-        self.geometry.page_of(slot) as PageId
-    }
-
-    /// Whether `n` (a position, length or slot) is a multiple of the page size.
-    #[inline(always)]
-    pub(super) fn is_aligned(self, n: usize) -> bool {
-        self.geometry.offset(n) == 0
-    }
-
-    /// `n % page_size`: the offset of position `n` inside its page.
-    #[inline(always)]
-    pub(super) fn offset(self, n: usize) -> usize {
-        self.geometry.offset(n)
-    }
-
-    /// `n` rounded down to a multiple of the page size.
-    #[inline(always)]
-    pub(super) fn floor_align(self, n: usize) -> usize {
-        n - self.offset(n)
-    }
-
-    /// The whole pages in `n` tokens.
-    #[inline(always)]
-    pub(super) fn whole_pages(self, n: usize) -> usize {
-        self.geometry.whole_pages(n)
     }
 }
 
@@ -132,13 +102,8 @@ mod tests {
         }
 
         #[test]
-        fn page_arithmetic_matches_division(page_size in 1usize..=100, n in 0usize..1 << 24) {
+        fn key_words_are_whole_pages_of_words(page_size in 1usize..=100, n in 0usize..1 << 24) {
             let layout = KeyLayout::new(page_size);
-            prop_assert_eq!(layout.whole_pages(n), n / page_size);
-            prop_assert_eq!(layout.floor_align(n), n / page_size * page_size);
-            prop_assert_eq!(layout.is_aligned(n), n % page_size == 0);
-            prop_assert_eq!(layout.offset(n), n % page_size);
-            prop_assert_eq!(layout.page_of(n as KvSlot), (n / page_size) as PageId);
             prop_assert_eq!(layout.key_words(n), n / page_size * (page_size + 1));
         }
     }

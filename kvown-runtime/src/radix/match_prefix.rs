@@ -29,8 +29,8 @@ impl RadixCache {
     pub fn match_prefix<'k>(&mut self, key: impl Into<Key<'k>>) -> TreePos {
         let Key { namespace, tokens } = key.into();
         let layout = self.layout;
-        let page_size = layout.page_size();
-        let key = &tokens[..layout.floor_align(tokens.len())];
+        let page_size = layout.geometry().page_size();
+        let key = &tokens[..layout.geometry().floor_align(tokens.len())];
         let now = self.order.tick();
         let mut node = NodeId::ROOT;
         let mut pos = 0;
@@ -78,7 +78,7 @@ impl RadixCache {
         out: &mut [KvSlot],
     ) -> Result<(), RadixError> {
         let layout = self.layout;
-        let page_size = layout.page_size();
+        let page_size = layout.geometry().page_size();
         let mut node = self.node_at(at, at.len)?;
         if start > at.len {
             return Err(RadixError::StartPastEnd { start, end: at.len });
@@ -98,9 +98,12 @@ impl RadixCache {
             // page-aligned) never falls inside a page.
             let mut position = from;
             while position < end {
-                let offset = layout.offset(position);
+                let offset = layout.geometry().offset(position);
                 let run = page_size - offset;
-                let page = entry.page_id(layout.whole_pages(position - entry.start()), layout);
+                let page = entry.page_id(
+                    layout.geometry().whole_pages(position - entry.start()),
+                    layout,
+                );
                 let first = page * page_size as u32 + offset as u32;
                 let run_out = &mut out[position - start..position - start + run];
                 // By offset, not `first..`: the run may end the last page of the `u32` range,

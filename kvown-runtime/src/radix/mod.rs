@@ -67,12 +67,14 @@
 //! then one file per operation: `match_prefix.rs`, `insert.rs`, `lock.rs`, `events.rs`;
 //! `view.rs` is the read-only view the checker in [`crate::check`] reads.
 //!
-//! Storage: an arena of 72-byte nodes indexed by [`NodeId`] (an entry and its generation, so
+//! Storage: an arena of 64-byte nodes indexed by [`NodeId`] (an entry and its generation, so
 //! a handle kept past its node's eviction is refused), with 48 bytes of eviction figures (16 of
 //! them the node's own, 32 the header of a grown leaf's registrations, which take 16 bytes
 //! each) and 4 of generation per node beside it; each node stores its key pages interleaved
 //! with their page ids (4 bytes per page); one hash map indexes children by (parent,
-//! namespace, first page). See [`RadixCache::bookkeeping_bytes`].
+//! namespace, first page), chaining colliding children through a link per node (8 bytes)
+//! that the index keeps, and the eviction order keeps each candidate's position (4 bytes per
+//! node). See [`RadixCache::bookkeeping_bytes`].
 //!
 //! Access times, hits and priorities are recorded where a match or insert ends and passed to
 //! the parent when a leaf is removed; a running request's leaf grows in place, registration by
@@ -391,7 +393,7 @@ impl RadixCache {
     /// The configuration the cache was built with, its events as they are now.
     pub fn config(&self) -> RadixConfig {
         RadixConfig {
-            page_size: self.layout.page_size(),
+            page_size: self.layout.geometry().page_size(),
             policy: self.order.policy(),
             events: self.events.is_some(),
         }
@@ -477,13 +479,13 @@ impl RadixCache {
             node = self.arena[node].parent();
         }
         let node_end = self.arena[node].end(self.layout);
-        if at.len > node_end || !self.layout.is_aligned(at.len) {
+        if at.len > node_end || !self.layout.geometry().is_aligned(at.len) {
             return Err(RadixError::HintOutOfRange {
                 node: at.node,
                 len: at.len,
                 node_end,
                 key_len,
-                page_size: self.layout.page_size(),
+                page_size: self.layout.geometry().page_size(),
             });
         }
         Ok(node)
@@ -500,7 +502,7 @@ impl RadixCache {
 
     /// Makes `node` an eviction candidate or not, to match its state ([`refresh_candidate`]).
     fn refresh_candidate(&mut self, node: NodeId) {
-        refresh_candidate(&mut self.order, &mut self.arena, node);
+        refresh_candidate(&mut self.order, &self.arena, node);
     }
 
     /// Sets `node`'s access time, keeping the eviction order current.
@@ -528,7 +530,7 @@ impl RadixCache {
     fn common_pages(&self, node: NodeId, first_page: usize, key: &[u32]) -> usize {
         let entry = &self.arena[node];
         let layout = self.layout;
-        let page_size = layout.page_size();
+        let page_size = layout.geometry().page_size();
         (first_page..entry.num_pages(layout))
             .zip(key.chunks_exact(page_size))
             .take_while(|&(page, tokens)| entry.page_tokens(page, layout) == tokens)
@@ -565,7 +567,7 @@ impl RadixCache {
     /// `node` keeps its handle, locks and children with its newest registration's pages.
     fn materialize(&mut self, node: NodeId) {
         let start = self.arena[node].start();
-        let page_size = self.layout.page_size();
+        let page_size = self.layout.geometry().page_size();
         let mut lower = node;
         for (end_page, stats) in self.arena.take_registrations(node) {
             let upper = self.split(lower, start + end_page * page_size, stats.created);
@@ -593,7 +595,7 @@ impl RadixCache {
     /// they are. Applies, and returns `true`, only when those pages are a non-empty prefix
     /// shorter than `end.len`. sglang `RadixCache._insert_cache(split_prompt=True)`.
     pub(crate) fn split_prompt(&mut self, end: TreePos, prompt_len: usize, priority: i32) -> bool {
-        let prompt_len = self.layout.floor_align(prompt_len);
+        let prompt_len = self.layout.geometry().floor_align(prompt_len);
         if prompt_len == 0 || prompt_len >= end.len {
             return false;
         }
@@ -607,7 +609,9 @@ impl RadixCache {
             node = self.arena[node].parent();
         }
         if prompt_len < self.arena[node].end(layout) {
-            let end_page = layout.whole_pages(prompt_len - self.arena[node].start());
+            let end_page = layout
+                .geometry()
+                .whole_pages(prompt_len - self.arena[node].start());
             let record = self.order.policy().reads_insert_figures().then_some(params);
             if self.arena.record_at_registration(node, end_page, record) {
                 return true;
@@ -629,17 +633,17 @@ impl RadixCache {
             "a grown leaf is cut, not split"
         );
         let layout = self.layout;
-        self.children.unlink(&mut self.arena, layout, node);
+        self.children.unlink(&self.arena, layout, node);
         let upper = self.arena.split(node, pos, layout, now);
-        self.children.link(&mut self.arena, layout, upper);
-        self.children.link(&mut self.arena, layout, node);
+        self.children.link(&self.arena, layout, upper);
+        self.children.link(&self.arena, layout, node);
         upper
     }
 }
 
 /// Makes `node` an eviction candidate of `order` or not, to match its state in `arena`: an
 /// unlocked non-root node without children.
-fn refresh_candidate(order: &mut EvictionOrder, arena: &mut Arena, node: NodeId) {
+fn refresh_candidate(order: &mut EvictionOrder, arena: &Arena, node: NodeId) {
     let entry = &arena[node];
     let candidate = node != NodeId::ROOT && entry.locks().0 == 0 && entry.child_count() == 0;
     order.set_candidate(arena, node, candidate);

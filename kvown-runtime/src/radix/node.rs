@@ -47,7 +47,7 @@ impl NodeId {
         index: 0,
         generation: 0,
     };
-    /// No node: the root's parent, the end of a chain, a free-list end.
+    /// No node: the root's parent, the end of a child-index chain.
     pub(super) const NONE: NodeId = NodeId {
         index: u32::MAX,
         generation: 0,
@@ -69,12 +69,9 @@ impl fmt::Display for NodeId {
     }
 }
 
-/// `leaf_pos` of a node that is not in the evictable-leaf set.
-pub(super) const NOT_EVICTABLE: u32 = u32::MAX;
-
 /// One node: a run of whole pages on a path from the root.
 #[derive(Debug)]
-pub(super) struct Node {
+pub(crate) struct Node {
     /// Per page: `page_size` token ids, then the page id.
     pub(super) data: Vec<u32>,
     /// Logical time of the last match or insert that ended here, or of a removed child's.
@@ -92,10 +89,6 @@ pub(super) struct Node {
     /// The key space of the node's path ([`Namespace::DEFAULT`] for the root, which is shared):
     /// every node below a child of the root has that child's.
     namespace: Namespace,
-    /// Next node in the same child-index chain; next free entry while the entry is free.
-    pub(super) hash_next: NodeId,
-    /// Position in the evictable-leaf set, or [`NOT_EVICTABLE`].
-    pub(super) leaf_pos: u32,
 }
 
 impl Node {
@@ -109,8 +102,6 @@ impl Node {
             own_locks: 0,
             child_count: 0,
             namespace: Namespace::DEFAULT,
-            hash_next: NodeId::NONE,
-            leaf_pos: NOT_EVICTABLE,
         }
     }
 
@@ -142,7 +133,7 @@ impl Node {
     /// Tokens in the key.
     #[inline(always)]
     pub(super) fn len(&self, layout: KeyLayout) -> usize {
-        self.num_pages(layout) * layout.page_size()
+        self.num_pages(layout) * layout.geometry().page_size()
     }
 
     /// Start position of the key on its path.
@@ -159,42 +150,42 @@ impl Node {
 
     /// The node's parent ([`NodeId::NONE`] for the root).
     #[inline(always)]
-    pub(super) fn parent(&self) -> NodeId {
+    pub(crate) fn parent(&self) -> NodeId {
         self.parent
     }
 
     /// The key space of the node's path.
     #[inline(always)]
-    pub(super) fn namespace(&self) -> Namespace {
+    pub(crate) fn namespace(&self) -> Namespace {
         self.namespace
     }
 
     /// Locks held on the node or any descendant, and those taken on the node itself.
     #[inline(always)]
-    pub(super) fn locks(&self) -> (usize, usize) {
+    pub(crate) fn locks(&self) -> (usize, usize) {
         (self.lock_ref as usize, self.own_locks as usize)
     }
 
     /// Live children.
     #[inline(always)]
-    pub(super) fn child_count(&self) -> usize {
+    pub(crate) fn child_count(&self) -> usize {
         self.child_count as usize
     }
 
     /// Token ids of page `page` of the key.
     pub(super) fn page_tokens(&self, page: usize, layout: KeyLayout) -> &[u32] {
         let at = page * layout.words_per_page();
-        &self.data[at..at + layout.page_size()]
+        &self.data[at..at + layout.geometry().page_size()]
     }
 
     /// Page id of page `page` of the key.
     pub(super) fn page_id(&self, page: usize, layout: KeyLayout) -> PageId {
-        self.data[page * layout.words_per_page() + layout.page_size()]
+        self.data[page * layout.words_per_page() + layout.geometry().page_size()]
     }
 
     /// Page ids of the whole key, in key order.
     pub(super) fn page_ids(&self, layout: KeyLayout) -> impl Iterator<Item = PageId> + '_ {
-        let page_size = layout.page_size();
+        let page_size = layout.geometry().page_size();
         self.data
             .chunks_exact(layout.words_per_page())
             .map(move |page| page[page_size])
@@ -202,7 +193,7 @@ impl Node {
 }
 
 /// What the policies read of a node besides its access time (kept beside the node table, so
-/// that the nodes stay 72 bytes).
+/// that the nodes stay 64 bytes).
 ///
 /// An insert records them at the node where it ends, and a removed leaf passes its own on to
 /// its parent ([`NodeStats::absorb`]), so that a leaf, the only node ever evicted, carries the
@@ -366,7 +357,8 @@ pub(super) struct Arena {
     /// Per entry of `nodes`: its generation, bumped when the entry is released, so that a
     /// handle to an evicted node never names the entry's next node.
     generations: Vec<u32>,
-    free_head: NodeId,
+    /// Released entries, each with its next generation, reused last released first.
+    free: Vec<NodeId>,
 }
 
 impl Arena {
@@ -381,14 +373,14 @@ impl Arena {
             nodes: vec![root],
             figures: vec![Figures::default()],
             generations: vec![0],
-            free_head: NodeId::NONE,
+            free: Vec::new(),
         }
     }
 
     /// Stores `node` with its eviction figures in a free entry (or a new one) and returns its
     /// handle.
     fn alloc(&mut self, node: Node, stats: NodeStats) -> NodeId {
-        if self.free_head == NodeId::NONE {
+        let Some(id) = self.free.pop() else {
             let index = u32::try_from(self.nodes.len()).expect("radix arena exceeds u32 ids");
             self.nodes.push(node);
             self.figures.push(Figures::new(stats));
@@ -397,9 +389,7 @@ impl Arena {
                 index,
                 generation: 0,
             };
-        }
-        let id = self.free_head;
-        self.free_head = self.nodes[id.index()].hash_next;
+        };
         self.nodes[id.index()] = node;
         self.figures[id.index()] = Figures::new(stats);
         id
@@ -550,17 +540,14 @@ impl Arena {
 
     /// Frees the entry of `id` (its key memory too) for reuse.
     fn release(&mut self, id: NodeId) {
-        self.nodes[id.index()] = Node {
-            hash_next: self.free_head,
-            ..Node::empty()
-        };
+        self.nodes[id.index()] = Node::empty();
         self.figures[id.index()] = Figures::default();
         let generation = &mut self.generations[id.index()];
         *generation = generation.wrapping_add(1);
-        self.free_head = NodeId {
+        self.free.push(NodeId {
             index: id.index,
             generation: *generation,
-        };
+        });
     }
 
     /// The eviction figures of `id`.
@@ -691,8 +678,8 @@ impl Arena {
             .filter(|&(id, node)| id == NodeId::ROOT || node.parent != NodeId::NONE)
     }
 
-    /// Heap bytes of the arena's own tables, nodes, their figures and registrations, and
-    /// generations (keys excluded).
+    /// Heap bytes of the arena's own tables, nodes, their figures and registrations,
+    /// generations and released entries (keys excluded).
     pub(super) fn table_bytes(&self) -> usize {
         let registrations: usize = self
             .figures
@@ -702,6 +689,7 @@ impl Arena {
         self.nodes.capacity() * size_of::<Node>()
             + self.figures.capacity() * size_of::<Figures>()
             + self.generations.capacity() * size_of::<u32>()
+            + self.free.capacity() * size_of::<NodeId>()
             + registrations
     }
 }
@@ -720,8 +708,8 @@ impl IndexMut<NodeId> for Arena {
     }
 }
 
-// The per-node budget the module docs promise: two generation-carrying links.
-const _: () = assert!(size_of::<Node>() == 72);
+// The per-node budget the module docs promise: a cache line, with one generation-carrying link.
+const _: () = assert!(size_of::<Node>() == 64);
 // And the figures beside each node: its own, and a grown leaf's registrations' header.
 const _: () = assert!(size_of::<Figures>() == 48);
 
@@ -1041,11 +1029,9 @@ mod tests {
     fn the_check_finds_a_node_in_another_namespace_than_its_parent_or_its_index_entry() {
         let (mut cache, locked) = small_tree();
         // Unlinked and linked again in its new namespace, so that the index agrees with it.
-        cache
-            .children
-            .unlink(&mut cache.arena, cache.layout, locked);
+        cache.children.unlink(&cache.arena, cache.layout, locked);
         cache.arena[locked].namespace = Namespace(1);
-        cache.children.link(&mut cache.arena, cache.layout, locked);
+        cache.children.link(&cache.arena, cache.layout, locked);
         assert_eq!(broken(&cache), "namespace is the parent's");
         // A child of the root in another namespace than the one it is indexed under.
         let mut cache = RadixCache::new(RadixConfig::new(2)).unwrap();
@@ -1065,19 +1051,6 @@ mod tests {
         let (mut cache, _) = small_tree();
         cache.pages.insert(40);
         assert_eq!(broken(&cache), "indexed pages");
-    }
-
-    #[test]
-    fn the_check_finds_a_leaf_pointing_at_another_leafs_place_in_the_evictable_set() {
-        let (mut cache, locked) = small_tree();
-        let shared = cache.arena[locked].parent;
-        let evictable = cache.order.candidates()[0];
-        assert_ne!(evictable, locked);
-        cache.dec_lock_ref(locked).unwrap();
-        // Both leaves are evictable now; the second claims the first's place in the set.
-        cache.arena[locked].leaf_pos = cache.arena[evictable].leaf_pos;
-        cache.order.set_candidate(&mut cache.arena, shared, true);
-        assert_eq!(broken(&cache), "evictable-leaf set membership");
     }
 
     /// A node whose count reached `u32::MAX` (2^32 - 1 `inc_lock_ref` calls, set directly here)

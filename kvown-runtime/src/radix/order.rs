@@ -16,11 +16,14 @@ use std::ops::Range;
 
 use super::children::KeyHasher;
 use super::layout::KeyLayout;
-use super::node::{Arena, NOT_EVICTABLE, NodeId, NodeStats};
+use super::node::{Arena, NodeId, NodeStats};
 use super::policy::EvictionPolicy;
 use super::{RadixCache, RadixError};
 use crate::alloc::{AllocError, FreeOrder, KvAllocator, PageId};
 use crate::shared_error::PageSizeMismatch;
+
+/// The position recorded for a node that is not a candidate.
+const NOT_LISTED: u32 = u32::MAX;
 
 /// Outdated entries of the heap tolerated beyond twice the candidates before a rebuild.
 const ORDER_SLACK: usize = 64;
@@ -38,9 +41,11 @@ pub(super) struct EvictionOrder {
     policy: EvictionPolicy,
     /// Logical clock for access times; ticks once per match or insert.
     clock: u64,
-    /// Unlocked non-root nodes without children; each knows its position here
-    /// ([`super::node::Node::leaf_pos`]).
+    /// Unlocked non-root nodes without children.
     candidates: Vec<NodeId>,
+    /// Per arena entry ([`NodeId::index`]): the node's position in `candidates`, or
+    /// [`NOT_LISTED`] (as are the entries past the end).
+    positions: Vec<u32>,
     /// Every candidate at its current rank, and outdated entries.
     heap: BinaryHeap<OrderEntry>,
     /// Buffers of eviction plans (boxed, so that the cache itself stays small, and a plan
@@ -55,6 +60,7 @@ impl EvictionOrder {
             policy,
             clock: 0,
             candidates: Vec::new(),
+            positions: Vec::new(),
             heap: BinaryHeap::new(),
             scratch: Some(Box::default()),
         }
@@ -75,27 +81,44 @@ impl EvictionOrder {
 
     /// Makes `node` a candidate or not, to match `candidate`, in O(1) (amortized O(log n) to
     /// list it).
-    pub(super) fn set_candidate(&mut self, arena: &mut Arena, node: NodeId, candidate: bool) {
-        let pos = arena[node].leaf_pos;
-        if candidate && pos == NOT_EVICTABLE {
-            arena[node].leaf_pos = self.candidates.len() as u32;
+    pub(super) fn set_candidate(&mut self, arena: &Arena, node: NodeId, candidate: bool) {
+        let pos = self.position(node);
+        if candidate && pos == NOT_LISTED {
+            if node.index() >= self.positions.len() {
+                self.positions.resize(node.index() + 1, NOT_LISTED);
+            }
+            self.positions[node.index()] = self.candidates.len() as u32;
             self.candidates.push(node);
             self.rank_again(arena, node);
-        } else if !candidate && pos != NOT_EVICTABLE {
+        } else if !candidate && pos != NOT_LISTED {
             let pos = pos as usize;
             self.candidates.swap_remove(pos);
             if let Some(&moved) = self.candidates.get(pos) {
-                arena[moved].leaf_pos = pos as u32;
+                self.positions[moved.index()] = pos as u32;
             }
-            arena[node].leaf_pos = NOT_EVICTABLE;
+            self.positions[node.index()] = NOT_LISTED;
         }
+    }
+
+    /// The position of `node` in the candidates, or [`NOT_LISTED`].
+    #[inline(always)]
+    fn position(&self, node: NodeId) -> u32 {
+        self.positions
+            .get(node.index())
+            .copied()
+            .unwrap_or(NOT_LISTED)
+    }
+
+    /// Whether `node` is a candidate, at the position recorded for it.
+    pub(super) fn lists(&self, node: NodeId) -> bool {
+        self.candidates.get(self.position(node) as usize) == Some(&node)
     }
 
     /// Sets `node`'s access time to `now`, keeping its place current when it is a candidate.
     #[inline]
     pub(super) fn stamp(&mut self, arena: &mut Arena, node: NodeId, now: u64) {
         arena[node].last_access = now;
-        if arena[node].leaf_pos != NOT_EVICTABLE {
+        if self.position(node) != NOT_LISTED {
             self.rank_again(arena, node);
         }
     }
@@ -123,9 +146,7 @@ impl EvictionOrder {
 
     /// Whether an entry of the heap at `rank` still describes candidate `node`.
     fn is_current(&self, arena: &Arena, rank: Rank, node: NodeId) -> bool {
-        arena.is_live(node)
-            && arena[node].leaf_pos != NOT_EVICTABLE
-            && self.rank(arena, node) == rank
+        arena.is_live(node) && self.position(node) != NOT_LISTED && self.rank(arena, node) == rank
     }
 
     /// The candidates, in no particular order.
@@ -142,9 +163,10 @@ impl EvictionOrder {
             .collect()
     }
 
-    /// Heap bytes of the candidates, the heap and the boxed plan buffers.
+    /// Heap bytes of the candidates, their positions, the heap and the boxed plan buffers.
     pub(super) fn heap_bytes(&self) -> usize {
         self.candidates.capacity() * size_of::<NodeId>()
+            + self.positions.capacity() * size_of::<u32>()
             + self.heap.capacity() * size_of::<OrderEntry>()
             + self
                 .scratch
@@ -163,7 +185,7 @@ impl EvictionOrder {
     /// the same step while it still ranks first.
     fn plan(&mut self, arena: &Arena, layout: KeyLayout, num_tokens: usize) -> EvictionPlan {
         let mut scratch = self.scratch.take().unwrap_or_default();
-        let page_size = layout.page_size();
+        let page_size = layout.geometry().page_size();
         let mut tokens = 0;
         while tokens < num_tokens {
             let Some(Reverse((_, victim))) = self.next_victim(arena, &mut scratch) else {
@@ -244,7 +266,7 @@ impl EvictionOrder {
             let (keep, mut figures) = arena.registration(victim, left);
             figures.absorb(&planned.stats);
             planned.stats = figures;
-            let tokens = (end - keep) * layout.page_size();
+            let tokens = (end - keep) * layout.geometry().page_size();
             let rank = planned.stats.rank(self.policy, planned.last_access);
             if tokens >= wanted || left == 0 || Some(Reverse((rank, victim))) < rival {
                 planned.registrations_left = left as u32;
@@ -450,7 +472,7 @@ impl RadixCache {
         num_tokens: usize,
         alloc: &mut A,
     ) -> Result<usize, RadixError> {
-        let page_size = self.layout.page_size();
+        let page_size = self.layout.geometry().page_size();
         if alloc.page_size() != page_size {
             return Err(RadixError::PageSizeMismatch(PageSizeMismatch {
                 cache: page_size,
@@ -474,7 +496,7 @@ impl RadixCache {
         alloc: &mut A,
     ) -> Result<usize, RadixError> {
         let tokens = plan.tokens();
-        let page_size = self.layout.page_size();
+        let page_size = self.layout.geometry().page_size();
         let (victims, pages) = plan.victims();
         let mut evicted = 0;
         for &victim in victims {
@@ -564,10 +586,10 @@ impl RadixCache {
         for page in keep..entry.num_pages(layout) {
             self.pages.remove(entry.page_id(page, layout));
         }
-        let tokens = entry.len(layout) - keep * layout.page_size();
+        let tokens = entry.len(layout) - keep * layout.geometry().page_size();
         entry
             .data
-            .truncate(layout.key_words(keep * layout.page_size()));
+            .truncate(layout.key_words(keep * layout.geometry().page_size()));
         // Halving keeps the copies amortized O(1) per page, as the growth's doubling does.
         if entry.data.capacity() > 2 * entry.data.len() {
             entry.data.shrink_to_fit();
@@ -581,8 +603,8 @@ impl RadixCache {
     /// and priority ([`NodeStats::absorb`]).
     fn remove_leaf(&mut self, leaf: NodeId) {
         self.record_removed(leaf, 0);
-        self.order.set_candidate(&mut self.arena, leaf, false);
-        self.children.unlink(&mut self.arena, self.layout, leaf);
+        self.order.set_candidate(&self.arena, leaf, false);
+        self.children.unlink(&self.arena, self.layout, leaf);
         let entry = &self.arena[leaf];
         for page in entry.page_ids(self.layout) {
             self.pages.remove(page);
@@ -598,7 +620,27 @@ mod tests {
     use super::super::{EvictionPolicy, Insert, RadixCache, RadixConfig, TreePos};
     use super::*;
     use crate::alloc::{PagedAllocator, SlotCalls};
-    use crate::check::check_radix;
+    use crate::check::{check_radix, small_tree};
+
+    #[test]
+    fn the_check_finds_a_leaf_pointing_at_another_leafs_place_in_the_evictable_set() {
+        let (mut cache, locked) = small_tree();
+        let shared = cache.arena[locked].parent();
+        let evictable = cache.order.candidates()[0];
+        assert_ne!(evictable, locked);
+        cache.dec_lock_ref(locked).unwrap();
+        // Both leaves are evictable now; the second claims the first's place in the set.
+        let order = &mut cache.order;
+        order.positions[locked.index()] = order.positions[evictable.index()];
+        order.set_candidate(&cache.arena, shared, true);
+        assert!(matches!(
+            check_radix(&cache),
+            Err(RadixError::Inconsistent {
+                what: "evictable-leaf set membership",
+                ..
+            })
+        ));
+    }
 
     #[test]
     fn heap_bytes_counts_the_box_and_every_buffer_by_its_capacity() {

@@ -3,8 +3,8 @@
 
 use std::collections::HashSet;
 
+use super::RadixCache;
 use super::node::{Node, NodeId};
-use super::{Namespace, RadixCache};
 use crate::ids::PageId;
 
 /// One live node of a [`RadixCache`], read-only.
@@ -39,10 +39,7 @@ impl RadixCache {
     /// Nodes reachable through the child index, and nodes the eviction order lists as
     /// candidates.
     pub(crate) fn index_sizes(&self) -> (usize, usize) {
-        (
-            self.children.indexed(&self.arena),
-            self.order.candidates().len(),
-        )
+        (self.children.indexed(), self.order.candidates().len())
     }
 
     /// Live nodes the eviction order holds an entry for at their current rank.
@@ -56,20 +53,21 @@ impl RadixCache {
     }
 }
 
+/// A view reads the node's own accessors ([`Node::parent`], [`Node::locks`], ...) directly; its
+/// methods are those that need the tree around the node.
+impl std::ops::Deref for NodeView<'_> {
+    type Target = Node;
+
+    #[inline(always)]
+    fn deref(&self) -> &Node {
+        self.node
+    }
+}
+
 impl<'a> NodeView<'a> {
     /// The node's handle.
     pub(crate) fn id(self) -> NodeId {
         self.id
-    }
-
-    /// Its parent's handle ([`NodeId::ROOT`]'s is no live node).
-    pub(crate) fn parent(self) -> NodeId {
-        self.node.parent()
-    }
-
-    /// The key space of its path.
-    pub(crate) fn namespace(self) -> Namespace {
-        self.node.namespace()
     }
 
     /// Path positions its key spans.
@@ -89,16 +87,6 @@ impl<'a> NodeView<'a> {
             .map(move |page| (node.page_tokens(page, layout), node.page_id(page, layout)))
     }
 
-    /// Locks held on it or below it, and those taken on it itself.
-    pub(crate) fn locks(self) -> (usize, usize) {
-        self.node.locks()
-    }
-
-    /// Its live children, as it counts them.
-    pub(crate) fn child_count(self) -> usize {
-        self.node.child_count()
-    }
-
     /// Whether the child index finds it under its parent by its namespace and first page.
     pub(crate) fn is_indexed(self) -> bool {
         let (cache, node) = (self.cache, self.node);
@@ -114,8 +102,7 @@ impl<'a> NodeView<'a> {
 
     /// Whether the eviction order lists it as a candidate (at the place it records).
     pub(crate) fn is_candidate(self) -> bool {
-        let candidates = self.cache.order.candidates();
-        candidates.get(self.node.leaf_pos as usize) == Some(&self.id)
+        self.cache.order.lists(self.id)
     }
 
     /// Its registrations, oldest first: where each ends (in pages of the node) and when it was
