@@ -500,23 +500,12 @@ impl RadixCache {
         }
     }
 
-    /// Makes `node` an eviction candidate or not, to match its state ([`refresh_candidate`]).
-    fn refresh_candidate(&mut self, node: NodeId) {
-        refresh_candidate(&mut self.order, &self.arena, node);
-    }
-
-    /// Sets `node`'s access time, keeping the eviction order current.
-    #[inline]
-    fn stamp(&mut self, node: NodeId, now: u64) {
-        self.order.stamp(&mut self.arena, node, now);
-    }
-
     /// Records an insert of `params` that ended at `node`, when the policy reads what it
     /// records.
     #[inline(always)]
     fn record_insert(&mut self, node: NodeId, params: InsertParams) {
         if self.order.policy().reads_insert_figures() {
-            self.arena.stats_mut(node).record(params);
+            self.arena.record_insert(node, None, Some(params));
         }
     }
 
@@ -613,7 +602,7 @@ impl RadixCache {
                 .geometry()
                 .whole_pages(prompt_len - self.arena[node].start());
             let record = self.order.policy().reads_insert_figures().then_some(params);
-            if self.arena.record_at_registration(node, end_page, record) {
+            if self.arena.record_insert(node, Some(end_page), record) {
                 return true;
             }
             let now = self.order.tick();
@@ -639,12 +628,4 @@ impl RadixCache {
         self.children.link(&self.arena, layout, node);
         upper
     }
-}
-
-/// Makes `node` an eviction candidate of `order` or not, to match its state in `arena`: an
-/// unlocked non-root node without children.
-fn refresh_candidate(order: &mut EvictionOrder, arena: &Arena, node: NodeId) {
-    let entry = &arena[node];
-    let candidate = node != NodeId::ROOT && entry.locks().0 == 0 && entry.child_count() == 0;
-    order.set_candidate(arena, node, candidate);
 }

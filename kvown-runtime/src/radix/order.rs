@@ -79,9 +79,16 @@ impl EvictionOrder {
         self.clock
     }
 
-    /// Makes `node` a candidate or not, to match `candidate`, in O(1) (amortized O(log n) to
-    /// list it).
-    pub(super) fn set_candidate(&mut self, arena: &Arena, node: NodeId, candidate: bool) {
+    /// Makes `node` a candidate or not, to match its state in `arena` (an unlocked non-root
+    /// node without children), in O(1) (amortized O(log n) to list it).
+    pub(super) fn refresh(&mut self, arena: &Arena, node: NodeId) {
+        let entry = &arena[node];
+        let candidate = node != NodeId::ROOT && entry.locks().0 == 0 && entry.child_count() == 0;
+        self.set_candidate(arena, node, candidate);
+    }
+
+    /// Makes `node` a candidate or not, to match `candidate`.
+    fn set_candidate(&mut self, arena: &Arena, node: NodeId, candidate: bool) {
         let pos = self.position(node);
         if candidate && pos == NOT_LISTED {
             if node.index() >= self.positions.len() {
@@ -611,7 +618,7 @@ impl RadixCache {
         }
         self.sizes.evictable -= entry.len(self.layout);
         let parent = self.arena.remove_leaf(leaf);
-        self.refresh_candidate(parent);
+        self.order.refresh(&self.arena, parent);
     }
 }
 
