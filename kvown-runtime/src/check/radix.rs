@@ -1,6 +1,7 @@
 //! The radix cache's checker: every counter and index of a [`RadixCache`] recomputed from its
 //! nodes, the path a request's lock holds compared with the request, and the locks its holders
-//! account for. It reads the tree through its read-only view of the nodes.
+//! account for. It reads the tree through its read-only view of the nodes, and has each index
+//! beside them check itself against them ([`RadixCache::check_indexes`]).
 
 use std::cmp::Reverse;
 use std::collections::HashSet;
@@ -35,25 +36,6 @@ fn entries(tree: &RadixCache) -> usize {
         .unwrap_or(1)
 }
 
-/// Returns an [`RadixError::Inconsistent`] at `node` unless `expected == found`.
-fn expect_eq(
-    node: NodeId,
-    what: &'static str,
-    expected: usize,
-    found: usize,
-) -> Result<(), RadixError> {
-    if expected == found {
-        Ok(())
-    } else {
-        Err(RadixError::Inconsistent {
-            node,
-            what,
-            expected,
-            found,
-        })
-    }
-}
-
 /// Recomputes the bookkeeping of `tree` from its nodes and compares: the evictable and protected
 /// token counters; child counts and the child index (each child found under its parent by its
 /// namespace and first page, nothing else indexed; a node's namespace its parent's below the
@@ -82,34 +64,30 @@ fn expect_eq(
 pub fn check_radix(tree: &RadixCache) -> Result<(), RadixError> {
     let stride = tree.config().page_size + 1;
     let root = tree.node_view(NodeId::ROOT).expect("the root is live");
-    expect_eq(NodeId::ROOT, "root lock count", 1, root.locks().0)?;
-    expect_eq(NodeId::ROOT, "root key length", 0, root.words())?;
+    RadixError::expect_eq(NodeId::ROOT, "root lock count", 1, root.locks().0)?;
+    RadixError::expect_eq(NodeId::ROOT, "root key length", 0, root.words())?;
     let mut child_counts = vec![0usize; entries(tree)];
     let mut child_locks = vec![0usize; entries(tree)];
-    let indexed: HashSet<PageId> = tree.indexed_pages().collect();
     let mut pages = HashSet::new();
-    let ranked = tree.ranked();
-    let (mut evictable, mut protected, mut live, mut candidates) = (0, 0, 0, 0);
+    let (mut evictable, mut protected) = (0, 0);
     for node in tree.node_views().filter(|node| node.id() != NodeId::ROOT) {
         let id = node.id();
-        live += 1;
         let parent = tree.node_view(node.parent());
-        expect_eq(id, "parent is live", 1, usize::from(parent.is_some()))?;
+        RadixError::expect_eq(id, "parent is live", 1, usize::from(parent.is_some()))?;
         let parent = parent.expect("checked live");
-        expect_eq(id, "key is non-empty", 1, usize::from(node.words() != 0))?;
-        expect_eq(id, "key is whole pages", 0, node.words() % stride)?;
-        expect_eq(id, "key start", parent.span().end, node.span().start)?;
+        RadixError::expect_eq(id, "key is non-empty", 1, usize::from(node.words() != 0))?;
+        RadixError::expect_eq(id, "key is whole pages", 0, node.words() % stride)?;
+        RadixError::expect_eq(id, "key start", parent.span().end, node.span().start)?;
         if parent.id() != NodeId::ROOT {
-            expect_eq(
+            RadixError::expect_eq(
                 id,
                 "namespace is the parent's",
                 1,
                 usize::from(node.namespace() == parent.namespace()),
             )?;
         }
-        expect_eq(id, "child index entry", 1, usize::from(node.is_indexed()))?;
         if let Some(wrong) = registration_inconsistency(node.registrations()) {
-            expect_eq(id, wrong, 1, 0)?;
+            RadixError::expect_eq(id, wrong, 1, 0)?;
         }
         let (lock_ref, _) = node.locks();
         child_counts[parent.id().index()] += 1;
@@ -120,58 +98,32 @@ pub fn check_radix(tree: &RadixCache) -> Result<(), RadixError> {
             protected += node.span().len();
         }
         for (_, page) in node.pages() {
-            expect_eq(id, "page cached once", 1, usize::from(pages.insert(page)))?;
-            expect_eq(id, "page indexed", 1, usize::from(indexed.contains(&page)))?;
+            RadixError::expect_eq(id, "page cached once", 1, usize::from(pages.insert(page)))?;
         }
     }
     for node in tree.node_views() {
         let id = node.id();
         let (lock_ref, own_locks) = node.locks();
-        expect_eq(
+        RadixError::expect_eq(
             id,
             "child count",
             child_counts[id.index()],
             node.child_count(),
         )?;
         if id != NodeId::ROOT {
-            expect_eq(
+            RadixError::expect_eq(
                 id,
                 "lock count is own locks plus children's",
                 own_locks + child_locks[id.index()],
                 lock_ref,
             )?;
         }
-        let candidate = id != NodeId::ROOT && lock_ref == 0 && node.child_count() == 0;
-        candidates += usize::from(candidate);
-        if candidate {
-            expect_eq(
-                id,
-                "eviction-order entry at the leaf's rank",
-                1,
-                usize::from(ranked.contains(&id)),
-            )?;
-        }
-        expect_eq(
-            id,
-            "evictable-leaf set membership",
-            usize::from(candidate),
-            usize::from(node.is_candidate()),
-        )?;
     }
-    let root = NodeId::ROOT;
-    let (indexed_children, listed_candidates) = tree.index_sizes();
-    expect_eq(root, "indexed children", live, indexed_children)?;
-    expect_eq(
-        root,
-        "evictable-leaf set size",
-        candidates,
-        listed_candidates,
-    )?;
-    expect_eq(root, "indexed pages", pages.len(), indexed.len())?;
+    tree.check_indexes()?;
     check_event_hashes(tree)?;
     let sizes = tree.sizes();
-    expect_eq(root, "evictable tokens", evictable, sizes.evictable)?;
-    expect_eq(root, "protected tokens", protected, sizes.protected)
+    RadixError::expect_eq(NodeId::ROOT, "evictable tokens", evictable, sizes.evictable)?;
+    RadixError::expect_eq(NodeId::ROOT, "protected tokens", protected, sizes.protected)
 }
 
 /// What is wrong with a node's `registrations` (oldest first, the node's own last: where each
