@@ -1,7 +1,7 @@
 //! The radix cache's checker: every counter and index of a [`RadixCache`] recomputed from its
 //! nodes, the path a request's lock holds compared with the request, and the locks its holders
-//! account for. It reads the tree through its read-only view of the nodes, and has each index
-//! beside them check itself against them ([`RadixCache::check_indexes`]).
+//! account for. It reads the tree through its read-only view of the nodes, and has each part of
+//! the bookkeeping beside them check itself against them ([`RadixCache::check_bookkeeping`]).
 
 use std::cmp::Reverse;
 use std::collections::HashSet;
@@ -86,9 +86,6 @@ pub fn check_radix(tree: &RadixCache) -> Result<(), RadixError> {
                 usize::from(node.namespace() == parent.namespace()),
             )?;
         }
-        if let Some(wrong) = registration_inconsistency(node.registrations()) {
-            RadixError::expect_eq(id, wrong, 1, 0)?;
-        }
         let (lock_ref, _) = node.locks();
         child_counts[parent.id().index()] += 1;
         child_locks[parent.id().index()] += lock_ref;
@@ -119,39 +116,11 @@ pub fn check_radix(tree: &RadixCache) -> Result<(), RadixError> {
             )?;
         }
     }
-    tree.check_indexes()?;
+    tree.check_bookkeeping()?;
     check_event_hashes(tree)?;
     let sizes = tree.sizes();
     RadixError::expect_eq(NodeId::ROOT, "evictable tokens", evictable, sizes.evictable)?;
     RadixError::expect_eq(NodeId::ROOT, "protected tokens", protected, sizes.protected)
-}
-
-/// What is wrong with a node's `registrations` (oldest first, the node's own last: where each
-/// ends and when it was created): each must end after and be created after the one before.
-fn registration_inconsistency(
-    registrations: impl Iterator<Item = (usize, u64)>,
-) -> Option<&'static str> {
-    let mut registrations = registrations.peekable();
-    let (mut end, mut created) = (0, None);
-    while let Some((registration_end, registration_created)) = registrations.next() {
-        let own = registrations.peek().is_none();
-        if registration_end <= end {
-            return Some(if own {
-                "registration ends past the leaf's newest"
-            } else {
-                "registration ends out of order"
-            });
-        }
-        if created >= Some(registration_created) {
-            return Some(if own {
-                "registration created after the leaf's newest"
-            } else {
-                "registration created out of order"
-            });
-        }
-        (end, created) = (registration_end, Some(registration_created));
-    }
-    None
 }
 
 /// The namespace of the live non-root `node` of `tree`; `None` for the root (shared by all)
@@ -391,30 +360,5 @@ mod tests {
         cache.release_leaked_locks(&all);
         check_radix(&cache).unwrap();
         assert_eq!(cache.sizes().protected, 0);
-    }
-
-    #[test]
-    fn registrations_out_of_order_are_named() {
-        let check = |registrations: &[(usize, u64)]| {
-            registration_inconsistency(registrations.iter().copied())
-        };
-        assert_eq!(check(&[(3, 9)]), None, "a node that never grew");
-        assert_eq!(check(&[(1, 2), (2, 5), (3, 9)]), None);
-        assert_eq!(
-            check(&[(2, 2), (1, 5), (3, 9)]),
-            Some("registration ends out of order")
-        );
-        assert_eq!(
-            check(&[(1, 2), (2, 2), (3, 9)]),
-            Some("registration created out of order")
-        );
-        assert_eq!(
-            check(&[(1, 2), (3, 5), (3, 9)]),
-            Some("registration ends past the leaf's newest")
-        );
-        assert_eq!(
-            check(&[(1, 2), (2, 9), (3, 9)]),
-            Some("registration created after the leaf's newest")
-        );
     }
 }

@@ -552,16 +552,20 @@ impl RadixCache {
     }
 
     /// Turns the earlier registrations of `node` into nodes above it, each with its figures
-    /// (and the leaf's access time, never older than its own), as sglang's tree holds them.
-    /// `node` keeps its handle, locks and children with its newest registration's pages.
+    /// (and the leaf's access time, never older than its own), as sglang's tree holds them
+    /// ([`Arena::materialize`]), and indexes them. `node` keeps its handle, locks and children
+    /// with its newest registration's pages.
     fn materialize(&mut self, node: NodeId) {
-        let start = self.arena[node].start();
-        let page_size = self.layout.geometry().page_size();
-        let mut lower = node;
-        for (end_page, stats) in self.arena.take_registrations(node) {
-            let upper = self.split(lower, start + end_page * page_size, stats.created);
-            *self.arena.stats_mut(upper) = stats;
-            lower = upper;
+        let layout = self.layout;
+        if self.arena.registration_count(node) == 0 {
+            return;
+        }
+        self.children.unlink(&self.arena, layout, node);
+        let made = self.arena.materialize(node, layout);
+        let mut at = node;
+        for _ in 0..=made {
+            self.children.link(&self.arena, layout, at);
+            at = self.arena[at].parent();
         }
     }
 

@@ -16,7 +16,7 @@ use std::ops::{Index, IndexMut};
 
 use super::layout::KeyLayout;
 use super::policy::{EvictionPolicy, InsertParams, SLRU_PROTECTED_HITS};
-use super::{Namespace, RadixSizes};
+use super::{Namespace, RadixError, RadixSizes};
 use crate::ids::PageId;
 
 /// Handle of one tree node. Stays valid until that node is evicted; a locked node is never
@@ -203,7 +203,7 @@ impl Node {
 pub(super) struct NodeStats {
     /// Logical time at which the node was made: an insert's new leaf, or the upper part of a
     /// split, which is a new node (sglang `_split_node`).
-    pub(super) created: u64,
+    created: u64,
     /// What the inserts that ended at the node, and at its removed children, recorded.
     inserts: InsertFigures,
 }
@@ -469,7 +469,7 @@ impl Arena {
         let parent_entry = &mut self[parent];
         parent_entry.child_count -= 1;
         parent_entry.last_access = parent_entry.last_access.max(last_access);
-        self.stats_mut(parent).absorb(&stats);
+        self.figures[parent.index()].stats.absorb(&stats);
         parent
     }
 
@@ -574,31 +574,27 @@ impl Arena {
         &self.figures[id.index()].stats
     }
 
-    /// The eviction figures of `id`, to change.
-    pub(super) fn stats_mut(&mut self, id: NodeId) -> &mut NodeStats {
-        &mut self.figures[id.index()].stats
-    }
-
     /// Earlier registrations of `id`: 0 unless it is a leaf grown in place.
     #[inline(always)]
     pub(super) fn registration_count(&self, id: NodeId) -> usize {
         self.figures[id.index()].registrations.list.len()
     }
 
-    /// Where earlier registration `index` of `id` ends (in pages of the leaf) and the figures
-    /// its node would carry.
-    pub(super) fn registration(&self, id: NodeId, index: usize) -> (usize, NodeStats) {
-        self.figures[id.index()].registrations.get(index)
-    }
-
-    /// Where registration `index` of `id` ends, in pages, counting its earlier registrations
-    /// oldest first from 0 and the newest (what the leaf's own figures describe) as the last,
-    /// number [`Arena::registration_count`].
-    pub(super) fn registration_end(&self, id: NodeId, index: usize, layout: KeyLayout) -> usize {
-        let registrations = &self.figures[id.index()].registrations;
-        match registrations.list.get(index) {
-            Some(registration) => registration.end_page as usize,
-            None => self[id].num_pages(layout),
+    /// Registration `index` of `id`, counting its earlier registrations oldest first from 0 and
+    /// the newest (what the leaf's own figures describe) as the last, number
+    /// [`Arena::registration_count`]: where it ends, in pages of the leaf, and the figures its
+    /// node would carry.
+    pub(super) fn registration(
+        &self,
+        id: NodeId,
+        index: usize,
+        layout: KeyLayout,
+    ) -> (usize, NodeStats) {
+        let figures = &self.figures[id.index()];
+        if index < figures.registrations.list.len() {
+            figures.registrations.get(index)
+        } else {
+            (self[id].num_pages(layout), figures.stats)
         }
     }
 
@@ -634,16 +630,55 @@ impl Arena {
         }
     }
 
-    /// Takes the earlier registrations of `id` away, newest first, as where each ends and its
-    /// figures: the caller turns them into nodes.
-    pub(super) fn take_registrations(
-        &mut self,
-        id: NodeId,
-    ) -> impl Iterator<Item = (usize, NodeStats)> + use<> {
+    /// Turns the earlier registrations of `id` into nodes above it, newest first, each split
+    /// off at the time it was created and with its figures ([`Arena::split`]); `id` keeps its
+    /// handle, locks and children with its newest registration's pages. Returns how many nodes
+    /// it made: `id`'s nearest ancestors, which the caller indexes, with `id` again.
+    pub(super) fn materialize(&mut self, id: NodeId, layout: KeyLayout) -> usize {
         let registrations = std::mem::take(&mut self.figures[id.index()].registrations);
-        (0..registrations.list.len())
-            .rev()
-            .map(move |index| registrations.get(index))
+        let start = self[id].start();
+        let page_size = layout.geometry().page_size();
+        let mut lower = id;
+        for index in (0..registrations.list.len()).rev() {
+            let (end_page, stats) = registrations.get(index);
+            lower = self.split(lower, start + end_page * page_size, layout, stats.created);
+            self.figures[lower.index()].stats = stats;
+        }
+        registrations.list.len()
+    }
+
+    /// Checks the registrations of every node but the root, oldest first and its own last: each
+    /// must end after, and be created after, the one before.
+    ///
+    /// # Errors
+    /// [`RadixError::Inconsistent`] at the first node found otherwise, naming which.
+    pub(super) fn check_registrations(&self, layout: KeyLayout) -> Result<(), RadixError> {
+        for (id, _) in self.live().filter(|&(id, _)| id != NodeId::ROOT) {
+            let (mut end, mut created) = (0, None);
+            let count = self.registration_count(id);
+            for index in 0..=count {
+                let (registration_end, stats) = self.registration(id, index, layout);
+                let own = index == count;
+                let wrong = if registration_end <= end {
+                    if own {
+                        "registration ends past the leaf's newest"
+                    } else {
+                        "registration ends out of order"
+                    }
+                } else if created >= Some(stats.created) {
+                    if own {
+                        "registration created after the leaf's newest"
+                    } else {
+                        "registration created out of order"
+                    }
+                } else {
+                    (end, created) = (registration_end, Some(stats.created));
+                    continue;
+                };
+                return RadixError::expect_eq(id, wrong, 1, 0);
+            }
+        }
+        Ok(())
     }
 
     /// Records an insert of `params` (nothing when `None`) as the node where it ended would:
@@ -1027,8 +1062,9 @@ mod tests {
         );
         assert!(arena.record_insert(at.node, Some(2), Some(params)));
         assert!(arena.record_insert(at.node, None, Some(params)));
-        let (_, second) = arena.registration(at.node, 1);
-        let (_, first) = arena.registration(at.node, 0);
+        let layout = cache.layout;
+        let (_, second) = arena.registration(at.node, 1, layout);
+        let (_, first) = arena.registration(at.node, 0, layout);
         assert_eq!((second.inserts.hits, second.inserts.priority), (1, 4));
         assert_eq!(
             first.inserts.hits, 1,

@@ -34,16 +34,18 @@ impl RadixCache {
         })
     }
 
-    /// Checks the indexes beside the nodes against them, each by its owner: the child index
-    /// ([`ChildIndex::check`](super::children::ChildIndex::check)), the eviction order
-    /// ([`EvictionOrder::check`](super::order::EvictionOrder::check)), and the page index, which
-    /// must hold exactly the cached pages.
+    /// Checks the bookkeeping beside the nodes against them, each part by its owner: grown
+    /// leaves' registrations ([`Arena::check_registrations`](super::node::Arena::check_registrations)),
+    /// the child index ([`ChildIndex::check`](super::children::ChildIndex::check)), the eviction
+    /// order ([`EvictionOrder::check`](super::order::EvictionOrder::check)), and the page index,
+    /// which must hold exactly the cached pages.
     ///
     /// # Errors
     /// [`RadixError::Inconsistent`] naming the first node and invariant found broken ("page
     /// indexed" at a node whose page it lacks, "indexed pages" at the root when it holds
     /// more).
-    pub(crate) fn check_indexes(&self) -> Result<(), RadixError> {
+    pub(crate) fn check_bookkeeping(&self) -> Result<(), RadixError> {
+        self.arena.check_registrations(self.layout)?;
         self.children.check(&self.arena, self.layout)?;
         self.order.check(&self.arena)?;
         let mut cached = 0;
@@ -95,20 +97,5 @@ impl<'a> NodeView<'a> {
         let (node, layout) = (self.node, self.cache.layout);
         (0..node.num_pages(layout))
             .map(move |page| (node.page_tokens(page, layout), node.page_id(page, layout)))
-    }
-
-    /// Its registrations, oldest first: where each ends (in pages of the node) and when it was
-    /// created; the last is the node's own (it ends where the node ends). One for a node that
-    /// did not grow in place.
-    pub(crate) fn registrations(self) -> impl Iterator<Item = (usize, u64)> {
-        let (arena, id, layout) = (&self.cache.arena, self.id, self.cache.layout);
-        let earlier = (0..arena.registration_count(id)).map(move |index| {
-            let (end_page, stats) = arena.registration(id, index);
-            (end_page, stats.created)
-        });
-        earlier.chain(std::iter::once((
-            self.node.num_pages(layout),
-            arena.stats(id).created,
-        )))
     }
 }
