@@ -63,9 +63,10 @@
 //! (the pages the tree holds), `order.rs` (eviction: the order's candidates, clock and plans,
 //! and [`RadixCache::evict`], which frees the victims), `policy.rs` (the policies by name);
 //! this file holds the cache's state and what every operation shares (splitting a node,
-//! turning registrations into nodes, finding a position's node, counting tokens, stamping),
-//! then one file per operation: `match_prefix.rs`, `insert.rs`, `lock.rs`, `events.rs`;
-//! `view.rs` is the read-only view the checker in [`crate::check`] reads.
+//! turning registrations into nodes, finding a position's node, counting tokens), then one
+//! file per operation: `match_prefix.rs`, `insert.rs`, `lock.rs`, `events.rs`; `view.rs` is
+//! the read-only view the checker in [`crate::check`] reads, and where it has each part of
+//! the bookkeeping beside the nodes check itself against them.
 //!
 //! Storage: an arena of 64-byte nodes indexed by [`NodeId`] (an entry and its generation, so
 //! a handle kept past its node's eviction is refused), with 48 bytes of eviction figures (16 of

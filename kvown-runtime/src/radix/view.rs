@@ -1,5 +1,6 @@
-//! A read-only view of a tree's bookkeeping, for the checker in [`crate::check`]: what each node
-//! holds and what the indexes beside the nodes say, without a way to change either.
+//! A read-only view of a tree, for the checker in [`crate::check`]: what each node holds,
+//! without a way to change it, and a check of the bookkeeping beside the nodes (registrations,
+//! indexes, eviction order) by the owner of each part, each of which knows its own invariant.
 
 use super::node::{Node, NodeId};
 use super::{RadixCache, RadixError};
