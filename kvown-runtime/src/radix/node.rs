@@ -580,21 +580,20 @@ impl Arena {
         self.figures[id.index()].registrations.list.len()
     }
 
-    /// Registration `index` of `id`, counting its earlier registrations oldest first from 0 and
-    /// the newest (what the leaf's own figures describe) as the last, number
-    /// [`Arena::registration_count`]: where it ends, in pages of the leaf, and the figures its
-    /// node would carry.
-    pub(super) fn registration(
-        &self,
-        id: NodeId,
-        index: usize,
-        layout: KeyLayout,
-    ) -> (usize, NodeStats) {
-        let figures = &self.figures[id.index()];
-        if index < figures.registrations.list.len() {
-            figures.registrations.get(index)
-        } else {
-            (self[id].num_pages(layout), figures.stats)
+    /// Where earlier registration `index` of `id` ends (in pages of the leaf) and the figures
+    /// its node would carry.
+    pub(super) fn registration(&self, id: NodeId, index: usize) -> (usize, NodeStats) {
+        self.figures[id.index()].registrations.get(index)
+    }
+
+    /// Where registration `index` of `id` ends, in pages, counting its earlier registrations
+    /// oldest first from 0 and the newest (what the leaf's own figures describe) as the last,
+    /// number [`Arena::registration_count`].
+    pub(super) fn registration_end(&self, id: NodeId, index: usize, layout: KeyLayout) -> usize {
+        let registrations = &self.figures[id.index()].registrations;
+        match registrations.list.get(index) {
+            Some(registration) => registration.end_page as usize,
+            None => self[id].num_pages(layout),
         }
     }
 
@@ -657,22 +656,27 @@ impl Arena {
             let (mut end, mut created) = (0, None);
             let count = self.registration_count(id);
             for index in 0..=count {
-                let (registration_end, stats) = self.registration(id, index, layout);
                 let own = index == count;
+                let registration_end = self.registration_end(id, index, layout);
+                let registration_created = if own {
+                    self.stats(id).created
+                } else {
+                    self.registration(id, index).1.created
+                };
                 let wrong = if registration_end <= end {
                     if own {
                         "registration ends past the leaf's newest"
                     } else {
                         "registration ends out of order"
                     }
-                } else if created >= Some(stats.created) {
+                } else if created >= Some(registration_created) {
                     if own {
                         "registration created after the leaf's newest"
                     } else {
                         "registration created out of order"
                     }
                 } else {
-                    (end, created) = (registration_end, Some(stats.created));
+                    (end, created) = (registration_end, Some(registration_created));
                     continue;
                 };
                 return RadixError::expect_eq(id, wrong, 1, 0);
@@ -1062,9 +1066,8 @@ mod tests {
         );
         assert!(arena.record_insert(at.node, Some(2), Some(params)));
         assert!(arena.record_insert(at.node, None, Some(params)));
-        let layout = cache.layout;
-        let (_, second) = arena.registration(at.node, 1, layout);
-        let (_, first) = arena.registration(at.node, 0, layout);
+        let (_, second) = arena.registration(at.node, 1);
+        let (_, first) = arena.registration(at.node, 0);
         assert_eq!((second.inserts.hits, second.inserts.priority), (1, 4));
         assert_eq!(
             first.inserts.hits, 1,

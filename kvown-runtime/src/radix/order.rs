@@ -237,7 +237,7 @@ impl EvictionOrder {
                 continue;
             }
             scratch.victims.push(Victim::Node(victim));
-            tokens += arena.registration(victim, 0, layout).0 * page_size;
+            tokens += arena.registration_end(victim, 0, layout) * page_size;
             let parent = arena[victim].parent();
             let planned = scratch
                 .nodes
@@ -288,11 +288,11 @@ impl EvictionOrder {
             .get_mut(&victim)
             .expect("the victim is planned");
         let had = planned.registrations_left as usize;
-        let end = arena.registration(victim, had, layout).0;
+        let end = arena.registration_end(victim, had, layout);
         let mut left = had;
         loop {
             left -= 1;
-            let (keep, mut figures) = arena.registration(victim, left, layout);
+            let (keep, mut figures) = arena.registration(victim, left);
             figures.absorb(&planned.stats);
             planned.stats = figures;
             let tokens = (end - keep) * layout.geometry().page_size();
@@ -399,7 +399,7 @@ struct PlannedNode {
     /// Children not yet chosen as victims.
     children_left: u32,
     /// Earlier registrations of a grown leaf not yet chosen as victims (its newest one left is
-    /// number `registrations_left`, [`Arena::registration`]).
+    /// number `registrations_left`, [`Arena::registration_end`]).
     registrations_left: u32,
     /// Its access time after inheriting its victims'.
     last_access: u64,
@@ -537,7 +537,7 @@ impl RadixCache {
         for &victim in victims {
             let result = match victim {
                 Victim::Node(node) => {
-                    let range = 0..self.arena.registration(node, 0, self.layout).0;
+                    let range = 0..self.arena.registration_end(node, 0, self.layout);
                     let freed = self.free_pages(node, range, alloc, pages);
                     if freed.is_ok() {
                         self.remove_leaf(node);
@@ -594,7 +594,7 @@ impl RadixCache {
     ) -> Result<usize, (usize, AllocError)> {
         let mut freed = 0;
         for index in (kept + 1..=had).rev() {
-            let end = |index| self.arena.registration(node, index, self.layout).0;
+            let end = |index| self.arena.registration_end(node, index, self.layout);
             let range = end(index - 1)..end(index);
             if let Err((_, source)) = self.free_pages(node, range, alloc, buffer) {
                 if index < had {
@@ -614,7 +614,7 @@ impl RadixCache {
     /// competes again at its new rank.
     fn remove_registrations(&mut self, node: NodeId, kept: usize) {
         let layout = self.layout;
-        let keep = self.arena.registration(node, kept, layout).0;
+        let keep = self.arena.registration_end(node, kept, layout);
         self.arena.drop_registrations(node, kept);
         self.record_removed(node, keep);
         let entry = &mut self.arena[node];
