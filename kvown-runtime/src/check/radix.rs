@@ -6,8 +6,8 @@
 use std::cmp::Reverse;
 use std::collections::HashSet;
 
-use crate::ids::{KvSlot, PageId};
-use crate::radix::{Namespace, NodeId, PageHash, RadixCache, RadixError, TreePos};
+use crate::ids::KvSlot;
+use crate::radix::{Namespace, NodeId, RadixCache, RadixError, TreePos};
 
 /// Which part of a request's protected prefix differs from the path its lock holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,7 +117,6 @@ pub fn check_radix(tree: &RadixCache) -> Result<(), RadixError> {
         }
     }
     tree.check_bookkeeping()?;
-    check_event_hashes(tree)?;
     let sizes = tree.sizes();
     RadixError::expect_eq(NodeId::ROOT, "evictable tokens", evictable, sizes.evictable)?;
     RadixError::expect_eq(NodeId::ROOT, "protected tokens", protected, sizes.protected)
@@ -130,42 +129,6 @@ pub(crate) fn namespace_of(tree: &RadixCache, node: NodeId) -> Option<Namespace>
         .node_view(node)
         .filter(|node| node.id() != NodeId::ROOT)?;
     Some(node.namespace())
-}
-
-/// With events on, checks that every cached page's recorded hash is its path's (each node
-/// against its parent's last page, parents first); nothing to check with events off.
-fn check_event_hashes(tree: &RadixCache) -> Result<(), RadixError> {
-    let Some(hashes) = tree.event_hashes() else {
-        return Ok(());
-    };
-    let recorded = |page: PageId| hashes.get(page as usize).copied();
-    // A node starts where its parent ends: by start position, parents come first.
-    let mut nodes: Vec<_> = tree
-        .node_views()
-        .filter(|node| node.id() != NodeId::ROOT)
-        .collect();
-    nodes.sort_unstable_by_key(|node| (node.span().start, node.id()));
-    for node in nodes {
-        let parent = tree.node_view(node.parent()).expect("checked live");
-        let mut hash = match parent.pages().last() {
-            Some((_, page)) => recorded(page).unwrap_or(PageHash(0)),
-            None => PageHash::seed(node.namespace()),
-        };
-        for (tokens, page) in node.pages() {
-            hash = hash.chain(tokens);
-            let recorded = recorded(page);
-            if recorded != Some(hash) {
-                // Hashes shown as `usize` (whole on 64-bit targets); 0 for none recorded.
-                return Err(RadixError::Inconsistent {
-                    node: node.id(),
-                    what: "page hash recorded for events",
-                    expected: hash.0 as usize,
-                    found: recorded.map_or(0, |recorded| recorded.0 as usize),
-                });
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The first position of the path `[0, at.len)` of `tree` at which `tokens` or `slots` differ

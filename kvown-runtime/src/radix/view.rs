@@ -38,8 +38,9 @@ impl RadixCache {
     /// Checks the bookkeeping beside the nodes against them, each part by its owner: grown
     /// leaves' registrations ([`Arena::check_registrations`](super::node::Arena::check_registrations)),
     /// the child index ([`ChildIndex::check`](super::children::ChildIndex::check)), the eviction
-    /// order ([`EvictionOrder::check`](super::order::EvictionOrder::check)), and the page index,
-    /// which must hold exactly the cached pages.
+    /// order ([`EvictionOrder::check`](super::order::EvictionOrder::check)), the event log's
+    /// page hashes ([`RadixCache::check_event_hashes`]), and the page index, which must hold
+    /// exactly the cached pages.
     ///
     /// # Errors
     /// [`RadixError::Inconsistent`] naming the first node and invariant found broken ("page
@@ -49,6 +50,7 @@ impl RadixCache {
         self.arena.check_registrations(self.layout)?;
         self.children.check(&self.arena, self.layout)?;
         self.order.check(&self.arena)?;
+        self.check_event_hashes()?;
         let mut cached = 0;
         for (id, node) in self.arena.live() {
             for page in node.page_ids(self.layout) {
