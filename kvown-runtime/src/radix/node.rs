@@ -16,7 +16,7 @@ use std::ops::{Index, IndexMut};
 
 use super::layout::KeyLayout;
 use super::policy::{EvictionPolicy, InsertParams, SLRU_PROTECTED_HITS};
-use super::{Namespace, RadixError, RadixSizes};
+use super::{Namespace, RadixSizes};
 use crate::ids::PageId;
 
 /// Handle of one tree node. Stays valid until that node is evicted; a locked node is never
@@ -646,12 +646,13 @@ impl Arena {
         registrations.list.len()
     }
 
-    /// Checks the registrations of every node but the root, oldest first and its own last: each
-    /// must end after, and be created after, the one before.
-    ///
-    /// # Errors
-    /// [`RadixError::Inconsistent`] at the first node found otherwise, naming which.
-    pub(super) fn check_registrations(&self, layout: KeyLayout) -> Result<(), RadixError> {
+    /// The first node but the root whose registrations (oldest first, its own last) do not
+    /// each end after, and were not each created after, the one before, and which invariant
+    /// it breaks; `None` when every node's are in order.
+    pub(super) fn misordered_registrations(
+        &self,
+        layout: KeyLayout,
+    ) -> Option<(NodeId, &'static str)> {
         for (id, _) in self.live().filter(|&(id, _)| id != NodeId::ROOT) {
             let (mut end, mut created) = (0, None);
             let count = self.registration_count(id);
@@ -679,10 +680,10 @@ impl Arena {
                     (end, created) = (registration_end, Some(registration_created));
                     continue;
                 };
-                return RadixError::expect_eq(id, wrong, 1, 0);
+                return Some((id, wrong));
             }
         }
-        Ok(())
+        None
     }
 
     /// Records an insert of `params` (nothing when `None`) as the node where it ended would:
