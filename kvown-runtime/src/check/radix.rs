@@ -1,12 +1,13 @@
 //! The radix cache's checker: every counter and index of a [`RadixCache`] recomputed from its
 //! nodes, the path a request's lock holds compared with the request, and the locks its holders
-//! account for. It reads the tree through its read-only view of the nodes.
+//! account for. It reads the tree through its read-only view of the nodes, and has each part of
+//! the bookkeeping beside them check itself against them ([`RadixCache::check_bookkeeping`]).
 
 use std::cmp::Reverse;
 use std::collections::HashSet;
 
-use crate::ids::{KvSlot, PageId};
-use crate::radix::{Namespace, NodeId, PageHash, RadixCache, RadixError, TreePos};
+use crate::ids::KvSlot;
+use crate::radix::{Namespace, NodeId, RadixCache, RadixError, TreePos};
 
 /// Which part of a request's protected prefix differs from the path its lock holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,25 +34,6 @@ fn entries(tree: &RadixCache) -> usize {
         .map(|node| node.id().index() + 1)
         .max()
         .unwrap_or(1)
-}
-
-/// Returns an [`RadixError::Inconsistent`] at `node` unless `expected == found`.
-fn expect_eq(
-    node: NodeId,
-    what: &'static str,
-    expected: usize,
-    found: usize,
-) -> Result<(), RadixError> {
-    if expected == found {
-        Ok(())
-    } else {
-        Err(RadixError::Inconsistent {
-            node,
-            what,
-            expected,
-            found,
-        })
-    }
 }
 
 /// Recomputes the bookkeeping of `tree` from its nodes and compares: the evictable and protected
@@ -82,34 +64,27 @@ fn expect_eq(
 pub fn check_radix(tree: &RadixCache) -> Result<(), RadixError> {
     let stride = tree.config().page_size + 1;
     let root = tree.node_view(NodeId::ROOT).expect("the root is live");
-    expect_eq(NodeId::ROOT, "root lock count", 1, root.locks().0)?;
-    expect_eq(NodeId::ROOT, "root key length", 0, root.words())?;
+    RadixError::expect_eq(NodeId::ROOT, "root lock count", 1, root.locks().0)?;
+    RadixError::expect_eq(NodeId::ROOT, "root key length", 0, root.words())?;
     let mut child_counts = vec![0usize; entries(tree)];
     let mut child_locks = vec![0usize; entries(tree)];
-    let indexed: HashSet<PageId> = tree.indexed_pages().collect();
     let mut pages = HashSet::new();
-    let ranked = tree.ranked();
-    let (mut evictable, mut protected, mut live, mut candidates) = (0, 0, 0, 0);
+    let (mut evictable, mut protected) = (0, 0);
     for node in tree.node_views().filter(|node| node.id() != NodeId::ROOT) {
         let id = node.id();
-        live += 1;
         let parent = tree.node_view(node.parent());
-        expect_eq(id, "parent is live", 1, usize::from(parent.is_some()))?;
+        RadixError::expect_eq(id, "parent is live", 1, usize::from(parent.is_some()))?;
         let parent = parent.expect("checked live");
-        expect_eq(id, "key is non-empty", 1, usize::from(node.words() != 0))?;
-        expect_eq(id, "key is whole pages", 0, node.words() % stride)?;
-        expect_eq(id, "key start", parent.span().end, node.span().start)?;
+        RadixError::expect_eq(id, "key is non-empty", 1, usize::from(node.words() != 0))?;
+        RadixError::expect_eq(id, "key is whole pages", 0, node.words() % stride)?;
+        RadixError::expect_eq(id, "key start", parent.span().end, node.span().start)?;
         if parent.id() != NodeId::ROOT {
-            expect_eq(
+            RadixError::expect_eq(
                 id,
                 "namespace is the parent's",
                 1,
                 usize::from(node.namespace() == parent.namespace()),
             )?;
-        }
-        expect_eq(id, "child index entry", 1, usize::from(node.is_indexed()))?;
-        if let Some(wrong) = registration_inconsistency(node.registrations()) {
-            expect_eq(id, wrong, 1, 0)?;
         }
         let (lock_ref, _) = node.locks();
         child_counts[parent.id().index()] += 1;
@@ -120,86 +95,31 @@ pub fn check_radix(tree: &RadixCache) -> Result<(), RadixError> {
             protected += node.span().len();
         }
         for (_, page) in node.pages() {
-            expect_eq(id, "page cached once", 1, usize::from(pages.insert(page)))?;
-            expect_eq(id, "page indexed", 1, usize::from(indexed.contains(&page)))?;
+            RadixError::expect_eq(id, "page cached once", 1, usize::from(pages.insert(page)))?;
         }
     }
     for node in tree.node_views() {
         let id = node.id();
         let (lock_ref, own_locks) = node.locks();
-        expect_eq(
+        RadixError::expect_eq(
             id,
             "child count",
             child_counts[id.index()],
             node.child_count(),
         )?;
         if id != NodeId::ROOT {
-            expect_eq(
+            RadixError::expect_eq(
                 id,
                 "lock count is own locks plus children's",
                 own_locks + child_locks[id.index()],
                 lock_ref,
             )?;
         }
-        let candidate = id != NodeId::ROOT && lock_ref == 0 && node.child_count() == 0;
-        candidates += usize::from(candidate);
-        if candidate {
-            expect_eq(
-                id,
-                "eviction-order entry at the leaf's rank",
-                1,
-                usize::from(ranked.contains(&id)),
-            )?;
-        }
-        expect_eq(
-            id,
-            "evictable-leaf set membership",
-            usize::from(candidate),
-            usize::from(node.is_candidate()),
-        )?;
     }
-    let root = NodeId::ROOT;
-    let (indexed_children, listed_candidates) = tree.index_sizes();
-    expect_eq(root, "indexed children", live, indexed_children)?;
-    expect_eq(
-        root,
-        "evictable-leaf set size",
-        candidates,
-        listed_candidates,
-    )?;
-    expect_eq(root, "indexed pages", pages.len(), indexed.len())?;
-    check_event_hashes(tree)?;
+    tree.check_bookkeeping()?;
     let sizes = tree.sizes();
-    expect_eq(root, "evictable tokens", evictable, sizes.evictable)?;
-    expect_eq(root, "protected tokens", protected, sizes.protected)
-}
-
-/// What is wrong with a node's `registrations` (oldest first, the node's own last: where each
-/// ends and when it was created): each must end after and be created after the one before.
-fn registration_inconsistency(
-    registrations: impl Iterator<Item = (usize, u64)>,
-) -> Option<&'static str> {
-    let mut registrations = registrations.peekable();
-    let (mut end, mut created) = (0, None);
-    while let Some((registration_end, registration_created)) = registrations.next() {
-        let own = registrations.peek().is_none();
-        if registration_end <= end {
-            return Some(if own {
-                "registration ends past the leaf's newest"
-            } else {
-                "registration ends out of order"
-            });
-        }
-        if created >= Some(registration_created) {
-            return Some(if own {
-                "registration created after the leaf's newest"
-            } else {
-                "registration created out of order"
-            });
-        }
-        (end, created) = (registration_end, Some(registration_created));
-    }
-    None
+    RadixError::expect_eq(NodeId::ROOT, "evictable tokens", evictable, sizes.evictable)?;
+    RadixError::expect_eq(NodeId::ROOT, "protected tokens", protected, sizes.protected)
 }
 
 /// The namespace of the live non-root `node` of `tree`; `None` for the root (shared by all)
@@ -209,42 +129,6 @@ pub(crate) fn namespace_of(tree: &RadixCache, node: NodeId) -> Option<Namespace>
         .node_view(node)
         .filter(|node| node.id() != NodeId::ROOT)?;
     Some(node.namespace())
-}
-
-/// With events on, checks that every cached page's recorded hash is its path's (each node
-/// against its parent's last page, parents first); nothing to check with events off.
-fn check_event_hashes(tree: &RadixCache) -> Result<(), RadixError> {
-    let Some(hashes) = tree.event_hashes() else {
-        return Ok(());
-    };
-    let recorded = |page: PageId| hashes.get(page as usize).copied();
-    // A node starts where its parent ends: by start position, parents come first.
-    let mut nodes: Vec<_> = tree
-        .node_views()
-        .filter(|node| node.id() != NodeId::ROOT)
-        .collect();
-    nodes.sort_unstable_by_key(|node| (node.span().start, node.id()));
-    for node in nodes {
-        let parent = tree.node_view(node.parent()).expect("checked live");
-        let mut hash = match parent.pages().last() {
-            Some((_, page)) => recorded(page).unwrap_or(PageHash(0)),
-            None => PageHash::seed(node.namespace()),
-        };
-        for (tokens, page) in node.pages() {
-            hash = hash.chain(tokens);
-            let recorded = recorded(page);
-            if recorded != Some(hash) {
-                // Hashes shown as `usize` (whole on 64-bit targets); 0 for none recorded.
-                return Err(RadixError::Inconsistent {
-                    node: node.id(),
-                    what: "page hash recorded for events",
-                    expected: hash.0 as usize,
-                    found: recorded.map_or(0, |recorded| recorded.0 as usize),
-                });
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The first position of the path `[0, at.len)` of `tree` at which `tokens` or `slots` differ
@@ -439,30 +323,5 @@ mod tests {
         cache.release_leaked_locks(&all);
         check_radix(&cache).unwrap();
         assert_eq!(cache.sizes().protected, 0);
-    }
-
-    #[test]
-    fn registrations_out_of_order_are_named() {
-        let check = |registrations: &[(usize, u64)]| {
-            registration_inconsistency(registrations.iter().copied())
-        };
-        assert_eq!(check(&[(3, 9)]), None, "a node that never grew");
-        assert_eq!(check(&[(1, 2), (2, 5), (3, 9)]), None);
-        assert_eq!(
-            check(&[(2, 2), (1, 5), (3, 9)]),
-            Some("registration ends out of order")
-        );
-        assert_eq!(
-            check(&[(1, 2), (2, 2), (3, 9)]),
-            Some("registration created out of order")
-        );
-        assert_eq!(
-            check(&[(1, 2), (3, 5), (3, 9)]),
-            Some("registration ends past the leaf's newest")
-        );
-        assert_eq!(
-            check(&[(1, 2), (2, 9), (3, 9)]),
-            Some("registration created after the leaf's newest")
-        );
     }
 }

@@ -9,9 +9,9 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use super::Namespace;
 use super::layout::KeyLayout;
 use super::node::{Arena, Node, NodeId};
+use super::{Namespace, RadixError};
 
 /// Map from (parent, first-page hash) to the head of a chain of children, and the chains.
 #[derive(Debug, Default)]
@@ -86,8 +86,31 @@ impl ChildIndex {
         self.next[prev.index()] = next;
     }
 
+    /// Checks that the index holds exactly the nodes of `arena` but the root, each found under
+    /// its parent by its namespace and first page.
+    ///
+    /// # Errors
+    /// [`RadixError::Inconsistent`]: "child index entry" at the first node not found so,
+    /// "indexed children" when the index reaches more nodes.
+    pub(super) fn check(&self, arena: &Arena, layout: KeyLayout) -> Result<(), RadixError> {
+        let mut live = 0;
+        for (id, node) in arena.live().filter(|&(id, _)| id != NodeId::ROOT) {
+            live += 1;
+            let found = node.num_pages(layout) > 0
+                && self.find(
+                    arena,
+                    layout,
+                    node.parent(),
+                    node.namespace(),
+                    node.page_tokens(0, layout),
+                ) == Some(id);
+            RadixError::expect_eq(id, "child index entry", 1, usize::from(found))?;
+        }
+        RadixError::expect_eq(NodeId::ROOT, "indexed children", live, self.indexed())
+    }
+
     /// Nodes reachable through the index (every chain walked to its end).
-    pub(super) fn indexed(&self) -> usize {
+    fn indexed(&self) -> usize {
         let mut count = 0;
         for &head in self.heads.values() {
             let mut node = head;

@@ -222,3 +222,25 @@ pub enum RadixError {
         found: usize,
     },
 }
+
+impl RadixError {
+    /// `Ok` when `expected == found`, else [`RadixError::Inconsistent`] at `node` naming the
+    /// invariant `what`: the comparison of the radix checkers.
+    pub(crate) fn expect_eq(
+        node: NodeId,
+        what: &'static str,
+        expected: usize,
+        found: usize,
+    ) -> Result<(), RadixError> {
+        if expected == found {
+            Ok(())
+        } else {
+            Err(RadixError::Inconsistent {
+                node,
+                what,
+                expected,
+                found,
+            })
+        }
+    }
+}

@@ -16,7 +16,7 @@
 use std::ops::Range;
 
 use super::node::NodeId;
-use super::{Namespace, RadixCache};
+use super::{Namespace, RadixCache, RadixError};
 use crate::ids::{KvSlot, PageId};
 
 /// FNV-1a's 64-bit offset basis.
@@ -351,10 +351,38 @@ impl RadixCache {
         }
     }
 
-    /// With events on, the hash recorded for each page id (stale for a page the tree no
-    /// longer holds); `None` with events off.
-    pub(crate) fn event_hashes(&self) -> Option<&[PageHash]> {
-        Some(&self.events.as_ref()?.hashes)
+    /// With events on, checks that every cached page's recorded hash is its path's (each node
+    /// against its parent's last page, parents first); nothing to check with events off. The
+    /// nodes' keys must be whole, non-empty pages (the checker's node checks come first).
+    ///
+    /// # Errors
+    /// [`RadixError::Inconsistent`] "page hash recorded for events" at the first node with a
+    /// page whose recorded hash differs (hashes shown as `usize`, whole on 64-bit targets; 0
+    /// for none recorded).
+    pub(super) fn check_event_hashes(&self) -> Result<(), RadixError> {
+        let Some(log) = &self.events else {
+            return Ok(());
+        };
+        let layout = self.layout;
+        for id in self.nodes_parents_first() {
+            let node = &self.arena[id];
+            let mut hash = self
+                .last_page_hash(log, node.parent())
+                .unwrap_or_else(|| PageHash::seed(node.namespace()));
+            for page in 0..node.num_pages(layout) {
+                hash = hash.chain(node.page_tokens(page, layout));
+                let recorded = log.hashes.get(node.page_id(page, layout) as usize);
+                if recorded != Some(&hash) {
+                    return Err(RadixError::Inconsistent {
+                        node: id,
+                        what: "page hash recorded for events",
+                        expected: hash.0 as usize,
+                        found: recorded.map_or(0, |recorded| recorded.0 as usize),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -554,7 +554,7 @@ impl RadixCache {
         self.open_registration(node, now);
         self.append_page(node, &key[pos..], &slots[pos..]);
         self.record_insert(node, params);
-        self.stamp(node, now);
+        self.order.stamp(&mut self.arena, node, now);
         InsertOutcome {
             prefix_len: pos,
             last_node: node,
@@ -590,7 +590,7 @@ impl RadixCache {
                     // it, and the lower half keeps that node: it takes the insert's time. What
                     // the split or the insert then creates is newer (`TreeNode.__init__` reads
                     // the clock again).
-                    self.stamp(cut.lower, now);
+                    self.order.stamp(&mut self.arena, cut.lower, now);
                     now = self.order.tick();
                 }
                 node = cut.upper;
@@ -600,7 +600,7 @@ impl RadixCache {
             }
         }
         self.record_insert(node, params);
-        self.stamp(node, now);
+        self.order.stamp(&mut self.arena, node, now);
         InsertOutcome {
             prefix_len: pos,
             last_node: node,
@@ -691,8 +691,8 @@ impl RadixCache {
         self.hold_pages(&slots[pos..]);
         let leaf = self.arena.add_node(data, parent, namespace, pos, now);
         self.children.link(&self.arena, layout, leaf);
-        self.refresh_candidate(parent);
-        self.refresh_candidate(leaf);
+        self.order.refresh(&self.arena, parent);
+        self.order.refresh(&self.arena, leaf);
         self.add_tokens(leaf, key.len() - pos);
         leaf
     }

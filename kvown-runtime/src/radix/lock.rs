@@ -6,7 +6,7 @@
 //! they move only when `lock_ref` crosses between 0 and 1. The root holds one lock forever.
 
 use super::node::NodeId;
-use super::{RadixCache, RadixError, refresh_candidate};
+use super::{RadixCache, RadixError};
 
 impl RadixCache {
     /// Locks `node` and every ancestor: none of them can be evicted until the matching
@@ -92,7 +92,7 @@ impl RadixCache {
         } = self;
         arena
             .lock(node, stop, *layout, sizes, |arena, id| {
-                refresh_candidate(order, arena, id)
+                order.refresh(arena, id)
             })
             .map_err(|(node, locks)| RadixError::LockLimit { node, locks })
     }
@@ -108,7 +108,7 @@ impl RadixCache {
             ..
         } = self;
         arena.unlock(node, stop, *layout, sizes, |arena, id| {
-            refresh_candidate(order, arena, id)
+            order.refresh(arena, id)
         });
     }
 

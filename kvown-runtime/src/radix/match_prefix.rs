@@ -52,7 +52,7 @@ impl RadixCache {
                 self.materialize(child);
                 continue;
             }
-            self.stamp(child, now);
+            self.order.stamp(&mut self.arena, child, now);
             pos += pages * page_size;
             if pages < self.arena[child].num_pages(layout) {
                 node = self.split(child, pos, now);

@@ -63,9 +63,10 @@
 //! (the pages the tree holds), `order.rs` (eviction: the order's candidates, clock and plans,
 //! and [`RadixCache::evict`], which frees the victims), `policy.rs` (the policies by name);
 //! this file holds the cache's state and what every operation shares (splitting a node,
-//! turning registrations into nodes, finding a position's node, counting tokens, stamping),
-//! then one file per operation: `match_prefix.rs`, `insert.rs`, `lock.rs`, `events.rs`;
-//! `view.rs` is the read-only view the checker in [`crate::check`] reads.
+//! turning registrations into nodes, finding a position's node, counting tokens), then one
+//! file per operation: `match_prefix.rs`, `insert.rs`, `lock.rs`, `events.rs`; `view.rs` is
+//! the read-only view the checker in [`crate::check`] reads, and where it has each part of
+//! the bookkeeping beside the nodes check itself against them.
 //!
 //! Storage: an arena of 64-byte nodes indexed by [`NodeId`] (an entry and its generation, so
 //! a handle kept past its node's eviction is refused), with 48 bytes of eviction figures (16 of
@@ -500,23 +501,12 @@ impl RadixCache {
         }
     }
 
-    /// Makes `node` an eviction candidate or not, to match its state ([`refresh_candidate`]).
-    fn refresh_candidate(&mut self, node: NodeId) {
-        refresh_candidate(&mut self.order, &self.arena, node);
-    }
-
-    /// Sets `node`'s access time, keeping the eviction order current.
-    #[inline]
-    fn stamp(&mut self, node: NodeId, now: u64) {
-        self.order.stamp(&mut self.arena, node, now);
-    }
-
     /// Records an insert of `params` that ended at `node`, when the policy reads what it
     /// records.
     #[inline(always)]
     fn record_insert(&mut self, node: NodeId, params: InsertParams) {
         if self.order.policy().reads_insert_figures() {
-            self.arena.stats_mut(node).record(params);
+            self.arena.record_insert(node, None, Some(params));
         }
     }
 
@@ -563,16 +553,20 @@ impl RadixCache {
     }
 
     /// Turns the earlier registrations of `node` into nodes above it, each with its figures
-    /// (and the leaf's access time, never older than its own), as sglang's tree holds them.
-    /// `node` keeps its handle, locks and children with its newest registration's pages.
+    /// (and the leaf's access time, never older than its own), as sglang's tree holds them
+    /// ([`Arena::materialize`]), and indexes them. `node` keeps its handle, locks and children
+    /// with its newest registration's pages.
     fn materialize(&mut self, node: NodeId) {
-        let start = self.arena[node].start();
-        let page_size = self.layout.geometry().page_size();
-        let mut lower = node;
-        for (end_page, stats) in self.arena.take_registrations(node) {
-            let upper = self.split(lower, start + end_page * page_size, stats.created);
-            *self.arena.stats_mut(upper) = stats;
-            lower = upper;
+        let layout = self.layout;
+        if self.arena.registration_count(node) == 0 {
+            return;
+        }
+        self.children.unlink(&self.arena, layout, node);
+        let made = self.arena.materialize(node, layout);
+        let mut at = node;
+        for _ in 0..=made {
+            self.children.link(&self.arena, layout, at);
+            at = self.arena[at].parent();
         }
     }
 
@@ -613,7 +607,7 @@ impl RadixCache {
                 .geometry()
                 .whole_pages(prompt_len - self.arena[node].start());
             let record = self.order.policy().reads_insert_figures().then_some(params);
-            if self.arena.record_at_registration(node, end_page, record) {
+            if self.arena.record_insert(node, Some(end_page), record) {
                 return true;
             }
             let now = self.order.tick();
@@ -639,12 +633,4 @@ impl RadixCache {
         self.children.link(&self.arena, layout, node);
         upper
     }
-}
-
-/// Makes `node` an eviction candidate of `order` or not, to match its state in `arena`: an
-/// unlocked non-root node without children.
-fn refresh_candidate(order: &mut EvictionOrder, arena: &Arena, node: NodeId) {
-    let entry = &arena[node];
-    let candidate = node != NodeId::ROOT && entry.locks().0 == 0 && entry.child_count() == 0;
-    order.set_candidate(arena, node, candidate);
 }

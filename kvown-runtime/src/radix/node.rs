@@ -203,13 +203,35 @@ impl Node {
 pub(super) struct NodeStats {
     /// Logical time at which the node was made: an insert's new leaf, or the upper part of a
     /// split, which is a new node (sglang `_split_node`).
-    pub(super) created: u64,
-    /// Inserts of finished requests that ended at the node, plus those of its removed children
-    /// (kept only under a policy that reads it: [`EvictionPolicy::reads_insert_figures`]).
+    created: u64,
+    /// What the inserts that ended at the node, and at its removed children, recorded.
+    inserts: InsertFigures,
+}
+
+/// What the inserts that ended at a node (or at a grown leaf's earlier registration) recorded
+/// there: kept only under a policy that reads them ([`EvictionPolicy::reads_insert_figures`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct InsertFigures {
+    /// Inserts of finished requests.
     hits: u32,
-    /// Highest priority of an insert that ended at the node or at a removed child (kept as
-    /// `hits` is).
+    /// Highest priority of an insert.
     priority: i32,
+}
+
+impl InsertFigures {
+    /// None recorded yet: no hits, and the lowest priority, so that the first insert's
+    /// priority is taken, however low.
+    const NONE: InsertFigures = InsertFigures {
+        hits: 0,
+        priority: i32::MIN,
+    };
+
+    /// Records an insert of `params`.
+    #[inline]
+    fn record(&mut self, params: InsertParams) {
+        self.hits = self.hits.saturating_add(u32::from(!params.chunked));
+        self.priority = self.priority.max(params.priority);
+    }
 }
 
 impl NodeStats {
@@ -219,8 +241,7 @@ impl NodeStats {
     fn new(created: u64) -> NodeStats {
         NodeStats {
             created,
-            hits: 0,
-            priority: i32::MIN,
+            inserts: InsertFigures::NONE,
         }
     }
 
@@ -230,22 +251,18 @@ impl NodeStats {
     fn split_upper(&self, now: u64) -> NodeStats {
         NodeStats {
             created: now,
-            hits: 0,
-            priority: self.priority,
+            inserts: InsertFigures {
+                hits: 0,
+                priority: self.inserts.priority,
+            },
         }
-    }
-
-    /// Records an insert of `params` that ended at the node.
-    #[inline]
-    pub(super) fn record(&mut self, params: InsertParams) {
-        self.hits = self.hits.saturating_add(u32::from(!params.chunked));
-        self.priority = self.priority.max(params.priority);
     }
 
     /// Takes on the figures of a removed child.
     pub(super) fn absorb(&mut self, child: &NodeStats) {
-        self.hits = self.hits.saturating_add(child.hits);
-        self.priority = self.priority.max(child.priority);
+        let (own, child) = (&mut self.inserts, &child.inserts);
+        own.hits = own.hits.saturating_add(child.hits);
+        own.priority = own.priority.max(child.priority);
     }
 
     /// The sort key of a candidate with these figures and access time `last_access` under
@@ -254,13 +271,19 @@ impl NodeStats {
     pub(super) fn rank(&self, policy: EvictionPolicy, last_access: u64) -> (u64, u64) {
         match policy {
             EvictionPolicy::Lru => (0, last_access),
-            EvictionPolicy::Lfu => (u64::from(self.hits), last_access),
+            EvictionPolicy::Lfu => (u64::from(self.inserts.hits), last_access),
             EvictionPolicy::Fifo => (0, self.created),
             EvictionPolicy::Mru => (0, !last_access),
             EvictionPolicy::Filo => (0, !self.created),
             // Flipping the sign bit maps i32's order onto u32's.
-            EvictionPolicy::Priority => (u64::from(self.priority as u32 ^ 1 << 31), last_access),
-            EvictionPolicy::Slru => (u64::from(self.hits >= SLRU_PROTECTED_HITS), last_access),
+            EvictionPolicy::Priority => (
+                u64::from(self.inserts.priority as u32 ^ 1 << 31),
+                last_access,
+            ),
+            EvictionPolicy::Slru => (
+                u64::from(self.inserts.hits >= SLRU_PROTECTED_HITS),
+                last_access,
+            ),
         }
     }
 }
@@ -272,10 +295,8 @@ struct Registration {
     end_page: u32,
     /// Its creation time, in ticks after the leaf's first registration's.
     created_after_first: u32,
-    /// Hits recorded at its end while it ended the leaf ([`NodeStats::hits`]).
-    hits: u32,
-    /// Highest priority recorded at its end ([`NodeStats::priority`]).
-    priority: i32,
+    /// What the inserts that ended at its end recorded, while it ended the leaf and since.
+    inserts: InsertFigures,
 }
 
 /// The earlier registrations of one grown leaf, oldest first (the newest one is the leaf's own
@@ -304,8 +325,7 @@ impl Registrations {
         self.list.push(Registration {
             end_page: end_page as u32,
             created_after_first: (stats.created - self.first_created) as u32,
-            hits: stats.hits,
-            priority: stats.priority,
+            inserts: stats.inserts,
         });
     }
 
@@ -314,8 +334,7 @@ impl Registrations {
         let registration = &self.list[index];
         let stats = NodeStats {
             created: self.first_created + u64::from(registration.created_after_first),
-            hits: registration.hits,
-            priority: registration.priority,
+            inserts: registration.inserts,
         };
         (registration.end_page as usize, stats)
     }
@@ -450,7 +469,7 @@ impl Arena {
         let parent_entry = &mut self[parent];
         parent_entry.child_count -= 1;
         parent_entry.last_access = parent_entry.last_access.max(last_access);
-        self.stats_mut(parent).absorb(&stats);
+        self.figures[parent.index()].stats.absorb(&stats);
         parent
     }
 
@@ -555,11 +574,6 @@ impl Arena {
         &self.figures[id.index()].stats
     }
 
-    /// The eviction figures of `id`, to change.
-    pub(super) fn stats_mut(&mut self, id: NodeId) -> &mut NodeStats {
-        &mut self.figures[id.index()].stats
-    }
-
     /// Earlier registrations of `id`: 0 unless it is a leaf grown in place.
     #[inline(always)]
     pub(super) fn registration_count(&self, id: NodeId) -> usize {
@@ -615,35 +629,87 @@ impl Arena {
         }
     }
 
-    /// Takes the earlier registrations of `id` away, newest first, as where each ends and its
-    /// figures: the caller turns them into nodes.
-    pub(super) fn take_registrations(
-        &mut self,
-        id: NodeId,
-    ) -> impl Iterator<Item = (usize, NodeStats)> + use<> {
+    /// Turns the earlier registrations of `id` into nodes above it, newest first, each split
+    /// off at the time it was created and with its figures ([`Arena::split`]); `id` keeps its
+    /// handle, locks and children with its newest registration's pages. Returns how many nodes
+    /// it made: `id`'s nearest ancestors, which the caller indexes, with `id` again.
+    pub(super) fn materialize(&mut self, id: NodeId, layout: KeyLayout) -> usize {
         let registrations = std::mem::take(&mut self.figures[id.index()].registrations);
-        (0..registrations.list.len())
-            .rev()
-            .map(move |index| registrations.get(index))
+        let start = self[id].start();
+        let page_size = layout.geometry().page_size();
+        let mut lower = id;
+        for index in (0..registrations.list.len()).rev() {
+            let (end_page, stats) = registrations.get(index);
+            lower = self.split(lower, start + end_page * page_size, layout, stats.created);
+            self.figures[lower.index()].stats = stats;
+        }
+        registrations.list.len()
     }
 
-    /// Whether an earlier registration of `id` ends `end_page` pages into it; if so, records an
-    /// insert of `params` there as its node would ([`NodeStats::record`]) when `params` is
-    /// given.
-    pub(super) fn record_at_registration(
+    /// The first node but the root whose registrations (oldest first, its own last) do not
+    /// each end after, and were not each created after, the one before, and which invariant
+    /// it breaks; `None` when every node's are in order.
+    pub(super) fn misordered_registrations(
+        &self,
+        layout: KeyLayout,
+    ) -> Option<(NodeId, &'static str)> {
+        for (id, _) in self.live().filter(|&(id, _)| id != NodeId::ROOT) {
+            let (mut end, mut created) = (0, None);
+            let count = self.registration_count(id);
+            for index in 0..=count {
+                let own = index == count;
+                let registration_end = self.registration_end(id, index, layout);
+                let registration_created = if own {
+                    self.stats(id).created
+                } else {
+                    self.registration(id, index).1.created
+                };
+                let wrong = if registration_end <= end {
+                    if own {
+                        "registration ends past the leaf's newest"
+                    } else {
+                        "registration ends out of order"
+                    }
+                } else if created >= Some(registration_created) {
+                    if own {
+                        "registration created after the leaf's newest"
+                    } else {
+                        "registration created out of order"
+                    }
+                } else {
+                    (end, created) = (registration_end, Some(registration_created));
+                    continue;
+                };
+                return Some((id, wrong));
+            }
+        }
+        None
+    }
+
+    /// Records an insert of `params` (nothing when `None`) as the node where it ended would:
+    /// `id` itself when `end_page` is `None`, else the earlier registration of `id` that ends
+    /// `end_page` pages into it. `false`, recording nothing, when no earlier registration ends
+    /// there.
+    pub(super) fn record_insert(
         &mut self,
         id: NodeId,
-        end_page: usize,
+        end_page: Option<usize>,
         params: Option<InsertParams>,
     ) -> bool {
-        let list = &mut self.figures[id.index()].registrations.list;
-        let Ok(index) = list.binary_search_by_key(&end_page, |r| r.end_page as usize) else {
-            return false;
+        let figures = &mut self.figures[id.index()];
+        let inserts = match end_page {
+            None => &mut figures.stats.inserts,
+            Some(end_page) => {
+                let list = &mut figures.registrations.list;
+                let Ok(index) = list.binary_search_by_key(&end_page, |r| r.end_page as usize)
+                else {
+                    return false;
+                };
+                &mut list[index].inserts
+            }
         };
         if let Some(params) = params {
-            let registration = &mut list[index];
-            registration.hits = registration.hits.saturating_add(u32::from(!params.chunked));
-            registration.priority = registration.priority.max(params.priority);
+            inserts.record(params);
         }
         true
     }
@@ -903,8 +969,7 @@ mod tests {
     fn ranks_order_candidates_as_each_policy_says() {
         let at = |created, hits, priority| NodeStats {
             created,
-            hits,
-            priority,
+            inserts: InsertFigures { hits, priority },
         };
         // (access time, stats): `old` was created and used first, `new` later; `new` has more
         // hits, `old` a higher priority.
@@ -948,36 +1013,72 @@ mod tests {
 
     #[test]
     fn inserts_count_hits_unless_chunked_and_keep_the_highest_priority() {
+        let figures =
+            |stats: &NodeStats| (stats.created, stats.inserts.hits, stats.inserts.priority);
         let mut stats = NodeStats::new(7);
-        stats.record(InsertParams {
+        stats.inserts.record(InsertParams {
             priority: 3,
             chunked: true,
         });
-        assert_eq!((stats.created, stats.hits, stats.priority), (7, 0, 3));
-        stats.record(InsertParams {
+        assert_eq!(figures(&stats), (7, 0, 3));
+        stats.inserts.record(InsertParams {
             priority: -1,
             chunked: false,
         });
-        assert_eq!((stats.hits, stats.priority), (1, 3));
-        let upper = stats.split_upper(9);
-        assert_eq!((upper.created, upper.hits, upper.priority), (9, 0, 3));
+        assert_eq!(figures(&stats), (7, 1, 3));
+        assert_eq!(figures(&stats.split_upper(9)), (9, 0, 3));
         let mut parent = NodeStats::new(1);
-        parent.record(InsertParams::default());
+        parent.inserts.record(InsertParams::default());
         parent.absorb(&stats);
         let mut other_child = NodeStats::new(2);
-        other_child.record(InsertParams {
+        other_child.inserts.record(InsertParams {
             priority: 9,
             chunked: false,
         });
         parent.absorb(&other_child);
-        assert_eq!((parent.created, parent.hits, parent.priority), (1, 3, 9));
+        assert_eq!(figures(&parent), (1, 3, 9));
         let mut saturated = NodeStats {
-            hits: u32::MAX,
+            inserts: InsertFigures {
+                hits: u32::MAX,
+                priority: 0,
+            },
             ..NodeStats::default()
         };
-        saturated.record(InsertParams::default());
+        saturated.inserts.record(InsertParams::default());
         saturated.absorb(&parent);
-        assert_eq!(saturated.hits, u32::MAX);
+        assert_eq!(saturated.inserts.hits, u32::MAX);
+    }
+
+    #[test]
+    fn an_insert_ending_at_an_earlier_registration_records_there_as_at_a_node() {
+        let (mut cache, at) = grown(EvictionPolicy::Lfu);
+        let params = InsertParams {
+            priority: 4,
+            chunked: false,
+        };
+        let arena = &mut cache.arena;
+        assert!(
+            !arena.record_insert(at.node, Some(3), Some(params)),
+            "no earlier one ends there"
+        );
+        assert!(
+            arena.record_insert(at.node, Some(2), None),
+            "found, nothing recorded"
+        );
+        assert!(arena.record_insert(at.node, Some(2), Some(params)));
+        assert!(arena.record_insert(at.node, None, Some(params)));
+        let (_, second) = arena.registration(at.node, 1);
+        let (_, first) = arena.registration(at.node, 0);
+        assert_eq!((second.inserts.hits, second.inserts.priority), (1, 4));
+        assert_eq!(
+            first.inserts.hits, 1,
+            "the first insert, a finished request's"
+        );
+        assert_eq!(
+            arena.stats(at.node).inserts,
+            second.inserts,
+            "the newest's own, alike"
+        );
     }
 
     // The checker finds a broken node table, counter or index (read through the views of

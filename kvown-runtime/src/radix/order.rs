@@ -16,7 +16,7 @@ use std::ops::Range;
 
 use super::children::KeyHasher;
 use super::layout::KeyLayout;
-use super::node::{Arena, NodeId, NodeStats};
+use super::node::{Arena, Node, NodeId, NodeStats};
 use super::policy::EvictionPolicy;
 use super::{RadixCache, RadixError};
 use crate::alloc::{AllocError, FreeOrder, KvAllocator, PageId};
@@ -79,9 +79,14 @@ impl EvictionOrder {
         self.clock
     }
 
-    /// Makes `node` a candidate or not, to match `candidate`, in O(1) (amortized O(log n) to
-    /// list it).
-    pub(super) fn set_candidate(&mut self, arena: &Arena, node: NodeId, candidate: bool) {
+    /// Makes `node` a candidate or not, to match its state in `arena` (an unlocked non-root
+    /// node without children), in O(1) (amortized O(log n) to list it).
+    pub(super) fn refresh(&mut self, arena: &Arena, node: NodeId) {
+        self.set_candidate(arena, node, is_candidate(node, &arena[node]));
+    }
+
+    /// Makes `node` a candidate or not, to match `candidate`.
+    fn set_candidate(&mut self, arena: &Arena, node: NodeId, candidate: bool) {
         let pos = self.position(node);
         if candidate && pos == NOT_LISTED {
             if node.index() >= self.positions.len() {
@@ -110,7 +115,7 @@ impl EvictionOrder {
     }
 
     /// Whether `node` is a candidate, at the position recorded for it.
-    pub(super) fn lists(&self, node: NodeId) -> bool {
+    fn lists(&self, node: NodeId) -> bool {
         self.candidates.get(self.position(node) as usize) == Some(&node)
     }
 
@@ -149,18 +154,42 @@ impl EvictionOrder {
         arena.is_live(node) && self.position(node) != NOT_LISTED && self.rank(arena, node) == rank
     }
 
-    /// The candidates, in no particular order.
-    pub(super) fn candidates(&self) -> &[NodeId] {
-        &self.candidates
-    }
-
-    /// The live nodes the heap holds an entry for at their current rank.
-    pub(super) fn ranked(&self, arena: &Arena) -> HashSet<NodeId> {
-        self.heap
+    /// Checks the order against the tree in `arena`: exactly its unlocked leaves but the root
+    /// are candidates, each at the position recorded for it and with an entry of the heap at
+    /// its current rank.
+    ///
+    /// # Errors
+    /// [`RadixError::Inconsistent`] at the first node found otherwise: "eviction-order entry at
+    /// the leaf's rank", "evictable-leaf set membership" or (at the root) "evictable-leaf set
+    /// size".
+    pub(super) fn check(&self, arena: &Arena) -> Result<(), RadixError> {
+        let ranked: HashSet<NodeId> = self
+            .heap
             .iter()
             .filter(|&&Reverse((rank, node))| arena.is_live(node) && self.rank(arena, node) == rank)
             .map(|&Reverse((_, node))| node)
-            .collect()
+            .collect();
+        let mut candidates = 0;
+        for (id, node) in arena.live() {
+            let candidate = is_candidate(id, node);
+            candidates += usize::from(candidate);
+            if candidate {
+                let entry = usize::from(ranked.contains(&id));
+                RadixError::expect_eq(id, "eviction-order entry at the leaf's rank", 1, entry)?;
+            }
+            RadixError::expect_eq(
+                id,
+                "evictable-leaf set membership",
+                usize::from(candidate),
+                usize::from(self.lists(id)),
+            )?;
+        }
+        RadixError::expect_eq(
+            NodeId::ROOT,
+            "evictable-leaf set size",
+            candidates,
+            self.candidates.len(),
+        )
     }
 
     /// Heap bytes of the candidates, their positions, the heap and the boxed plan buffers.
@@ -319,6 +348,12 @@ impl EvictionOrder {
     fn advance(&mut self, ticks: u64) {
         self.clock += ticks;
     }
+}
+
+/// Whether `entry`, the node `id` names, is a candidate of eviction: an unlocked non-root node
+/// without children.
+fn is_candidate(id: NodeId, entry: &Node) -> bool {
+    id != NodeId::ROOT && entry.locks().0 == 0 && entry.child_count() == 0
 }
 
 /// What an eviction frees, in eviction order.
@@ -611,7 +646,7 @@ impl RadixCache {
         }
         self.sizes.evictable -= entry.len(self.layout);
         let parent = self.arena.remove_leaf(leaf);
-        self.refresh_candidate(parent);
+        self.order.refresh(&self.arena, parent);
     }
 }
 
@@ -626,7 +661,7 @@ mod tests {
     fn the_check_finds_a_leaf_pointing_at_another_leafs_place_in_the_evictable_set() {
         let (mut cache, locked) = small_tree();
         let shared = cache.arena[locked].parent();
-        let evictable = cache.order.candidates()[0];
+        let evictable = cache.order.candidates[0];
         assert_ne!(evictable, locked);
         cache.dec_lock_ref(locked).unwrap();
         // Both leaves are evictable now; the second claims the first's place in the set.

@@ -1,10 +1,9 @@
-//! A read-only view of a tree's bookkeeping, for the checker in [`crate::check`]: what each node
-//! holds and what the indexes beside the nodes say, without a way to change either.
+//! A read-only view of a tree, for the checker in [`crate::check`]: what each node holds,
+//! without a way to change it, and a check of the bookkeeping beside the nodes (registrations,
+//! indexes, eviction order) by the owner of each part, each of which knows its own invariant.
 
-use std::collections::HashSet;
-
-use super::RadixCache;
 use super::node::{Node, NodeId};
+use super::{RadixCache, RadixError};
 use crate::ids::PageId;
 
 /// One live node of a [`RadixCache`], read-only.
@@ -36,20 +35,38 @@ impl RadixCache {
         })
     }
 
-    /// Nodes reachable through the child index, and nodes the eviction order lists as
-    /// candidates.
-    pub(crate) fn index_sizes(&self) -> (usize, usize) {
-        (self.children.indexed(), self.order.candidates().len())
-    }
-
-    /// Live nodes the eviction order holds an entry for at their current rank.
-    pub(crate) fn ranked(&self) -> HashSet<NodeId> {
-        self.order.ranked(&self.arena)
-    }
-
-    /// The pages the page index holds, in increasing order.
-    pub(crate) fn indexed_pages(&self) -> impl Iterator<Item = PageId> + '_ {
-        self.pages.iter()
+    /// Checks the bookkeeping beside the nodes against them, each part by its owner: grown
+    /// leaves' registrations ([`Arena::misordered_registrations`](super::node::Arena::misordered_registrations)),
+    /// the child index ([`ChildIndex::check`](super::children::ChildIndex::check)), the eviction
+    /// order ([`EvictionOrder::check`](super::order::EvictionOrder::check)), the event log's
+    /// page hashes ([`RadixCache::check_event_hashes`]), and the page index, which must hold
+    /// exactly the cached pages.
+    ///
+    /// # Errors
+    /// [`RadixError::Inconsistent`] naming the first node and invariant found broken ("page
+    /// indexed" at a node whose page it lacks, "indexed pages" at the root when it holds
+    /// more).
+    pub(crate) fn check_bookkeeping(&self) -> Result<(), RadixError> {
+        if let Some((node, wrong)) = self.arena.misordered_registrations(self.layout) {
+            RadixError::expect_eq(node, wrong, 1, 0)?;
+        }
+        self.children.check(&self.arena, self.layout)?;
+        self.order.check(&self.arena)?;
+        self.check_event_hashes()?;
+        let mut cached = 0;
+        for (id, node) in self.arena.live() {
+            for page in node.page_ids(self.layout) {
+                cached += 1;
+                let indexed = usize::from(self.pages.contains(page));
+                RadixError::expect_eq(id, "page indexed", 1, indexed)?;
+            }
+        }
+        RadixError::expect_eq(
+            NodeId::ROOT,
+            "indexed pages",
+            cached,
+            self.pages.iter().count(),
+        )
     }
 }
 
@@ -85,38 +102,5 @@ impl<'a> NodeView<'a> {
         let (node, layout) = (self.node, self.cache.layout);
         (0..node.num_pages(layout))
             .map(move |page| (node.page_tokens(page, layout), node.page_id(page, layout)))
-    }
-
-    /// Whether the child index finds it under its parent by its namespace and first page.
-    pub(crate) fn is_indexed(self) -> bool {
-        let (cache, node) = (self.cache, self.node);
-        node.num_pages(cache.layout) > 0
-            && cache.children.find(
-                &cache.arena,
-                cache.layout,
-                node.parent(),
-                node.namespace(),
-                node.page_tokens(0, cache.layout),
-            ) == Some(self.id)
-    }
-
-    /// Whether the eviction order lists it as a candidate (at the place it records).
-    pub(crate) fn is_candidate(self) -> bool {
-        self.cache.order.lists(self.id)
-    }
-
-    /// Its registrations, oldest first: where each ends (in pages of the node) and when it was
-    /// created; the last is the node's own (it ends where the node ends). One for a node that
-    /// did not grow in place.
-    pub(crate) fn registrations(self) -> impl Iterator<Item = (usize, u64)> {
-        let (arena, id, layout) = (&self.cache.arena, self.id, self.cache.layout);
-        let earlier = (0..arena.registration_count(id)).map(move |index| {
-            let (end_page, stats) = arena.registration(id, index);
-            (end_page, stats.created)
-        });
-        earlier.chain(std::iter::once((
-            self.node.num_pages(layout),
-            arena.stats(id).created,
-        )))
     }
 }
