@@ -229,8 +229,17 @@ impl InsertFigures {
     /// Records an insert of `params`.
     #[inline]
     fn record(&mut self, params: InsertParams) {
-        self.hits = self.hits.saturating_add(u32::from(!params.chunked));
-        self.priority = self.priority.max(params.priority);
+        self.add(InsertFigures {
+            hits: u32::from(!params.chunked),
+            priority: params.priority,
+        });
+    }
+
+    /// Adds `other`'s hits and keeps the higher priority.
+    #[inline]
+    fn add(&mut self, other: InsertFigures) {
+        self.hits = self.hits.saturating_add(other.hits);
+        self.priority = self.priority.max(other.priority);
     }
 }
 
@@ -260,9 +269,7 @@ impl NodeStats {
 
     /// Takes on the figures of a removed child.
     pub(super) fn absorb(&mut self, child: &NodeStats) {
-        let (own, child) = (&mut self.inserts, &child.inserts);
-        own.hits = own.hits.saturating_add(child.hits);
-        own.priority = own.priority.max(child.priority);
+        self.inserts.add(child.inserts);
     }
 
     /// The sort key of a candidate with these figures and access time `last_access` under
